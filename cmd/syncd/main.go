@@ -1,0 +1,119 @@
+// Command syncd mirrors an organization's repos, tags, tag history and
+// advisories from the vendor platform into SQLite and publishes every change
+// as a CloudEvent on NATS JetStream.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := NewMain(os.Stdout, os.Stderr, os.Environ()).Run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2 // bad flags or configuration
+)
+
+// usageError is a problem with the command line or the configuration: it
+// exits 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// Main is the program: it parses the subcommand and runs it.
+type Main struct {
+	Stdout, Stderr io.Writer
+	Environ        []string
+}
+
+// NewMain returns a Main writing to the given streams.
+func NewMain(stdout, stderr io.Writer, environ []string) *Main {
+	return &Main{Stdout: stdout, Stderr: stderr, Environ: environ}
+}
+
+type command interface {
+	// ParseFlags reads the subcommand's arguments.
+	ParseFlags(args []string) error
+	// Run does the work.
+	Run(ctx context.Context) error
+}
+
+// Run runs the subcommand named by args[0] and returns the exit code.
+func (m *Main) Run(ctx context.Context, args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(m.Stderr, mainUsage)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	var cmd command
+	switch args[0] {
+	case "run":
+		cmd = &runCommand{m: m}
+	case "sync":
+		cmd = &syncCommand{m: m}
+	case "status":
+		cmd = &statusCommand{m: m}
+	case "sim":
+		cmd = &simCommand{m: m}
+	case "version":
+		fmt.Fprintln(m.Stdout, "syncd", version())
+		return exitOK
+	default:
+		fmt.Fprintf(m.Stderr, "syncd: unknown command %q\n\n%s", args[0], mainUsage)
+		return exitUsage
+	}
+	if err := cmd.ParseFlags(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		fmt.Fprintf(m.Stderr, "syncd %s: %v\n", args[0], err)
+		return exitUsage
+	}
+	if err := cmd.Run(ctx); err != nil {
+		fmt.Fprintf(m.Stderr, "syncd %s: %v\n", args[0], err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			return exitUsage
+		}
+		return exitFailure
+	}
+	return exitOK
+}
+
+const mainUsage = `syncd mirrors a vendor platform's repos, tags, tag history and advisories
+into SQLite and publishes every change as a CloudEvent on NATS JetStream.
+
+Usage:
+  syncd <command> [flags]
+
+Commands:
+  run       run the daemon (crawl on a schedule, publish changes)
+  sync      crawl once, publish everything, and exit (--once)
+  status    show what is mirrored and how fresh it is
+  sim       run the platform simulator alone
+  version   print the version
+
+Every command takes --config FILE; "syncd <command> --help" explains its flags.
+
+Examples:
+  syncd run --demo                      # simulator + embedded NATS, no account needed
+  syncd run --config /etc/syncd/syncd.toml
+  syncd sync --once --config syncd.toml
+`

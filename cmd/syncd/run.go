@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// runCommand is "syncd run": the daemon.
+type runCommand struct {
+	m     *Main
+	flags commonFlags
+	demo  bool
+	grace time.Duration
+}
+
+func (c *runCommand) ParseFlags(args []string) error {
+	fs := flag.NewFlagSet("syncd run", flag.ContinueOnError)
+	fs.SetOutput(c.m.Stderr)
+	c.flags.register(fs)
+	fs.BoolVar(&c.demo, "demo", false, "run against the built-in simulator, whose data changes every few seconds, with an embedded NATS server on 127.0.0.1:4222")
+	fs.DurationVar(&c.grace, "grace", 4*time.Second, "on SIGINT/SIGTERM, how long to wait for work in flight before exiting")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: syncd run [--config FILE] [--demo] [--log-level LEVEL]
+
+Runs the daemon: crawls the platform on the [crawl] schedule, keeps the SQLite
+mirror at [store] path, and publishes every change to NATS JetStream. SIGINT or
+SIGTERM stops it cleanly.
+
+Examples:
+  syncd run --demo
+  syncd run --config /etc/syncd/syncd.toml --log-level debug
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs.Parse(args)
+}
+
+func (c *runCommand) Run(ctx context.Context) error {
+	cfg, err := c.m.loadConfig(c.flags)
+	if err != nil {
+		return err
+	}
+	log := newLogger(c.m.Stderr, cfg.Log)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(runCtx)
+	if c.demo {
+		if err := startDemo(gctx, g, &cfg, log); err != nil {
+			return err
+		}
+	} else if err := cfg.RequirePlatform(); err != nil {
+		return usageError{err}
+	}
+	a, err := openApp(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	if c.demo {
+		if err := a.store.SetMeta(ctx, "mode", "demo"); err != nil {
+			return err
+		}
+	}
+	log.Info("syncd running", "version", version(), "platform", cfg.Platform.BaseURL, "mirror", cfg.Store.Path,
+		"schedule", cfg.Crawl.Schedule, "subjects", cfg.NATS.SubjectPrefix+".>")
+
+	g.Go(func() error { return a.crawler.Run(gctx) })
+	g.Go(func() error { return a.relay.Run(gctx) })
+	g.Go(func() error { return pruneLoop(gctx, a.store, cfg.Store.EventRetention.Duration, log) })
+
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "grace", c.grace)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+		log.Info("stopped")
+		return nil
+	case <-time.After(c.grace):
+		return fmt.Errorf("work still running %s after the shutdown signal; exiting anyway (the mirror is consistent: unfinished transactions roll back)", c.grace)
+	}
+}
+
+// pruneLoop deletes published events older than retention, hourly.
+func pruneLoop(ctx context.Context, st *store.Store, retention time.Duration, log *slog.Logger) error {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		if n, err := st.PruneEvents(ctx, time.Now().Add(-retention)); err != nil && ctx.Err() == nil {
+			log.Warn("pruning old events failed", "err", err)
+		} else if n > 0 {
+			log.Info("pruned published events", "count", n, "older_than", retention)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// demoToken is the platform token the demo simulator accepts.
+const demoToken = "demo-token"
+
+// startDemo starts the simulator on a loopback port with data that changes
+// every few seconds, and points cfg at it and at an embedded NATS server.
+func startDemo(ctx context.Context, g *errgroup.Group, cfg *config.Config, log *slog.Logger) error {
+	if err := resetDemoMirror(ctx, cfg.Store.Path); err != nil {
+		return err
+	}
+	sim := platformsim.New(platformsim.Options{Seed: time.Now().UnixNano(), Tokens: []string{demoToken}})
+	sim.Populate(platformsim.Scale{Repos: 12, TagsPerRepo: 4, HistoryPerTag: 20, Advisories: 30})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("demo simulator: %w", err)
+	}
+	url := "http://" + ln.Addr().String()
+	sim.SetBaseURL(url)
+	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		return srv.Close()
+	})
+	g.Go(func() error { sim.Run(ctx, 2*time.Second, 2); return nil })
+	log.Info("demo: simulator running", "url", url, "token", "(demo)")
+
+	def := config.Default()
+	cfg.Platform.BaseURL, cfg.Platform.RegistryURL = url, url
+	cfg.Platform.Token, cfg.Platform.TokenFile, cfg.Platform.TokenCommand = demoToken, "", ""
+	cfg.Platform.Group, cfg.Platform.Organization = "org1", "acme"
+	if cfg.NATS.URL == "" && cfg.NATS.Listen == "" {
+		cfg.NATS.Listen = "127.0.0.1:4222"
+	}
+	if cfg.Crawl.Schedule == def.Crawl.Schedule {
+		cfg.Crawl.Schedule = "@every 5s"
+	}
+	if cfg.Crawl.RequestsPerSecond == def.Crawl.RequestsPerSecond {
+		cfg.Crawl.RequestsPerSecond = 0
+	}
+	return nil
+}
+
+// resetDemoMirror removes a mirror left by an earlier demo, whose simulator
+// is gone, so the demo starts from a fresh baseline. It refuses to touch a
+// mirror of a real platform.
+func resetDemoMirror(ctx context.Context, path string) error {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	st, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		return fmt.Errorf("open mirror %s: %w", path, err)
+	}
+	mode, err := st.Meta(ctx, "mode")
+	st.Close()
+	if err != nil {
+		return err
+	}
+	if mode != "demo" {
+		return usageError{fmt.Errorf("%s holds a mirror of a real platform; the demo will not overwrite it (set SYNCD_STORE_PATH to another file)", path)}
+	}
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("reset demo mirror: %w", err)
+		}
+	}
+	return nil
+}

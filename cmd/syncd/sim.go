@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/platformsim"
+)
+
+// simCommand is "syncd sim": the platform simulator alone.
+type simCommand struct {
+	m        *Main
+	flags    commonFlags
+	addr     string
+	seed     int64
+	token    string
+	scale    platformsim.Scale
+	every    time.Duration
+	perStep  int
+	inclusiv bool
+}
+
+func (c *simCommand) ParseFlags(args []string) error {
+	fs := flag.NewFlagSet("syncd sim", flag.ContinueOnError)
+	fs.SetOutput(c.m.Stderr)
+	c.flags.register(fs)
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "`host:port` to serve the platform API and the registry on")
+	fs.Int64Var(&c.seed, "seed", 1, "seed of the generated organization and of its changes")
+	fs.StringVar(&c.token, "token", "sim-token", "platform bearer `token` the simulator accepts")
+	fs.IntVar(&c.scale.Repos, "repos", 20, "repos to generate")
+	fs.IntVar(&c.scale.TagsPerRepo, "tags-per-repo", 5, "tags per repo")
+	fs.IntVar(&c.scale.HistoryPerTag, "history-per-tag", 20, "history records per tag")
+	fs.IntVar(&c.scale.Advisories, "advisories", 50, "advisories to generate")
+	fs.DurationVar(&c.every, "change-every", 2*time.Second, "how often the data changes (0: never)")
+	fs.IntVar(&c.perStep, "changes", 2, "changes applied each time")
+	fs.BoolVar(&c.inclusiv, "history-start-inclusive", false, "treat the tag history start bound as inclusive")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: syncd sim [--addr HOST:PORT] [--seed N] [--token T] [sizes]
+
+Serves a simulator of the platform API v2 and the registry's tag history API
+on one port, with a generated organization whose tags move over time. Point
+any client of the real API at it; /_sim/ has the control API for tests.
+
+Example:
+  syncd sim --addr 127.0.0.1:8080 --token sim-token
+  curl -H 'Authorization: Bearer sim-token' 'http://127.0.0.1:8080/registry/v2/repos?page_size=2'
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs.Parse(args)
+}
+
+func (c *simCommand) Run(ctx context.Context) error {
+	cfg, err := c.m.loadConfig(c.flags)
+	if err != nil {
+		return err
+	}
+	log := newLogger(c.m.Stderr, cfg.Log)
+	sim := platformsim.New(platformsim.Options{Seed: c.seed, Tokens: []string{c.token}, StartInclusive: c.inclusiv,
+		Vendor: cfg.Platform.Vendor, PublicOrg: cfg.Platform.PublicOrg})
+	sim.Populate(c.scale)
+	ln, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		return usageError{fmt.Errorf("--addr: %w", err)}
+	}
+	url := "http://" + ln.Addr().String()
+	if host, _, _ := net.SplitHostPort(c.addr); host == "" || strings.HasPrefix(host, "0.") {
+		url = "http://127.0.0.1:" + fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+	}
+	sim.SetBaseURL(url)
+	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	if c.every > 0 {
+		go sim.Run(ctx, c.every, c.perStep)
+	}
+	go func() {
+		<-ctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		srv.Shutdown(shut)
+	}()
+	log.Info("simulator serving", "url", url, "org", "acme", "root_group", "org1", "repos", c.scale.Repos)
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,423 @@
+// Package config loads syncd's configuration: defaults first, then a TOML file
+// decoded strictly, then SYNCD_<SECTION>_<KEY> environment overrides, then
+// validation. Every error names the key it is about and, where the file has
+// it, the line.
+package config
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/robfig/cron/v3"
+)
+
+// Config is the whole of syncd's configuration. The toml tags are the
+// contract documented in config.example.toml.
+type Config struct {
+	Platform Platform `toml:"platform"`
+	Crawl    Crawl    `toml:"crawl"`
+	NATS     NATS     `toml:"nats"`
+	Store    Store    `toml:"store"`
+	Log      Log      `toml:"log"`
+}
+
+// Platform says where the upstream API and registry are and how to
+// authenticate to them.
+type Platform struct {
+	BaseURL      string   `toml:"base_url"`
+	RegistryURL  string   `toml:"registry_url"`
+	Token        string   `toml:"token"`
+	TokenFile    string   `toml:"token_file"`
+	TokenCommand string   `toml:"token_command"`
+	Group        string   `toml:"group"`
+	Organization string   `toml:"organization"`
+	Vendor       string   `toml:"vendor"`
+	PublicOrg    string   `toml:"public_org"`
+	Timeout      Duration `toml:"timeout"`
+}
+
+// Crawl controls the scheduled crawl.
+type Crawl struct {
+	Schedule          string   `toml:"schedule"`
+	Concurrency       int      `toml:"concurrency"`
+	RequestsPerSecond float64  `toml:"requests_per_second"`
+	Include           []string `toml:"include"`
+	Exclude           []string `toml:"exclude"`
+}
+
+// NATS says where events are published.
+type NATS struct {
+	URL             string   `toml:"url"`
+	Listen          string   `toml:"listen"`
+	SubjectPrefix   string   `toml:"subject_prefix"`
+	Stream          string   `toml:"stream"`
+	MaxAge          Duration `toml:"max_age"`
+	DuplicateWindow Duration `toml:"duplicate_window"`
+}
+
+// Store configures the SQLite mirror.
+type Store struct {
+	Path           string   `toml:"path"`
+	EventRetention Duration `toml:"event_retention"`
+	InitialEvents  string   `toml:"initial_events"`
+}
+
+// Log configures logging.
+type Log struct {
+	Level  string `toml:"level"`
+	Format string `toml:"format"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("90s", "72h").
+type Duration struct{ time.Duration }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("not a duration (want e.g. \"30s\", \"72h\"): %q", b)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.Duration.String()), nil }
+
+// Default returns the configuration used when a key is not set anywhere.
+func Default() Config {
+	return Config{
+		Platform: Platform{
+			Vendor:    "chainguard",
+			PublicOrg: "chainguard",
+			Timeout:   Duration{30 * time.Second},
+		},
+		Crawl: Crawl{
+			Schedule:          "@every 15m",
+			Concurrency:       4,
+			RequestsPerSecond: 20,
+		},
+		NATS: NATS{
+			SubjectPrefix:   "syncd",
+			Stream:          "SYNCD",
+			MaxAge:          Duration{7 * 24 * time.Hour},
+			DuplicateWindow: Duration{2 * time.Hour},
+		},
+		Store: Store{
+			Path:           "data/syncd.db",
+			EventRetention: Duration{30 * 24 * time.Hour},
+			InitialEvents:  "none",
+		},
+		Log: Log{Level: "info", Format: "auto"},
+	}
+}
+
+// Error is a configuration problem tied to one key.
+type Error struct {
+	Key    string // dotted key, e.g. "nats.url"
+	Source string // file name or environment variable; empty for a default
+	Line   int    // line in Source, 0 when unknown
+	Msg    string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.Source != "" {
+		b.WriteString(e.Source)
+		if e.Line > 0 {
+			fmt.Fprintf(&b, ":%d", e.Line)
+		}
+		b.WriteString(": ")
+	}
+	if e.Key != "" {
+		fmt.Fprintf(&b, "%s: ", e.Key)
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Load returns Default overlaid with the file at path (skipped when path is
+// empty) and then with environment variables from environ (os.Environ form).
+// The result is validated.
+func Load(path string, environ []string) (Config, error) {
+	cfg := Default()
+	var src []byte
+	if path != "" {
+		var err error
+		if src, err = os.ReadFile(path); err != nil {
+			return cfg, &Error{Source: path, Msg: fmt.Sprintf("read config: %v", err)}
+		}
+		if err := decode(&cfg, path, src); err != nil {
+			return cfg, err
+		}
+	}
+	if err := applyEnv(&cfg, environ); err != nil {
+		return cfg, err
+	}
+	if err := cfg.Validate(); err != nil {
+		var ce *Error
+		if errors.As(err, &ce) && path != "" && ce.Source == "" {
+			if line := keyLine(src, ce.Key); line > 0 {
+				ce.Source, ce.Line = path, line
+			}
+		}
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+func decode(cfg *Config, path string, src []byte) error {
+	md, err := toml.NewDecoder(bytes.NewReader(src)).Decode(cfg)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return &Error{Source: path, Line: pe.Position.Line, Key: pe.LastKey, Msg: pe.Message}
+		}
+		// Type mismatches come back as plain errors naming the key.
+		return &Error{Source: path, Msg: err.Error()}
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		k := und[0].String()
+		return &Error{Source: path, Line: keyLine(src, k), Key: k, Msg: "unknown key (see config.example.toml for the keys syncd knows)"}
+	}
+	return nil
+}
+
+// keyLine finds the line where a dotted key is set in TOML source, so that
+// errors found after decoding can still point at the file. 0 when not found.
+func keyLine(src []byte, key string) int {
+	parts := strings.Split(key, ".")
+	if len(parts) == 0 {
+		return 0
+	}
+	section, name := strings.Join(parts[:len(parts)-1], "."), parts[len(parts)-1]
+	cur := ""
+	sc := bufio.NewScanner(bytes.NewReader(src))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, "[") {
+			if cur = strings.Trim(line, "[] \t"); cur == key {
+				return n
+			}
+			continue
+		}
+		k, _, ok := strings.Cut(line, "=")
+		if !ok {
+			continue
+		}
+		k = strings.Trim(strings.TrimSpace(k), `"`)
+		if (cur == section && k == name) || (cur == "" && k == key) {
+			return n
+		}
+	}
+	return 0
+}
+
+// applyEnv sets every field named by a SYNCD_<SECTION>_<KEY> variable.
+func applyEnv(cfg *Config, environ []string) error {
+	env := make(map[string]string)
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "SYNCD_") {
+			env[k] = v
+		}
+	}
+	if len(env) == 0 {
+		return nil
+	}
+	known := make(map[string]bool)
+	root := reflect.ValueOf(cfg).Elem()
+	for i := 0; i < root.NumField(); i++ {
+		section := root.Type().Field(i).Tag.Get("toml")
+		sv := root.Field(i)
+		for j := 0; j < sv.NumField(); j++ {
+			key := sv.Type().Field(j).Tag.Get("toml")
+			name := "SYNCD_" + strings.ToUpper(section) + "_" + strings.ToUpper(key)
+			known[name] = true
+			v, ok := env[name]
+			if !ok {
+				continue
+			}
+			if err := setField(sv.Field(j), v); err != nil {
+				return &Error{Source: name, Key: section + "." + key, Msg: err.Error()}
+			}
+		}
+	}
+	for name := range env {
+		if !known[name] && !strings.HasPrefix(name, "SYNCD_TEST_") {
+			return &Error{Source: name, Msg: "unknown environment override (want SYNCD_<SECTION>_<KEY> for a key in config.example.toml)"}
+		}
+	}
+	return nil
+}
+
+func setField(f reflect.Value, v string) error {
+	if u, ok := f.Addr().Interface().(interface{ UnmarshalText([]byte) error }); ok {
+		return u.UnmarshalText([]byte(v))
+	}
+	switch f.Kind() {
+	case reflect.String:
+		f.SetString(v)
+	case reflect.Int:
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("not an integer: %q", v)
+		}
+		f.SetInt(int64(n))
+	case reflect.Float64:
+		n, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return fmt.Errorf("not a number: %q", v)
+		}
+		f.SetFloat(n)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("not a boolean: %q", v)
+		}
+		f.SetBool(b)
+	case reflect.Slice:
+		var items []string
+		for _, s := range strings.Split(v, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				items = append(items, s)
+			}
+		}
+		f.Set(reflect.ValueOf(items))
+	default:
+		return fmt.Errorf("cannot set a %s from the environment", f.Kind())
+	}
+	return nil
+}
+
+// cronSpec is the schedule syntax syncd accepts: standard five fields,
+// optional seconds, and descriptors such as "@every 5m" and "@hourly".
+const cronSpec = cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor
+
+// ParseSchedule parses a cron schedule as syncd's config accepts it.
+func ParseSchedule(s string) (cron.Schedule, error) {
+	return cron.NewParser(cronSpec).Parse(s)
+}
+
+// Validate checks values that decode fine but make no sense. Platform
+// settings that the demo fills in are checked separately by RequirePlatform.
+func (c *Config) Validate() error {
+	for _, u := range []struct{ key, val string }{
+		{"platform.base_url", c.Platform.BaseURL},
+		{"platform.registry_url", c.Platform.RegistryURL},
+	} {
+		if u.val == "" {
+			continue
+		}
+		p, err := url.Parse(u.val)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return &Error{Key: u.key, Msg: fmt.Sprintf("not an http(s) URL: %q", u.val)}
+		}
+	}
+	n := 0
+	for _, s := range []string{c.Platform.Token, c.Platform.TokenFile, c.Platform.TokenCommand} {
+		if s != "" {
+			n++
+		}
+	}
+	if n > 1 {
+		return &Error{Key: "platform.token", Msg: "set only one of token, token_file and token_command"}
+	}
+	if c.Platform.Timeout.Duration <= 0 {
+		return &Error{Key: "platform.timeout", Msg: "must be positive"}
+	}
+	if _, err := ParseSchedule(c.Crawl.Schedule); err != nil {
+		return &Error{Key: "crawl.schedule", Msg: fmt.Sprintf("unparsable schedule %q: %v", c.Crawl.Schedule, err)}
+	}
+	if c.Crawl.Concurrency < 1 || c.Crawl.Concurrency > 64 {
+		return &Error{Key: "crawl.concurrency", Msg: fmt.Sprintf("must be between 1 and 64, got %d", c.Crawl.Concurrency)}
+	}
+	if c.Crawl.RequestsPerSecond < 0 {
+		return &Error{Key: "crawl.requests_per_second", Msg: "must not be negative (0 means unlimited)"}
+	}
+	if c.NATS.URL != "" {
+		for _, u := range strings.Split(c.NATS.URL, ",") {
+			p, err := url.Parse(strings.TrimSpace(u))
+			if err != nil || p.Host == "" || !strings.HasPrefix(p.Scheme, "nats") && !strings.HasPrefix(p.Scheme, "tls") && !strings.HasPrefix(p.Scheme, "ws") {
+				return &Error{Key: "nats.url", Msg: fmt.Sprintf("not a NATS URL (want nats://host:port): %q", u)}
+			}
+		}
+	}
+	if c.NATS.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.NATS.Listen); err != nil {
+			return &Error{Key: "nats.listen", Msg: fmt.Sprintf("not a host:port: %q", c.NATS.Listen)}
+		}
+	}
+	if !validToken(c.NATS.SubjectPrefix) {
+		return &Error{Key: "nats.subject_prefix", Msg: fmt.Sprintf("must be a non-empty NATS subject without wildcards or spaces: %q", c.NATS.SubjectPrefix)}
+	}
+	if c.NATS.Stream == "" || strings.ContainsAny(c.NATS.Stream, ".*> \t/\\") {
+		return &Error{Key: "nats.stream", Msg: fmt.Sprintf("must be a stream name without '.', '*', '>', '/' or spaces: %q", c.NATS.Stream)}
+	}
+	if c.NATS.DuplicateWindow.Duration <= 0 {
+		return &Error{Key: "nats.duplicate_window", Msg: "must be positive"}
+	}
+	if c.NATS.MaxAge.Duration < 0 || (c.NATS.MaxAge.Duration > 0 && c.NATS.MaxAge.Duration < c.NATS.DuplicateWindow.Duration) {
+		return &Error{Key: "nats.max_age", Msg: "must be 0 (unlimited) or at least duplicate_window"}
+	}
+	if c.Store.Path == "" {
+		return &Error{Key: "store.path", Msg: "required"}
+	}
+	if c.Store.EventRetention.Duration <= 0 {
+		return &Error{Key: "store.event_retention", Msg: "must be positive"}
+	}
+	switch c.Store.InitialEvents {
+	case "none", "snapshot":
+	default:
+		return &Error{Key: "store.initial_events", Msg: fmt.Sprintf("must be \"none\" or \"snapshot\", got %q", c.Store.InitialEvents)}
+	}
+	switch strings.ToLower(c.Log.Level) {
+	case "debug", "info", "warn", "error":
+	default:
+		return &Error{Key: "log.level", Msg: fmt.Sprintf("must be debug, info, warn or error, got %q", c.Log.Level)}
+	}
+	switch c.Log.Format {
+	case "auto", "text", "json":
+	default:
+		return &Error{Key: "log.format", Msg: fmt.Sprintf("must be auto, text or json, got %q", c.Log.Format)}
+	}
+	return nil
+}
+
+// RequirePlatform checks the keys a real (non-demo) run cannot do without.
+func (c *Config) RequirePlatform() error {
+	switch {
+	case c.Platform.BaseURL == "":
+		return &Error{Key: "platform.base_url", Msg: "required (the platform API address, e.g. https://console-api.example.com)"}
+	case c.Platform.RegistryURL == "":
+		return &Error{Key: "platform.registry_url", Msg: "required (the registry address, e.g. https://cgr.example.com)"}
+	case c.Platform.Group == "":
+		return &Error{Key: "platform.group", Msg: "required (the uid of the organization's root group)"}
+	case c.Platform.Organization == "":
+		return &Error{Key: "platform.organization", Msg: "required (the organization's name in registry paths)"}
+	case c.Platform.Token == "" && c.Platform.TokenFile == "" && c.Platform.TokenCommand == "":
+		return &Error{Key: "platform.token", Msg: "required: set one of token, token_file or token_command"}
+	}
+	return nil
+}
+
+func validToken(subject string) bool {
+	if subject == "" {
+		return false
+	}
+	for _, tok := range strings.Split(subject, ".") {
+		if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
+			return false
+		}
+	}
+	return true
+}

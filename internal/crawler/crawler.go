@@ -1,0 +1,332 @@
+// Package crawler walks the platform on a schedule and feeds what it reads
+// to the store: repos of the configured group, the tags of each repo, and
+// the history of every tag whose digest or update time changed.
+package crawler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/syncd-dev/syncd/internal/platform"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// Config configures a Crawler.
+type Config struct {
+	Group       string   // uid of the group whose repos are mirrored
+	Include     []string // repo name patterns (path.Match); empty: all
+	Exclude     []string // repo name patterns to leave out
+	Concurrency int      // repos crawled at once
+	Schedule    cron.Schedule
+	Logger      *slog.Logger
+	Now         func() time.Time
+	// ProgressEvery is how often a long crawl logs its progress; default 10s.
+	ProgressEvery time.Duration
+}
+
+// Crawler mirrors the platform into the store.
+type Crawler struct {
+	client *platform.Client
+	store  *store.Store
+	cfg    Config
+	log    *slog.Logger
+	mu     sync.Mutex // one crawl at a time
+}
+
+// New returns a Crawler.
+func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 4
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = 10 * time.Second
+	}
+	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger}
+}
+
+// Summary is what one crawl did.
+type Summary struct {
+	Repos, Tags, HistoryReads, HistoryRecords int64
+	Events                                    int64
+	Requests                                  int64
+	Duration                                  time.Duration
+}
+
+// Run crawls once at start and then on the schedule until ctx is done. A
+// crawl still running when the next is due makes that one skip; a panic in
+// a crawl is logged and the schedule goes on.
+func (c *Crawler) Run(ctx context.Context) error {
+	logger := cronLogger{c.log}
+	sched := cron.New(cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)), cron.WithLogger(logger))
+	job := cron.FuncJob(func() { c.runLogged(ctx) })
+	sched.Schedule(c.cfg.Schedule, job)
+	sched.Start()
+	c.runLogged(ctx)
+	<-ctx.Done()
+	<-sched.Stop().Done()
+	return nil
+}
+
+func (c *Crawler) runLogged(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	if _, err := c.Sync(ctx); err != nil && ctx.Err() == nil {
+		c.log.Error("crawl failed", "err", err)
+	}
+}
+
+// Sync runs one complete crawl and records it in crawl_runs.
+func (c *Crawler) Sync(ctx context.Context) (Summary, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	start := c.cfg.Now()
+	req0 := c.client.Requests()
+	run, err := c.store.StartRun(ctx, "crawl")
+	if err != nil {
+		return Summary{}, err
+	}
+	var s summary
+	err = c.crawl(ctx, &s)
+	sum := s.snapshot()
+	sum.Requests = c.client.Requests() - req0
+	sum.Duration = c.cfg.Now().Sub(start)
+	run.Requests, run.Changes = sum.Requests, int(sum.Events)
+	if ferr := c.store.FinishRun(ctx, run, err); ferr != nil {
+		err = errors.Join(err, ferr)
+	}
+	if err != nil {
+		return sum, err
+	}
+	c.log.Info("crawl finished", "repos", sum.Repos, "tags", sum.Tags, "history_reads", sum.HistoryReads,
+		"events", sum.Events, "requests", sum.Requests, "took", sum.Duration.Round(time.Millisecond))
+	return sum, nil
+}
+
+type summary struct {
+	repos, tags, historyReads, historyRecords, events atomic.Int64
+	reposTotal                                        atomic.Int64
+	reposDone                                         atomic.Int64
+}
+
+func (s *summary) snapshot() Summary {
+	return Summary{Repos: s.repos.Load(), Tags: s.tags.Load(), HistoryReads: s.historyReads.Load(),
+		HistoryRecords: s.historyRecords.Load(), Events: s.events.Load()}
+}
+
+func (c *Crawler) crawl(ctx context.Context, s *summary) error {
+	baseline, err := c.store.InBaseline(ctx)
+	if err != nil {
+		return err
+	}
+	repos, err := c.listRepos(ctx, s)
+	if err != nil {
+		return err
+	}
+	s.reposTotal.Store(int64(len(repos)))
+	stop := c.progress(ctx, s)
+	defer stop()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(c.cfg.Concurrency)
+	for _, r := range repos {
+		g.Go(func() error {
+			defer s.reposDone.Add(1)
+			return c.crawlRepo(gctx, r, s)
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	if baseline {
+		c.log.Info("baseline crawl complete: from now on every change is an event")
+		return c.store.EndBaseline(ctx)
+	}
+	return nil
+}
+
+// progress logs how far the crawl is, with an estimate of the time left,
+// until the returned func is called.
+func (c *Crawler) progress(ctx context.Context, s *summary) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	start := c.cfg.Now()
+	go func() {
+		defer close(done)
+		t := time.NewTicker(c.cfg.ProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				n, total := s.reposDone.Load(), s.reposTotal.Load()
+				var eta time.Duration
+				if n > 0 {
+					eta = time.Duration(float64(c.cfg.Now().Sub(start)) / float64(n) * float64(total-n))
+				}
+				c.log.Info("crawling", "repos_done", n, "repos_total", total, "tags", s.tags.Load(),
+					"history_reads", s.historyReads.Load(), "events", s.events.Load(), "eta", eta.Round(time.Second))
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// listRepos lists the group's repos page by page into the store, starting
+// over (a bounded number of times) when the listing restarts under it.
+func (c *Crawler) listRepos(ctx context.Context, s *summary) ([]store.Repo, error) {
+	for attempt := 1; ; attempt++ {
+		var repos []store.Repo
+		lister := c.client.Repos(platform.ListQuery{DescendantsOf: c.cfg.Group})
+		err := func() error {
+			for page, err := range lister.Pages(ctx) {
+				if err != nil {
+					return err
+				}
+				batch := make([]store.Repo, 0, len(page))
+				for _, r := range page {
+					if c.wanted(r.Name) {
+						batch = append(batch, storeRepo(r))
+					}
+				}
+				n, err := c.store.ApplyRepos(ctx, batch)
+				if err != nil {
+					return err
+				}
+				s.events.Add(int64(n))
+				repos = append(repos, batch...)
+				c.log.Debug("listed repos", "seen", len(repos), "total", lister.Total())
+			}
+			return nil
+		}()
+		var restarted *platform.ListRestartedError
+		if errors.As(err, &restarted) && attempt < 3 {
+			c.log.Warn("repo listing restarted under us; listing again", "err", err)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list repos of group %s: %w", c.cfg.Group, err)
+		}
+		s.repos.Store(int64(len(repos)))
+		return repos, nil
+	}
+}
+
+func (c *Crawler) wanted(name string) bool {
+	if len(c.cfg.Include) > 0 {
+		ok := false
+		for _, p := range c.cfg.Include {
+			if m, _ := path.Match(p, name); m {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	for _, p := range c.cfg.Exclude {
+		if m, _ := path.Match(p, name); m {
+			return false
+		}
+	}
+	return true
+}
+
+// crawlRepo lists the tags of one repo into the store and reads the
+// history of each tag the store says changed.
+func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) error {
+	for attempt := 1; ; attempt++ {
+		err := func() error {
+			for page, err := range c.client.Tags(platform.ListQuery{ChildrenOf: repo.UID}).Pages(ctx) {
+				if err != nil {
+					return err
+				}
+				tags := make([]store.Tag, len(page))
+				for i, t := range page {
+					tags[i] = storeTag(t)
+				}
+				need, n, err := c.store.ApplyTags(ctx, repo, tags)
+				if err != nil {
+					return err
+				}
+				s.tags.Add(int64(len(page)))
+				s.events.Add(int64(n))
+				for _, ref := range need {
+					if err := c.syncHistory(ctx, ref, s); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}()
+		var restarted *platform.ListRestartedError
+		if errors.As(err, &restarted) && attempt < 3 {
+			c.log.Warn("tag listing restarted under us; listing again", "repo", repo.Name, "err", err)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("crawl repo %s: %w", repo.Name, err)
+		}
+		return nil
+	}
+}
+
+// syncHistory reads a tag's history from its bookmark and hands it to the
+// store, which records one tag.moved per new record.
+func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary) error {
+	recs, err := c.client.HistorySince(ctx, c.client.PrivateImage(ref.Repo), ref.Name, ref.Bookmark.LastTime)
+	var unwalkable *platform.UnwalkableError
+	if err != nil && !errors.As(err, &unwalkable) {
+		return err
+	}
+	if unwalkable != nil {
+		c.log.Warn("tag history cannot be read whole; keeping what was read", "repo", ref.Repo, "tag", ref.Name, "err", unwalkable)
+	}
+	out := make([]store.HistoryRecord, len(recs))
+	for i, r := range recs {
+		out[i] = store.HistoryRecord{Time: r.UpdateTimestamp, Digest: r.Digest}
+	}
+	n, aerr := c.store.ApplyHistory(ctx, ref, out, unwalkable == nil)
+	if aerr != nil {
+		return aerr
+	}
+	s.historyReads.Add(1)
+	s.historyRecords.Add(int64(len(recs)))
+	s.events.Add(int64(n))
+	return nil
+}
+
+func storeRepo(r platform.Repo) store.Repo {
+	return store.Repo{UID: r.UID, Name: r.Name, Description: r.Description, CatalogTier: r.CatalogTier,
+		Aliases: r.Aliases, ActiveTags: r.ActiveTags, Bundles: r.Bundles, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime}
+}
+
+func storeTag(t platform.Tag) store.Tag {
+	return store.Tag{UID: t.UID, Name: t.Name, Digest: t.Digest, Deprecated: t.Deprecated, Bundles: t.Bundles,
+		CreateTime: t.CreateTime, UpdateTime: t.UpdateTime}
+}
+
+// cronLogger adapts slog to cron.Logger.
+type cronLogger struct{ log *slog.Logger }
+
+func (l cronLogger) Info(msg string, kv ...any) { l.log.Debug("cron: "+msg, kv...) }
+func (l cronLogger) Error(err error, msg string, kv ...any) {
+	l.log.Error("cron: "+msg, append(kv, "err", err)...)
+}

@@ -1,0 +1,210 @@
+package platform
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+)
+
+// HistoryRecord is one entry of a tag's digest history.
+type HistoryRecord struct {
+	UpdateTimestamp time.Time `json:"updateTimestamp"`
+	Digest          string    `json:"digest"`
+}
+
+// Image names an image in the registry: Org is the caller's organization
+// for private images, the public organization for public ones.
+type Image struct {
+	Org, Name string
+	// Anonymous asks for an anonymous registry token, which the registry
+	// gives only for public images' latest and latest-dev tags.
+	Anonymous bool
+}
+
+func (i Image) scope() string { return "repository:" + i.Org + "/" + i.Name + ":pull" }
+
+// PrivateImage names an image of the configured organization.
+func (c *Client) PrivateImage(name string) Image { return Image{Org: c.cfg.Organization, Name: name} }
+
+// PublicImage names a free-tier public image, read with anonymous tokens.
+func (c *Client) PublicImage(name string) Image {
+	return Image{Org: c.cfg.PublicOrg, Name: name, Anonymous: true}
+}
+
+type registryToken struct {
+	token   string
+	expires time.Time
+}
+
+// registryTokenTTL is how long a registry token is reused when its answer
+// does not say; registry tokens are short-lived.
+const registryTokenTTL = 4 * time.Minute
+
+// RegistryToken returns a pull token for img, from the cache while it is
+// fresh. Private images are asked for with the platform token; public ones
+// anonymously.
+func (c *Client) RegistryToken(ctx context.Context, img Image) (string, error) {
+	key := img.scope()
+	if img.Anonymous {
+		key += "#anon"
+	}
+	c.regMu.Lock()
+	t, ok := c.regTokens[key]
+	c.regMu.Unlock()
+	if ok && c.cfg.Now().Before(t.expires) {
+		return t.token, nil
+	}
+	u := *c.registry
+	u.Path = strings.TrimRight(u.Path, "/") + "/token"
+	u.RawQuery = url.Values{"scope": {img.scope()}}.Encode()
+	req := request{method: http.MethodGet, url: &u, idempotent: true}
+	if !img.Anonymous {
+		req.auth = c.platformAuth
+		req.onUnauthorized = func() bool { c.cfg.Token.Invalidate(); return true }
+	}
+	var out struct {
+		Token       string `json:"token"`
+		AccessToken string `json:"access_token"`
+		ExpiresIn   int    `json:"expires_in"`
+	}
+	if err := c.do(ctx, req, &out); err != nil {
+		return "", fmt.Errorf("registry token for %s: %w", img.scope(), err)
+	}
+	tok := out.Token
+	if tok == "" {
+		tok = out.AccessToken
+	}
+	if tok == "" {
+		return "", fmt.Errorf("registry token for %s: the answer held no token", img.scope())
+	}
+	ttl := registryTokenTTL
+	if out.ExpiresIn > 0 {
+		ttl = time.Duration(out.ExpiresIn)*time.Second - 10*time.Second
+	}
+	c.regMu.Lock()
+	c.regTokens[key] = registryToken{token: tok, expires: c.cfg.Now().Add(ttl)}
+	c.regMu.Unlock()
+	return tok, nil
+}
+
+func (c *Client) forgetRegistryToken(img Image) {
+	c.regMu.Lock()
+	delete(c.regTokens, img.scope())
+	delete(c.regTokens, img.scope()+"#anon")
+	c.regMu.Unlock()
+}
+
+// WrongAudienceError reports a 403 from the history API: the token was not
+// issued for the registry (or not for this image).
+type WrongAudienceError struct {
+	Image Image
+	Err   error
+}
+
+func (e *WrongAudienceError) Error() string {
+	return fmt.Sprintf("tag history of %s/%s: the registry refused the token (403): it is not a pull token for this image, or it was issued for another audience: %v", e.Image.Org, e.Image.Name, e.Err)
+}
+
+func (e *WrongAudienceError) Unwrap() error { return e.Err }
+
+// TagHistory makes one request to the tag history API: at most HistoryLimit
+// records, oldest first, bounded by start and end when they are not zero.
+func (c *Client) TagHistory(ctx context.Context, img Image, tag string, start, end time.Time) ([]HistoryRecord, error) {
+	u := *c.registry
+	u.Path = strings.TrimRight(u.Path, "/") + "/v2/" + img.Org + "/" + img.Name + "/_" + c.cfg.Vendor + "/history/" + tag
+	q := url.Values{}
+	if !start.IsZero() {
+		q.Set("start", start.UTC().Format("2006-01-02T15:04:05.000Z"))
+	}
+	if !end.IsZero() {
+		q.Set("end", end.UTC().Format("2006-01-02T15:04:05.000Z"))
+	}
+	u.RawQuery = q.Encode()
+	req := request{
+		method: http.MethodGet, url: &u, idempotent: true,
+		auth: func(ctx context.Context) (string, error) {
+			tok, err := c.RegistryToken(ctx, img)
+			if err != nil {
+				return "", err
+			}
+			return "Bearer " + tok, nil
+		},
+		onUnauthorized: func() bool { c.forgetRegistryToken(img); return true },
+	}
+	var out struct {
+		History []HistoryRecord `json:"history"`
+	}
+	if err := c.do(ctx, req, &out); err != nil {
+		var apiErr *Error
+		if errors.As(err, &apiErr) && apiErr.Status == http.StatusForbidden {
+			return nil, &WrongAudienceError{Image: img, Err: err}
+		}
+		return nil, fmt.Errorf("tag history of %s/%s:%s: %w", img.Org, img.Name, tag, err)
+	}
+	return out.History, nil
+}
+
+// UnwalkableError reports a history window that cannot make progress: more
+// records share one timestamp than one request returns, so the ones past the
+// limit cannot be reached with start and end.
+type UnwalkableError struct {
+	Tag  string
+	Time time.Time
+}
+
+func (e *UnwalkableError) Error() string {
+	return fmt.Sprintf("tag history of %s: more records share the timestamp %s than one request returns; the ones past the limit cannot be read",
+		e.Tag, e.Time.UTC().Format(time.RFC3339Nano))
+}
+
+// HistorySince returns every record of the tag's history whose time is at or
+// after since (all of it when since is zero), oldest first, in as many
+// requests as the 1000-record limit needs.
+//
+// The API leaves open whether start is inclusive, so each window starts one
+// millisecond before the newest time already seen and the records older than
+// it are dropped: the records at that time are then read whole, whichever
+// way the server counts. When a full window makes no progress in time, the
+// walk stops with an *UnwalkableError and returns what it read.
+func (c *Client) HistorySince(ctx context.Context, img Image, tag string, since time.Time) ([]HistoryRecord, error) {
+	var out []HistoryRecord
+	from := since
+	for {
+		var start time.Time
+		if !from.IsZero() {
+			start = from.Add(-time.Millisecond)
+		}
+		recs, err := c.TagHistory(ctx, img, tag, start, time.Time{})
+		if err != nil {
+			return out, err
+		}
+		full := len(recs) >= c.cfg.HistoryLimit
+		slices.SortStableFunc(recs, func(a, b HistoryRecord) int { return a.UpdateTimestamp.Compare(b.UpdateTimestamp) })
+		recs = slices.DeleteFunc(recs, func(r HistoryRecord) bool { return r.UpdateTimestamp.Before(from) })
+		if !full {
+			return append(out, recs...), nil
+		}
+		if len(recs) == 0 {
+			return out, &UnwalkableError{Tag: img.Name + ":" + tag, Time: from}
+		}
+		last := recs[len(recs)-1].UpdateTimestamp
+		if recs[0].UpdateTimestamp.Equal(last) {
+			// Every record of a full window shares one time: the rest of
+			// that time is out of reach. Keep what was read.
+			return append(out, recs...), &UnwalkableError{Tag: img.Name + ":" + tag, Time: last}
+		}
+		// Keep what is older than the window's newest time; the next window
+		// rereads that time whole.
+		for _, r := range recs {
+			if r.UpdateTimestamp.Before(last) {
+				out = append(out, r)
+			}
+		}
+		from = last
+	}
+}

@@ -1,0 +1,256 @@
+// Package store owns syncd's SQLite mirror: the schema and its migrations,
+// upserts with change detection, and the events table that is both the
+// outbox for the publisher and the change log analysts query.
+//
+// One writer connection takes every write, in transactions that begin
+// IMMEDIATE, so ingest never meets SQLITE_BUSY from itself; a separate pool
+// of read-only connections serves queries, and WAL mode keeps readers and the
+// writer out of each other's way.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// TimeFormat is how every timestamp is stored: ISO 8601 UTC with milliseconds.
+const TimeFormat = "2006-01-02T15:04:05.000Z"
+
+// FormatTime renders t as stored in the mirror; the zero time is "".
+func FormatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(TimeFormat)
+}
+
+// ParseTime reads a stored timestamp; "" is the zero time.
+func ParseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	return time.Parse(time.RFC3339Nano, s)
+}
+
+// Options configure Open.
+type Options struct {
+	// InitialEvents is "none" (the first crawl of an empty mirror is a silent
+	// baseline) or "snapshot" (it emits one created event per resource).
+	InitialEvents string
+	Now           func() time.Time
+	Logger        *slog.Logger
+	// Readers is the size of the read-only pool; default 4.
+	Readers int
+}
+
+// Store is the SQLite mirror.
+type Store struct {
+	w, r     *sql.DB
+	now      func() time.Time
+	log      *slog.Logger
+	snapshot bool
+	notify   chan struct{}
+}
+
+// Open opens (creating it 0600 if needed) the database at path and applies
+// pending migrations.
+func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Readers <= 0 {
+		opts.Readers = 4
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create data directory: %w", err)
+	}
+	// Create the file ourselves so it is 0600 whatever the umask; SQLite
+	// gives its -wal and -shm files the same mode as the database file.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open database file: %w", err)
+	}
+	f.Close()
+
+	w, err := sql.Open("sqlite", dsn(path, false))
+	if err != nil {
+		return nil, err
+	}
+	w.SetMaxOpenConns(1)
+	w.SetConnMaxIdleTime(0)
+	s := &Store{w: w, now: opts.Now, log: opts.Logger, snapshot: opts.InitialEvents == "snapshot", notify: make(chan struct{}, 1)}
+	if err := s.migrate(ctx); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("migrate %s: %w", path, err)
+	}
+	r, err := sql.Open("sqlite", dsn(path, true))
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	r.SetMaxOpenConns(opts.Readers)
+	s.r = r
+	return s, nil
+}
+
+func dsn(path string, readOnly bool) string {
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	if readOnly {
+		q.Add("_pragma", "query_only(1)")
+	} else {
+		q.Set("_txlock", "immediate")
+	}
+	return "file:" + path + "?" + q.Encode()
+}
+
+// Close closes both pools.
+func (s *Store) Close() error {
+	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+// Reader returns the read-only pool, for queries that must not wait on ingest.
+func (s *Store) Reader() *sql.DB { return s.r }
+
+// Notify returns a channel that receives a value after a commit that added
+// events; it holds at most one pending signal.
+func (s *Store) Notify() <-chan struct{} { return s.notify }
+
+func (s *Store) signal() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// SchemaVersion returns the newest migration applied.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	err := s.w.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v)
+	return v, err
+}
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+func migrations() ([]migration, error) {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, e := range entries {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration %s: name must start with a number", e.Name())
+		}
+		b, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{v, e.Name(), string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	return ms, nil
+}
+
+// migrate applies every embedded migration newer than the database, each in
+// its own transaction, and refuses a database newer than this binary.
+func (s *Store) migrate(ctx context.Context) error {
+	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_time TEXT NOT NULL)`); err != nil {
+		return err
+	}
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	cur, err := s.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	if latest := ms[len(ms)-1].version; cur > latest {
+		return fmt.Errorf("database schema version %d is newer than this syncd knows (%d): upgrade syncd", cur, latest)
+	}
+	for _, m := range ms {
+		if m.version <= cur {
+			continue
+		}
+		err := s.tx(ctx, func(tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+				return fmt.Errorf("%s: %w", m.name, err)
+			}
+			_, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, ?, ?)`,
+				m.version, m.name, FormatTime(s.now()))
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		s.log.Info("applied migration", "version", m.version, "name", m.name)
+	}
+	return nil
+}
+
+// tx runs fn in a write transaction.
+func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// meta reads a value from the meta table; "" when absent.
+func (s *Store) meta(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, key string) (string, error) {
+	var v string
+	err := q.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = ?`, key).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return v, err
+}
+
+// Meta returns the value of key in the meta table, "" when unset.
+func (s *Store) Meta(ctx context.Context, key string) (string, error) {
+	return s.meta(ctx, s.w, key)
+}
+
+// SetMeta sets key in the meta table.
+func (s *Store) SetMeta(ctx context.Context, key, value string) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`, key, value)
+	return err
+}
