@@ -1,0 +1,295 @@
+package platformsim
+
+import (
+	"fmt"
+	"time"
+)
+
+func (s *Sim) indexRepoLocked(rp *repo) {
+	rp.idx = len(s.repoList)
+	s.repoList = append(s.repoList, rp)
+}
+
+func (s *Sim) unindexRepoLocked(rp *repo) {
+	last := s.repoList[len(s.repoList)-1]
+	s.repoList[rp.idx], last.idx = last, rp.idx
+	s.repoList = s.repoList[:len(s.repoList)-1]
+}
+
+func (s *Sim) indexTagLocked(t *tag) {
+	t.idx = len(s.tagList)
+	s.tagList = append(s.tagList, t)
+}
+
+func (s *Sim) unindexTagLocked(t *tag) {
+	last := s.tagList[len(s.tagList)-1]
+	s.tagList[t.idx], last.idx = last, t.idx
+	s.tagList = s.tagList[:len(s.tagList)-1]
+}
+
+// MutationKind names a change the scenario engine can make.
+type MutationKind string
+
+// The mutations of the scenario engine.
+const (
+	TagMoved        MutationKind = "tag.moved"
+	TagDeprecated   MutationKind = "tag.deprecated"
+	TagCreated      MutationKind = "tag.created"
+	TagDeleted      MutationKind = "tag.deleted"
+	RepoCreated     MutationKind = "repo.created"
+	RepoDeleted     MutationKind = "repo.deleted"
+	AdvisoryCreated MutationKind = "advisory.created"
+	AdvisoryUpdated MutationKind = "advisory.updated"
+	RepoDescribed   MutationKind = "repo.updated"
+)
+
+// Mutation is one applied change, as returned by Step and accepted by Apply.
+type Mutation struct {
+	Kind MutationKind `json:"kind"`
+	// UID is the changed resource (for TagCreated and RepoCreated, the new
+	// one; Apply ignores it for creations).
+	UID string `json:"uid,omitempty"`
+	// RepoUID is the tag's repo; for Apply(TagCreated) the repo to create in.
+	RepoUID string `json:"repoUid,omitempty"`
+	// Name of a created repo or tag, or the description of RepoDescribed.
+	Name string `json:"name,omitempty"`
+	// Digest is the new digest of a moved or created tag.
+	Digest         string    `json:"digest,omitempty"`
+	PreviousDigest string    `json:"previousDigest,omitempty"`
+	Time           time.Time `json:"time"`
+}
+
+// Rates weights the mutation kinds Step draws; only ratios matter.
+type Rates struct {
+	MoveTag, Deprecate, CreateTag, DeleteTag float64
+	CreateRepo, DeleteRepo, UpdateRepo       float64
+	CreateAdvisory, UpdateAdvisory           float64
+}
+
+// DefaultRates is mostly tag moves, with a little of everything else.
+func DefaultRates() Rates {
+	return Rates{MoveTag: 70, Deprecate: 5, CreateTag: 5, DeleteTag: 2,
+		CreateRepo: 2, DeleteRepo: 1, UpdateRepo: 2, CreateAdvisory: 7, UpdateAdvisory: 6}
+}
+
+// SetRates changes the mix of mutations Step applies.
+func (s *Sim) SetRates(r Rates) {
+	s.mu.Lock()
+	s.opts.Rates = r
+	s.mu.Unlock()
+}
+
+// Step applies n seeded random mutations at the simulator's current time
+// and returns them in order.
+func (s *Sim) Step(n int) []Mutation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Mutation, 0, n)
+	for range n {
+		if m, ok := s.randomMutationLocked(); ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (s *Sim) pickKindLocked() MutationKind {
+	r := s.opts.Rates
+	choices := []struct {
+		k MutationKind
+		w float64
+	}{
+		{TagMoved, r.MoveTag}, {TagDeprecated, r.Deprecate}, {TagCreated, r.CreateTag},
+		{TagDeleted, r.DeleteTag}, {RepoCreated, r.CreateRepo}, {RepoDeleted, r.DeleteRepo},
+		{RepoDescribed, r.UpdateRepo}, {AdvisoryCreated, r.CreateAdvisory}, {AdvisoryUpdated, r.UpdateAdvisory},
+	}
+	var total float64
+	for _, c := range choices {
+		total += max(c.w, 0)
+	}
+	if total == 0 {
+		return TagMoved
+	}
+	x := s.rng.Float64() * total
+	for _, c := range choices {
+		if x < max(c.w, 0) {
+			return c.k
+		}
+		x -= max(c.w, 0)
+	}
+	return TagMoved
+}
+
+// randomMutationLocked draws and applies one mutation. When the drawn kind
+// has nothing to act on (no tags to move), it creates a repo instead, so a
+// Step always changes something.
+func (s *Sim) randomMutationLocked() (Mutation, bool) {
+	k := s.pickKindLocked()
+	m := Mutation{Kind: k}
+	switch k {
+	case TagMoved:
+		if len(s.tagList) > 0 {
+			t := s.tagList[s.rng.IntN(len(s.tagList))]
+			m.UID, m.Digest = t.uid, fmtDigest(randDigest(s.rng))
+		}
+	case TagDeprecated:
+		// A handful of draws finds a live tag without scanning all tags.
+		for range 8 {
+			if len(s.tagList) == 0 {
+				break
+			}
+			if t := s.tagList[s.rng.IntN(len(s.tagList))]; !t.deprecated {
+				m.UID = t.uid
+				break
+			}
+		}
+	case TagDeleted:
+		if len(s.tagList) > 0 {
+			m.UID = s.tagList[s.rng.IntN(len(s.tagList))].uid
+		}
+	case TagCreated:
+		if len(s.repoList) > 0 {
+			rp := s.repoList[s.rng.IntN(len(s.repoList))]
+			m.RepoUID, m.Digest = rp.uid, fmtDigest(randDigest(s.rng))
+			m.Name = fmt.Sprintf("%d.%d.%d-r%d", 1+s.rng.IntN(9), s.rng.IntN(30), s.rng.IntN(30), s.rng.IntN(10))
+		}
+	case RepoDeleted:
+		// Keep the organization from draining under a delete-heavy mix.
+		if len(s.repoList) > 1 {
+			m.UID = s.repoList[s.rng.IntN(len(s.repoList))].uid
+		}
+	case RepoDescribed:
+		if len(s.repoList) > 0 {
+			m.UID = s.repoList[s.rng.IntN(len(s.repoList))].uid
+			m.Name = fmt.Sprintf("Minimal image, revision %d", s.rng.IntN(1000))
+		}
+	case RepoCreated:
+		words := imageWords()
+		m.Name = fmt.Sprintf("%s-%s", words[s.rng.IntN(len(words))], newSegmentFrom(s.rng)[:6])
+	case AdvisoryUpdated:
+		if len(s.advList) > 0 {
+			m.UID = s.advList[s.rng.IntN(len(s.advList))].uid
+		}
+	case AdvisoryCreated:
+		words := imageWords()
+		m.Name = words[s.rng.IntN(len(words))]
+	}
+	if m.UID == "" && m.RepoUID == "" && m.Name == "" {
+		words := imageWords()
+		m = Mutation{Kind: RepoCreated, Name: fmt.Sprintf("%s-%s", words[s.rng.IntN(len(words))], newSegmentFrom(s.rng)[:6])}
+	}
+	out, err := s.applyLocked(m)
+	return out, err == nil
+}
+
+// MoveTag points a tag at digest now, appending a history record.
+func (s *Sim) MoveTag(tagUID, digest string) error {
+	_, err := s.Apply(Mutation{Kind: TagMoved, UID: tagUID, Digest: digest})
+	return err
+}
+
+// Apply performs one mutation at the simulator's current time, emitting the
+// events the upstream would, and returns it completed (uids, time).
+func (s *Sim) Apply(m Mutation) (Mutation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.applyLocked(m)
+}
+
+func (s *Sim) applyLocked(m Mutation) (Mutation, error) {
+	now := s.nowLocked()
+	ms := now.UnixMilli()
+	m.Time = now.UTC().Truncate(time.Millisecond)
+	switch m.Kind {
+	case TagMoved:
+		t, ok := s.tags[m.UID]
+		if !ok {
+			return m, fmt.Errorf("move tag %s: no such tag", m.UID)
+		}
+		d, err := parseDigest(m.Digest)
+		if err != nil {
+			return m, fmt.Errorf("move tag %s: %w", m.UID, err)
+		}
+		prev := t.digest
+		m.RepoUID, m.PreviousDigest = t.repoUID, fmtDigest(prev)
+		// Records stay ordered even if the clock was moved backwards.
+		ms = max(ms, t.history[len(t.history)-1].ms)
+		t.history = append(t.history, histRec{ms: ms, digest: d})
+		t.digest, t.updateMs = d, ms
+		if rp, ok := s.repos[t.repoUID]; ok {
+			s.emitPushLocked(rp, t, prev)
+		}
+	case TagDeprecated:
+		t, ok := s.tags[m.UID]
+		if !ok {
+			return m, fmt.Errorf("deprecate tag %s: no such tag", m.UID)
+		}
+		m.RepoUID = t.repoUID
+		// The upstream has no event for deprecation: only a crawl sees it.
+		t.deprecated, t.updateMs = true, ms
+	case TagCreated:
+		rp, ok := s.repos[m.RepoUID]
+		if !ok {
+			return m, fmt.Errorf("create tag in %s: no such repo", m.RepoUID)
+		}
+		d, err := parseDigest(m.Digest)
+		if err != nil {
+			return m, fmt.Errorf("create tag in %s: %w", m.RepoUID, err)
+		}
+		for _, t := range rp.tags {
+			if t.name == m.Name {
+				return m, fmt.Errorf("create tag %s in %s: exists", m.Name, m.RepoUID)
+			}
+		}
+		m.UID = s.addTagLocked(rp, m.Name, d, false).uid
+	case TagDeleted:
+		t, ok := s.tags[m.UID]
+		if !ok {
+			return m, fmt.Errorf("delete tag %s: no such tag", m.UID)
+		}
+		m.RepoUID = t.repoUID
+		s.removeTagLocked(t)
+	case RepoCreated:
+		if m.Name == "" {
+			return m, fmt.Errorf("create repo: name is required")
+		}
+		parent := m.RepoUID
+		if parent == "" {
+			parent = s.opts.RootGroup
+		}
+		if s.repoByNameLocked(parent, m.Name) != nil {
+			return m, fmt.Errorf("create repo %s: exists", m.Name)
+		}
+		rp := s.addRepoLocked(parent, repo{name: m.Name, description: "Minimal image for " + m.Name, catalogTier: "APPLICATION"})
+		m.UID, m.RepoUID = rp.uid, ""
+	case RepoDeleted:
+		rp, ok := s.repos[m.UID]
+		if !ok {
+			return m, fmt.Errorf("delete repo %s: no such repo", m.UID)
+		}
+		s.removeRepoLocked(rp)
+	case RepoDescribed:
+		rp, ok := s.repos[m.UID]
+		if !ok {
+			return m, fmt.Errorf("update repo %s: no such repo", m.UID)
+		}
+		rp.description, rp.updateMs = m.Name, ms
+		s.emitLocked(s.platformEvent("registry.repo.updated"), rp.uid, renderRepo(rp))
+	case AdvisoryCreated:
+		a := &advisory{uid: newSegmentFrom(s.rng) + newSegmentFrom(s.rng), advisoryID: advisoryID(s.rng),
+			artifactName: m.Name, createMs: ms, updateMs: ms}
+		s.advisories[a.uid] = a
+		s.advList = append(s.advList, a)
+		m.UID, m.Name = a.uid, a.artifactName
+	case AdvisoryUpdated:
+		a, ok := s.advisories[m.UID]
+		if !ok {
+			return m, fmt.Errorf("update advisory %s: no such advisory", m.UID)
+		}
+		a.updateMs = ms
+		m.Name = a.artifactName
+	default:
+		return m, fmt.Errorf("unknown mutation kind %q", m.Kind)
+	}
+	return m, nil
+}

@@ -1,0 +1,115 @@
+package platformsim
+
+import (
+	"sort"
+	"time"
+)
+
+// Truth is a deep copy of the simulator's data, for tests to compare a
+// mirror against. Slices are sorted by uid.
+type Truth struct {
+	Repos      []TruthRepo              `json:"repos"`
+	Tags       []TruthTag               `json:"tags"`
+	History    map[string][]TruthRecord `json:"history"` // by tag uid, oldest first
+	Advisories []TruthAdvisory          `json:"advisories"`
+	// PublicTags are the public organization's images, reachable only
+	// through the registry.
+	PublicTags []TruthPublicTag `json:"publicTags"`
+}
+
+// TruthRepo is a repo of the organization.
+type TruthRepo struct {
+	UID         string    `json:"uid"`
+	Name        string    `json:"name"`
+	Description string    `json:"description"`
+	CreateTime  time.Time `json:"createTime"`
+	UpdateTime  time.Time `json:"updateTime"`
+}
+
+// TruthTag is a tag of one of the organization's repos.
+type TruthTag struct {
+	UID        string    `json:"uid"`
+	RepoUID    string    `json:"repoUid"`
+	Name       string    `json:"name"`
+	Digest     string    `json:"digest"`
+	Deprecated bool      `json:"deprecated"`
+	UpdateTime time.Time `json:"updateTime"`
+}
+
+// TruthRecord is one tag history record.
+type TruthRecord struct {
+	UpdateTime time.Time `json:"updateTime"`
+	Digest     string    `json:"digest"`
+}
+
+// TruthAdvisory is a vulnerability advisory.
+type TruthAdvisory struct {
+	UID          string    `json:"uid"`
+	AdvisoryID   string    `json:"advisoryId"`
+	ArtifactName string    `json:"artifactName"`
+	UpdateTime   time.Time `json:"updateTime"`
+}
+
+// TruthPublicTag is a tag of a public image with its history.
+type TruthPublicTag struct {
+	Image   string        `json:"image"`
+	Tag     string        `json:"tag"`
+	Digest  string        `json:"digest"`
+	History []TruthRecord `json:"history"`
+}
+
+func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+
+func truthHistory(h []histRec) []TruthRecord {
+	out := make([]TruthRecord, len(h))
+	for i, r := range h {
+		out[i] = TruthRecord{UpdateTime: msTime(r.ms), Digest: fmtDigest(r.digest)}
+	}
+	return out
+}
+
+// Truth returns a deep copy of the ground truth.
+func (s *Sim) Truth() Truth {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	t := Truth{History: make(map[string][]TruthRecord, len(s.tags))}
+	for _, r := range s.repos {
+		t.Repos = append(t.Repos, TruthRepo{UID: r.uid, Name: r.name, Description: r.description,
+			CreateTime: msTime(r.createMs), UpdateTime: msTime(r.updateMs)})
+	}
+	for _, tg := range s.tags {
+		t.Tags = append(t.Tags, TruthTag{UID: tg.uid, RepoUID: tg.repoUID, Name: tg.name,
+			Digest: fmtDigest(tg.digest), Deprecated: tg.deprecated, UpdateTime: msTime(tg.updateMs)})
+		t.History[tg.uid] = truthHistory(tg.history)
+	}
+	for _, a := range s.advisories {
+		t.Advisories = append(t.Advisories, TruthAdvisory{UID: a.uid, AdvisoryID: a.advisoryID,
+			ArtifactName: a.artifactName, UpdateTime: msTime(a.updateMs)})
+	}
+	for _, pi := range s.public {
+		for _, tg := range pi.tags {
+			t.PublicTags = append(t.PublicTags, TruthPublicTag{Image: pi.name, Tag: tg.name,
+				Digest: fmtDigest(tg.digest), History: truthHistory(tg.history)})
+		}
+	}
+	sort.Slice(t.Repos, func(i, j int) bool { return t.Repos[i].UID < t.Repos[j].UID })
+	sort.Slice(t.Tags, func(i, j int) bool { return t.Tags[i].UID < t.Tags[j].UID })
+	sort.Slice(t.Advisories, func(i, j int) bool { return t.Advisories[i].UID < t.Advisories[j].UID })
+	sort.Slice(t.PublicTags, func(i, j int) bool {
+		a, b := t.PublicTags[i], t.PublicTags[j]
+		return a.Image < b.Image || (a.Image == b.Image && a.Tag < b.Tag)
+	})
+	return t
+}
+
+// History returns one tag's history records, oldest first, without copying
+// the whole ground truth.
+func (s *Sim) History(tagUID string) ([]TruthRecord, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	t, ok := s.tags[tagUID]
+	if !ok {
+		return nil, false
+	}
+	return truthHistory(t.history), true
+}
