@@ -90,7 +90,7 @@ func (c *runCommand) Run(ctx context.Context) error {
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down", "grace", c.grace)
+	log.Info("shutting down", "grace", c.grace.String())
 	cancel()
 	select {
 	case err := <-done:
@@ -112,7 +112,7 @@ func pruneLoop(ctx context.Context, st *store.Store, retention time.Duration, lo
 		if n, err := st.PruneEvents(ctx, time.Now().Add(-retention)); err != nil && ctx.Err() == nil {
 			log.Warn("pruning old events failed", "err", err)
 		} else if n > 0 {
-			log.Info("pruned published events", "count", n, "older_than", retention)
+			log.Info("pruned published events", "count", n, "older_than", retention.String())
 		}
 		select {
 		case <-ctx.Done():

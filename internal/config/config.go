@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -180,11 +181,21 @@ func decode(cfg *Config, path string, src []byte) error {
 	md, err := toml.NewDecoder(bytes.NewReader(src)).Decode(cfg)
 	if err != nil {
 		var pe toml.ParseError
-		if errors.As(err, &pe) {
-			return &Error{Source: path, Line: pe.Position.Line, Key: pe.LastKey, Msg: pe.Message}
+		if ppe := (*toml.ParseError)(nil); errors.As(err, &ppe) {
+			pe = *ppe
+		} else if !errors.As(err, &pe) {
+			// Type mismatches come back as plain errors: 'toml: line N (last key "k"): msg'.
+			if m := typeErr.FindStringSubmatch(err.Error()); m != nil {
+				line, _ := strconv.Atoi(m[1])
+				return &Error{Source: path, Line: line, Key: m[2], Msg: m[3]}
+			}
+			return &Error{Source: path, Msg: err.Error()}
 		}
-		// Type mismatches come back as plain errors naming the key.
-		return &Error{Source: path, Msg: err.Error()}
+		msg := pe.Message
+		if msg == "" {
+			msg = pe.Error()
+		}
+		return &Error{Source: path, Line: pe.Position.Line, Key: pe.LastKey, Msg: msg}
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		k := und[0].String()
@@ -195,6 +206,8 @@ func decode(cfg *Config, path string, src []byte) error {
 
 // keyLine finds the line where a dotted key is set in TOML source, so that
 // errors found after decoding can still point at the file. 0 when not found.
+var typeErr = regexp.MustCompile(`^toml: (?:line (\d+) )?\(last key "([^"]+)"\): (.*)$`)
+
 func keyLine(src []byte, key string) int {
 	parts := strings.Split(key, ".")
 	if len(parts) == 0 {

@@ -114,7 +114,7 @@ func (c *Crawler) Sync(ctx context.Context) (Summary, error) {
 		return sum, err
 	}
 	c.log.Info("crawl finished", "repos", sum.Repos, "tags", sum.Tags, "history_reads", sum.HistoryReads,
-		"events", sum.Events, "requests", sum.Requests, "took", sum.Duration.Round(time.Millisecond))
+		"events", sum.Events, "requests", sum.Requests, "took", sum.Duration.Round(time.Millisecond).String())
 	return sum, nil
 }
 

@@ -59,7 +59,11 @@ func Connect(ctx context.Context, cfg Config) (*Conn, error) {
 		nats.ReconnectWait(time.Second),
 		nats.ReconnectJitter(500*time.Millisecond, 2*time.Second),
 		nats.ReconnectBufSize(-1), // never buffer publishes while disconnected: the outbox is the buffer
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("NATS disconnected", "err", err)
+			}
+		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted()) }),
 		nats.ClosedHandler(func(*nats.Conn) { log.Debug("NATS connection closed"); close(c.closed) }),
 	}
