@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/platformsim"
+)
+
+const e2eToken = "e2e-secret-token-4f1c"
+
+// startSim serves a small simulated organization on a loopback port.
+func startSim(t *testing.T, seed int64, sc platformsim.Scale) (*platformsim.Sim, string) {
+	t.Helper()
+	sim := platformsim.New(platformsim.Options{Seed: seed, Tokens: []string{e2eToken}})
+	sim.Populate(sc)
+	srv := httptest.NewServer(sim.Handler())
+	t.Cleanup(srv.Close)
+	sim.SetBaseURL(srv.URL)
+	return sim, srv.URL
+}
+
+func e2eConfig(t *testing.T, simURL, natsURL, dbPath, schedule string) string {
+	return writeFile(t, "syncd.toml", fmt.Sprintf(`
+[platform]
+base_url = %[1]q
+registry_url = %[1]q
+token = %[2]q
+group = "org1"
+organization = "acme"
+
+[crawl]
+schedule = %[5]q
+requests_per_second = 0.0
+
+[nats]
+url = %[3]q
+
+[store]
+path = %[4]q
+
+[log]
+level = "debug"
+format = "json"
+`, simURL, e2eToken, natsURL, dbPath, schedule))
+}
+
+type cloudEvent struct {
+	SpecVersion string `json:"specversion"`
+	ID          string `json:"id"`
+	Type        string `json:"type"`
+	Source      string `json:"source"`
+	Subject     string `json:"subject"`
+	Time        string `json:"time"`
+	Data        struct {
+		Before struct{ Digest string } `json:"before"`
+		After  struct {
+			Digest, Name, Repo string
+		} `json:"after"`
+	} `json:"data"`
+	natsSubject, msgID, contentType string
+}
+
+// TestRun_EndToEnd runs the daemon against the simulator and a real NATS
+// server: after the silent baseline crawl, two moves of one tag upstream
+// reach a JetStream consumer as two ordered tag.moved CloudEvents with
+// before and after digests, and the mirror holds the new history.
+func TestRun_EndToEnd(t *testing.T) {
+	sim, simURL := startSim(t, 7, platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 5, Advisories: 2})
+	ns := startNATS(t)
+	dbPath := filepath.Join(t.TempDir(), "data", "syncd.db")
+	cfg := e2eConfig(t, simURL, ns.ClientURL(), dbPath, "@every 1s")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- NewMain(&syncBuffer{}, &stderr, nil).Run(ctx, []string{"run", "--config", cfg}) }()
+
+	waitFor(t, 30*time.Second, "the baseline crawl", func() bool {
+		if _, err := os.Stat(dbPath); err != nil {
+			return false
+		}
+		var v string
+		return openReader(t, dbPath).QueryRow(`SELECT value FROM meta WHERE key = 'baseline_time'`).Scan(&v) == nil
+	})
+	db := openReader(t, dbPath)
+	var tags int
+	if err := db.QueryRow(`SELECT count(*) FROM tags`).Scan(&tags); err != nil || tags != 9 {
+		t.Fatalf("tags in mirror = %d (%v), want 9", tags, err)
+	}
+
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.OrderedConsumer(ctx, "SYNCD", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"syncd.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	truth := sim.Truth()
+	tag := truth.Tags[0]
+	var repoName string
+	for _, r := range truth.Repos {
+		if r.UID == tag.RepoUID {
+			repoName = r.Name
+		}
+	}
+	d1, d2 := "sha256:"+strings.Repeat("1", 64), "sha256:"+strings.Repeat("2", 64)
+	sim.Advance(time.Second)
+	if err := sim.MoveTag(tag.UID, d1); err != nil {
+		t.Fatal(err)
+	}
+	sim.Advance(time.Second)
+	if err := sim.MoveTag(tag.UID, d2); err != nil {
+		t.Fatal(err)
+	}
+
+	var moved []cloudEvent
+	deadline := time.Now().Add(30 * time.Second)
+	for len(moved) < 2 && time.Now().Before(deadline) {
+		batch, err := cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			var ev cloudEvent
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				t.Fatalf("message on %s is not JSON: %v", m.Subject(), err)
+			}
+			ev.natsSubject, ev.msgID, ev.contentType = m.Subject(), m.Headers().Get("Nats-Msg-Id"), m.Headers().Get("Content-Type")
+			if ev.Type == "dev.syncd.tag.moved" && ev.Subject == tag.UID {
+				moved = append(moved, ev)
+			}
+		}
+	}
+	if len(moved) != 2 {
+		t.Fatalf("got %d tag.moved events for %s, want 2; log:\n%s", len(moved), tag.UID, stderr.String())
+	}
+	for i, want := range []struct{ before, after string }{{tag.Digest, d1}, {d1, d2}} {
+		ev := moved[i]
+		if ev.Data.Before.Digest != want.before || ev.Data.After.Digest != want.after {
+			t.Errorf("move %d: before=%s after=%s, want %s -> %s", i, ev.Data.Before.Digest, ev.Data.After.Digest, want.before, want.after)
+		}
+		if ev.SpecVersion != "1.0" || ev.ID == "" || ev.ID != ev.msgID {
+			t.Errorf("move %d: specversion=%q id=%q Nats-Msg-Id=%q; want 1.0 and id == Nats-Msg-Id", i, ev.SpecVersion, ev.ID, ev.msgID)
+		}
+		if ev.contentType != "application/cloudevents+json" {
+			t.Errorf("move %d: Content-Type=%q", i, ev.contentType)
+		}
+		if want := "syncd.tag.moved." + repoName; ev.natsSubject != want {
+			t.Errorf("move %d: NATS subject=%q, want %q", i, ev.natsSubject, want)
+		}
+		if ev.Data.After.Repo != repoName || ev.Data.After.Name != tag.Name {
+			t.Errorf("move %d: after names %s:%s, want %s:%s", i, ev.Data.After.Repo, ev.Data.After.Name, repoName, tag.Name)
+		}
+	}
+
+	// The mirror holds the moves: the tag's digest and its whole history.
+	var digest string
+	var history int
+	waitFor(t, 10*time.Second, "the mirror to show the new digest", func() bool {
+		db.QueryRow(`SELECT digest FROM tags WHERE uid = ?`, tag.UID).Scan(&digest)
+		return digest == d2
+	})
+	if err := db.QueryRow(`SELECT count(*) FROM tag_history WHERE tag_uid = ?`, tag.UID).Scan(&history); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := history, len(truth.History[tag.UID])+2; got != want {
+		t.Errorf("history rows=%d, want %d", got, want)
+	}
+	var unpublished int
+	waitFor(t, 10*time.Second, "the outbox to drain", func() bool {
+		db.QueryRow(`SELECT count(*) FROM events WHERE published_time IS NULL`).Scan(&unpublished)
+		return unpublished == 0
+	})
+
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Fatalf("syncd run exited %d; log:\n%s", code, stderr.String())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("syncd run did not stop within 5s of the signal")
+	}
+	if strings.Contains(stderr.String(), e2eToken) {
+		t.Fatal("the platform token appears in the log")
+	}
+}
