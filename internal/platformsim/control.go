@@ -25,7 +25,7 @@ func (s *Sim) MintToken(identityUID string) (string, error) {
 		if !ok {
 			return "", errNoIdentity(identityUID)
 		}
-		m = mintedToken{group: parentOf(id.uid), subject: id.subject}
+		m = mintedToken{group: parentOf(id.uid), identity: id.uid, subject: id.subject}
 	}
 	s.minted[tok] = m
 	return tok, nil

@@ -179,6 +179,10 @@ func (s *Sim) match(method, path string) (route, bool) {
 			return route{pattern: "GET /v2/", serve: s.serveRegistryBase}, true
 		}
 		return route{pattern: "GET /v2/{image}/_" + s.opts.Vendor + "/history/{tag}", serve: s.serveHistory}, true
+	case path == "/.well-known/openid-configuration" && method == http.MethodGet:
+		return route{pattern: "GET /.well-known/openid-configuration", serve: s.serveDiscovery}, true
+	case path == "/.well-known/jwks.json" && method == http.MethodGet:
+		return route{pattern: "GET /.well-known/jwks.json", serve: s.serveJWKS}, true
 	case path == "/ping/v2/ping" && method == http.MethodGet:
 		return route{pattern: "GET /ping/v2/ping", serve: s.servePing, auth: true}, true
 	}
@@ -199,7 +203,7 @@ func (s *Sim) match(method, path string) (route, bool) {
 		}
 	}
 
-	for _, pr := range s.resourceRoutes() {
+	for _, pr := range append(s.resourceRoutes(), s.iamRoutes()...) {
 		if path == pr.collection {
 			if method == http.MethodGet && pr.list != nil {
 				return route{pattern: "GET " + pr.collection, serve: pr.list, auth: true}, true

@@ -53,6 +53,7 @@ func newEnv(tb testing.TB, sc platformsim.Scale, mod func(*platformsim.Options))
 	sim.SetBaseURL(srv.URL)
 	tb.Cleanup(func() {
 		srv.Close()
+		sim.Close()
 
 	})
 	return &env{tb: tb, sim: sim, srv: srv}

@@ -65,6 +65,9 @@ type Options struct {
 	DeliveryMaxBackoff time.Duration
 	// DeliveryAttempts caps delivery attempts per event (default 10).
 	DeliveryAttempts int
+	// EventAudience is the `aud` claim and Ce-Audience of delivered events
+	// (default "customer").
+	EventAudience string
 	// DeliveryClient sends events to sinks (default: a client with a 10s
 	// timeout).
 	DeliveryClient *http.Client
@@ -120,14 +123,15 @@ type Sim struct {
 	tagList  []*tag
 	advList  []*advisory
 
-	outbox []event
-
-	stats stats
+	stats   stats
+	oidcKey oidcKey
+	events  delivery
 }
 
 type mintedToken struct {
-	group   string // scope of the token: the identity's parent group
-	subject string
+	group    string // scope of the token: the identity's parent group
+	identity string // "" for an organization admin token
+	subject  string
 }
 
 // New returns an empty simulator holding only the organization's root group
