@@ -87,13 +87,15 @@ func (s *Sim) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.stats.count(rt.pattern)
-	if rt.auth {
-		if e := s.authenticate(r); e != nil {
-			writeError(w, e)
-			return
+	s.serveWithFaults(w, r, rt.pattern, func(w http.ResponseWriter, r *http.Request) {
+		if rt.auth {
+			if e := s.authenticate(r); e != nil {
+				writeError(w, e)
+				return
+			}
 		}
-	}
-	rt.serve(w, r, rt)
+		rt.serve(w, r, rt)
+	})
 }
 
 // learnBaseURL records the simulator's own address from the first request

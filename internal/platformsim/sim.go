@@ -124,6 +124,7 @@ type Sim struct {
 	advList  []*advisory
 
 	stats   stats
+	faults  faultSet
 	oidcKey oidcKey
 	events  delivery
 }
@@ -190,6 +191,7 @@ func New(opts Options) *Sim {
 	mac := hmac.New(sha256.New, []byte("platformsim registry token key"))
 	_ = binary.Write(mac, binary.BigEndian, opts.Seed)
 	s.key = mac.Sum(nil)
+	s.faults.rng = rand.New(rand.NewPCG(uint64(opts.Seed), 0xfa17))
 
 	now := s.nowMs()
 	s.groups[opts.RootGroup] = &group{uid: opts.RootGroup, name: opts.OrgName,
