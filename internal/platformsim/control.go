@@ -4,7 +4,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -25,7 +27,7 @@ func (s *Sim) MintToken(identityUID string) (string, error) {
 		if !ok {
 			return "", errNoIdentity(identityUID)
 		}
-		m = mintedToken{group: parentOf(id.uid), subject: id.subject}
+		m = mintedToken{group: parentOf(id.uid), identity: id.uid, subject: id.subject}
 	}
 	s.minted[tok] = m
 	return tok, nil
@@ -102,7 +104,127 @@ func (s *Sim) serveControl(w http.ResponseWriter, r *http.Request) {
 		}
 		s.Populate(sc)
 		writeEmpty(w)
+	case "GET /_sim/faults":
+		out := []faultJSON{}
+		for _, f := range s.Faults() {
+			out = append(out, toFaultJSON(f))
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"faults": out})
+	case "PUT /_sim/faults":
+		var req struct {
+			Faults []faultJSON `json:"faults"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			writeError(w, s.errInvalid("body", "must be {\"faults\": [...]}: "+err.Error()))
+			return
+		}
+		faults := make([]Fault, 0, len(req.Faults))
+		for i, fj := range req.Faults {
+			f, err := fj.fault()
+			if err != nil {
+				writeError(w, s.errInvalid("faults["+strconv.Itoa(i)+"]", err.Error()))
+				return
+			}
+			faults = append(faults, f)
+		}
+		s.SetFaults(faults...)
+		writeEmpty(w)
+	case "DELETE /_sim/faults":
+		s.SetFaults()
+		writeEmpty(w)
+	case "PUT /_sim/delivery-faults":
+		var req struct {
+			DeliveryFaults
+			ReorderDelay string `json:"reorderDelay"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			writeError(w, s.errInvalid("body", "must be a DeliveryFaults object: "+err.Error()))
+			return
+		}
+		f := req.DeliveryFaults
+		if req.ReorderDelay != "" {
+			d, err := time.ParseDuration(req.ReorderDelay)
+			if err != nil {
+				writeError(w, s.errInvalid("reorderDelay", "must be a Go duration"))
+				return
+			}
+			f.ReorderDelay = d
+		}
+		s.SetDeliveryFaults(f)
+		writeEmpty(w)
+	case "GET /_sim/deliveries":
+		writeJSON(w, http.StatusOK, map[string]any{"deliveries": s.Deliveries()})
+	case "PUT /_sim/rates":
+		var rates Rates
+		if err := json.NewDecoder(r.Body).Decode(&rates); err != nil {
+			writeError(w, s.errInvalid("body", "must be a Rates object: "+err.Error()))
+			return
+		}
+		s.SetRates(rates)
+		writeEmpty(w)
 	default:
 		writeError(w, s.errNotFound("control route", r.Method+" "+r.URL.Path))
 	}
+}
+
+// faultJSON is Fault on the control API, with durations as Go duration
+// strings ("250ms").
+type faultJSON struct {
+	Pattern            string  `json:"pattern"`
+	Latency            string  `json:"latency,omitempty"`
+	LatencyJitter      string  `json:"latencyJitter,omitempty"`
+	LatencyExpMean     string  `json:"latencyExpMean,omitempty"`
+	ErrorRate          float64 `json:"errorRate,omitempty"`
+	ErrorStatuses      []int   `json:"errorStatuses,omitempty"`
+	RateLimitRate      float64 `json:"rateLimitRate,omitempty"`
+	RetryAfter         string  `json:"retryAfter,omitempty"`
+	RetryAfterHTTPDate bool    `json:"retryAfterHttpDate,omitempty"`
+	ResetRate          float64 `json:"resetRate,omitempty"`
+	TruncateRate       float64 `json:"truncateRate,omitempty"`
+	StallRate          float64 `json:"stallRate,omitempty"`
+	Stall              string  `json:"stall,omitempty"`
+	Remaining          int     `json:"remaining,omitempty"`
+}
+
+func (fj faultJSON) fault() (Fault, error) {
+	f := Fault{Pattern: fj.Pattern, ErrorRate: fj.ErrorRate, ErrorStatuses: fj.ErrorStatuses,
+		RateLimitRate: fj.RateLimitRate, RetryAfterHTTPDate: fj.RetryAfterHTTPDate,
+		ResetRate: fj.ResetRate, TruncateRate: fj.TruncateRate, StallRate: fj.StallRate,
+		Remaining: fj.Remaining}
+	if f.Pattern == "" {
+		return f, fmt.Errorf("pattern is required (\"*\" matches every endpoint)")
+	}
+	for _, d := range []struct {
+		name string
+		v    string
+		p    *time.Duration
+	}{
+		{"latency", fj.Latency, &f.Latency}, {"latencyJitter", fj.LatencyJitter, &f.LatencyJitter},
+		{"latencyExpMean", fj.LatencyExpMean, &f.LatencyExpMean}, {"retryAfter", fj.RetryAfter, &f.RetryAfter},
+		{"stall", fj.Stall, &f.Stall},
+	} {
+		if d.v == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.v)
+		if err != nil {
+			return f, fmt.Errorf("%s: %w", d.name, err)
+		}
+		*d.p = v
+	}
+	return f, nil
+}
+
+func toFaultJSON(f Fault) faultJSON {
+	dur := func(d time.Duration) string {
+		if d == 0 {
+			return ""
+		}
+		return d.String()
+	}
+	return faultJSON{Pattern: f.Pattern, Latency: dur(f.Latency), LatencyJitter: dur(f.LatencyJitter),
+		LatencyExpMean: dur(f.LatencyExpMean), ErrorRate: f.ErrorRate, ErrorStatuses: f.ErrorStatuses,
+		RateLimitRate: f.RateLimitRate, RetryAfter: dur(f.RetryAfter), RetryAfterHTTPDate: f.RetryAfterHTTPDate,
+		ResetRate: f.ResetRate, TruncateRate: f.TruncateRate, StallRate: f.StallRate, Stall: dur(f.Stall),
+		Remaining: f.Remaining}
 }

@@ -72,11 +72,6 @@ func (s *Sim) emitPushLocked(rp *repo, t *tag, prev [32]byte) {
 	s.emitLocked(s.eventType("registry.push"), rp.uid, body)
 }
 
-// enqueueLocked hands an event to the delivery queue.
-func (s *Sim) enqueueLocked(ev event) {
-	s.outbox = append(s.outbox, ev)
-}
-
 // newUUIDLocked returns a version 4 UUID from the seeded generator, so event
 // ids are reproducible.
 func (s *Sim) newUUIDLocked() string {

@@ -87,13 +87,15 @@ func (s *Sim) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.stats.count(rt.pattern)
-	if rt.auth {
-		if e := s.authenticate(r); e != nil {
-			writeError(w, e)
-			return
+	s.serveWithFaults(w, r, rt.pattern, func(w http.ResponseWriter, r *http.Request) {
+		if rt.auth {
+			if e := s.authenticate(r); e != nil {
+				writeError(w, e)
+				return
+			}
 		}
-	}
-	rt.serve(w, r, rt)
+		rt.serve(w, r, rt)
+	})
 }
 
 // learnBaseURL records the simulator's own address from the first request
@@ -179,6 +181,10 @@ func (s *Sim) match(method, path string) (route, bool) {
 			return route{pattern: "GET /v2/", serve: s.serveRegistryBase}, true
 		}
 		return route{pattern: "GET /v2/{image}/_" + s.opts.Vendor + "/history/{tag}", serve: s.serveHistory}, true
+	case path == "/.well-known/openid-configuration" && method == http.MethodGet:
+		return route{pattern: "GET /.well-known/openid-configuration", serve: s.serveDiscovery}, true
+	case path == "/.well-known/jwks.json" && method == http.MethodGet:
+		return route{pattern: "GET /.well-known/jwks.json", serve: s.serveJWKS}, true
 	case path == "/ping/v2/ping" && method == http.MethodGet:
 		return route{pattern: "GET /ping/v2/ping", serve: s.servePing, auth: true}, true
 	}
@@ -199,7 +205,7 @@ func (s *Sim) match(method, path string) (route, bool) {
 		}
 	}
 
-	for _, pr := range s.resourceRoutes() {
+	for _, pr := range append(s.resourceRoutes(), s.iamRoutes()...) {
 		if path == pr.collection {
 			if method == http.MethodGet && pr.list != nil {
 				return route{pattern: "GET " + pr.collection, serve: pr.list, auth: true}, true

@@ -53,6 +53,7 @@ func newEnv(tb testing.TB, sc platformsim.Scale, mod func(*platformsim.Options))
 	sim.SetBaseURL(srv.URL)
 	tb.Cleanup(func() {
 		srv.Close()
+		sim.Close()
 
 	})
 	return &env{tb: tb, sim: sim, srv: srv}
@@ -162,4 +163,83 @@ func detail(r resp, name string) map[string]any {
 		}
 	}
 	return nil
+}
+
+// testCase is one named conformance case run against its own simulator.
+type testCase struct {
+	name  string
+	scale *platformsim.Scale
+	opts  func(*platformsim.Options)
+	run   func(t *testing.T, e *env)
+}
+
+func runCases(t *testing.T, cases []testCase) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			sc := smallScale()
+			if c.scale != nil {
+				sc = *c.scale
+			}
+			c.run(t, newEnv(t, sc, c.opts))
+		})
+	}
+}
+
+// rawDo sends a request and returns the transport outcome unchecked, for
+// fault cases where the transport is expected to fail.
+func (e *env) rawDo(method, path, token string) (int, []byte, error) {
+	req, err := http.NewRequest(method, e.srv.URL+path, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	hr, err := e.srv.Client().Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer hr.Body.Close()
+	b, err := io.ReadAll(hr.Body)
+	return hr.StatusCode, b, err
+}
+
+// someTag returns a tag of the org with its repo's name.
+func (e *env) someTag(name string) (platformsim.TruthTag, string) {
+	e.tb.Helper()
+	truth := e.sim.Truth()
+	names := map[string]string{}
+	for _, r := range truth.Repos {
+		names[r.UID] = r.Name
+	}
+	for _, tg := range truth.Tags {
+		if name == "" || tg.Name == name {
+			return tg, names[tg.RepoUID]
+		}
+	}
+	e.tb.Fatalf("no tag named %q", name)
+	return platformsim.TruthTag{}, ""
+}
+
+// history reads a tag history with a registry token for the image.
+func (e *env) history(image, tag, token, query string) resp {
+	e.tb.Helper()
+	p := "/v2/" + image + "/_chainguard/history/" + tag
+	if query != "" {
+		p += "?" + query
+	}
+	return e.do(http.MethodGet, p, token, nil)
+}
+
+func historyOf(r resp) []map[string]any { return items(r, "history") }
+
+// registryToken fetches a registry token for org/image, with a platform
+// token or anonymously ("").
+func (e *env) registryToken(image, platformToken string) string {
+	e.tb.Helper()
+	r := e.do(http.MethodGet, "/token?scope="+url.QueryEscape("repository:"+image+":pull"), platformToken, nil)
+	e.mustStatus(r, http.StatusOK)
+	return str(r.body, "token")
 }

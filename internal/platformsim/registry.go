@@ -170,7 +170,7 @@ func (s *Sim) serveHistory(w http.ResponseWriter, r *http.Request, _ route) {
 	if !ok {
 		// A platform token is a valid token for another audience: 403, as
 		// the spec requires; anything else is simply not a credential.
-		if _, isPlatform := s.platformToken(tok); isPlatform {
+		if _, isPlatform := s.platformToken(tok); isPlatform || s.isOIDCToken(tok) {
 			s.registryError(w, http.StatusForbidden, "DENIED", "token audience is not the registry", scope)
 			return
 		}

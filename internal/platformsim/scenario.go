@@ -61,9 +61,15 @@ type Mutation struct {
 
 // Rates weights the mutation kinds Step draws; only ratios matter.
 type Rates struct {
-	MoveTag, Deprecate, CreateTag, DeleteTag float64
-	CreateRepo, DeleteRepo, UpdateRepo       float64
-	CreateAdvisory, UpdateAdvisory           float64
+	MoveTag        float64 `json:"moveTag"`
+	Deprecate      float64 `json:"deprecate"`
+	CreateTag      float64 `json:"createTag"`
+	DeleteTag      float64 `json:"deleteTag"`
+	CreateRepo     float64 `json:"createRepo"`
+	DeleteRepo     float64 `json:"deleteRepo"`
+	UpdateRepo     float64 `json:"updateRepo"`
+	CreateAdvisory float64 `json:"createAdvisory"`
+	UpdateAdvisory float64 `json:"updateAdvisory"`
 }
 
 // DefaultRates is mostly tag moves, with a little of everything else.

@@ -65,6 +65,9 @@ type Options struct {
 	DeliveryMaxBackoff time.Duration
 	// DeliveryAttempts caps delivery attempts per event (default 10).
 	DeliveryAttempts int
+	// EventAudience is the `aud` claim and Ce-Audience of delivered events
+	// (default "customer").
+	EventAudience string
 	// DeliveryClient sends events to sinks (default: a client with a 10s
 	// timeout).
 	DeliveryClient *http.Client
@@ -120,14 +123,16 @@ type Sim struct {
 	tagList  []*tag
 	advList  []*advisory
 
-	outbox []event
-
-	stats stats
+	stats   stats
+	faults  faultSet
+	oidcKey oidcKey
+	events  delivery
 }
 
 type mintedToken struct {
-	group   string // scope of the token: the identity's parent group
-	subject string
+	group    string // scope of the token: the identity's parent group
+	identity string // "" for an organization admin token
+	subject  string
 }
 
 // New returns an empty simulator holding only the organization's root group
@@ -186,6 +191,7 @@ func New(opts Options) *Sim {
 	mac := hmac.New(sha256.New, []byte("platformsim registry token key"))
 	_ = binary.Write(mac, binary.BigEndian, opts.Seed)
 	s.key = mac.Sum(nil)
+	s.faults.rng = rand.New(rand.NewPCG(uint64(opts.Seed), 0xfa17))
 
 	now := s.nowMs()
 	s.groups[opts.RootGroup] = &group{uid: opts.RootGroup, name: opts.OrgName,

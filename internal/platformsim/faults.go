@@ -1,0 +1,279 @@
+package platformsim
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Fault injects failures into requests whose endpoint pattern matches.
+// Rates are probabilities per request; at most one of the error outcomes
+// (in field order) happens per request, latency adds to any of them.
+type Fault struct {
+	// Pattern is an endpoint pattern as reported by Stats, for example
+	// "GET /registry/v2/tags" or "GET /registry/v2/repos/{uid}"; a trailing
+	// "*" matches any pattern with that prefix, and "*" alone matches all.
+	Pattern string
+	// Latency is added to every matching request; LatencyJitter adds a
+	// uniform extra in [0, LatencyJitter); LatencyExpMean adds an
+	// exponentially distributed extra with that mean.
+	Latency, LatencyJitter, LatencyExpMean time.Duration
+	// ErrorRate answers with a status drawn from ErrorStatuses (default
+	// 500, 502 and 503).
+	ErrorRate     float64
+	ErrorStatuses []int
+	// RateLimitRate answers 429 with a Retry-After of RetryAfter (default
+	// 1s), in seconds or, with RetryAfterHTTPDate, as an HTTP-date.
+	RateLimitRate      float64
+	RetryAfter         time.Duration
+	RetryAfterHTTPDate bool
+	// ResetRate closes the connection without an answer (TCP reset).
+	ResetRate float64
+	// TruncateRate sends the status and half of the body, then closes the
+	// connection short of the declared Content-Length.
+	TruncateRate float64
+	// StallRate sends the status and half of the body, then stalls for
+	// Stall (default: until the client gives up) before closing short.
+	StallRate float64
+	Stall     time.Duration
+	// Remaining, when positive, limits the fault to that many more matching
+	// requests, after which it is removed.
+	Remaining int
+}
+
+// faultSet holds the active faults and their seeded generator.
+type faultSet struct {
+	mu     sync.Mutex
+	faults []*Fault
+	rng    *rand.Rand
+}
+
+type faultOutcome int
+
+const (
+	outcomeNone faultOutcome = iota
+	outcomeError
+	outcomeRateLimit
+	outcomeReset
+	outcomeTruncate
+	outcomeStall
+)
+
+type faultDecision struct {
+	latency    time.Duration
+	outcome    faultOutcome
+	status     int
+	retryAfter time.Duration
+	httpDate   bool
+	stall      time.Duration
+}
+
+// SetFaults replaces the active faults. Fault decisions come from a
+// generator seeded by Options.Seed, reset by every SetFaults, so a test
+// sees the same sequence of failures on every run.
+func (s *Sim) SetFaults(faults ...Fault) {
+	fs := &s.faults
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.faults = fs.faults[:0]
+	for _, f := range faults {
+		f := f
+		fs.faults = append(fs.faults, &f)
+	}
+	fs.rng = rand.New(rand.NewPCG(uint64(s.opts.Seed), 0xfa17))
+}
+
+// Faults returns the active faults.
+func (s *Sim) Faults() []Fault {
+	fs := &s.faults
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	out := make([]Fault, len(fs.faults))
+	for i, f := range fs.faults {
+		out[i] = *f
+	}
+	return out
+}
+
+func patternMatches(p, pattern string) bool {
+	if p == "*" || p == pattern {
+		return true
+	}
+	prefix, ok := strings.CutSuffix(p, "*")
+	return ok && strings.HasPrefix(pattern, prefix)
+}
+
+// decide draws what happens to one request of the given endpoint pattern.
+func (fs *faultSet) decide(pattern string) faultDecision {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	var d faultDecision
+	kept := fs.faults[:0]
+	for _, f := range fs.faults {
+		if !patternMatches(f.Pattern, pattern) {
+			kept = append(kept, f)
+			continue
+		}
+		d.latency += f.Latency
+		if f.LatencyJitter > 0 {
+			d.latency += time.Duration(fs.rng.Int64N(int64(f.LatencyJitter)))
+		}
+		if f.LatencyExpMean > 0 {
+			d.latency += time.Duration(fs.rng.ExpFloat64() * float64(f.LatencyExpMean))
+		}
+		if d.outcome == outcomeNone {
+			u := fs.rng.Float64()
+			switch {
+			case u < f.ErrorRate:
+				d.outcome = outcomeError
+				statuses := f.ErrorStatuses
+				if len(statuses) == 0 {
+					statuses = []int{500, 502, 503}
+				}
+				d.status = statuses[fs.rng.IntN(len(statuses))]
+			case u < f.ErrorRate+f.RateLimitRate:
+				d.outcome, d.retryAfter, d.httpDate = outcomeRateLimit, f.RetryAfter, f.RetryAfterHTTPDate
+				if d.retryAfter <= 0 {
+					d.retryAfter = time.Second
+				}
+			case u < f.ErrorRate+f.RateLimitRate+f.ResetRate:
+				d.outcome = outcomeReset
+			case u < f.ErrorRate+f.RateLimitRate+f.ResetRate+f.TruncateRate:
+				d.outcome = outcomeTruncate
+			case u < f.ErrorRate+f.RateLimitRate+f.ResetRate+f.TruncateRate+f.StallRate:
+				d.outcome, d.stall = outcomeStall, f.Stall
+			}
+		}
+		if f.Remaining > 0 {
+			f.Remaining--
+			if f.Remaining == 0 {
+				continue
+			}
+		}
+		kept = append(kept, f)
+	}
+	fs.faults = kept
+	return d
+}
+
+// bufferedWriter captures a handler's answer so a fault can cut it short.
+type bufferedWriter struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (b *bufferedWriter) Header() http.Header { return b.header }
+func (b *bufferedWriter) WriteHeader(code int) {
+	if b.status == 0 {
+		b.status = code
+	}
+}
+func (b *bufferedWriter) Write(p []byte) (int, error) {
+	if b.status == 0 {
+		b.status = http.StatusOK
+	}
+	return b.body.Write(p)
+}
+
+// serveWithFaults runs serve and delivers its answer, perturbed as decided.
+func (s *Sim) serveWithFaults(w http.ResponseWriter, r *http.Request, pattern string, serve func(http.ResponseWriter, *http.Request)) {
+	d := s.faults.decide(pattern)
+	if d.latency > 0 && !sleepCtx(r.Context(), d.latency) {
+		return
+	}
+	switch d.outcome {
+	case outcomeNone:
+		serve(w, r)
+		return
+	case outcomeError:
+		s.writeServerError(w, d.status)
+		return
+	case outcomeRateLimit:
+		if d.httpDate {
+			w.Header().Set("Retry-After", time.Now().Add(d.retryAfter).UTC().Format(http.TimeFormat))
+		} else {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(d.retryAfter.Seconds()))))
+		}
+		writeError(w, s.newError(codeResourceExhausted, "Resource exhausted: request rate limit exceeded"))
+		return
+	case outcomeReset:
+		resetConn(w)
+		return
+	}
+	bw := &bufferedWriter{header: http.Header{}}
+	serve(bw, r)
+	for k, v := range bw.header {
+		w.Header()[k] = v
+	}
+	body := bw.body.Bytes()
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	if bw.status == 0 {
+		bw.status = http.StatusOK
+	}
+	w.WriteHeader(bw.status)
+	_, _ = w.Write(body[:len(body)/2])
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	if d.outcome == outcomeStall {
+		if d.stall > 0 {
+			sleepCtx(r.Context(), d.stall)
+		} else {
+			<-r.Context().Done()
+		}
+	}
+	// Returning short of the declared Content-Length makes the server close
+	// the connection: the client sees an unexpected EOF.
+}
+
+func (s *Sim) writeServerError(w http.ResponseWriter, status int) {
+	switch status {
+	case http.StatusBadGateway, http.StatusGatewayTimeout:
+		// Gateways in front of the API answer in HTML, not AIP-193.
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte("<html><body><h1>" + strconv.Itoa(status) + " " + http.StatusText(status) + "</h1></body></html>\n"))
+	case http.StatusServiceUnavailable:
+		writeError(w, s.newError(codeUnavailable, "Unavailable: the service is temporarily unavailable"))
+	default:
+		e := s.newError(codeInternal, "Internal: injected failure")
+		e.status = status
+		writeError(w, e)
+	}
+}
+
+// resetConn drops the connection under the response, with an RST where the
+// transport allows it.
+func resetConn(w http.ResponseWriter) {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		panic(http.ErrAbortHandler)
+	}
+	conn, _, err := hj.Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = conn.Close()
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

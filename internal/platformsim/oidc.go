@@ -1,0 +1,108 @@
+package platformsim
+
+import (
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"net/http"
+	"strings"
+	"sync"
+)
+
+// oidcKey is the issuer's signing key, generated on first use because RSA
+// key generation is slow and most simulators never sign anything.
+type oidcKey struct {
+	once sync.Once
+	key  *rsa.PrivateKey
+	kid  string
+	err  error
+}
+
+func (s *Sim) signingKey() (*rsa.PrivateKey, string, error) {
+	k := &s.oidcKey
+	k.once.Do(func() {
+		k.key, k.err = rsa.GenerateKey(rand.Reader, 2048)
+		if k.err != nil {
+			k.err = fmt.Errorf("generate OIDC signing key: %w", k.err)
+			return
+		}
+		h := sha256.Sum256(k.key.N.Bytes())
+		k.kid = hex.EncodeToString(h[:8])
+	})
+	return k.key, k.kid, k.err
+}
+
+// signJWT makes an RS256 JSON Web Token from the issuer's key.
+func (s *Sim) signJWT(claims map[string]any) (string, error) {
+	key, kid, err := s.signingKey()
+	if err != nil {
+		return "", err
+	}
+	header, _ := json.Marshal(map[string]string{"alg": "RS256", "typ": "JWT", "kid": kid})
+	payload, err := json.Marshal(claims)
+	if err != nil {
+		return "", fmt.Errorf("encode claims: %w", err)
+	}
+	enc := base64.RawURLEncoding
+	signing := enc.EncodeToString(header) + "." + enc.EncodeToString(payload)
+	sum := sha256.Sum256([]byte(signing))
+	sig, err := rsa.SignPKCS1v15(nil, key, crypto.SHA256, sum[:])
+	if err != nil {
+		return "", fmt.Errorf("sign token: %w", err)
+	}
+	return signing + "." + enc.EncodeToString(sig), nil
+}
+
+// isOIDCToken reports whether tok is a JWT signed by this simulator's issuer.
+// Such tokens are for event receivers, never for the registry.
+func (s *Sim) isOIDCToken(tok string) bool {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return false
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(parts[2])
+	if err != nil {
+		return false
+	}
+	key, _, err := s.signingKey()
+	if err != nil {
+		return false
+	}
+	sum := sha256.Sum256([]byte(parts[0] + "." + parts[1]))
+	return rsa.VerifyPKCS1v15(&key.PublicKey, crypto.SHA256, sum[:], sig) == nil
+}
+
+// Issuer returns the OIDC issuer URL, the simulator's base URL.
+func (s *Sim) Issuer() string { return s.baseURL() }
+
+func (s *Sim) serveDiscovery(w http.ResponseWriter, _ *http.Request, _ route) {
+	iss := s.baseURL()
+	writeJSON(w, http.StatusOK, map[string]any{
+		"issuer":                                iss,
+		"jwks_uri":                              iss + "/.well-known/jwks.json",
+		"response_types_supported":              []string{"id_token"},
+		"subject_types_supported":               []string{"public"},
+		"id_token_signing_alg_values_supported": []string{"RS256"},
+		"claims_supported":                      []string{"iss", "sub", "aud", "iat", "exp", "webhook"},
+	})
+}
+
+func (s *Sim) serveJWKS(w http.ResponseWriter, _ *http.Request, _ route) {
+	key, kid, err := s.signingKey()
+	if err != nil {
+		writeError(w, s.newError(codeInternal, "Internal: "+err.Error()))
+		return
+	}
+	enc := base64.RawURLEncoding
+	writeJSON(w, http.StatusOK, map[string]any{"keys": []map[string]string{{
+		"kty": "RSA", "use": "sig", "alg": "RS256", "kid": kid,
+		"n": enc.EncodeToString(key.N.Bytes()),
+		"e": enc.EncodeToString(big.NewInt(int64(key.E)).Bytes()),
+	}}})
+}
