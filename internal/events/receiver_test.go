@@ -77,8 +77,10 @@ func (j *recordedJobs) add(s string) error {
 func (j *recordedJobs) RefreshTag(_ context.Context, repo, tag string) error {
 	return j.add("tag " + repo + " " + tag)
 }
-func (j *recordedJobs) RefreshRepo(_ context.Context, repo string) error { return j.add("repo " + repo) }
-func (j *recordedJobs) RefreshRepos(context.Context) error               { return j.add("repos") }
+func (j *recordedJobs) RefreshRepo(_ context.Context, repo string) error {
+	return j.add("repo " + repo)
+}
+func (j *recordedJobs) RefreshRepos(context.Context) error { return j.add("repos") }
 func (j *recordedJobs) list() []string {
 	j.mu.Lock()
 	defer j.mu.Unlock()
