@@ -27,6 +27,7 @@ import (
 type Config struct {
 	Platform Platform `toml:"platform"`
 	Crawl    Crawl    `toml:"crawl"`
+	Events   Events   `toml:"events"`
 	NATS     NATS     `toml:"nats"`
 	Store    Store    `toml:"store"`
 	Log      Log      `toml:"log"`
@@ -54,6 +55,17 @@ type Crawl struct {
 	RequestsPerSecond float64  `toml:"requests_per_second"`
 	Include           []string `toml:"include"`
 	Exclude           []string `toml:"exclude"`
+}
+
+// Events configures the receiver of the platform's pushed events.
+type Events struct {
+	Listen     string `toml:"listen"`
+	SinkURL    string `toml:"sink_url"`
+	Issuer     string `toml:"issuer"`
+	Audience   string `toml:"audience"`
+	TypePrefix string `toml:"type_prefix"`
+	MaxBody    int64  `toml:"max_body"`
+	QueueSize  int    `toml:"queue_size"`
 }
 
 // NATS says where events are published.
@@ -107,6 +119,11 @@ func Default() Config {
 			Schedule:          "@every 15m",
 			Concurrency:       4,
 			RequestsPerSecond: 20,
+		},
+		Events: Events{
+			Audience:  "customer",
+			MaxBody:   1 << 20,
+			QueueSize: 1024,
 		},
 		NATS: NATS{
 			SubjectPrefix:   "syncd",
@@ -357,6 +374,9 @@ func (c *Config) Validate() error {
 	if c.Crawl.RequestsPerSecond < 0 {
 		return &Error{Key: "crawl.requests_per_second", Msg: "must not be negative (0 means unlimited)"}
 	}
+	if err := c.Events.validate(); err != nil {
+		return err
+	}
 	if c.NATS.URL != "" {
 		for _, u := range strings.Split(c.NATS.URL, ",") {
 			p, err := url.Parse(strings.TrimSpace(u))
@@ -404,6 +424,49 @@ func (c *Config) Validate() error {
 		return &Error{Key: "log.format", Msg: fmt.Sprintf("must be auto, text or json, got %q", c.Log.Format)}
 	}
 	return nil
+}
+
+func (e *Events) validate() error {
+	if e.Listen != "" {
+		if _, _, err := net.SplitHostPort(e.Listen); err != nil {
+			return &Error{Key: "events.listen", Msg: fmt.Sprintf("not a host:port: %q", e.Listen)}
+		}
+	}
+	if e.SinkURL != "" {
+		u, err := url.Parse(e.SinkURL)
+		if err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopback(u.Hostname()))) {
+			return &Error{Key: "events.sink_url", Msg: fmt.Sprintf("must be an https:// URL (http:// only on loopback): %q", e.SinkURL)}
+		}
+		if e.Listen == "" {
+			return &Error{Key: "events.listen", Msg: "required when sink_url is set: the address the receiver listens on"}
+		}
+		if e.Issuer == "" {
+			return &Error{Key: "events.issuer", Msg: "required when sink_url is set: the vendor's OIDC issuer that signs deliveries"}
+		}
+	}
+	if e.Issuer != "" {
+		if u, err := url.Parse(e.Issuer); err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+			return &Error{Key: "events.issuer", Msg: fmt.Sprintf("not an http(s) URL: %q", e.Issuer)}
+		}
+	}
+	if e.Audience == "" {
+		return &Error{Key: "events.audience", Msg: "required"}
+	}
+	if e.MaxBody < 1024 {
+		return &Error{Key: "events.max_body", Msg: fmt.Sprintf("must be at least 1024 bytes, got %d", e.MaxBody)}
+	}
+	if e.QueueSize < 1 {
+		return &Error{Key: "events.queue_size", Msg: fmt.Sprintf("must be positive, got %d", e.QueueSize)}
+	}
+	return nil
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // RequirePlatform checks the keys a real (non-demo) run cannot do without.

@@ -1,0 +1,110 @@
+package crawler
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/syncd-dev/syncd/internal/platform"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// The Refresh jobs are what pushed events ask for. They run beside the
+// scheduled crawl rather than after it, so a push reaches NATS in seconds;
+// the store's transactions make overlapping reads of the same tag harmless
+// (ApplyHistory drops what it already has).
+
+// RefreshRepos re-reads the repo list.
+func (c *Crawler) RefreshRepos(ctx context.Context) error {
+	_, err := c.listRepos(ctx, &summary{})
+	return err
+}
+
+// RefreshRepo re-reads one repo and its tags, and the history of the tags
+// that changed.
+func (c *Crawler) RefreshRepo(ctx context.Context, repoUID string) error {
+	r, err := c.client.GetRepo(ctx, repoUID)
+	if err != nil {
+		if platform.IsNotFound(err) {
+			// Gone upstream: the full sweep records deletions once it has
+			// confirmed them; a push alone is not proof enough.
+			return nil
+		}
+		return fmt.Errorf("refresh repo %s: %w", repoUID, err)
+	}
+	if !c.inScope(r.UID, r.Name) {
+		return nil
+	}
+	repo := storeRepo(r)
+	if _, err := c.store.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
+		return err
+	}
+	return c.crawlRepo(ctx, repo, &summary{})
+}
+
+// RefreshTag re-reads one tag and its history. repo is the repo's uid, or
+// its name when the event carried only that.
+func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
+	r, err := c.resolveRepo(ctx, repo)
+	if err != nil || r == nil {
+		return err
+	}
+	if !c.inScope(r.UID, r.Name) {
+		return nil
+	}
+	sr := storeRepo(*r)
+	if _, err := c.store.ApplyRepos(ctx, []store.Repo{sr}); err != nil {
+		return err
+	}
+	var tags []store.Tag
+	for t, err := range c.client.Tags(platform.ListQuery{ChildrenOf: r.UID, Name: tag}).All(ctx) {
+		if err != nil {
+			return fmt.Errorf("refresh tag %s:%s: %w", r.Name, tag, err)
+		}
+		if t.Name == tag {
+			tags = append(tags, storeTag(t))
+		}
+	}
+	need, _, err := c.store.ApplyTags(ctx, sr, tags)
+	if err != nil {
+		return err
+	}
+	s := &summary{}
+	for _, ref := range need {
+		if err := c.syncHistory(ctx, ref, s); err != nil {
+			return err
+		}
+	}
+	c.log.Debug("refreshed tag", "repo", r.Name, "tag", tag, "history_reads", s.historyReads.Load(), "events", s.events.Load())
+	return nil
+}
+
+// resolveRepo finds a repo by uid (uids have a '/': group/repo) or by name
+// within the configured group; nil when it does not exist.
+func (c *Crawler) resolveRepo(ctx context.Context, ref string) (*platform.Repo, error) {
+	if strings.Contains(ref, "/") {
+		r, err := c.client.GetRepo(ctx, ref)
+		if platform.IsNotFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("get repo %s: %w", ref, err)
+		}
+		return &r, nil
+	}
+	for r, err := range c.client.Repos(platform.ListQuery{DescendantsOf: c.cfg.Group, Name: ref}).All(ctx) {
+		if err != nil {
+			return nil, fmt.Errorf("find repo %q: %w", ref, err)
+		}
+		if r.Name == ref {
+			return &r, nil
+		}
+	}
+	return nil, nil
+}
+
+// inScope reports whether a repo belongs to what this syncd mirrors: below
+// the configured group and wanted by the include and exclude patterns.
+func (c *Crawler) inScope(uid, name string) bool {
+	return (c.cfg.Group == "" || strings.HasPrefix(uid, c.cfg.Group+"/")) && c.wanted(name)
+}
