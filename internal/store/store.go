@@ -58,6 +58,12 @@ type Options struct {
 	Logger        *slog.Logger
 	// Readers is the size of the read-only pool; default 4.
 	Readers int
+	// BeforeCommit, when set, runs inside every mirror write transaction
+	// (a page of repos, tags, history or advisories, a deletion) after all
+	// of its rows and events are written and before COMMIT; an error rolls
+	// the transaction back. It exists for fault injection: crash tests stop
+	// the process here to prove a page lands whole or not at all.
+	BeforeCommit func(ctx context.Context) error
 }
 
 // Store is the SQLite mirror.
@@ -67,6 +73,8 @@ type Store struct {
 	log      *slog.Logger
 	snapshot bool
 	notify   chan struct{}
+	// beforeCommit is Options.BeforeCommit.
+	beforeCommit func(ctx context.Context) error
 }
 
 // Open opens (creating it 0600 if needed) the database at path and applies
@@ -94,11 +102,12 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 
 	w, err := sql.Open("sqlite", dsn(path, false))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open writer on %s: %w", path, err)
 	}
 	w.SetMaxOpenConns(1)
 	w.SetConnMaxIdleTime(0)
-	s := &Store{w: w, now: opts.Now, log: opts.Logger, snapshot: opts.InitialEvents == "snapshot", notify: make(chan struct{}, 1)}
+	s := &Store{w: w, now: opts.Now, log: opts.Logger, snapshot: opts.InitialEvents == "snapshot",
+		notify: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
@@ -106,7 +115,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	r, err := sql.Open("sqlite", dsn(path, true))
 	if err != nil {
 		w.Close()
-		return nil, err
+		return nil, fmt.Errorf("open readers on %s: %w", path, err)
 	}
 	r.SetMaxOpenConns(opts.Readers)
 	s.r = r

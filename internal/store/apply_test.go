@@ -1,0 +1,306 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+func TestApplyRepos(t *testing.T) {
+	t.Run("CreatedUpdatedUnchanged", func(t *testing.T) {
+		clk := newClock()
+		st, _ := openTemp(t, clk, false, store.Options{})
+		r := nginx()
+		if got, want := mustApplyRepos(t, st, r), 1; got != want {
+			t.Fatalf("events after first sight=%d, want %d", got, want)
+		}
+		if got := mustApplyRepos(t, st, r); got != 0 {
+			t.Fatalf("events after unchanged page=%d, want 0", got)
+		}
+		r2 := r
+		r2.Description, r2.UpdateTime = "the web server", ts("2025-03-01T00:00:00Z")
+		if got, want := mustApplyRepos(t, st, r2), 1; got != want {
+			t.Fatalf("events after update=%d, want %d", got, want)
+		}
+		// A field upstream changes without bumping updateTime is still an
+		// update, with its own event.
+		r3 := r2
+		r3.ActiveTags = []string{"latest"}
+		if got, want := mustApplyRepos(t, st, r3), 1; got != want {
+			t.Fatalf("events after activeTags change=%d, want %d", got, want)
+		}
+		evs := allEvents(t, st)
+		if got, want := types(evs), []string{store.RepoCreated, store.RepoUpdated, store.RepoUpdated}; !slices.Equal(got, want) {
+			t.Fatalf("event types=%v, want %v", got, want)
+		}
+		before, after := payload[store.Repo](t, evs[1])
+		if got, want := before.Description, "web server"; got != want {
+			t.Fatalf("before.description=%q, want %q", got, want)
+		}
+		if got, want := after.Description, "the web server"; got != want {
+			t.Fatalf("after.description=%q, want %q", got, want)
+		}
+		if got, want := evs[1].Scope, "nginx"; got != want {
+			t.Fatalf("scope=%q, want %q", got, want)
+		}
+		if got, want := evs[1].Time, r2.UpdateTime; !got.Equal(want) {
+			t.Fatalf("update event time=%v, want %v", got, want)
+		}
+		if got, want := queryString(t, st.Reader(), `SELECT active_tags FROM repos WHERE uid = ?`, r.UID), `["latest"]`; got != want {
+			t.Fatalf("active_tags=%s, want %s", got, want)
+		}
+	})
+	t.Run("PageRepeatingAUID", func(t *testing.T) {
+		st, _ := openTemp(t, newClock(), false, store.Options{})
+		a, b := nginx(), nginx()
+		b.Description = "later copy"
+		if got, want := mustApplyRepos(t, st, a, b), 1; got != want {
+			t.Fatalf("events=%d, want %d", got, want)
+		}
+		if got, want := queryString(t, st.Reader(), `SELECT description FROM repos`), "later copy"; got != want {
+			t.Fatalf("description=%q, want the last copy %q", got, want)
+		}
+	})
+	t.Run("ManyRowsInOnePage", func(t *testing.T) {
+		st, _ := openTemp(t, newClock(), false, store.Options{})
+		// More rows than one multi-row statement and one uid lookup carry.
+		var repos []store.Repo
+		for i := range 1234 {
+			repos = append(repos, store.Repo{UID: fmt.Sprintf("g1/r%d", i), Name: fmt.Sprintf("repo-%d", i)})
+		}
+		if got, want := mustApplyRepos(t, st, repos...), 1234; got != want {
+			t.Fatalf("events=%d, want %d", got, want)
+		}
+		if got := mustApplyRepos(t, st, repos...); got != 0 {
+			t.Fatalf("events after reapplying=%d, want 0", got)
+		}
+		if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM repos`), 1234; got != want {
+			t.Fatalf("repos=%d, want %d", got, want)
+		}
+	})
+}
+
+func TestApplyTags(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st, _ := openTemp(t, clk, false, store.Options{})
+	repo := nginx()
+	mustApplyRepos(t, st, repo)
+
+	latest := tag("g1/r1/t1", "latest", 1)
+	need, n, err := st.ApplyTags(ctx, repo, []store.Tag{latest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := n, 1; got != want {
+		t.Fatalf("events=%d, want %d", got, want)
+	}
+	if got, want := len(need), 1; got != want {
+		t.Fatalf("tags needing history=%d, want %d", got, want)
+	}
+	if _, err := st.ApplyHistory(ctx, need[0], []store.HistoryRecord{{Time: latest.UpdateTime, Digest: latest.Digest}}, true); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("UnchangedNeedsNoHistory", func(t *testing.T) {
+		need, n, err := st.ApplyTags(ctx, repo, []store.Tag{latest})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 || len(need) != 0 {
+			t.Fatalf("events=%d need=%d, want 0 and 0", n, len(need))
+		}
+	})
+	t.Run("DigestChangeNeedsHistoryAndIsNoEventYet", func(t *testing.T) {
+		moved := latest
+		moved.Digest, moved.UpdateTime = digest(2), ts("2025-02-02T00:00:00Z")
+		need, n, err := st.ApplyTags(ctx, repo, []store.Tag{moved})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := n, 0; got != want {
+			t.Fatalf("events=%d, want %d (moves come from history)", got, want)
+		}
+		if got, want := len(need), 1; got != want {
+			t.Fatalf("need=%d, want %d", got, want)
+		}
+		if got, want := need[0].Bookmark.Count, 1; got != want {
+			t.Fatalf("bookmark count=%d, want %d", got, want)
+		}
+		if got, want := queryString(t, st.Reader(), `SELECT digest FROM tags WHERE uid = ?`, latest.UID), digest(2); got != want {
+			t.Fatalf("stored digest=%s, want %s", got, want)
+		}
+		latest = moved
+	})
+	t.Run("Deprecated", func(t *testing.T) {
+		dep := latest
+		dep.Deprecated, dep.UpdateTime = true, ts("2025-02-03T00:00:00Z")
+		_, n, err := st.ApplyTags(ctx, repo, []store.Tag{dep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := n, 1; got != want {
+			t.Fatalf("events=%d, want %d", got, want)
+		}
+		evs := allEvents(t, st)
+		e := evs[len(evs)-1]
+		if got, want := e.Type, store.TagDeprecated; got != want {
+			t.Fatalf("type=%s, want %s", got, want)
+		}
+		before, after := payload[store.Tag](t, e)
+		if before.Deprecated || !after.Deprecated || after.Repo != "nginx" {
+			t.Fatalf("before=%+v after=%+v, want deprecated false then true in repo nginx", before, after)
+		}
+		if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM deprecated_tags WHERE repo = 'nginx' AND tag = 'latest'`), 1; got != want {
+			t.Fatalf("deprecated_tags rows=%d, want %d", got, want)
+		}
+	})
+}
+
+func TestApplyHistory(t *testing.T) {
+	ctx := context.Background()
+	setup := func(t *testing.T) (*store.Store, store.TagRef) {
+		st, _ := openTemp(t, newClock(), false, store.Options{})
+		repo := nginx()
+		mustApplyRepos(t, st, repo)
+		need := mustApplyTags(t, st, repo, tag("g1/r1/t1", "latest", 1))
+		return st, need[0]
+	}
+	t0 := ts("2025-02-01T00:00:00Z")
+	rec := func(sec, d int) store.HistoryRecord {
+		return store.HistoryRecord{Time: t0.Add(time.Duration(sec) * time.Second), Digest: digest(d)}
+	}
+
+	t.Run("TwoMovesBetweenCrawlsAreTwoEventsInOrder", func(t *testing.T) {
+		st, ref := setup(t)
+		n, err := st.ApplyHistory(ctx, ref, []store.HistoryRecord{rec(0, 1), rec(10, 2), rec(20, 3)}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := n, 2; got != want {
+			t.Fatalf("events=%d, want %d", got, want)
+		}
+		evs := allEvents(t, st)
+		moves := evs[len(evs)-2:]
+		for i, e := range moves {
+			if got, want := e.Type, store.TagMoved; got != want {
+				t.Fatalf("type=%s, want %s", got, want)
+			}
+			before, after := payload[store.Tag](t, e)
+			if got, want := before.Digest, digest(i+1); got != want {
+				t.Fatalf("move %d before=%s, want %s", i, got, want)
+			}
+			if got, want := after.Digest, digest(i+2); got != want {
+				t.Fatalf("move %d after=%s, want %s", i, got, want)
+			}
+			if got, want := e.Time, rec(10*(i+1), 0).Time; !got.Equal(want) {
+				t.Fatalf("move %d time=%v, want the history time %v", i, got, want)
+			}
+		}
+		if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM tag_moves WHERE tag = 'latest'`), 2; got != want {
+			t.Fatalf("tag_moves=%d, want %d", got, want)
+		}
+	})
+	t.Run("OverlappingWindowsWithSharedTimestamps", func(t *testing.T) {
+		st, ref := setup(t)
+		// Three records share second 10. The first read ends in the middle
+		// of them; the next read starts at that time again, so it repeats
+		// the first two, and must add only the third and what follows.
+		first := []store.HistoryRecord{rec(0, 1), rec(10, 2), rec(10, 3)}
+		if _, err := st.ApplyHistory(ctx, ref, first, false); err != nil {
+			t.Fatal(err)
+		}
+		ref.Bookmark = store.Bookmark{LastTime: rec(10, 0).Time, LastCount: 2, Count: 3}
+		second := []store.HistoryRecord{rec(10, 2), rec(10, 3), rec(10, 4), rec(20, 5)}
+		n, err := st.ApplyHistory(ctx, ref, second, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := n, 2; got != want {
+			t.Fatalf("events from second window=%d, want %d", got, want)
+		}
+		// The same window read again adds nothing.
+		if n, err := st.ApplyHistory(ctx, ref, second, true); err != nil || n != 0 {
+			t.Fatalf("reapplying: events=%d err=%v, want 0 and nil", n, err)
+		}
+		rows, err := st.Reader().Query(`SELECT seq, digest FROM tag_history WHERE tag_uid = ? ORDER BY seq`, ref.UID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var got []string
+		for rows.Next() {
+			var seq int
+			var d string
+			if err := rows.Scan(&seq, &d); err != nil {
+				t.Fatal(err)
+			}
+			if seq != len(got) {
+				t.Fatalf("seq=%d at position %d", seq, len(got))
+			}
+			got = append(got, d)
+		}
+		if want := []string{digest(1), digest(2), digest(3), digest(4), digest(5)}; !slices.Equal(got, want) {
+			t.Fatalf("history=%v, want %v", got, want)
+		}
+		if got, want := len(allEvents(t, st)), 2+4; got != want {
+			t.Fatalf("events=%d, want %d (repo.created, tag.created and four moves)", got, want)
+		}
+	})
+	t.Run("UnknownTag", func(t *testing.T) {
+		st, ref := setup(t)
+		ref.UID = "g1/r1/missing"
+		if _, err := st.ApplyHistory(ctx, ref, []store.HistoryRecord{rec(0, 1)}, true); err == nil {
+			t.Fatal("history of an unknown tag was accepted")
+		}
+		if got := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM tag_history`); got != 0 {
+			t.Fatalf("history rows=%d, want 0", got)
+		}
+	})
+}
+
+func TestApplyAdvisories(t *testing.T) {
+	clk := newClock()
+	st, _ := openTemp(t, clk, false, store.Options{})
+	a := store.Advisory{UID: "g1/a1", AdvisoryID: "CGA-1111", ArtifactName: "openssl",
+		CreateTime: ts("2025-04-01T00:00:00Z"), UpdateTime: ts("2025-04-01T00:00:00Z")}
+	b := store.Advisory{UID: "g1/a2", AdvisoryID: "CGA-2222", ArtifactName: "curl",
+		CreateTime: ts("2025-04-01T00:00:00Z"), UpdateTime: ts("2025-04-01T00:00:00Z")}
+	apply := func(advs ...store.Advisory) int {
+		t.Helper()
+		n, err := st.ApplyAdvisories(context.Background(), advs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got, want := apply(a, b), 2; got != want {
+		t.Fatalf("events=%d, want %d", got, want)
+	}
+	if got := apply(a, b); got != 0 {
+		t.Fatalf("events after unchanged page=%d, want 0", got)
+	}
+	a2 := a
+	a2.AdvisoryID, a2.UpdateTime = "CGA-1112", ts("2025-04-02T00:00:00Z")
+	if got, want := apply(a2), 1; got != want {
+		t.Fatalf("events after update=%d, want %d", got, want)
+	}
+	evs := allEvents(t, st)
+	if got, want := types(evs), []string{store.AdvisoryCreated, store.AdvisoryCreated, store.AdvisoryUpdated}; !slices.Equal(got, want) {
+		t.Fatalf("types=%v, want %v", got, want)
+	}
+	if got, want := evs[2].Scope, "openssl"; got != want {
+		t.Fatalf("scope=%q, want the artifact %q", got, want)
+	}
+	before, after := payload[store.Advisory](t, evs[2])
+	if before.AdvisoryID != "CGA-1111" || after.AdvisoryID != "CGA-1112" {
+		t.Fatalf("before=%+v after=%+v", before, after)
+	}
+	if got, want := queryString(t, st.Reader(), `SELECT create_time FROM advisories WHERE uid = ?`, a.UID), "2025-04-01T00:00:00.000Z"; got != want {
+		t.Fatalf("create_time=%s, want %s", got, want)
+	}
+}

@@ -1,0 +1,157 @@
+package store_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// firstCrawl applies what a first crawl of one repo with two tags, one of
+// which moved once before syncd existed, would, and returns the events.
+func firstCrawl(t *testing.T, st *store.Store) int {
+	t.Helper()
+	ctx := context.Background()
+	repo := nginx()
+	total := mustApplyRepos(t, st, repo)
+	need, n, err := st.ApplyTags(ctx, repo, []store.Tag{tag("g1/r1/t1", "latest", 2), tag("g1/r1/t2", "stable", 3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	total += n
+	for _, ref := range need {
+		recs := []store.HistoryRecord{{Time: ts("2025-01-01T00:00:00Z"), Digest: digest(1)}, {Time: ts("2025-01-02T00:00:00Z"), Digest: digest(2)}}
+		n, err := st.ApplyHistory(ctx, ref, recs, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+	}
+	if _, err := st.MarkTagsDeleted(ctx, []string{"g1/r1/t2"}); err != nil {
+		t.Fatal(err)
+	}
+	return total
+}
+
+func TestBaseline(t *testing.T) {
+	ctx := context.Background()
+	t.Run("NoneIsSilent", func(t *testing.T) {
+		st, _ := openTemp(t, newClock(), true, store.Options{})
+		if got := firstCrawl(t, st); got != 0 {
+			t.Fatalf("events reported=%d, want 0", got)
+		}
+		if got := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM events`); got != 0 {
+			t.Fatalf("event rows=%d, want 0", got)
+		}
+		if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM tag_history`), 4; got != want {
+			t.Fatalf("history rows=%d, want %d: the baseline still mirrors everything", got, want)
+		}
+		if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM tags WHERE deleted_time IS NOT NULL`), 1; got != want {
+			t.Fatalf("tombstones=%d, want %d", got, want)
+		}
+		if err := st.EndBaseline(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := st.InBaseline(ctx); err != nil || b {
+			t.Fatalf("InBaseline=%v err=%v after EndBaseline", b, err)
+		}
+		// After the baseline, the next change is news.
+		d := tag("g1/r1/t3", "dev", 4)
+		if _, n, err := st.ApplyTags(ctx, nginx(), []store.Tag{d}); err != nil || n != 1 {
+			t.Fatalf("events=%d err=%v after baseline, want 1 and nil", n, err)
+		}
+	})
+	t.Run("SnapshotEmitsOneCreatedPerResource", func(t *testing.T) {
+		st, _ := openTemp(t, newClock(), true, store.Options{InitialEvents: "snapshot"})
+		firstCrawl(t, st)
+		got := types(allEvents(t, st))
+		// Past moves are history, not news, even in a snapshot; the deletion
+		// of a resource the snapshot announced is.
+		want := []string{store.RepoCreated, store.TagCreated, store.TagCreated, store.TagDeleted}
+		if !slices.Equal(got, want) {
+			t.Fatalf("types=%v, want %v", got, want)
+		}
+	})
+	t.Run("TagFoundByBaselineHasNoPastMovesLater", func(t *testing.T) {
+		st, _ := openTemp(t, newClock(), true, store.Options{})
+		repo := nginx()
+		mustApplyRepos(t, st, repo)
+		need := mustApplyTags(t, st, repo, tag("g1/r1/t1", "latest", 2))
+		if err := st.EndBaseline(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// The history read of a baseline tag happens after the baseline
+		// ended (a crawl interrupted and resumed): its past is still not news.
+		recs := []store.HistoryRecord{{Time: ts("2025-01-01T00:00:00Z"), Digest: digest(1)}, {Time: ts("2025-01-02T00:00:00Z"), Digest: digest(2)}}
+		if n, err := st.ApplyHistory(ctx, need[0], recs, true); err != nil || n != 0 {
+			t.Fatalf("events=%d err=%v, want 0 and nil", n, err)
+		}
+		ref := need[0]
+		ref.Bookmark = store.Bookmark{LastTime: recs[1].Time, LastCount: 1, Count: 2}
+		recs = append(recs[1:], store.HistoryRecord{Time: ts("2025-03-01T00:00:00Z"), Digest: digest(3)})
+		if n, err := st.ApplyHistory(ctx, ref, recs, true); err != nil || n != 1 {
+			t.Fatalf("events for a new move=%d err=%v, want 1 and nil", n, err)
+		}
+	})
+}
+
+func TestEventIDs(t *testing.T) {
+	ctx := context.Background()
+	run := func(t *testing.T) []store.Event {
+		st, _ := openTemp(t, newClock(), false, store.Options{})
+		repo := nginx()
+		mustApplyRepos(t, st, repo)
+		need := mustApplyTags(t, st, repo, tag("g1/r1/t1", "latest", 1))
+		recs := []store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)}, {Time: ts("2025-02-02T00:00:00Z"), Digest: digest(2)}}
+		for range 2 {
+			// The same history applied again, as if the bookmark had been
+			// lost (a crash before the crawler saw the commit), is one event.
+			ref := need[0]
+			ref.Bookmark = store.Bookmark{}
+			if _, err := st.ApplyHistory(ctx, ref, recs, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := st.MarkTagsDeleted(ctx, []string{"g1/r1/t1"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.ApplyAdvisories(ctx, []store.Advisory{{UID: "g1/a1", AdvisoryID: "CGA-1", ArtifactName: "zlib"}}); err != nil {
+			t.Fatal(err)
+		}
+		return allEvents(t, st)
+	}
+	a, b := run(t), run(t)
+	want := []string{store.RepoCreated, store.TagCreated, store.TagMoved, store.TagDeleted, store.AdvisoryCreated}
+	if got := types(a); !slices.Equal(got, want) {
+		t.Fatalf("types=%v, want %v", got, want)
+	}
+	if len(a) != len(b) {
+		t.Fatalf("two fresh databases recorded %d and %d events", len(a), len(b))
+	}
+	seen := map[string]bool{}
+	for i := range a {
+		if a[i].ID != b[i].ID {
+			t.Fatalf("event %d (%s): ids %s and %s differ across databases", i, a[i].Type, a[i].ID, b[i].ID)
+		}
+		if seen[a[i].ID] {
+			t.Fatalf("id %s used twice", a[i].ID)
+		}
+		seen[a[i].ID] = true
+	}
+	t.Run("SameChangeTwiceIsOneRow", func(t *testing.T) {
+		st, _ := openTemp(t, newClock(), false, store.Options{})
+		r := nginx()
+		mustApplyRepos(t, st, r)
+		u := r
+		u.Description = "changed"
+		mustApplyRepos(t, st, u)
+		mustApplyRepos(t, st, r) // back, then the same change again
+		mustApplyRepos(t, st, u)
+		got := types(allEvents(t, st))
+		want := []string{store.RepoCreated, store.RepoUpdated, store.RepoUpdated}
+		if !slices.Equal(got, want) {
+			t.Fatalf("types=%v, want %v: a repeated change must reuse its id", got, want)
+		}
+	})
+}

@@ -1,0 +1,159 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Event kinds of the event contract.
+const (
+	RepoCreated       = "repo.created"
+	RepoUpdated       = "repo.updated"
+	RepoDeleted       = "repo.deleted"
+	TagCreated        = "tag.created"
+	TagMoved          = "tag.moved"
+	TagDeprecated     = "tag.deprecated"
+	TagDeleted        = "tag.deleted"
+	AdvisoryCreated   = "advisory.created"
+	AdvisoryUpdated   = "advisory.updated"
+	AdvisoryWithdrawn = "advisory.withdrawn"
+)
+
+// change is an event about to be appended to the outbox.
+type change struct {
+	typ     string
+	scope   string
+	subject string
+	disc    string // what makes this change distinct from others of the same type and subject
+	time    time.Time
+	before  any
+	after   any
+}
+
+// eventID is deterministic: the same change always gets the same id, so a
+// change recorded twice (a retried crawl, a failover) is one event.
+func eventID(typ, subject, disc string) string {
+	h := sha256.Sum256([]byte(typ + "\x00" + subject + "\x00" + disc))
+	return hex.EncodeToString(h[:16])
+}
+
+// createdDisc tells creations of one resource apart: a resource revived
+// after its nth deletion is a new creation even when upstream reports the
+// same times as before.
+func createdDisc(createTime, updateTime time.Time, deletions int) string {
+	d := FormatTime(createTime) + "/" + FormatTime(updateTime)
+	if deletions > 0 {
+		d += "/revived/" + strconv.Itoa(deletions)
+	}
+	return d
+}
+
+// deletedDisc names the nth deletion of a resource (n counts from 1).
+func deletedDisc(n int) string { return "deletion/" + strconv.Itoa(n) }
+
+// updatedDisc identifies an update by the states on both sides and the
+// upstream update time. Hashing the states, rather than naming a few fields,
+// keeps a change to any field from reusing the id of an earlier update at
+// the same updateTime, which the outbox would drop as a duplicate.
+func updatedDisc(updateTime time.Time, before, after any) (string, error) {
+	b, err := json.Marshal([2]any{before, after})
+	if err != nil {
+		return "", fmt.Errorf("encode update: %w", err)
+	}
+	h := sha256.Sum256(b)
+	return FormatTime(updateTime) + "/" + hex.EncodeToString(h[:8]), nil
+}
+
+// eventColumns is how many values one events row takes in appendEvents.
+const eventColumns = 9
+
+// appendEvents writes changes to the outbox with multi-row statements,
+// skipping ones already recorded, and returns how many it added.
+func (s *Store) appendEvents(ctx context.Context, tx *sql.Tx, cs []change) (int, error) {
+	if len(cs) == 0 {
+		return 0, nil
+	}
+	now := FormatTime(s.now())
+	args := make([]any, 0, eventColumns*len(cs))
+	for _, c := range cs {
+		data, err := json.Marshal(struct {
+			Before any `json:"before"`
+			After  any `json:"after"`
+		}{c.before, c.after})
+		if err != nil {
+			return 0, fmt.Errorf("encode %s event of %s: %w", c.typ, c.subject, err)
+		}
+		resource, action, _ := strings.Cut(c.typ, ".")
+		args = append(args, eventID(c.typ, c.subject, c.disc), c.typ, resource, action, c.scope, c.subject,
+			FormatTime(c.time), string(data), now)
+	}
+	n, err := insertRows(ctx, tx, `INSERT INTO events (id, type, resource, action, scope, subject, time, data, created_time)`,
+		`ON CONFLICT(id) DO NOTHING`, eventColumns, args)
+	if err != nil {
+		return 0, fmt.Errorf("append events: %w", err)
+	}
+	return int(n), nil
+}
+
+// inBaseline reports whether the mirror has not finished its first crawl, so
+// what it sees is the starting point, not news.
+func (s *Store) inBaseline(ctx context.Context, tx *sql.Tx) (bool, error) {
+	v, err := s.meta(ctx, tx, "baseline_time")
+	if err != nil {
+		return false, fmt.Errorf("read baseline state: %w", err)
+	}
+	return v == "", nil
+}
+
+// announce reports whether a created or deleted event is news: always after
+// the baseline, and during it only in snapshot mode.
+func (s *Store) announce(baseline bool) bool { return !baseline || s.snapshot }
+
+// EndBaseline records that the first complete crawl finished; from now on
+// every change is an event.
+func (s *Store) EndBaseline(ctx context.Context) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('baseline_time', ?) ON CONFLICT(key) DO NOTHING`, FormatTime(s.now()))
+	if err != nil {
+		return fmt.Errorf("end baseline: %w", err)
+	}
+	return nil
+}
+
+// InBaseline reports whether the first complete crawl has yet to finish.
+func (s *Store) InBaseline(ctx context.Context) (bool, error) {
+	v, err := s.meta(ctx, s.w, "baseline_time")
+	if err != nil {
+		return false, fmt.Errorf("read baseline state: %w", err)
+	}
+	return v == "", nil
+}
+
+// commit runs fn in a write transaction, then the BeforeCommit hook, and
+// wakes the publisher when fn recorded events.
+func (s *Store) commit(ctx context.Context, fn func(tx *sql.Tx) (events int, err error)) (int, error) {
+	var n int
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var err error
+		if n, err = fn(tx); err != nil {
+			return err
+		}
+		if s.beforeCommit != nil {
+			return s.beforeCommit(ctx)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if n > 0 {
+		s.signal()
+	}
+	return n, nil
+}

@@ -1,0 +1,145 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+func TestOpen(t *testing.T) {
+	ctx := context.Background()
+	t.Run("FilesAre0600", func(t *testing.T) {
+		// The mirror is an organization's inventory: only its owner reads it.
+		path := filepath.Join(t.TempDir(), "sub", "mirror.db")
+		st := mustOpen(t, path, store.Options{})
+		mustApplyRepos(t, st, nginx()) // writes the WAL
+		for _, p := range []string{path, path + "-wal", path + "-shm"} {
+			fi, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := fi.Mode().Perm(), os.FileMode(0o600); got != want {
+				t.Fatalf("%s mode=%v, want %v", filepath.Base(p), got, want)
+			}
+		}
+		fi, err := os.Stat(filepath.Dir(path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := fi.Mode().Perm(), os.FileMode(0o700); got != want {
+			t.Fatalf("directory mode=%v, want %v", got, want)
+		}
+	})
+	t.Run("ReaderIsReadOnly", func(t *testing.T) {
+		st := mustOpen(t, filepath.Join(t.TempDir(), "m.db"), store.Options{})
+		if _, err := st.Reader().Exec(`INSERT INTO meta (key, value) VALUES ('x', 'y')`); err == nil {
+			t.Fatal("a write through Reader succeeded")
+		}
+		if got, err := st.Meta(ctx, "x"); err != nil || got != "" {
+			t.Fatalf("meta x=%q err=%v, want empty", got, err)
+		}
+	})
+	t.Run("RefusesNewerSchema", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "m.db")
+		st, err := store.Open(ctx, path, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := st.SchemaVersion(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+		db, err := sql.Open("sqlite", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, 'future.sql', '')`, v+1); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		if _, err := store.Open(ctx, path, store.Options{}); err == nil || !strings.Contains(err.Error(), "newer") {
+			t.Fatalf("open of a newer schema: err=%v, want a refusal", err)
+		}
+	})
+}
+
+func TestOutbox(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st, _ := openTemp(t, clk, false, store.Options{})
+	mustApplyRepos(t, st, nginx(), store.Repo{UID: "g1/r2", Name: "redis"}, store.Repo{UID: "g1/r3", Name: "kafka"})
+	select {
+	case <-st.Notify():
+	default:
+		t.Fatal("no notification after a commit that added events")
+	}
+	evs, err := st.Unpublished(ctx, 0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(evs), 2; got != want {
+		t.Fatalf("unpublished page=%d, want %d", got, want)
+	}
+	if err := st.MarkPublished(ctx, []int64{evs[0].Seq, evs[1].Seq}); err != nil {
+		t.Fatal(err)
+	}
+	n, oldest, err := st.UnpublishedCount(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || !oldest.Equal(clk.Now()) {
+		t.Fatalf("unpublished=%d oldest=%v, want 1 and %v", n, oldest, clk.Now())
+	}
+	clk.Advance(48 * time.Hour)
+	pruned, err := st.PruneEvents(ctx, clk.Now().Add(-24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := pruned, int64(2); got != want {
+		t.Fatalf("pruned=%d, want %d", got, want)
+	}
+	if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM events WHERE published_time IS NULL`), 1; got != want {
+		t.Fatalf("unpublished left=%d, want %d: unpublished events are never pruned", got, want)
+	}
+}
+
+func TestSubscriptions(t *testing.T) {
+	ctx := context.Background()
+	st, _ := openTemp(t, newClock(), false, store.Options{})
+	a := store.Subscription{UID: "g1/s1", GroupUID: "g1", Sink: "https://syncd.example/hook", CreateTime: ts("2026-01-01T00:00:00Z")}
+	b := store.Subscription{UID: "g1/s2", GroupUID: "g1", Sink: "https://other.example/hook", CreateTime: ts("2026-01-02T00:00:00Z")}
+	for _, s := range []store.Subscription{b, a, a} {
+		if err := st.UpsertSubscription(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	subs, err := st.Subscriptions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(subs) != 2 || subs[0].UID != a.UID || subs[1].UID != b.UID || subs[0].Sink != a.Sink || !subs[0].CreateTime.Equal(a.CreateTime) {
+		t.Fatalf("subscriptions=%+v, want a then b", subs)
+	}
+	if err := st.DeleteSubscription(ctx, a.UID); err != nil {
+		t.Fatal(err)
+	}
+	if subs, err = st.Subscriptions(ctx); err != nil || len(subs) != 1 || subs[0].UID != b.UID {
+		t.Fatalf("after delete: %+v err=%v, want only b", subs, err)
+	}
+	if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM subscriptions WHERE deleted_time IS NOT NULL`), 1; got != want {
+		t.Fatalf("tombstoned subscriptions=%d, want %d", got, want)
+	}
+	if err := st.UpsertSubscription(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if subs, err = st.Subscriptions(ctx); err != nil || len(subs) != 2 {
+		t.Fatalf("after re-registering: %+v err=%v, want two", subs, err)
+	}
+}
