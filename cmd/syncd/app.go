@@ -18,6 +18,7 @@ import (
 
 	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/events"
 	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
@@ -83,6 +84,8 @@ type app struct {
 	nats    *publish.Conn
 	relay   *publish.Relay
 	crawler *crawler.Crawler
+	// receiver takes pushed events; nil when [events] listen is empty.
+	receiver *events.Receiver
 }
 
 func tokenSource(p config.Platform) platform.TokenSource {
@@ -125,11 +128,26 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 		return nil, err
 	}
 	a.relay = publish.NewRelay(a.nats.JS, a.store, pcfg)
-	sched, _ := config.ParseSchedule(cfg.Crawl.Schedule) // validated by config.Load
+	// Schedules were validated by config.Load.
+	sched, _ := config.ParseSchedule(cfg.Crawl.Schedule)
+	sweep, _ := config.ParseSchedule(cfg.Crawl.SweepSchedule)
+	advisories, _ := config.ParseSchedule(cfg.Crawl.AdvisoriesSchedule)
 	a.crawler = crawler.New(a.client, a.store, crawler.Config{
 		Group: cfg.Platform.Group, Include: cfg.Crawl.Include, Exclude: cfg.Crawl.Exclude,
-		Concurrency: cfg.Crawl.Concurrency, Schedule: sched, Logger: log.With("part", "crawler"),
+		Concurrency: cfg.Crawl.Concurrency, Schedule: sched, SweepSchedule: sweep, AdvisoriesSchedule: advisories,
+		Jitter: cfg.Crawl.Jitter.Duration, Logger: log.With("part", "crawler"),
 	})
+	if cfg.Events.Listen != "" {
+		prefix := cfg.Events.TypePrefix
+		if prefix == "" {
+			prefix = "dev." + cfg.Platform.Vendor + "."
+		}
+		a.receiver = events.NewReceiver(events.Config{
+			Issuer: cfg.Events.Issuer, Audience: cfg.Events.Audience, Groups: []string{cfg.Platform.Group},
+			TypePrefix: prefix, MaxBody: cfg.Events.MaxBody, QueueSize: cfg.Events.QueueSize,
+			Logger: log.With("part", "events"),
+		}, a.crawler, a.store)
+	}
 	return a, nil
 }
 

@@ -41,6 +41,7 @@ organization = "acme"
 
 [crawl]
 schedule = %[5]q
+jitter = "0s"
 requests_per_second = 0.0
 
 [nats]

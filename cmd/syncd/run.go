@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/events"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/store"
 )
@@ -79,6 +80,11 @@ func (c *runCommand) Run(ctx context.Context) error {
 	log.Info("syncd running", "version", version(), "platform", cfg.Platform.BaseURL, "mirror", cfg.Store.Path,
 		"schedule", cfg.Crawl.Schedule, "subjects", cfg.NATS.SubjectPrefix+".>")
 
+	if a.receiver != nil {
+		if err := serveReceiver(gctx, g, cfg.Events.Listen, a.receiver, log); err != nil {
+			return err
+		}
+	}
 	g.Go(func() error { return a.crawler.Run(gctx) })
 	g.Go(func() error { return a.relay.Run(gctx) })
 	g.Go(func() error { return pruneLoop(gctx, a.store, cfg.Store.EventRetention.Duration, log) })
@@ -104,6 +110,38 @@ func (c *runCommand) Run(ctx context.Context) error {
 	}
 }
 
+// serveReceiver listens on addr for pushed events, with timeouts and header
+// limits so that a slow or hostile sender cannot hold connections open.
+func serveReceiver(ctx context.Context, g *errgroup.Group, addr string, rcv *events.Receiver, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("events listen %s: %w", addr, err)
+	}
+	srv := &http.Server{
+		Handler:           rcv,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	log.Info("receiving pushed events", "listen", ln.Addr().String())
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return srv.Shutdown(shut)
+	})
+	g.Go(func() error { return rcv.Run(ctx) })
+	return nil
+}
+
 // pruneLoop deletes published events older than retention, hourly.
 func pruneLoop(ctx context.Context, st *store.Store, retention time.Duration, log *slog.Logger) error {
 	t := time.NewTicker(time.Hour)
@@ -113,6 +151,9 @@ func pruneLoop(ctx context.Context, st *store.Store, retention time.Duration, lo
 			log.Warn("pruning old events failed", "err", err)
 		} else if n > 0 {
 			log.Info("pruned published events", "count", n, "older_than", retention.String())
+		}
+		if _, err := st.PruneDeliveries(ctx, time.Now().Add(-7*24*time.Hour)); err != nil && ctx.Err() == nil {
+			log.Warn("pruning old delivery ids failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -162,6 +203,15 @@ func startDemo(ctx context.Context, g *errgroup.Group, cfg *config.Config, log *
 	}
 	if cfg.Crawl.Schedule == def.Crawl.Schedule {
 		cfg.Crawl.Schedule = "@every 5s"
+	}
+	if cfg.Crawl.SweepSchedule == def.Crawl.SweepSchedule {
+		cfg.Crawl.SweepSchedule = "@every 30s"
+	}
+	if cfg.Crawl.AdvisoriesSchedule == def.Crawl.AdvisoriesSchedule {
+		cfg.Crawl.AdvisoriesSchedule = "@every 10s"
+	}
+	if cfg.Crawl.Jitter == def.Crawl.Jitter {
+		cfg.Crawl.Jitter.Duration = time.Second
 	}
 	if cfg.Crawl.RequestsPerSecond == def.Crawl.RequestsPerSecond {
 		cfg.Crawl.RequestsPerSecond = 0

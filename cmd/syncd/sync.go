@@ -56,7 +56,9 @@ func (c *syncCommand) Run(ctx context.Context) error {
 		return err
 	}
 	defer a.Close()
-	sum, err := a.crawler.Sync(ctx)
+	// The sweep is every job in one: repos, tags, history, advisories and
+	// confirmed deletions.
+	sum, err := a.crawler.Sweep(ctx)
 	if err != nil {
 		return fmt.Errorf("crawl: %w", err)
 	}
@@ -71,8 +73,8 @@ func (c *syncCommand) Run(ctx context.Context) error {
 	if n > 0 {
 		return fmt.Errorf("publish: %d events still unpublished", n)
 	}
-	fmt.Fprintf(c.m.Stdout, "synced %d repos, %d tags, %d history reads (%d records); %d events recorded and published; %d requests; crawl %s, publish %s\n",
-		sum.Repos, sum.Tags, sum.HistoryReads, sum.HistoryRecords, sum.Events, sum.Requests,
+	fmt.Fprintf(c.m.Stdout, "synced %d repos, %d tags, %d history reads (%d records), %d advisories, %d deletions; %d events recorded and published; %d requests; crawl %s, publish %s\n",
+		sum.Repos, sum.Tags, sum.HistoryReads, sum.HistoryRecords, sum.Advisories, sum.Deleted, sum.Events, sum.Requests,
 		sum.Duration.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	return nil
 }

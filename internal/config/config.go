@@ -50,7 +50,10 @@ type Platform struct {
 
 // Crawl controls the scheduled crawl.
 type Crawl struct {
-	Schedule          string   `toml:"schedule"`
+	Schedule           string   `toml:"schedule"`
+	SweepSchedule      string   `toml:"sweep_schedule"`
+	AdvisoriesSchedule string   `toml:"advisories_schedule"`
+	Jitter             Duration `toml:"jitter"`
 	Concurrency       int      `toml:"concurrency"`
 	RequestsPerSecond float64  `toml:"requests_per_second"`
 	Include           []string `toml:"include"`
@@ -116,7 +119,10 @@ func Default() Config {
 			Timeout:   Duration{30 * time.Second},
 		},
 		Crawl: Crawl{
-			Schedule:          "@every 15m",
+			Schedule:           "@every 15m",
+			SweepSchedule:      "@every 6h",
+			AdvisoriesSchedule: "@every 1h",
+			Jitter:             Duration{10 * time.Second},
 			Concurrency:       4,
 			RequestsPerSecond: 20,
 		},
@@ -333,8 +339,12 @@ func setField(f reflect.Value, v string) error {
 // optional seconds, and descriptors such as "@every 5m" and "@hourly".
 const cronSpec = cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor
 
-// ParseSchedule parses a cron schedule as syncd's config accepts it.
+// ParseSchedule parses a cron schedule as syncd's config accepts it; the
+// empty string is no schedule (nil), which turns a job off.
 func ParseSchedule(s string) (cron.Schedule, error) {
+	if s == "" {
+		return nil, nil
+	}
 	return cron.NewParser(cronSpec).Parse(s)
 }
 
@@ -365,8 +375,23 @@ func (c *Config) Validate() error {
 	if c.Platform.Timeout.Duration <= 0 {
 		return &Error{Key: "platform.timeout", Msg: "must be positive"}
 	}
-	if _, err := ParseSchedule(c.Crawl.Schedule); err != nil {
-		return &Error{Key: "crawl.schedule", Msg: fmt.Sprintf("unparsable schedule %q: %v", c.Crawl.Schedule, err)}
+	for _, sc := range []struct{ key, val string }{
+		{"crawl.schedule", c.Crawl.Schedule},
+		{"crawl.sweep_schedule", c.Crawl.SweepSchedule},
+		{"crawl.advisories_schedule", c.Crawl.AdvisoriesSchedule},
+	} {
+		if sc.val == "" {
+			continue // the job is off
+		}
+		if _, err := ParseSchedule(sc.val); err != nil {
+			return &Error{Key: sc.key, Msg: fmt.Sprintf("unparsable schedule %q: %v", sc.val, err)}
+		}
+	}
+	if c.Crawl.Schedule == "" {
+		return &Error{Key: "crawl.schedule", Msg: "required: the incremental crawl cannot be turned off"}
+	}
+	if c.Crawl.Jitter.Duration < 0 {
+		return &Error{Key: "crawl.jitter", Msg: "must not be negative"}
 	}
 	if c.Crawl.Concurrency < 1 || c.Crawl.Concurrency > 64 {
 		return &Error{Key: "crawl.concurrency", Msg: fmt.Sprintf("must be between 1 and 64, got %d", c.Crawl.Concurrency)}

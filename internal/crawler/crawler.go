@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"path"
 	"sync"
 	"sync/atomic"
@@ -26,7 +27,13 @@ type Config struct {
 	Include     []string // repo name patterns (path.Match); empty: all
 	Exclude     []string // repo name patterns to leave out
 	Concurrency int      // repos crawled at once
-	Schedule    cron.Schedule
+	// Schedule runs the incremental crawl; SweepSchedule the full sweep,
+	// the only pass that records deletions; AdvisoriesSchedule the
+	// advisories. A nil schedule disables its job.
+	Schedule, SweepSchedule, AdvisoriesSchedule cron.Schedule
+	// Jitter delays each scheduled run by a random amount up to it, so
+	// replicas and jobs do not hit the platform in step.
+	Jitter time.Duration
 	Logger      *slog.Logger
 	Now         func() time.Time
 	// ProgressEvery is how often a long crawl logs its progress; default 10s.
@@ -62,47 +69,103 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 // Summary is what one crawl did.
 type Summary struct {
 	Repos, Tags, HistoryReads, HistoryRecords int64
+	Advisories, Deleted                       int64
 	Events                                    int64
 	Requests                                  int64
 	Duration                                  time.Duration
 }
 
-// Run crawls once at start and then on the schedule until ctx is done. A
-// crawl still running when the next is due makes that one skip; a panic in
-// a crawl is logged and the schedule goes on.
-func (c *Crawler) Run(ctx context.Context) error {
+// Job is extra scheduled work, such as reconciling the event subscription.
+type Job struct {
+	Name     string
+	Schedule cron.Schedule
+	Run      func(ctx context.Context) error
+}
+
+// Run runs the crawl and the advisories once at start, and then every job
+// on its schedule until ctx is done. A job still running when it is due
+// again skips that run; a panic in a job is logged and the schedule goes on.
+func (c *Crawler) Run(ctx context.Context, extra ...Job) error {
 	logger := cronLogger{c.log}
 	sched := cron.New(cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)), cron.WithLogger(logger))
-	job := cron.FuncJob(func() { c.runLogged(ctx) })
-	sched.Schedule(c.cfg.Schedule, job)
+	jobs := []Job{
+		{"crawl", c.cfg.Schedule, func(ctx context.Context) error { _, err := c.Sync(ctx); return err }},
+		{"sweep", c.cfg.SweepSchedule, func(ctx context.Context) error { _, err := c.Sweep(ctx); return err }},
+		{"advisories", c.cfg.AdvisoriesSchedule, func(ctx context.Context) error { _, err := c.SyncAdvisories(ctx); return err }},
+	}
+	jobs = append(jobs, extra...)
+	for _, j := range jobs {
+		if j.Schedule == nil {
+			continue
+		}
+		sched.Schedule(j.Schedule, cron.FuncJob(func() {
+			if c.cfg.Jitter > 0 {
+				t := time.NewTimer(rand.N(c.cfg.Jitter))
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+			}
+			c.runLogged(ctx, j)
+		}))
+	}
 	sched.Start()
-	c.runLogged(ctx)
+	for _, j := range jobs {
+		if j.Schedule != nil && j.Name != "sweep" {
+			c.runLogged(ctx, j)
+		}
+	}
 	<-ctx.Done()
 	<-sched.Stop().Done()
 	return nil
 }
 
-func (c *Crawler) runLogged(ctx context.Context) {
+func (c *Crawler) runLogged(ctx context.Context, j Job) {
 	if ctx.Err() != nil {
 		return
 	}
-	if _, err := c.Sync(ctx); err != nil && ctx.Err() == nil {
-		c.log.Error("crawl failed", "err", err)
+	if err := j.Run(ctx); err != nil && ctx.Err() == nil {
+		c.log.Error(j.Name+" failed", "err", err)
 	}
 }
 
-// Sync runs one complete crawl and records it in crawl_runs.
+// Sync runs one incremental crawl: repos, their tags, and the history of
+// the tags that changed. It records the run in crawl_runs.
 func (c *Crawler) Sync(ctx context.Context) (Summary, error) {
+	return c.recordRun(ctx, "crawl", func(s *summary) error { return c.crawl(ctx, s, false) })
+}
+
+// Sweep lists everything, like Sync, and also records deletions: a repo or
+// tag the mirror holds that a finished listing did not show, and for which
+// a Get answered 404. A listing that failed deletes nothing.
+func (c *Crawler) Sweep(ctx context.Context) (Summary, error) {
+	return c.recordRun(ctx, "sweep", func(s *summary) error {
+		if err := c.crawl(ctx, s, true); err != nil {
+			return err
+		}
+		return c.advisories(ctx, s, true)
+	})
+}
+
+// SyncAdvisories lists the advisories into the store.
+func (c *Crawler) SyncAdvisories(ctx context.Context) (Summary, error) {
+	return c.recordRun(ctx, "advisories", func(s *summary) error { return c.advisories(ctx, s, false) })
+}
+
+// recordRun runs one job under the crawl lock and records it in crawl_runs.
+func (c *Crawler) recordRun(ctx context.Context, job string, fn func(*summary) error) (Summary, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	start := c.cfg.Now()
 	req0 := c.client.Requests()
-	run, err := c.store.StartRun(ctx, "crawl")
+	run, err := c.store.StartRun(ctx, job)
 	if err != nil {
 		return Summary{}, err
 	}
 	var s summary
-	err = c.crawl(ctx, &s)
+	err = fn(&s)
 	sum := s.snapshot()
 	sum.Requests = c.client.Requests() - req0
 	sum.Duration = c.cfg.Now().Sub(start)
@@ -113,23 +176,25 @@ func (c *Crawler) Sync(ctx context.Context) (Summary, error) {
 	if err != nil {
 		return sum, err
 	}
-	c.log.Info("crawl finished", "repos", sum.Repos, "tags", sum.Tags, "history_reads", sum.HistoryReads,
-		"events", sum.Events, "requests", sum.Requests, "took", sum.Duration.Round(time.Millisecond).String())
+	c.log.Info(job+" finished", "repos", sum.Repos, "tags", sum.Tags, "history_reads", sum.HistoryReads,
+		"advisories", sum.Advisories, "deleted", sum.Deleted, "events", sum.Events, "requests", sum.Requests,
+		"took", sum.Duration.Round(time.Millisecond).String())
 	return sum, nil
 }
 
 type summary struct {
 	repos, tags, historyReads, historyRecords, events atomic.Int64
+	advisories, deleted                               atomic.Int64
 	reposTotal                                        atomic.Int64
 	reposDone                                         atomic.Int64
 }
 
 func (s *summary) snapshot() Summary {
 	return Summary{Repos: s.repos.Load(), Tags: s.tags.Load(), HistoryReads: s.historyReads.Load(),
-		HistoryRecords: s.historyRecords.Load(), Events: s.events.Load()}
+		HistoryRecords: s.historyRecords.Load(), Events: s.events.Load(), Advisories: s.advisories.Load(), Deleted: s.deleted.Load()}
 }
 
-func (c *Crawler) crawl(ctx context.Context, s *summary) error {
+func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 	baseline, err := c.store.InBaseline(ctx)
 	if err != nil {
 		return err
@@ -142,12 +207,21 @@ func (c *Crawler) crawl(ctx context.Context, s *summary) error {
 	stop := c.progress(ctx, s)
 	defer stop()
 
+	if sweep {
+		if err := c.sweepRepos(ctx, repos, s); err != nil {
+			return err
+		}
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(c.cfg.Concurrency)
 	for _, r := range repos {
 		g.Go(func() error {
 			defer s.reposDone.Add(1)
-			return c.crawlRepo(gctx, r, s)
+			seen, err := c.crawlRepo(gctx, r, s)
+			if err != nil || !sweep {
+				return err
+			}
+			return c.sweepTags(gctx, r, seen, s)
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -250,9 +324,11 @@ func (c *Crawler) wanted(name string) bool {
 }
 
 // crawlRepo lists the tags of one repo into the store and reads the
-// history of each tag the store says changed.
-func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) error {
+// history of each tag the store says changed. It returns the uids of the
+// tags the finished listing showed.
+func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) (map[string]bool, error) {
 	for attempt := 1; ; attempt++ {
+		seen := make(map[string]bool)
 		err := func() error {
 			for page, err := range c.client.Tags(platform.ListQuery{ChildrenOf: repo.UID}).Pages(ctx) {
 				if err != nil {
@@ -261,6 +337,7 @@ func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) er
 				tags := make([]store.Tag, len(page))
 				for i, t := range page {
 					tags[i] = storeTag(t)
+					seen[t.UID] = true
 				}
 				need, n, err := c.store.ApplyTags(ctx, repo, tags)
 				if err != nil {
@@ -282,9 +359,9 @@ func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) er
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("crawl repo %s: %w", repo.Name, err)
+			return nil, fmt.Errorf("crawl repo %s: %w", repo.Name, err)
 		}
-		return nil
+		return seen, nil
 	}
 }
 

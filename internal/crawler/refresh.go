@@ -39,7 +39,8 @@ func (c *Crawler) RefreshRepo(ctx context.Context, repoUID string) error {
 	if _, err := c.store.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
 		return err
 	}
-	return c.crawlRepo(ctx, repo, &summary{})
+	_, err = c.crawlRepo(ctx, repo, &summary{})
+	return err
 }
 
 // RefreshTag re-reads one tag and its history. repo is the repo's uid, or

@@ -1,0 +1,136 @@
+package crawler
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/syncd-dev/syncd/internal/platform"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// confirmGone keeps the candidates for which get answers 404. Any other
+// error stops the sweep: an unconfirmed deletion is never recorded.
+func confirmGone(ctx context.Context, candidates []string, get func(context.Context, string) error) ([]string, error) {
+	var gone []string
+	for _, uid := range candidates {
+		err := get(ctx, uid)
+		switch {
+		case platform.IsNotFound(err):
+			gone = append(gone, uid)
+		case err != nil:
+			return nil, fmt.Errorf("confirm deletion of %s: %w", uid, err)
+		}
+	}
+	return gone, nil
+}
+
+// missing returns the live uids not in seen.
+func missing(live []string, seen map[string]bool) []string {
+	var out []string
+	for _, uid := range live {
+		if !seen[uid] {
+			out = append(out, uid)
+		}
+	}
+	return out
+}
+
+// sweepRepos records the deletion of repos the mirror holds that the
+// finished listing did not show and that answer 404.
+func (c *Crawler) sweepRepos(ctx context.Context, listed []store.Repo, s *summary) error {
+	seen := make(map[string]bool, len(listed))
+	for _, r := range listed {
+		seen[r.UID] = true
+	}
+	live, err := c.store.LiveRepoUIDs(ctx, c.cfg.Group)
+	if err != nil {
+		return err
+	}
+	gone, err := confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
+		r, err := c.client.GetRepo(ctx, uid)
+		if err == nil && !c.wanted(r.Name) {
+			// Still there, but now excluded: not a deletion.
+			return nil
+		}
+		return err
+	})
+	if err != nil || len(gone) == 0 {
+		return err
+	}
+	n, err := c.store.MarkReposDeleted(ctx, gone)
+	if err != nil {
+		return err
+	}
+	s.deleted.Add(int64(len(gone)))
+	s.events.Add(int64(n))
+	c.log.Info("recorded deleted repos", "count", len(gone))
+	return nil
+}
+
+// sweepTags records the deletion of a repo's tags that its finished listing
+// did not show and that answer 404.
+func (c *Crawler) sweepTags(ctx context.Context, repo store.Repo, seen map[string]bool, s *summary) error {
+	live, err := c.store.LiveTagUIDs(ctx, repo.UID)
+	if err != nil {
+		return err
+	}
+	gone, err := confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
+		_, err := c.client.GetTag(ctx, uid)
+		return err
+	})
+	if err != nil || len(gone) == 0 {
+		return err
+	}
+	n, err := c.store.MarkTagsDeleted(ctx, gone)
+	if err != nil {
+		return err
+	}
+	s.deleted.Add(int64(len(gone)))
+	s.events.Add(int64(n))
+	c.log.Info("recorded deleted tags", "repo", repo.Name, "count", len(gone))
+	return nil
+}
+
+// advisories lists every advisory into the store, page by page; with sweep
+// set it also records as withdrawn the ones the finished listing did not
+// show and that answer 404.
+func (c *Crawler) advisories(ctx context.Context, s *summary, sweep bool) error {
+	seen := make(map[string]bool)
+	for page, err := range c.client.Advisories(platform.ListQuery{}).Pages(ctx) {
+		if err != nil {
+			return fmt.Errorf("list advisories: %w", err)
+		}
+		batch := make([]store.Advisory, len(page))
+		for i, a := range page {
+			batch[i] = store.Advisory{UID: a.UID, AdvisoryID: a.AdvisoryID, ArtifactName: a.ArtifactName, CreateTime: a.CreateTime, UpdateTime: a.UpdateTime}
+			seen[a.UID] = true
+		}
+		n, err := c.store.ApplyAdvisories(ctx, batch)
+		if err != nil {
+			return err
+		}
+		s.advisories.Add(int64(len(page)))
+		s.events.Add(int64(n))
+	}
+	if !sweep {
+		return nil
+	}
+	live, err := c.store.LiveAdvisoryUIDs(ctx)
+	if err != nil {
+		return err
+	}
+	gone, err := confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
+		_, err := c.client.GetAdvisory(ctx, uid)
+		return err
+	})
+	if err != nil || len(gone) == 0 {
+		return err
+	}
+	n, err := c.store.MarkAdvisoriesWithdrawn(ctx, gone)
+	if err != nil {
+		return err
+	}
+	s.deleted.Add(int64(len(gone)))
+	s.events.Add(int64(n))
+	return nil
+}
