@@ -54,10 +54,10 @@ type Crawl struct {
 	SweepSchedule      string   `toml:"sweep_schedule"`
 	AdvisoriesSchedule string   `toml:"advisories_schedule"`
 	Jitter             Duration `toml:"jitter"`
-	Concurrency       int      `toml:"concurrency"`
-	RequestsPerSecond float64  `toml:"requests_per_second"`
-	Include           []string `toml:"include"`
-	Exclude           []string `toml:"exclude"`
+	Concurrency        int      `toml:"concurrency"`
+	RequestsPerSecond  float64  `toml:"requests_per_second"`
+	Include            []string `toml:"include"`
+	Exclude            []string `toml:"exclude"`
 }
 
 // Events configures the receiver of the platform's pushed events.
@@ -123,8 +123,8 @@ func Default() Config {
 			SweepSchedule:      "@every 6h",
 			AdvisoriesSchedule: "@every 1h",
 			Jitter:             Duration{10 * time.Second},
-			Concurrency:       4,
-			RequestsPerSecond: 20,
+			Concurrency:        4,
+			RequestsPerSecond:  20,
 		},
 		Events: Events{
 			Audience:  "customer",

@@ -34,8 +34,8 @@ type Config struct {
 	// Jitter delays each scheduled run by a random amount up to it, so
 	// replicas and jobs do not hit the platform in step.
 	Jitter time.Duration
-	Logger      *slog.Logger
-	Now         func() time.Time
+	Logger *slog.Logger
+	Now    func() time.Time
 	// ProgressEvery is how often a long crawl logs its progress; default 10s.
 	ProgressEvery time.Duration
 }
