@@ -1,0 +1,199 @@
+package crawler_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/platform"
+	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+const token = "crawler-test-token"
+
+type harness struct {
+	sim     *platformsim.Sim
+	store   *store.Store
+	client  *platform.Client
+	crawler *crawler.Crawler
+}
+
+func newHarness(t *testing.T, sc platformsim.Scale) *harness {
+	t.Helper()
+	sim := platformsim.New(platformsim.Options{Seed: 3, Tokens: []string{token}})
+	sim.Populate(sc)
+	srv := httptest.NewServer(sim.Handler())
+	t.Cleanup(srv.Close)
+	t.Cleanup(sim.Close)
+	sim.SetBaseURL(srv.URL)
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "syncd.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	client, err := platform.New(platform.Config{BaseURL: srv.URL, RegistryURL: srv.URL, Token: platform.StaticToken(token),
+		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", MaxRetryTime: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := crawler.New(client, st, crawler.Config{Group: "org1", Concurrency: 4, Logger: slog.New(slog.DiscardHandler)})
+	return &harness{sim: sim, store: st, client: client, crawler: c}
+}
+
+func (h *harness) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := h.store.Reader().QueryRow(q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+func TestSweep_RecordsConfirmedDeletions(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 2, Advisories: 3})
+	ctx := context.Background()
+	if _, err := h.crawler.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	truth := h.sim.Truth()
+	tag := truth.Tags[0]
+	var repo platformsim.TruthRepo
+	for _, r := range truth.Repos {
+		if r.UID != tag.RepoUID {
+			repo = r
+			break
+		}
+	}
+	if _, err := h.sim.Apply(platformsim.Mutation{Kind: platformsim.TagDeleted, UID: tag.UID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.sim.Apply(platformsim.Mutation{Kind: platformsim.RepoDeleted, UID: repo.UID}); err != nil {
+		t.Fatal(err)
+	}
+	// The incremental crawl never records deletions.
+	if _, err := h.crawler.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM events WHERE action = 'deleted'`); n != 0 {
+		t.Fatalf("incremental crawl recorded %d deletions", n)
+	}
+	sum, err := h.crawler.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM tags WHERE uid = ? AND deleted_time IS NOT NULL`, tag.UID); n != 1 {
+		t.Errorf("deleted tag not tombstoned")
+	}
+	if n := h.count(t, `SELECT count(*) FROM repos WHERE uid = ? AND deleted_time IS NOT NULL`, repo.UID); n != 1 {
+		t.Errorf("deleted repo not tombstoned")
+	}
+	if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'tag.deleted' AND subject = ?`, tag.UID); n != 1 {
+		t.Errorf("tag.deleted events for the tag = %d, want 1", n)
+	}
+	if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'repo.deleted' AND subject = ?`, repo.UID); n != 1 {
+		t.Errorf("repo.deleted events = %d, want 1", n)
+	}
+	// The deleted repo's tags went with it.
+	if n := h.count(t, `SELECT count(*) FROM tags WHERE repo_uid = ? AND deleted_time IS NULL`, repo.UID); n != 0 {
+		t.Errorf("%d tags of the deleted repo still live", n)
+	}
+	if sum.Deleted != 2 {
+		t.Errorf("summary deleted=%d, want 2", sum.Deleted)
+	}
+	// Rows are kept: nothing is dropped silently.
+	if got, want := h.count(t, `SELECT count(*) FROM repos`), len(truth.Repos); got != want {
+		t.Errorf("repo rows=%d, want %d (tombstones kept)", got, want)
+	}
+}
+
+func TestSweep_FailedListingDeletesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault platformsim.Fault
+	}{
+		{"TagListing", platformsim.Fault{Pattern: "GET /registry/v2/tags", ErrorRate: 1, ErrorStatuses: []int{503}}},
+		{"RepoListing", platformsim.Fault{Pattern: "GET /registry/v2/repos", ErrorRate: 1, ErrorStatuses: []int{500}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 2})
+			ctx := context.Background()
+			if _, err := h.crawler.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			truth := h.sim.Truth()
+			for _, tg := range truth.Tags[:2] {
+				if _, err := h.sim.Apply(platformsim.Mutation{Kind: platformsim.TagDeleted, UID: tg.UID}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.sim.SetFaults(tc.fault)
+			if _, err := h.crawler.Sweep(ctx); err == nil {
+				t.Fatal("sweep succeeded with its listing failing")
+			}
+			if n := h.count(t, `SELECT count(*) FROM tags WHERE deleted_time IS NOT NULL`); n != 0 {
+				t.Errorf("%d tags tombstoned by a sweep whose listing failed", n)
+			}
+			if n := h.count(t, `SELECT count(*) FROM events WHERE action = 'deleted'`); n != 0 {
+				t.Errorf("%d deletion events from a failed sweep", n)
+			}
+			if n := h.count(t, `SELECT count(*) FROM crawl_runs WHERE job = 'sweep' AND outcome = 'failed'`); n != 1 {
+				t.Errorf("failed sweeps recorded=%d, want 1", n)
+			}
+			// Once the platform answers again, the deletions are recorded.
+			h.sim.SetFaults()
+			if _, err := h.crawler.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'tag.deleted'`); n != 2 {
+				t.Errorf("tag.deleted events after recovery=%d, want 2", n)
+			}
+		})
+	}
+}
+
+// TestSync_IdleCrawlMakesOnlyListRequests: with nothing changed upstream,
+// a crawl of 200 repos with 10,000 tags reads no history at all.
+func TestSync_IdleCrawlMakesOnlyListRequests(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 200, TagsPerRepo: 50, HistoryPerTag: 1, PublicImages: -1})
+	ctx := context.Background()
+	if _, err := h.crawler.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.sim.ResetStats()
+	sum, err := h.crawler.Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := h.sim.Stats()
+	for ep, n := range st.ByEndpoint {
+		if ep != "GET /registry/v2/repos" && ep != "GET /registry/v2/tags" {
+			t.Errorf("idle crawl made %d requests to %s; want list requests only", n, ep)
+		}
+	}
+	if sum.Tags != 10000 || sum.HistoryReads != 0 {
+		t.Errorf("idle crawl: tags=%d history reads=%d, want 10000 and 0", sum.Tags, sum.HistoryReads)
+	}
+	// One page of repos (200 per page) and one of tags per repo.
+	if got, want := st.Total, 1+200; got != want {
+		t.Errorf("requests=%d, want %d (the minimum the API allows)", got, want)
+	}
+	// One move upstream costs one history read, not a re-read of everything.
+	tag := h.sim.Truth().Tags[123]
+	h.sim.Advance(time.Second)
+	if err := h.sim.MoveTag(tag.UID, "sha256:"+strings.Repeat("c", 64)); err != nil {
+		t.Fatal(err)
+	}
+	sum, err = h.crawler.Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.HistoryReads != 1 || sum.Events != 1 {
+		t.Errorf("after one move: history reads=%d events=%d, want 1 and 1", sum.HistoryReads, sum.Events)
+	}
+}
