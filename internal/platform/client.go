@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -28,6 +29,11 @@ type Config struct {
 	BaseURL     string // platform API, e.g. https://console-api.example.com
 	RegistryURL string // registry, e.g. https://cgr.example.com
 	Token       TokenSource
+	// PullToken, when set, supplies the registry bearer token for private
+	// images directly (a credential helper or registry client tool can
+	// issue one) instead of exchanging the platform token at the registry's
+	// /token endpoint.
+	PullToken TokenSource
 	// Organization is the organization's name in registry paths; PublicOrg
 	// the one free-tier public images live under.
 	Organization, PublicOrg string
@@ -37,6 +43,14 @@ type Config struct {
 	RequestsPerSecond       float64       // 0: unlimited
 	// MaxRetryTime bounds the retries of one call; default 2m.
 	MaxRetryTime time.Duration
+	// RetryInitialInterval is the first backoff wait (default 100ms);
+	// RetryMaxInterval caps one wait (default 10s). Waits grow
+	// exponentially between them, with jitter.
+	RetryInitialInterval, RetryMaxInterval time.Duration
+	// MaxRetryAfter caps how long one Retry-After is honoured (default
+	// 1m): a server asking for longer gets its request repeated after
+	// MaxRetryAfter, within MaxRetryTime.
+	MaxRetryAfter time.Duration
 	// MaxPages bounds one listing, as the vendor's own iterator does; default 1000.
 	MaxPages int
 	// HistoryLimit is the most records the history API returns per request; default 1000.
@@ -71,13 +85,27 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("registry URL %q is not a URL", cfg.RegistryURL)
 	}
 	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// The crawler runs several requests at once against one host; the
+		// default of two idle connections per host would churn connections.
+		tr.MaxIdleConnsPerHost = 32
+		cfg.HTTPClient = &http.Client{Transport: tr}
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}
 	if cfg.MaxRetryTime <= 0 {
 		cfg.MaxRetryTime = 2 * time.Minute
+	}
+	if cfg.RetryInitialInterval <= 0 {
+		cfg.RetryInitialInterval = 100 * time.Millisecond
+	}
+	if cfg.RetryMaxInterval <= 0 {
+		cfg.RetryMaxInterval = 10 * time.Second
+	}
+	cfg.RetryMaxInterval = max(cfg.RetryMaxInterval, cfg.RetryInitialInterval)
+	if cfg.MaxRetryAfter <= 0 {
+		cfg.MaxRetryAfter = time.Minute
 	}
 	if cfg.MaxPages <= 0 {
 		cfg.MaxPages = 1000
@@ -107,6 +135,13 @@ func (c *Client) Requests() int64 { return c.requests.Load() }
 // Retries returns how many requests were retries.
 func (c *Client) Retries() int64 { return c.retries.Load() }
 
+// ErrOutcomeUnknown marks a failed request that is not idempotent (a
+// create) and failed in a way that leaves open whether the server acted on
+// it: a network error after sending, a 5xx, or an unreadable success
+// answer. It is not repeated, because a repeat could create the resource
+// twice; the caller can look for the resource and decide.
+var ErrOutcomeUnknown = errors.New("the request may or may not have taken effect; not repeated, since a repeat could apply it twice")
+
 // request is one logical call; do may send it several times.
 type request struct {
 	method string
@@ -114,17 +149,22 @@ type request struct {
 	body   any
 	// auth returns the Authorization header value; nil for none.
 	auth func(ctx context.Context) (string, error)
-	// onUnauthorized is called once after a 401; if it returns true the
-	// request is sent once more with fresh credentials.
-	onUnauthorized func() bool
-	// idempotent requests are retried on network errors and retryable statuses.
+	// refresh is called once after a 401, before the request is sent once
+	// more with fresh credentials; nil means a 401 is final.
+	refresh func()
+	// idempotent requests are retried on network errors and retryable
+	// statuses; the others only where the server surely did not act.
 	idempotent bool
 }
 
-// errRetryable marks a failed attempt that may succeed when repeated.
+// retryable marks a failed attempt that may succeed when repeated.
 type retryable struct {
 	err   error
 	after time.Duration // from Retry-After; 0 when absent
+	// unprocessed is true when the server surely did not act on the
+	// request (429, or no connection was made), so even a create may be
+	// repeated.
+	unprocessed bool
 }
 
 func (r *retryable) Error() string { return r.err.Error() }
@@ -135,88 +175,110 @@ func (r *retryable) Unwrap() error { return r.err }
 // 2xx JSON body into out (when out is not nil).
 func (c *Client) do(ctx context.Context, req request, out any) error {
 	b := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(100*time.Millisecond),
-		backoff.WithMaxInterval(10*time.Second),
-		backoff.WithMaxElapsedTime(c.cfg.MaxRetryTime),
+		backoff.WithInitialInterval(c.cfg.RetryInitialInterval),
+		backoff.WithMaxInterval(c.cfg.RetryMaxInterval),
+		// The deadline below bounds the whole call, Retry-After waits
+		// included, which backoff's own elapsed-time limit does not see.
+		backoff.WithMaxElapsedTime(0),
 	)
+	giveUp := time.Now().Add(c.cfg.MaxRetryTime)
 	refreshed := false
-	for attempt := 0; ; attempt++ {
+	// maybeApplied records that an earlier attempt may have reached the
+	// server, so a 404 to a repeated DELETE means it was done then.
+	maybeApplied := false
+	for attempt := 1; ; attempt++ {
 		err := c.attempt(ctx, req, out)
 		if err == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return fmt.Errorf("%s %s: %w", req.method, req.url.Path, ctx.Err())
 		}
 		var apiErr *Error
-		if errors.As(err, &apiErr) && apiErr.Status == http.StatusUnauthorized && !refreshed && req.onUnauthorized != nil && req.onUnauthorized() {
-			refreshed = true
-			c.retries.Add(1)
-			continue
+		if errors.As(err, &apiErr) {
+			if apiErr.Status == http.StatusUnauthorized && !refreshed && req.refresh != nil {
+				req.refresh()
+				refreshed = true
+				c.retries.Add(1)
+				continue
+			}
+			if apiErr.Status == http.StatusNotFound && maybeApplied && req.method == http.MethodDelete {
+				return nil
+			}
 		}
 		var rt *retryable
-		if !errors.As(err, &rt) || !req.idempotent {
+		if !errors.As(err, &rt) {
 			return err
 		}
+		if !req.idempotent && !rt.unprocessed {
+			return fmt.Errorf("%w (%w)", err, ErrOutcomeUnknown)
+		}
+		maybeApplied = maybeApplied || !rt.unprocessed
 		wait := b.NextBackOff()
-		if wait == backoff.Stop {
-			return fmt.Errorf("giving up after %d attempts: %w", attempt+1, rt.err)
+		if rt.after > 0 {
+			wait = max(wait, min(rt.after, c.cfg.MaxRetryAfter))
 		}
-		if rt.after > wait {
-			wait = rt.after
+		if time.Now().Add(wait).After(giveUp) {
+			return fmt.Errorf("giving up after %d attempts: %w", attempt, rt.err)
 		}
-		c.log.Debug("retrying request", "method", req.method, "path", req.url.Path, "attempt", attempt+1, "wait", wait, "err", rt.err)
+		c.log.Debug("retrying request", "method", req.method, "path", req.url.Path, "attempt", attempt, "wait", wait, "err", rt.err)
 		c.retries.Add(1)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return ctx.Err()
+			return fmt.Errorf("%s %s: %w", req.method, req.url.Path, ctx.Err())
 		case <-t.C:
 		}
 	}
 }
 
+// attempt sends req once.
 func (c *Client) attempt(ctx context.Context, req request, out any) error {
 	if err := c.limiter.Wait(ctx); err != nil {
-		return err
+		return fmt.Errorf("%s %s: rate limit: %w", req.method, req.url.Path, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	defer cancel()
-	var body io.Reader
+	var body []byte
 	if req.body != nil {
 		b, err := json.Marshal(req.body)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s %s: encode body: %w", req.method, req.url.Path, err)
 		}
-		body = bytes.NewReader(b)
+		body = b
 	}
-	hr, err := http.NewRequestWithContext(ctx, req.method, req.url.String(), body)
+	// Credentials come first, outside the attempt's timeout: fetching a
+	// registry token is a call of its own, with its own retries.
+	var authz string
+	if req.auth != nil {
+		v, err := req.auth(ctx)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", req.method, req.url.Path, err)
+		}
+		authz = v
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	hr, err := http.NewRequestWithContext(ctx, req.method, req.url.String(), rd)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s %s: %w", req.method, req.url.Path, err)
 	}
 	hr.Header.Set("Accept", "application/json")
 	if body != nil {
 		hr.Header.Set("Content-Type", "application/json")
 	}
-	if req.auth != nil {
-		v, err := req.auth(ctx)
-		if err != nil {
-			return err
-		}
-		if v != "" {
-			hr.Header.Set("Authorization", v)
-		}
+	if authz != "" {
+		hr.Header.Set("Authorization", authz)
 	}
 	c.requests.Add(1)
 	resp, err := c.cfg.HTTPClient.Do(hr)
 	if err != nil {
-		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return err
-		}
-		// Network errors and per-attempt timeouts: the request may or may not
-		// have arrived, so only idempotent requests retry (do checks).
-		return &retryable{err: fmt.Errorf("%s %s: %w", req.method, req.url.Path, scrub(err))}
+		// Network errors and per-attempt timeouts: the request may or may
+		// not have arrived, unless no connection was ever made.
+		return &retryable{err: fmt.Errorf("%s %s: %w", req.method, req.url.Path, scrub(err)), unprocessed: isDialError(err)}
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
@@ -226,8 +288,12 @@ func (c *Client) attempt(ctx context.Context, req request, out any) error {
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		apiErr := decodeError(req.method, req.url.Path, resp.StatusCode, data)
 		switch resp.StatusCode {
-		case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-			return &retryable{err: apiErr, after: retryAfter(resp.Header.Get("Retry-After"), c.cfg.Now())}
+		case http.StatusTooManyRequests:
+			// A rate-limited request was not processed, so it may be
+			// repeated whatever it is.
+			return &retryable{err: apiErr, after: retryAfter(resp.Header, c.cfg.Now()), unprocessed: true}
+		case http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+			return &retryable{err: apiErr, after: retryAfter(resp.Header, c.cfg.Now())}
 		}
 		return apiErr
 	}
@@ -240,6 +306,13 @@ func (c *Client) attempt(ctx context.Context, req request, out any) error {
 		return &retryable{err: fmt.Errorf("%s %s: decode response: %w (body starts %q)", req.method, req.url.Path, err, excerpt(data, 80))}
 	}
 	return nil
+}
+
+// isDialError reports whether err happened while connecting, before any of
+// the request was sent.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // scrub removes the query from URL errors; syncd puts no secrets in queries,
@@ -256,19 +329,24 @@ func scrub(err error) error {
 }
 
 // retryAfter parses both forms of Retry-After: delay seconds and HTTP-date.
-func retryAfter(v string, now time.Time) time.Duration {
+// A date is measured from the answer's own Date header when there is one,
+// so a skewed local clock does not stretch or cut the wait.
+func retryAfter(h http.Header, now time.Time) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second
+	if s, err := strconv.Atoi(v); err == nil {
+		return time.Duration(max(s, 0)) * time.Second
 	}
-	if t, err := http.ParseTime(v); err == nil {
-		if d := t.Sub(now); d > 0 {
-			return d
-		}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0
 	}
-	return 0
+	if d, err := http.ParseTime(h.Get("Date")); err == nil {
+		now = d
+	}
+	return max(t.Sub(now), 0)
 }
 
 // platformAuth is the Authorization for platform API requests.
@@ -289,9 +367,34 @@ func (c *Client) api(method, path string, q url.Values, body any) request {
 	u.RawQuery = q.Encode()
 	return request{
 		method: method, url: &u, body: body, auth: c.platformAuth,
-		onUnauthorized: func() bool { c.cfg.Token.Invalidate(); return true },
-		idempotent:     method == http.MethodGet || method == http.MethodDelete || method == http.MethodPatch,
+		refresh:    c.cfg.Token.Invalidate,
+		idempotent: method == http.MethodGet || method == http.MethodDelete || method == http.MethodPatch,
 	}
+}
+
+// resourcePath joins a collection path and a uid. Uids are hierarchical
+// ("org/repo/tag"), so their slashes stay; an empty uid or segment, or a
+// dot segment, would address another resource (an empty uid turns a Get
+// into a List), so those are refused before anything is sent.
+func resourcePath(collection, uid string) (string, error) {
+	if uid == "" {
+		return "", fmt.Errorf("%s: empty uid", collection)
+	}
+	for _, seg := range strings.Split(uid, "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return "", fmt.Errorf("%s: malformed uid %q", collection, uid)
+		}
+	}
+	return collection + "/" + uid, nil
+}
+
+// call sends one platform API request on the resource uid under collection.
+func (c *Client) call(ctx context.Context, method, collection, uid string, body, out any) error {
+	p, err := resourcePath(collection, uid)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, c.api(method, p, nil, body), out)
 }
 
 // Ping checks that the platform answers and accepts the token.

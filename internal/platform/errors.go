@@ -85,13 +85,34 @@ func decodeError(method, url string, status int, body []byte) *Error {
 			Message string            `json:"message"`
 			Details []json.RawMessage `json:"details"`
 		} `json:"error"`
+		// The registry answers in the OCI distribution format instead.
+		Errors []struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"errors"`
 	}
-	if err := json.Unmarshal(body, &raw); err != nil || (raw.Code == 0 && raw.Message == "" && raw.Error == nil) {
+	if err := json.Unmarshal(body, &raw); err != nil {
 		e.Excerpt = excerpt(body, 200)
 		return e
 	}
 	if raw.Error != nil {
 		raw.Code, raw.Message, raw.Details = raw.Error.Code, raw.Error.Message, raw.Error.Details
+	}
+	if raw.Code == 0 && raw.Message == "" && len(raw.Errors) > 0 {
+		// OCI: the first error's code is the machine-readable reason.
+		e.Reason = raw.Errors[0].Code
+		msgs := make([]string, 0, len(raw.Errors))
+		for _, oe := range raw.Errors {
+			if m := strings.TrimSpace(oe.Code + " " + oe.Message); m != "" {
+				msgs = append(msgs, m)
+			}
+		}
+		e.Message = strings.Join(msgs, "; ")
+		return e
+	}
+	if raw.Code == 0 && raw.Message == "" {
+		e.Excerpt = excerpt(body, 200)
+		return e
 	}
 	e.Code, e.Message = raw.Code, raw.Message
 	for _, d := range raw.Details {
@@ -146,18 +167,38 @@ func excerpt(b []byte, n int) string {
 	return strings.TrimSpace(string(b))
 }
 
-func statusIs(err error, status, code int) bool {
+// is reports whether err is an *Error with the given gRPC code or, when the
+// body carried no code, the given HTTP status. The code decides when there
+// is one, because statuses are shared: grpc-gateway answers both
+// INVALID_ARGUMENT and FAILED_PRECONDITION with 400.
+func is(err error, status, code int) bool {
 	var e *Error
-	return errors.As(err, &e) && (e.Status == status || (code != 0 && e.Code == code))
+	if !errors.As(err, &e) {
+		return false
+	}
+	if e.Code != 0 {
+		return e.Code == code
+	}
+	return e.Status == status
+}
+
+// AsError returns the *Error in err's chain, if there is one.
+func AsError(err error) (*Error, bool) {
+	var e *Error
+	ok := errors.As(err, &e)
+	return e, ok
 }
 
 // IsNotFound reports whether err says the resource does not exist.
-func IsNotFound(err error) bool { return statusIs(err, http.StatusNotFound, CodeNotFound) }
+func IsNotFound(err error) bool { return is(err, http.StatusNotFound, CodeNotFound) }
 
 // IsInvalidArgument reports whether err rejects the request's arguments.
 func IsInvalidArgument(err error) bool {
-	return statusIs(err, http.StatusBadRequest, CodeInvalidArgument)
+	return is(err, http.StatusBadRequest, CodeInvalidArgument)
 }
+
+// IsAlreadyExists reports whether err says the resource exists already.
+func IsAlreadyExists(err error) bool { return is(err, http.StatusConflict, CodeAlreadyExists) }
 
 // IsFailedPrecondition reports whether err says the system is not in a state
 // the request needs (for example deleting a group that has children).
@@ -169,5 +210,10 @@ func IsFailedPrecondition(err error) bool {
 // IsPermission reports whether err is an authentication or authorization
 // failure (401 or 403).
 func IsPermission(err error) bool {
-	return statusIs(err, http.StatusForbidden, CodePermissionDenied) || statusIs(err, http.StatusUnauthorized, CodeUnauthenticated)
+	return is(err, http.StatusForbidden, CodePermissionDenied) || is(err, http.StatusUnauthorized, CodeUnauthenticated)
+}
+
+// IsRateLimited reports whether err is a 429 the retries did not outlast.
+func IsRateLimited(err error) bool {
+	return is(err, http.StatusTooManyRequests, CodeResourceExhausted)
 }

@@ -65,7 +65,7 @@ func (c *Client) RegistryToken(ctx context.Context, img Image) (string, error) {
 	req := request{method: http.MethodGet, url: &u, idempotent: true}
 	if !img.Anonymous {
 		req.auth = c.platformAuth
-		req.onUnauthorized = func() bool { c.cfg.Token.Invalidate(); return true }
+		req.refresh = c.cfg.Token.Invalidate
 	}
 	var out struct {
 		Token       string `json:"token"`
@@ -112,30 +112,50 @@ func (e *WrongAudienceError) Error() string {
 
 func (e *WrongAudienceError) Unwrap() error { return e.Err }
 
+// pullAuth is the Authorization for the history of img: a pull token from
+// Config.PullToken for private images when one is configured, else a token
+// from the registry's token endpoint.
+func (c *Client) pullAuth(img Image) (auth func(context.Context) (string, error), refresh func()) {
+	if c.cfg.PullToken != nil && !img.Anonymous {
+		return func(ctx context.Context) (string, error) {
+			tok, err := c.cfg.PullToken.Token(ctx)
+			if err != nil {
+				return "", fmt.Errorf("registry pull token: %w", err)
+			}
+			return "Bearer " + tok, nil
+		}, c.cfg.PullToken.Invalidate
+	}
+	return func(ctx context.Context) (string, error) {
+		tok, err := c.RegistryToken(ctx, img)
+		if err != nil {
+			return "", err
+		}
+		return "Bearer " + tok, nil
+	}, func() { c.forgetRegistryToken(img) }
+}
+
+// historyTimeLayout is how the history API writes times: ISO 8601 with
+// milliseconds, in UTC.
+const historyTimeLayout = "2006-01-02T15:04:05.000Z"
+
 // TagHistory makes one request to the tag history API: at most HistoryLimit
 // records, oldest first, bounded by start and end when they are not zero.
 func (c *Client) TagHistory(ctx context.Context, img Image, tag string, start, end time.Time) ([]HistoryRecord, error) {
+	if img.Org == "" || img.Name == "" || tag == "" {
+		return nil, fmt.Errorf("tag history of %s/%s:%s: organization, image and tag are all required", img.Org, img.Name, tag)
+	}
 	u := *c.registry
 	u.Path = strings.TrimRight(u.Path, "/") + "/v2/" + img.Org + "/" + img.Name + "/_" + c.cfg.Vendor + "/history/" + tag
 	q := url.Values{}
 	if !start.IsZero() {
-		q.Set("start", start.UTC().Format("2006-01-02T15:04:05.000Z"))
+		q.Set("start", start.UTC().Format(historyTimeLayout))
 	}
 	if !end.IsZero() {
-		q.Set("end", end.UTC().Format("2006-01-02T15:04:05.000Z"))
+		q.Set("end", end.UTC().Format(historyTimeLayout))
 	}
 	u.RawQuery = q.Encode()
-	req := request{
-		method: http.MethodGet, url: &u, idempotent: true,
-		auth: func(ctx context.Context) (string, error) {
-			tok, err := c.RegistryToken(ctx, img)
-			if err != nil {
-				return "", err
-			}
-			return "Bearer " + tok, nil
-		},
-		onUnauthorized: func() bool { c.forgetRegistryToken(img); return true },
-	}
+	auth, refresh := c.pullAuth(img)
+	req := request{method: http.MethodGet, url: &u, idempotent: true, auth: auth, refresh: refresh}
 	var out struct {
 		History []HistoryRecord `json:"history"`
 	}
@@ -164,20 +184,34 @@ func (e *UnwalkableError) Error() string {
 
 // HistorySince returns every record of the tag's history whose time is at or
 // after since (all of it when since is zero), oldest first, in as many
-// requests as the 1000-record limit needs.
+// requests as the HistoryLimit needs.
 //
-// The API leaves open whether start is inclusive, so each window starts one
-// millisecond before the newest time already seen and the records older than
-// it are dropped: the records at that time are then read whole, whichever
-// way the server counts. When a full window makes no progress in time, the
-// walk stops with an *UnwalkableError and returns what it read.
+// The API leaves open whether start is inclusive, and the walk must not
+// depend on it. Each window asks from one millisecond (the API's resolution)
+// before the newest time not yet read whole and drops what is older, so the
+// records at that time come back whole either way. A server that turns out
+// to be inclusive (it returns records stamped exactly at start) would spend
+// part of a window on those older records, so once that is seen the walk
+// asks from the time itself. Records are ordered here, stably, so that the
+// server's order within one timestamp (which move came last) is kept, and
+// each time is taken from exactly one window, which removes the overlap's
+// duplicates without comparing digests (a tag can legitimately point at
+// one digest twice within a millisecond).
+//
+// When a full window holds nothing but records of one time, more of them
+// share that time than one request returns: the walk stops with an
+// *UnwalkableError and returns what it read, rather than asking forever.
 func (c *Client) HistorySince(ctx context.Context, img Image, tag string, since time.Time) ([]HistoryRecord, error) {
 	var out []HistoryRecord
 	from := since
+	inclusive := false
 	for {
 		var start time.Time
 		if !from.IsZero() {
-			start = from.Add(-time.Millisecond)
+			start = from
+			if !inclusive {
+				start = from.Add(-time.Millisecond)
+			}
 		}
 		recs, err := c.TagHistory(ctx, img, tag, start, time.Time{})
 		if err != nil {
@@ -185,12 +219,21 @@ func (c *Client) HistorySince(ctx context.Context, img Image, tag string, since 
 		}
 		full := len(recs) >= c.cfg.HistoryLimit
 		slices.SortStableFunc(recs, func(a, b HistoryRecord) int { return a.UpdateTimestamp.Compare(b.UpdateTimestamp) })
+		if !inclusive && !start.IsZero() && len(recs) > 0 && recs[0].UpdateTimestamp.Equal(start) {
+			inclusive = true
+			if full {
+				// Part of the window went to records already read; ask
+				// again for the records of `from` onwards alone.
+				continue
+			}
+		}
 		recs = slices.DeleteFunc(recs, func(r HistoryRecord) bool { return r.UpdateTimestamp.Before(from) })
 		if !full {
 			return append(out, recs...), nil
 		}
 		if len(recs) == 0 {
-			return out, &UnwalkableError{Tag: img.Name + ":" + tag, Time: from}
+			return out, fmt.Errorf("tag history of %s/%s:%s: a full window from %s held only older records: the server does not honour start",
+				img.Org, img.Name, tag, start.UTC().Format(historyTimeLayout))
 		}
 		last := recs[len(recs)-1].UpdateTimestamp
 		if recs[0].UpdateTimestamp.Equal(last) {

@@ -3,11 +3,14 @@ package platform
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"iter"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -96,7 +99,51 @@ func (e *ListRestartedError) Error() string {
 	return fmt.Sprintf("listing %s restarted at page %d (uid %q came after %q): the page token probably expired", e.Path, e.Page, e.RestartUID, e.AfterUID)
 }
 
-// Lister walks a listing page by page.
+// ErrTooManyPages is returned (wrapped) by a listing that reached
+// Config.MaxPages: a page token that never ends is a known upstream fault,
+// and following it would never finish.
+var ErrTooManyPages = errors.New("too many pages")
+
+// page is one decoded List response.
+type page[T any] struct {
+	items []T
+	next  string
+	total int64 // -1 when the response carried no usable totalCount
+}
+
+// decodePage decodes a List response envelope whose items are under key.
+// An absent item member is an empty page (proto JSON leaves out empty
+// lists). totalCount is a string holding an integer; a number is accepted
+// too, and an unusable one is ignored, since it only feeds progress.
+func decodePage[T any](body []byte, key string) (page[T], error) {
+	p := page[T]{total: -1}
+	var env map[string]json.RawMessage
+	if err := json.Unmarshal(body, &env); err != nil {
+		return p, fmt.Errorf("decode list envelope: %w (body starts %q)", err, excerpt(body, 80))
+	}
+	if env == nil {
+		return p, fmt.Errorf("decode list envelope: not an object (body starts %q)", excerpt(body, 80))
+	}
+	if err := decodeMember(env, key, &p.items); err != nil {
+		return p, err
+	}
+	if err := decodeMember(env, "nextPageToken", &p.next); err != nil {
+		return p, err
+	}
+	if raw, ok := env["totalCount"]; ok {
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			s = string(raw)
+		}
+		if n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); err == nil && n >= 0 {
+			p.total = n
+		}
+	}
+	return p, nil
+}
+
+// Lister walks a listing page by page. A Lister is for one walk at a time;
+// Total reports on the latest one.
 type Lister[T any] struct {
 	c    *Client
 	path string
@@ -104,59 +151,68 @@ type Lister[T any] struct {
 	key  string // the envelope member holding the items
 	uid  func(T) string
 
-	total int64
-	pages int
+	total atomic.Int64
 }
 
-// Total is the listing's totalCount as of the latest page, for progress.
-func (l *Lister[T]) Total() int64 { return l.total }
+// Total is the listing's totalCount as of the latest page, for progress;
+// -1 before the first page or when the server sent none.
+func (l *Lister[T]) Total() int64 { return l.total.Load() }
 
 // Pages yields the listing one page at a time. It follows nextPageToken
-// until it is absent, stops with an error after Config.MaxPages pages, and
-// stops with a *ListRestartedError when uids stop ascending in the default
-// order, which is what a silently restarted listing looks like.
+// until it is absent, and stops with an error wrapping ErrTooManyPages
+// after Config.MaxPages pages, or when the server hands back the token it
+// was given.
+//
+// It stops with a *ListRestartedError when a uid comes back that an
+// earlier page already returned, or (in the default order, uid ascending)
+// when uids stop ascending: that is what a silently restarted listing looks
+// like, and the repeated items must not be taken for new ones.
 func (l *Lister[T]) Pages(ctx context.Context) iter.Seq2[[]T, error] {
 	return func(yield func([]T, error) bool) {
+		l.total.Store(-1)
 		token, last := "", ""
-		checkOrder := l.q.OrderBy == "" || l.q.OrderBy == "uid"
-		for l.pages = 1; ; l.pages++ {
-			if l.pages > l.c.cfg.MaxPages {
-				yield(nil, fmt.Errorf("listing %s: more than %d pages; giving up rather than looping", l.path, l.c.cfg.MaxPages))
+		seen := make(map[string]struct{})
+		checkOrder := l.q.OrderBy == "" || l.q.OrderBy == "uid" || l.q.OrderBy == "uid asc"
+		for n := 1; ; n++ {
+			if n > l.c.cfg.MaxPages {
+				yield(nil, fmt.Errorf("list %s: more than %d pages; giving up rather than looping: %w", l.path, l.c.cfg.MaxPages, ErrTooManyPages))
 				return
 			}
 			v := l.q.values()
 			if token != "" {
 				v.Set("page_token", token)
 			}
-			var env map[string]jsonRaw
-			if err := l.c.do(ctx, l.c.api(http.MethodGet, l.path, v, nil), &env); err != nil {
-				yield(nil, fmt.Errorf("list %s: %w", l.path, err))
+			var body json.RawMessage
+			if err := l.c.do(ctx, l.c.api(http.MethodGet, l.path, v, nil), &body); err != nil {
+				yield(nil, fmt.Errorf("list %s, page %d: %w", l.path, n, err))
 				return
 			}
-			var items []T
-			if err := decodeMember(env, l.key, &items); err != nil {
-				yield(nil, fmt.Errorf("list %s: %w", l.path, err))
+			p, err := decodePage[T](body, l.key)
+			if err != nil {
+				yield(nil, fmt.Errorf("list %s, page %d: %w", l.path, n, err))
 				return
 			}
-			var next, total string
-			decodeMember(env, "nextPageToken", &next)
-			if decodeMember(env, "totalCount", &total) == nil && total != "" {
-				l.total, _ = strconv.ParseInt(total, 10, 64)
+			if p.total >= 0 {
+				l.total.Store(p.total)
 			}
-			if checkOrder {
-				for _, it := range items {
-					u := l.uid(it)
-					if last != "" && u <= last {
-						yield(nil, &ListRestartedError{Path: l.path, Page: l.pages, AfterUID: last, RestartUID: u})
-						return
-					}
-					last = u
+			for _, it := range p.items {
+				u := l.uid(it)
+				_, dup := seen[u]
+				if dup || (checkOrder && last != "" && u <= last) {
+					yield(nil, &ListRestartedError{Path: l.path, Page: n, AfterUID: last, RestartUID: u})
+					return
 				}
+				seen[u] = struct{}{}
+				last = u
 			}
-			if !yield(items, nil) || next == "" {
+			if !yield(p.items, nil) || p.next == "" {
 				return
 			}
-			token = next
+			if p.next == token {
+				yield(nil, fmt.Errorf("list %s, page %d: the server returned the page token it was given: %w", l.path, n, ErrTooManyPages))
+				return
+			}
+			token = p.next
 		}
 	}
 }
@@ -179,6 +235,18 @@ func (l *Lister[T]) All(ctx context.Context) iter.Seq2[T, error] {
 	}
 }
 
+// Collect reads the whole listing into a slice.
+func (l *Lister[T]) Collect(ctx context.Context) ([]T, error) {
+	var out []T
+	for page, err := range l.Pages(ctx) {
+		if err != nil {
+			return out, err
+		}
+		out = append(out, page...)
+	}
+	return out, nil
+}
+
 // Repos lists repos.
 func (c *Client) Repos(q ListQuery) *Lister[Repo] {
 	return &Lister[Repo]{c: c, path: "/registry/v2/repos", q: q, key: "repos", uid: func(r Repo) string { return r.UID }}
@@ -197,28 +265,32 @@ func (c *Client) Advisories(q ListQuery) *Lister[Advisory] {
 // GetRepo fetches one repo.
 func (c *Client) GetRepo(ctx context.Context, uid string) (Repo, error) {
 	var r Repo
-	err := c.do(ctx, c.api(http.MethodGet, "/registry/v2/repos/"+uid, nil, nil), &r)
-	return r, err
+	if err := c.call(ctx, http.MethodGet, "/registry/v2/repos", uid, nil, &r); err != nil {
+		return r, fmt.Errorf("get repo %s: %w", uid, err)
+	}
+	return r, nil
 }
 
 // GetTag fetches one tag.
 func (c *Client) GetTag(ctx context.Context, uid string) (Tag, error) {
 	var t Tag
-	err := c.do(ctx, c.api(http.MethodGet, "/registry/v2/tags/"+uid, nil, nil), &t)
-	return t, err
+	if err := c.call(ctx, http.MethodGet, "/registry/v2/tags", uid, nil, &t); err != nil {
+		return t, fmt.Errorf("get tag %s: %w", uid, err)
+	}
+	return t, nil
 }
 
 // GetAdvisory fetches one advisory.
 func (c *Client) GetAdvisory(ctx context.Context, uid string) (Advisory, error) {
 	var a Advisory
-	err := c.do(ctx, c.api(http.MethodGet, "/vulnerabilities/v2/advisories/"+uid, nil, nil), &a)
-	return a, err
+	if err := c.call(ctx, http.MethodGet, "/vulnerabilities/v2/advisories", uid, nil, &a); err != nil {
+		return a, fmt.Errorf("get advisory %s: %w", uid, err)
+	}
+	return a, nil
 }
 
-type jsonRaw = json.RawMessage
-
 // decodeMember decodes env[key] into v; an absent member leaves v alone.
-func decodeMember(env map[string]jsonRaw, key string, v any) error {
+func decodeMember(env map[string]json.RawMessage, key string, v any) error {
 	raw, ok := env[key]
 	if !ok || string(raw) == "null" {
 		return nil
