@@ -151,6 +151,16 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 	return a, nil
 }
 
+// registrar keeps syncd's event subscription; nil when [events] sink_url
+// is empty (crawl only).
+func (a *app) registrar() *events.Registrar {
+	if a.cfg.Events.SinkURL == "" {
+		return nil
+	}
+	return &events.Registrar{Client: a.client, Store: a.store, Groups: []string{a.cfg.Platform.Group},
+		Sink: a.cfg.Events.SinkURL, Logger: a.log.With("part", "events")}
+}
+
 // eventSource is the CloudEvents source of syncd's events: the platform
 // and group they describe.
 func eventSource(p config.Platform) string {

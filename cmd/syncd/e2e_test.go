@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -203,5 +204,132 @@ func TestRun_EndToEnd(t *testing.T) {
 	}
 	if strings.Contains(stderr.String(), e2eToken) {
 		t.Fatal("the platform token appears in the log")
+	}
+}
+
+// freeAddr returns a loopback address nothing listens on, for a config that
+// must name its listen address and sink URL before syncd starts.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestRun_PushReachesNATS: syncd registers its subscription, and a tag
+// moved upstream reaches a JetStream consumer through the push alone: the
+// crawl schedule is hourly, and no crawl runs in between.
+func TestRun_PushReachesNATS(t *testing.T) { pushScenario(t, "@every 1h", false) }
+
+// TestRun_DroppedPushCaughtByCrawl: when the platform never delivers the
+// push, the next scheduled crawl publishes the move.
+func TestRun_DroppedPushCaughtByCrawl(t *testing.T) { pushScenario(t, "@every 2s", true) }
+
+func pushScenario(t *testing.T, schedule string, dropPushes bool) {
+	sim := platformsim.New(platformsim.Options{Seed: 21, Tokens: []string{e2eToken}, AllowHTTPSinks: true})
+	sim.Populate(platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 4})
+	srv := httptest.NewServer(sim.Handler())
+	defer srv.Close()
+	defer sim.Close()
+	sim.SetBaseURL(srv.URL)
+	ns := startNATS(t)
+	dbPath := filepath.Join(t.TempDir(), "syncd.db")
+	addr := freeAddr(t)
+	cfg := writeFile(t, "syncd.toml", fmt.Sprintf(`
+[platform]
+base_url = %[1]q
+registry_url = %[1]q
+token = %[2]q
+group = "org1"
+organization = "acme"
+[crawl]
+schedule = %[6]q
+sweep_schedule = ""
+advisories_schedule = ""
+subscriptions_schedule = "@every 1h"
+jitter = "0s"
+[events]
+listen = %[5]q
+sink_url = "http://%[5]s/events"
+issuer = %[1]q
+[nats]
+url = %[3]q
+[store]
+path = %[4]q
+[log]
+format = "json"
+`, srv.URL, e2eToken, ns.ClientURL(), dbPath, addr, schedule))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- NewMain(&syncBuffer{}, &stderr, nil).Run(ctx, []string{"run", "--config", cfg}) }()
+
+	waitFor(t, 30*time.Second, "the baseline crawl and the subscription", func() bool {
+		if _, err := os.Stat(dbPath); err != nil {
+			return false
+		}
+		var n int
+		openReader(t, dbPath).QueryRow(`SELECT (SELECT count(*) FROM meta WHERE key = 'baseline_time') + (SELECT count(*) FROM subscriptions WHERE deleted_time IS NULL)`).Scan(&n)
+		return n == 2
+	})
+	db := openReader(t, dbPath)
+	var runsBefore int
+	db.QueryRow(`SELECT count(*) FROM crawl_runs`).Scan(&runsBefore)
+
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	cons, err := js.OrderedConsumer(ctx, "SYNCD", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"syncd.tag.moved.>"}, DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dropPushes {
+		sim.SetDeliveryFaults(platformsim.DeliveryFaults{DropRate: 1})
+	}
+	tag := sim.Truth().Tags[4]
+	digest := "sha256:" + strings.Repeat("7", 64)
+	sim.Advance(time.Second)
+	pushed := time.Now()
+	if err := sim.MoveTag(tag.UID, digest); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		t.Fatalf("no tag.moved event arrived: %v; log:\n%s", err, stderr.String())
+	}
+	latency := time.Since(pushed)
+	var ev cloudEvent
+	if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Subject != tag.UID || ev.Data.After.Digest != digest || ev.Data.Before.Digest != tag.Digest {
+		t.Fatalf("event subject=%s %s -> %s, want %s %s -> %s", ev.Subject, ev.Data.Before.Digest, ev.Data.After.Digest, tag.UID, tag.Digest, digest)
+	}
+	var runsAfter int
+	db.QueryRow(`SELECT count(*) FROM crawl_runs`).Scan(&runsAfter)
+	if dropPushes {
+		if runsAfter == runsBefore {
+			t.Fatal("the move arrived with pushes dropped and no crawl run")
+		}
+	} else {
+		if runsAfter != runsBefore {
+			t.Fatalf("a crawl ran (%d -> %d runs): the event did not come through the push alone", runsBefore, runsAfter)
+		}
+		t.Logf("push to JetStream: %s", latency)
+		if latency > 2*time.Second {
+			t.Errorf("push reached NATS after %s, want within 2s", latency)
+		}
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("exit %d; log:\n%s", code, stderr.String())
 	}
 }

@@ -72,6 +72,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		cmd = &statusCommand{m: m}
 	case "sim":
 		cmd = &simCommand{m: m}
+	case "subscriptions":
+		cmd = &subscriptionsCommand{m: m}
 	case "version":
 		fmt.Fprintln(m.Stdout, "syncd", version())
 		return exitOK
@@ -104,11 +106,12 @@ Usage:
   syncd <command> [flags]
 
 Commands:
-  run       run the daemon (crawl on a schedule, publish changes)
-  sync      crawl once, publish everything, and exit (--once)
-  status    show what is mirrored and how fresh it is
-  sim       run the platform simulator alone
-  version   print the version
+  run            run the daemon (crawl on a schedule, publish changes)
+  sync           crawl once, publish everything, and exit (--once)
+  status         show what is mirrored and how fresh it is
+  subscriptions  list (or --remove) syncd's event subscriptions
+  sim            run the platform simulator alone
+  version        print the version
 
 Every command takes --config FILE; "syncd <command> --help" explains its flags.
 

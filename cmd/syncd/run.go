@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/crawler"
 	"github.com/syncd-dev/syncd/internal/events"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/store"
@@ -67,6 +68,17 @@ func (c *runCommand) Run(ctx context.Context) error {
 	} else if err := cfg.RequirePlatform(); err != nil {
 		return usageError{err}
 	}
+	// The receiver listens before anything registers its address.
+	var evLn net.Listener
+	if cfg.Events.Listen != "" {
+		if evLn, err = net.Listen("tcp", cfg.Events.Listen); err != nil {
+			return fmt.Errorf("events listen %s: %w", cfg.Events.Listen, err)
+		}
+		defer evLn.Close()
+		if c.demo && cfg.Events.SinkURL == "" {
+			cfg.Events.SinkURL = "http://" + evLn.Addr().String()
+		}
+	}
 	a, err := openApp(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -81,11 +93,14 @@ func (c *runCommand) Run(ctx context.Context) error {
 		"schedule", cfg.Crawl.Schedule, "subjects", cfg.NATS.SubjectPrefix+".>")
 
 	if a.receiver != nil {
-		if err := serveReceiver(gctx, g, cfg.Events.Listen, a.receiver, log); err != nil {
-			return err
-		}
+		serveReceiver(gctx, g, evLn, a.receiver, log)
 	}
-	g.Go(func() error { return a.crawler.Run(gctx) })
+	var jobs []crawler.Job
+	if reg := a.registrar(); reg != nil {
+		sched, _ := config.ParseSchedule(cfg.Crawl.SubscriptionsSchedule)
+		jobs = append(jobs, crawler.Job{Name: "subscriptions", Schedule: sched, Run: reg.Ensure})
+	}
+	g.Go(func() error { return a.crawler.Run(gctx, jobs...) })
 	g.Go(func() error { return a.relay.Run(gctx) })
 	g.Go(func() error { return pruneLoop(gctx, a.store, cfg.Store.EventRetention.Duration, log) })
 
@@ -110,13 +125,9 @@ func (c *runCommand) Run(ctx context.Context) error {
 	}
 }
 
-// serveReceiver listens on addr for pushed events, with timeouts and header
+// serveReceiver serves pushed events on ln, with timeouts and header
 // limits so that a slow or hostile sender cannot hold connections open.
-func serveReceiver(ctx context.Context, g *errgroup.Group, addr string, rcv *events.Receiver, log *slog.Logger) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("events listen %s: %w", addr, err)
-	}
+func serveReceiver(ctx context.Context, g *errgroup.Group, ln net.Listener, rcv *events.Receiver, log *slog.Logger) {
 	srv := &http.Server{
 		Handler:           rcv,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -139,7 +150,6 @@ func serveReceiver(ctx context.Context, g *errgroup.Group, addr string, rcv *eve
 		return srv.Shutdown(shut)
 	})
 	g.Go(func() error { return rcv.Run(ctx) })
-	return nil
 }
 
 // pruneLoop deletes published events older than retention, hourly.
@@ -172,7 +182,7 @@ func startDemo(ctx context.Context, g *errgroup.Group, cfg *config.Config, log *
 	if err := resetDemoMirror(ctx, cfg.Store.Path); err != nil {
 		return err
 	}
-	sim := platformsim.New(platformsim.Options{Seed: time.Now().UnixNano(), Tokens: []string{demoToken}})
+	sim := platformsim.New(platformsim.Options{Seed: time.Now().UnixNano(), Tokens: []string{demoToken}, AllowHTTPSinks: true})
 	sim.Populate(platformsim.Scale{Repos: 12, TagsPerRepo: 4, HistoryPerTag: 20, Advisories: 30})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -189,6 +199,7 @@ func startDemo(ctx context.Context, g *errgroup.Group, cfg *config.Config, log *
 	})
 	g.Go(func() error {
 		<-ctx.Done()
+		sim.Close()
 		return srv.Close()
 	})
 	g.Go(func() error { sim.Run(ctx, 2*time.Second, 2); return nil })
@@ -200,6 +211,14 @@ func startDemo(ctx context.Context, g *errgroup.Group, cfg *config.Config, log *
 	cfg.Platform.Group, cfg.Platform.Organization = "org1", "acme"
 	if cfg.NATS.URL == "" && cfg.NATS.Listen == "" {
 		cfg.NATS.Listen = "127.0.0.1:4222"
+	}
+	// Pushes from the simulator reach syncd within seconds; the crawl
+	// schedule repairs whatever a push missed.
+	if cfg.Events.Listen == "" {
+		cfg.Events.Listen = "127.0.0.1:0"
+	}
+	if cfg.Events.Issuer == "" {
+		cfg.Events.Issuer = url
 	}
 	if cfg.Crawl.Schedule == def.Crawl.Schedule {
 		cfg.Crawl.Schedule = "@every 5s"

@@ -50,14 +50,16 @@ type Platform struct {
 
 // Crawl controls the scheduled crawl.
 type Crawl struct {
-	Schedule           string   `toml:"schedule"`
-	SweepSchedule      string   `toml:"sweep_schedule"`
-	AdvisoriesSchedule string   `toml:"advisories_schedule"`
-	Jitter             Duration `toml:"jitter"`
-	Concurrency        int      `toml:"concurrency"`
-	RequestsPerSecond  float64  `toml:"requests_per_second"`
-	Include            []string `toml:"include"`
-	Exclude            []string `toml:"exclude"`
+	Schedule           string `toml:"schedule"`
+	SweepSchedule      string `toml:"sweep_schedule"`
+	AdvisoriesSchedule string `toml:"advisories_schedule"`
+	// SubscriptionsSchedule reconciles the event subscription ([events] sink_url).
+	SubscriptionsSchedule string   `toml:"subscriptions_schedule"`
+	Jitter                Duration `toml:"jitter"`
+	Concurrency           int      `toml:"concurrency"`
+	RequestsPerSecond     float64  `toml:"requests_per_second"`
+	Include               []string `toml:"include"`
+	Exclude               []string `toml:"exclude"`
 }
 
 // Events configures the receiver of the platform's pushed events.
@@ -119,12 +121,13 @@ func Default() Config {
 			Timeout:   Duration{30 * time.Second},
 		},
 		Crawl: Crawl{
-			Schedule:           "@every 15m",
-			SweepSchedule:      "@every 6h",
-			AdvisoriesSchedule: "@every 1h",
-			Jitter:             Duration{10 * time.Second},
-			Concurrency:        4,
-			RequestsPerSecond:  20,
+			Schedule:              "@every 15m",
+			SweepSchedule:         "@every 6h",
+			AdvisoriesSchedule:    "@every 1h",
+			SubscriptionsSchedule: "@every 10m",
+			Jitter:                Duration{10 * time.Second},
+			Concurrency:           4,
+			RequestsPerSecond:     20,
 		},
 		Events: Events{
 			Audience:  "customer",
@@ -379,6 +382,7 @@ func (c *Config) Validate() error {
 		{"crawl.schedule", c.Crawl.Schedule},
 		{"crawl.sweep_schedule", c.Crawl.SweepSchedule},
 		{"crawl.advisories_schedule", c.Crawl.AdvisoriesSchedule},
+		{"crawl.subscriptions_schedule", c.Crawl.SubscriptionsSchedule},
 	} {
 		if sc.val == "" {
 			continue // the job is off

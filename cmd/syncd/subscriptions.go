@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/syncd-dev/syncd/internal/platform"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// subscriptionsCommand is "syncd subscriptions": syncd's own event
+// subscriptions on the platform.
+type subscriptionsCommand struct {
+	m      *Main
+	flags  commonFlags
+	remove bool
+}
+
+func (c *subscriptionsCommand) ParseFlags(args []string) error {
+	fs := flag.NewFlagSet("syncd subscriptions", flag.ContinueOnError)
+	fs.SetOutput(c.m.Stderr)
+	c.flags.register(fs)
+	fs.BoolVar(&c.remove, "remove", false, "delete syncd's subscriptions (those whose sink is [events] sink_url) instead of listing them")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: syncd subscriptions [--config FILE] [--remove]
+
+Lists the event subscriptions on [platform] group whose sink is [events]
+sink_url, that is syncd's own; others' are never touched. With --remove,
+deletes them (syncd run registers a new one at its next start).
+
+Examples:
+  syncd subscriptions --config syncd.toml
+  syncd subscriptions --config syncd.toml --remove
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs.Parse(args)
+}
+
+func (c *subscriptionsCommand) Run(ctx context.Context) error {
+	cfg, err := c.m.loadConfig(c.flags)
+	if err != nil {
+		return err
+	}
+	if err := cfg.RequirePlatform(); err != nil {
+		return usageError{err}
+	}
+	if cfg.Events.SinkURL == "" {
+		return usageError{fmt.Errorf("events.sink_url: not set, so syncd has no subscriptions to show")}
+	}
+	log := newLogger(c.m.Stderr, cfg.Log)
+	st, err := store.Open(ctx, cfg.Store.Path, store.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	client, err := platform.New(platform.Config{BaseURL: cfg.Platform.BaseURL, RegistryURL: cfg.Platform.RegistryURL,
+		Token: tokenSource(cfg.Platform), Timeout: cfg.Platform.Timeout.Duration, Logger: log})
+	if err != nil {
+		return usageError{err}
+	}
+	a := &app{cfg: cfg, log: log, store: st, client: client}
+	reg := a.registrar()
+	if c.remove {
+		n, err := reg.Remove(ctx)
+		fmt.Fprintf(c.m.Stdout, "removed %d subscriptions\n", n)
+		return err
+	}
+	subs, err := reg.List(ctx)
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(c.m.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "UID\tSINK\tCREATED")
+	for _, s := range subs {
+		fmt.Fprintf(w, "%s\t%s\t%s\n", s.UID, s.Sink, store.FormatTime(s.CreateTime))
+	}
+	return w.Flush()
+}
