@@ -101,28 +101,46 @@ func (c *runCommand) Run(ctx context.Context) error {
 		jobs = append(jobs, crawler.Job{Name: "subscriptions", Schedule: sched, Run: reg.Ensure})
 	}
 	g.Go(func() error { return a.crawler.Run(gctx, jobs...) })
-	g.Go(func() error { return a.relay.Run(gctx) })
 	g.Go(func() error { return pruneLoop(gctx, a.store, cfg.Store.EventRetention.Duration, log) })
 
-	done := make(chan error, 1)
-	go func() { done <- g.Wait() }()
+	// The relay outlives the rest, so that what was committed before the
+	// signal is published before syncd exits.
+	relayCtx, stopRelay := context.WithCancel(context.Background())
+	defer stopRelay()
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- a.relay.Run(relayCtx) }()
+	workDone := make(chan error, 1)
+	go func() { workDone <- g.Wait() }()
+
 	select {
-	case err := <-done:
+	case err := <-workDone:
+		stopRelay()
+		<-relayDone
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down", "grace", c.grace.String())
+	deadline := time.Now().Add(c.grace)
+	log.Info("shutting down: finishing the page in flight, then publishing what is committed", "grace", c.grace.String())
 	cancel()
 	select {
-	case err := <-done:
+	case err := <-workDone:
 		if err != nil && !errors.Is(err, context.Canceled) {
-			return err
+			log.Error("stopping", "err", err)
 		}
-		log.Info("stopped")
-		return nil
-	case <-time.After(c.grace):
+	case <-time.After(time.Until(deadline)):
 		return fmt.Errorf("work still running %s after the shutdown signal; exiting anyway (the mirror is consistent: unfinished transactions roll back)", c.grace)
 	}
+	stopRelay()
+	<-relayDone
+	flushCtx, cancelFlush := context.WithDeadline(context.Background(), deadline)
+	defer cancelFlush()
+	if err := a.relay.Flush(flushCtx); err != nil {
+		n, _, _ := a.store.UnpublishedCount(context.Background())
+		log.Warn("stopped with events unpublished; they are published at the next start", "unpublished", n, "err", err)
+		return nil
+	}
+	log.Info("stopped")
+	return nil
 }
 
 // serveReceiver serves pushed events on ln, with timeouts and header

@@ -279,7 +279,7 @@ func (c *Crawler) listRepos(ctx context.Context, s *summary) ([]store.Repo, erro
 						batch = append(batch, storeRepo(r))
 					}
 				}
-				n, err := c.store.ApplyRepos(ctx, batch)
+				n, err := c.store.ApplyRepos(finish(ctx), batch)
 				if err != nil {
 					return err
 				}
@@ -339,7 +339,7 @@ func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) (m
 					tags[i] = storeTag(t)
 					seen[t.UID] = true
 				}
-				need, n, err := c.store.ApplyTags(ctx, repo, tags)
+				need, n, err := c.store.ApplyTags(finish(ctx), repo, tags)
 				if err != nil {
 					return err
 				}
@@ -380,7 +380,7 @@ func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary)
 	for i, r := range recs {
 		out[i] = store.HistoryRecord{Time: r.UpdateTimestamp, Digest: r.Digest}
 	}
-	n, aerr := c.store.ApplyHistory(ctx, ref, out, unwalkable == nil)
+	n, aerr := c.store.ApplyHistory(finish(ctx), ref, out, unwalkable == nil)
 	if aerr != nil {
 		return aerr
 	}
@@ -407,3 +407,7 @@ func (l cronLogger) Info(msg string, kv ...any) { l.log.Debug("cron: "+msg, kv..
 func (l cronLogger) Error(err error, msg string, kv ...any) {
 	l.log.Error("cron: "+msg, append(kv, "err", err)...)
 }
+
+// finish is the context of a store write: a page read before shutdown began
+// is committed whole rather than thrown away, and the crawl stops after it.
+func finish(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }

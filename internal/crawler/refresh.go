@@ -36,7 +36,7 @@ func (c *Crawler) RefreshRepo(ctx context.Context, repoUID string) error {
 		return nil
 	}
 	repo := storeRepo(r)
-	if _, err := c.store.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
+	if _, err := c.store.ApplyRepos(finish(ctx), []store.Repo{repo}); err != nil {
 		return err
 	}
 	_, err = c.crawlRepo(ctx, repo, &summary{})
@@ -54,7 +54,7 @@ func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
 		return nil
 	}
 	sr := storeRepo(*r)
-	if _, err := c.store.ApplyRepos(ctx, []store.Repo{sr}); err != nil {
+	if _, err := c.store.ApplyRepos(finish(ctx), []store.Repo{sr}); err != nil {
 		return err
 	}
 	var tags []store.Tag
@@ -66,7 +66,7 @@ func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
 			tags = append(tags, storeTag(t))
 		}
 	}
-	need, _, err := c.store.ApplyTags(ctx, sr, tags)
+	need, _, err := c.store.ApplyTags(finish(ctx), sr, tags)
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,7 @@ func (c *Crawler) sweepRepos(ctx context.Context, listed []store.Repo, s *summar
 	if err != nil || len(gone) == 0 {
 		return err
 	}
-	n, err := c.store.MarkReposDeleted(ctx, gone)
+	n, err := c.store.MarkReposDeleted(finish(ctx), gone)
 	if err != nil {
 		return err
 	}
@@ -81,7 +81,7 @@ func (c *Crawler) sweepTags(ctx context.Context, repo store.Repo, seen map[strin
 	if err != nil || len(gone) == 0 {
 		return err
 	}
-	n, err := c.store.MarkTagsDeleted(ctx, gone)
+	n, err := c.store.MarkTagsDeleted(finish(ctx), gone)
 	if err != nil {
 		return err
 	}
@@ -105,7 +105,7 @@ func (c *Crawler) advisories(ctx context.Context, s *summary, sweep bool) error 
 			batch[i] = store.Advisory{UID: a.UID, AdvisoryID: a.AdvisoryID, ArtifactName: a.ArtifactName, CreateTime: a.CreateTime, UpdateTime: a.UpdateTime}
 			seen[a.UID] = true
 		}
-		n, err := c.store.ApplyAdvisories(ctx, batch)
+		n, err := c.store.ApplyAdvisories(finish(ctx), batch)
 		if err != nil {
 			return err
 		}
@@ -126,7 +126,7 @@ func (c *Crawler) advisories(ctx context.Context, s *summary, sweep bool) error 
 	if err != nil || len(gone) == 0 {
 		return err
 	}
-	n, err := c.store.MarkAdvisoriesWithdrawn(ctx, gone)
+	n, err := c.store.MarkAdvisoriesWithdrawn(finish(ctx), gone)
 	if err != nil {
 		return err
 	}
