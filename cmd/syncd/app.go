@@ -134,6 +134,7 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 	advisories, _ := config.ParseSchedule(cfg.Crawl.AdvisoriesSchedule)
 	a.crawler = crawler.New(a.client, a.store, crawler.Config{
 		Group: cfg.Platform.Group, Include: cfg.Crawl.Include, Exclude: cfg.Crawl.Exclude,
+		PublicImages: cfg.Crawl.PublicImages, PublicOrg: cfg.Platform.PublicOrg,
 		Concurrency: cfg.Crawl.Concurrency, Schedule: sched, SweepSchedule: sweep, AdvisoriesSchedule: advisories,
 		Jitter: cfg.Crawl.Jitter.Duration, Logger: log.With("part", "crawler"),
 	})

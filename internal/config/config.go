@@ -60,6 +60,7 @@ type Crawl struct {
 	RequestsPerSecond     float64  `toml:"requests_per_second"`
 	Include               []string `toml:"include"`
 	Exclude               []string `toml:"exclude"`
+	PublicImages          []string `toml:"public_images"`
 }
 
 // Events configures the receiver of the platform's pushed events.

@@ -23,10 +23,14 @@ import (
 
 // Config configures a Crawler.
 type Config struct {
-	Group       string   // uid of the group whose repos are mirrored
-	Include     []string // repo name patterns (path.Match); empty: all
-	Exclude     []string // repo name patterns to leave out
-	Concurrency int      // repos crawled at once
+	Group   string   // uid of the group whose repos are mirrored
+	Include []string // repo name patterns (path.Match); empty: all
+	Exclude []string // repo name patterns to leave out
+	// PublicImages are images of PublicOrg whose latest and latest-dev
+	// history is followed anonymously.
+	PublicImages []string
+	PublicOrg    string
+	Concurrency  int // repos crawled at once
 	// Schedule runs the incremental crawl; SweepSchedule the full sweep,
 	// the only pass that records deletions; AdvisoriesSchedule the
 	// advisories. A nil schedule disables its job.
@@ -225,6 +229,9 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 		})
 	}
 	if err := g.Wait(); err != nil {
+		return err
+	}
+	if err := c.publicImages(ctx, s); err != nil {
 		return err
 	}
 	if baseline {
