@@ -71,8 +71,9 @@ func (f *FileToken) Invalidate() {
 }
 
 // CommandToken runs a credential helper (through sh -c) that prints a token,
-// and caches it until the JWT's exp claim (less a minute), or for Default
-// TTL when the token is not a JWT, or until a 401 invalidates it.
+// and caches it until the JWT's exp claim (less a minute), or for DefaultTTL
+// (default 5m) when the token is not a JWT, or until a 401 invalidates it.
+// The helper's output never appears in errors; its stderr does, in part.
 type CommandToken struct {
 	Command    string
 	DefaultTTL time.Duration
@@ -109,9 +110,20 @@ func (c *CommandToken) Token(ctx context.Context) (string, error) {
 	if ttl <= 0 {
 		ttl = 5 * time.Minute
 	}
-	c.expires = now().Add(ttl)
+	n := now()
+	c.expires = n.Add(ttl)
 	if exp, ok := jwtExpiry(tok); ok {
 		c.expires = exp.Add(-time.Minute)
+		if !c.expires.After(n) {
+			// Helpers cache too, and may hand back a token in its last
+			// minute; use it while it lasts rather than running the
+			// helper on every request (an expired one earns a 401 and an
+			// Invalidate soon enough).
+			c.expires = exp
+			if minimum := n.Add(5 * time.Second); c.expires.Before(minimum) {
+				c.expires = minimum
+			}
+		}
 	}
 	c.token = tok
 	return tok, nil

@@ -2,7 +2,10 @@ package platform_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,5 +180,23 @@ func TestLister_StopsAfterMaxPages(t *testing.T) {
 	}
 	if got, want := e.requests("GET /registry/v2/repos"), 2; got != want {
 		t.Errorf("%d list requests, want %d", got, want)
+	}
+}
+
+func TestLister_TokenThatNeverChanges(t *testing.T) {
+	// A broken server: new items every time, and always the same token.
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"repos":[{"uid":"g/r%03d"}],"nextPageToken":"same","totalCount":"1000000"}`, n.Add(1))
+	}))
+	t.Cleanup(srv.Close)
+	c := plainClient(t, srv, nil)
+	l := c.Repos(platform.ListQuery{})
+	repos, err := l.Collect(ctxT(t))
+	if !errors.Is(err, platform.ErrTooManyPages) {
+		t.Fatalf("err = %v, want ErrTooManyPages", err)
+	}
+	if len(repos) != 2 || n.Load() != 2 || l.Total() != 1000000 {
+		t.Errorf("%d repos from %d requests, total %d; want 2, 2 and the server's count", len(repos), n.Load(), l.Total())
 	}
 }

@@ -166,7 +166,10 @@ func (l *Lister[T]) Total() int64 { return l.total.Load() }
 // It stops with a *ListRestartedError when a uid comes back that an
 // earlier page already returned, or (in the default order, uid ascending)
 // when uids stop ascending: that is what a silently restarted listing looks
-// like, and the repeated items must not be taken for new ones.
+// like, and the repeated items must not be taken for new ones. Under an
+// order by a field that changes (update_time), an item updated between two
+// pages can move and come back too; that is reported the same way, as the
+// listing is no longer a consistent snapshot either.
 func (l *Lister[T]) Pages(ctx context.Context) iter.Seq2[[]T, error] {
 	return func(yield func([]T, error) bool) {
 		l.total.Store(-1)
