@@ -197,3 +197,42 @@ func TestSync_IdleCrawlMakesOnlyListRequests(t *testing.T) {
 		t.Errorf("after one move: history reads=%d events=%d, want 1 and 1", sum.HistoryReads, sum.Events)
 	}
 }
+
+// TestSync_PublicImagesFollowedAnonymously: a public image's latest and
+// latest-dev history is mirrored with no platform token at all.
+func TestSync_PublicImagesFollowedAnonymously(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 1, TagsPerRepo: 1, HistoryPerTag: 1, PublicImages: 2})
+	truth := h.sim.Truth()
+	img := truth.PublicTags[0].Image
+	client, err := platform.New(platform.Config{BaseURL: "http://127.0.0.1:1", RegistryURL: h.client.RegistryURL(),
+		PublicOrg: "chainguard", Vendor: "chainguard", MaxRetryTime: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := crawler.New(client, h.store, crawler.Config{Group: "org1", PublicImages: []string{img}, PublicOrg: "chainguard"})
+	// Only the public images are reachable: the platform API is not.
+	if err := c.SyncPublicImages(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var followed int
+	for _, pt := range truth.PublicTags {
+		if pt.Image != img || (pt.Tag != "latest" && pt.Tag != "latest-dev") {
+			continue
+		}
+		followed++
+		uid := "chainguard/" + img + "/" + pt.Tag
+		var digest string
+		if err := h.store.Reader().QueryRow(`SELECT digest FROM tags WHERE uid = ?`, uid).Scan(&digest); err != nil {
+			t.Fatalf("public tag %s not mirrored: %v", uid, err)
+		}
+		if digest != pt.Digest {
+			t.Errorf("%s digest=%s, want %s", uid, digest, pt.Digest)
+		}
+		if got, want := h.count(t, `SELECT count(*) FROM tag_history WHERE tag_uid = ?`, uid), len(pt.History); got != want {
+			t.Errorf("%s history rows=%d, want %d", uid, got, want)
+		}
+	}
+	if followed != 2 {
+		t.Fatalf("followed %d public tags, want 2", followed)
+	}
+}

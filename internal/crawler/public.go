@@ -77,3 +77,8 @@ func (c *Crawler) publicTag(ctx context.Context, repo store.Repo, img, tag strin
 	}
 	return nil
 }
+
+// SyncPublicImages follows the configured public images once.
+func (c *Crawler) SyncPublicImages(ctx context.Context) error {
+	return c.publicImages(ctx, &summary{})
+}

@@ -401,3 +401,6 @@ func (c *Client) call(ctx context.Context, method, collection, uid string, body,
 func (c *Client) Ping(ctx context.Context) error {
 	return c.do(ctx, c.api(http.MethodGet, "/ping/v2/ping", nil, nil), nil)
 }
+
+// RegistryURL returns the registry's address.
+func (c *Client) RegistryURL() string { return c.registry.String() }
