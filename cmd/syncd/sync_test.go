@@ -74,6 +74,21 @@ func TestSyncOnce_MirrorsGroundTruth(t *testing.T) {
 			t.Errorf("tag %s: %d history rows, want %d", tg.UID, i, len(want))
 		}
 	}
+	for _, a := range truth.Advisories {
+		var id, artifact string
+		if err := db.QueryRow(`SELECT advisory_id, artifact_name FROM advisories WHERE uid = ? AND deleted_time IS NULL`, a.UID).Scan(&id, &artifact); err != nil {
+			t.Fatalf("advisory %s: %v", a.UID, err)
+		}
+		if id != a.AdvisoryID || artifact != a.ArtifactName {
+			t.Errorf("advisory %s = (%s %s), want (%s %s)", a.UID, id, artifact, a.AdvisoryID, a.ArtifactName)
+		}
+	}
+	var advisories, tags int
+	db.QueryRow(`SELECT count(*) FROM advisories`).Scan(&advisories)
+	db.QueryRow(`SELECT count(*) FROM tags`).Scan(&tags)
+	if advisories != len(truth.Advisories) || tags != len(truth.Tags) {
+		t.Errorf("mirror has %d advisories and %d tags, want exactly %d and %d", advisories, tags, len(truth.Advisories), len(truth.Tags))
+	}
 	// A second sync of an unchanged platform reads no history at all.
 	code, stdout, stderr = runMain(context.Background(), "sync", "--once", "--config", cfg)
 	if code != exitOK || !strings.Contains(stdout, " 0 history reads") {
