@@ -42,6 +42,9 @@ type Config struct {
 	Now    func() time.Time
 	// ProgressEvery is how often a long crawl logs its progress; default 10s.
 	ProgressEvery time.Duration
+	// OnRun, when set, is told of every finished job (for metrics and
+	// readiness): its outcome (ok, failed, canceled), duration and counts.
+	OnRun func(job, outcome string, sum Summary, finished time.Time)
 }
 
 // Crawler mirrors the platform into the store.
@@ -97,7 +100,18 @@ func (c *Crawler) Run(ctx context.Context, extra ...Job) error {
 		{"sweep", c.cfg.SweepSchedule, func(ctx context.Context) error { _, err := c.Sweep(ctx); return err }},
 		{"advisories", c.cfg.AdvisoriesSchedule, func(ctx context.Context) error { _, err := c.SyncAdvisories(ctx); return err }},
 	}
-	jobs = append(jobs, extra...)
+	for _, j := range extra {
+		run := j.Run
+		j.Run = func(ctx context.Context) error {
+			start := c.cfg.Now()
+			err := run(ctx)
+			if c.cfg.OnRun != nil {
+				c.cfg.OnRun(j.Name, outcomeOf(ctx, err), Summary{Duration: c.cfg.Now().Sub(start)}, c.cfg.Now())
+			}
+			return err
+		}
+		jobs = append(jobs, j)
+	}
 	for _, j := range jobs {
 		if j.Schedule == nil {
 			continue
@@ -176,6 +190,9 @@ func (c *Crawler) recordRun(ctx context.Context, job string, fn func(*summary) e
 	run.Requests, run.Changes = sum.Requests, int(sum.Events)
 	if ferr := c.store.FinishRun(ctx, run, err); ferr != nil {
 		err = errors.Join(err, ferr)
+	}
+	if c.cfg.OnRun != nil {
+		c.cfg.OnRun(job, outcomeOf(ctx, err), sum, c.cfg.Now())
 	}
 	if err != nil {
 		return sum, err
@@ -413,6 +430,18 @@ type cronLogger struct{ log *slog.Logger }
 func (l cronLogger) Info(msg string, kv ...any) { l.log.Debug("cron: "+msg, kv...) }
 func (l cronLogger) Error(err error, msg string, kv ...any) {
 	l.log.Error("cron: "+msg, append(kv, "err", err)...)
+}
+
+// outcomeOf names how a job ended, as crawl_runs records it.
+func outcomeOf(ctx context.Context, err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case ctx.Err() != nil:
+		return "canceled"
+	default:
+		return "failed"
+	}
 }
 
 // finish is the context of a store write: a page read before shutdown began

@@ -56,7 +56,10 @@ type Config struct {
 	// HistoryLimit is the most records the history API returns per request; default 1000.
 	HistoryLimit int
 	Logger       *slog.Logger
-	Now          func() time.Time
+	// Observe, when set, is told of every HTTP response (code 0: none came),
+	// for metrics. retry says the request was a repeat.
+	Observe func(endpoint string, code int, retry bool)
+	Now     func() time.Time
 }
 
 // Client talks to the platform and its registry. It is safe for concurrent use.
@@ -187,7 +190,7 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 	// server, so a 404 to a repeated DELETE means it was done then.
 	maybeApplied := false
 	for attempt := 1; ; attempt++ {
-		err := c.attempt(ctx, req, out)
+		err := c.attempt(ctx, req, out, attempt > 1)
 		if err == nil {
 			return nil
 		}
@@ -233,8 +236,8 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 	}
 }
 
-// attempt sends req once.
-func (c *Client) attempt(ctx context.Context, req request, out any) error {
+// attempt sends req once; retry says it is not the first time.
+func (c *Client) attempt(ctx context.Context, req request, out any, retry bool) error {
 	if err := c.limiter.Wait(ctx); err != nil {
 		return fmt.Errorf("%s %s: rate limit: %w", req.method, req.url.Path, err)
 	}
@@ -275,6 +278,13 @@ func (c *Client) attempt(ctx context.Context, req request, out any) error {
 	}
 	c.requests.Add(1)
 	resp, err := c.cfg.HTTPClient.Do(hr)
+	if c.cfg.Observe != nil {
+		code := 0
+		if err == nil {
+			code = resp.StatusCode
+		}
+		c.cfg.Observe(endpointOf(req.method, req.url.Path, c.cfg.Vendor), code, retry)
+	}
 	if err != nil {
 		// Network errors and per-attempt timeouts: the request may or may
 		// not have arrived, unless no connection was ever made.
@@ -313,6 +323,21 @@ func (c *Client) attempt(ctx context.Context, req request, out any) error {
 func isDialError(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// endpointOf names the endpoint a request went to, with uids and names
+// replaced by placeholders so that metrics have few labels:
+// "GET /registry/v2/repos/{uid}", "GET /v2/{image}/history".
+func endpointOf(method, path, vendor string) string {
+	if i := strings.Index(path, "/_"+vendor+"/history/"); i >= 0 && strings.HasPrefix(path, "/v2/") {
+		return method + " /v2/{image}/history"
+	}
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	// Platform paths are /<domain>/v2/<collection>[/<uid>...].
+	if len(parts) > 3 && parts[1] == "v2" {
+		return method + " /" + strings.Join(parts[:3], "/") + "/{uid}"
+	}
+	return method + " /" + strings.Join(parts, "/")
 }
 
 // scrub removes the query from URL errors; syncd puts no secrets in queries,

@@ -1,0 +1,104 @@
+// Package admin is syncd's operations endpoint: Prometheus metrics on an own
+// registry, liveness and readiness. The other packages know nothing of
+// Prometheus: they report through small hooks and stats, which the wiring in
+// cmd/syncd connects to the methods here.
+package admin
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics holds every series syncd exports.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	requests       *prometheus.CounterVec
+	retries        *prometheus.CounterVec
+	crawlDuration  *prometheus.HistogramVec
+	crawlRuns      *prometheus.CounterVec
+	lastSuccess    *prometheus.GaugeVec
+	rows           *prometheus.CounterVec
+	recorded       *prometheus.CounterVec
+	published      *prometheus.CounterVec
+	publishLatency prometheus.Histogram
+}
+
+// NewMetrics registers syncd's series, and the Go and process collectors, on
+// a registry of its own.
+func NewMetrics(version string) *Metrics {
+	reg := prometheus.NewRegistry()
+	m := &Metrics{
+		reg: reg,
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_platform_requests_total",
+			Help: "HTTP requests to the platform and registry, by endpoint and status code (0: no answer)."}, []string{"endpoint", "code"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_platform_retries_total",
+			Help: "Requests that were retries, by endpoint."}, []string{"endpoint"}),
+		crawlDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "syncd_crawl_duration_seconds",
+			Help: "How long each crawl job ran.", Buckets: prometheus.ExponentialBuckets(0.05, 2.5, 12)}, []string{"job"}),
+		crawlRuns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_crawl_runs_total",
+			Help: "Crawl job runs by outcome (ok, failed, canceled)."}, []string{"job", "outcome"}),
+		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "syncd_crawl_last_success_timestamp_seconds",
+			Help: "Unix time of each job's last successful run: how fresh the mirror is."}, []string{"job"}),
+		rows: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_rows_written_total",
+			Help: "Upstream rows applied to the mirror, by table."}, []string{"table"}),
+		recorded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_events_recorded_total",
+			Help: "Change events recorded in the outbox, by type."}, []string{"type"}),
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_events_published_total",
+			Help: "Events acknowledged by JetStream, by type."}, []string{"type"}),
+		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "syncd_publish_latency_seconds",
+			Help: "From an event's commit to its JetStream acknowledgement.", Buckets: prometheus.ExponentialBuckets(0.001, 3, 12)}),
+	}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "syncd_build_info", Help: "syncd's version.", ConstLabels: prometheus.Labels{"version": version}})
+	build.Set(1)
+	reg.MustRegister(m.requests, m.retries, m.crawlDuration, m.crawlRuns, m.lastSuccess, m.rows, m.recorded, m.published, m.publishLatency, build,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry returns the registry, for tests and for registering more series.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// ObserveRequest counts one HTTP request to the platform or registry.
+func (m *Metrics) ObserveRequest(endpoint string, code int, retry bool) {
+	m.requests.WithLabelValues(endpoint, strconv.Itoa(code)).Inc()
+	if retry {
+		m.retries.WithLabelValues(endpoint).Inc()
+	}
+}
+
+// ObserveRun records one finished crawl job.
+func (m *Metrics) ObserveRun(job, outcome string, took time.Duration, finished time.Time, rows map[string]int64) {
+	m.crawlDuration.WithLabelValues(job).Observe(took.Seconds())
+	m.crawlRuns.WithLabelValues(job, outcome).Inc()
+	if outcome == "ok" {
+		m.lastSuccess.WithLabelValues(job).Set(float64(finished.UnixNano()) / 1e9)
+	}
+	for table, n := range rows {
+		if n > 0 {
+			m.rows.WithLabelValues(table).Add(float64(n))
+		}
+	}
+}
+
+// EventRecorded counts an event appended to the outbox.
+func (m *Metrics) EventRecorded(typ string) { m.recorded.WithLabelValues(typ).Inc() }
+
+// EventPublished counts an event JetStream acknowledged, latency after its commit.
+func (m *Metrics) EventPublished(typ string, latency time.Duration) {
+	m.published.WithLabelValues(typ).Inc()
+	m.publishLatency.Observe(latency.Seconds())
+}
+
+// GaugeFunc registers a gauge read at every scrape.
+func (m *Metrics) GaugeFunc(name, help string, fn func() float64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, fn))
+}
+
+// CounterFunc registers a counter read at every scrape, labelled.
+func (m *Metrics) CounterFunc(name, help string, labels prometheus.Labels, fn func() float64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, fn))
+}

@@ -1,0 +1,100 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/robfig/cron/v3"
+)
+
+// Check is one readiness condition; nil means fine.
+type Check struct {
+	Name string
+	Run  func(ctx context.Context) error
+}
+
+// Freshness tracks when each scheduled job last succeeded, so readiness can
+// say the mirror is stale.
+type Freshness struct {
+	mu     sync.Mutex
+	start  time.Time
+	jobs   map[string]cron.Schedule
+	last   map[string]time.Time
+	factor float64
+	now    func() time.Time
+}
+
+// NewFreshness watches jobs: one is stale when it has not succeeded within
+// factor times its schedule's interval (counted from start until its first
+// success).
+func NewFreshness(jobs map[string]cron.Schedule, factor float64, now func() time.Time) *Freshness {
+	if now == nil {
+		now = time.Now
+	}
+	return &Freshness{start: now(), jobs: jobs, last: map[string]time.Time{}, factor: factor, now: now}
+}
+
+// Succeeded records a successful run of job.
+func (f *Freshness) Succeeded(job string, at time.Time) {
+	f.mu.Lock()
+	f.last[job] = at
+	f.mu.Unlock()
+}
+
+// interval is the time between two runs of sched around t.
+func interval(sched cron.Schedule, t time.Time) time.Duration {
+	next := sched.Next(t)
+	return sched.Next(next).Sub(next)
+}
+
+// Stale returns the jobs that are overdue, with how long since their last
+// success.
+func (f *Freshness) Stale() map[string]time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := f.now()
+	out := map[string]time.Duration{}
+	for job, sched := range f.jobs {
+		last, ok := f.last[job]
+		if !ok {
+			last = f.start
+		}
+		limit := time.Duration(f.factor * float64(interval(sched, now)))
+		if age := now.Sub(last); age > limit {
+			out[job] = age
+		}
+	}
+	return out
+}
+
+// Handler serves /metrics, /healthz and /readyz.
+func Handler(m *Metrics, checks []Check) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, Timeout: 10 * time.Second}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		failed := map[string]string{}
+		for _, c := range checks {
+			if err := c.Run(ctx); err != nil {
+				failed[c.Name] = err.Error()
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		status := http.StatusOK
+		if len(failed) > 0 {
+			status = http.StatusServiceUnavailable
+		}
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(map[string]any{"ready": len(failed) == 0, "failed": failed})
+	})
+	return mux
+}
