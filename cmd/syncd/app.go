@@ -119,8 +119,12 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 	}
 	pcfg := publish.Config{
 		URL: cfg.NATS.URL, Listen: cfg.NATS.Listen, DataDir: filepath.Dir(cfg.Store.Path),
+		Credentials: cfg.NATS.Credentials, NKeySeed: cfg.NATS.NKeySeed, Token: cfg.NATS.Token,
+		User: cfg.NATS.User, Password: cfg.NATS.Password,
+		TLSCA: cfg.NATS.TLSCA, TLSCert: cfg.NATS.TLSCert, TLSKey: cfg.NATS.TLSKey,
 		SubjectPrefix: cfg.NATS.SubjectPrefix, Stream: cfg.NATS.Stream, MaxAge: cfg.NATS.MaxAge.Duration,
-		DuplicateWindow: cfg.NATS.DuplicateWindow.Duration, Source: eventSource(cfg.Platform), Logger: log.With("part", "publish"),
+		DuplicateWindow: cfg.NATS.DuplicateWindow.Duration, Replicas: cfg.NATS.Replicas, CheckStreamOnly: !cfg.NATS.ManageStream,
+		Source: eventSource(cfg.Platform), Logger: log.With("part", "publish"),
 	}
 	a.nats, err = publish.Connect(ctx, pcfg)
 	if err != nil {

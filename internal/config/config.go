@@ -74,7 +74,7 @@ type Events struct {
 	QueueSize  int    `toml:"queue_size"`
 }
 
-// NATS says where events are published.
+// NATS says where events are published and how to authenticate there.
 type NATS struct {
 	URL             string   `toml:"url"`
 	Listen          string   `toml:"listen"`
@@ -82,6 +82,21 @@ type NATS struct {
 	Stream          string   `toml:"stream"`
 	MaxAge          Duration `toml:"max_age"`
 	DuplicateWindow Duration `toml:"duplicate_window"`
+	Replicas        int      `toml:"replicas"`
+	ManageStream    bool     `toml:"manage_stream"`
+
+	// Authentication to an external server: at most one of a credentials
+	// file, an nkey seed file, a token, or user and password.
+	Credentials string `toml:"credentials"`
+	NKeySeed    string `toml:"nkey_seed"`
+	Token       string `toml:"token"`
+	User        string `toml:"user"`
+	Password    string `toml:"password"`
+	// TLS to an external server: a CA bundle to trust, and a client
+	// certificate with its key for servers that verify clients.
+	TLSCA   string `toml:"tls_ca"`
+	TLSCert string `toml:"tls_cert"`
+	TLSKey  string `toml:"tls_key"`
 }
 
 // Store configures the SQLite mirror.
@@ -140,6 +155,8 @@ func Default() Config {
 			Stream:          "SYNCD",
 			MaxAge:          Duration{7 * 24 * time.Hour},
 			DuplicateWindow: Duration{2 * time.Hour},
+			Replicas:        1,
+			ManageStream:    true,
 		},
 		Store: Store{
 			Path:           "data/syncd.db",
@@ -432,6 +449,9 @@ func (c *Config) Validate() error {
 	if c.NATS.MaxAge.Duration < 0 || (c.NATS.MaxAge.Duration > 0 && c.NATS.MaxAge.Duration < c.NATS.DuplicateWindow.Duration) {
 		return &Error{Key: "nats.max_age", Msg: "must be 0 (unlimited) or at least duplicate_window"}
 	}
+	if err := c.NATS.validateConnection(); err != nil {
+		return err
+	}
 	if c.Store.Path == "" {
 		return &Error{Key: "store.path", Msg: "required"}
 	}
@@ -526,4 +546,83 @@ func validToken(subject string) bool {
 		}
 	}
 	return true
+}
+
+// validateConnection checks the [nats] keys about reaching an external
+// server: replicas, authentication and TLS. Files are opened here so that a
+// wrong path fails at start with the key's name, not at the first reconnect.
+func (n *NATS) validateConnection() error {
+	if n.Replicas < 1 || n.Replicas > 5 {
+		return &Error{Key: "nats.replicas", Msg: fmt.Sprintf("must be between 1 and 5 (JetStream's limit), got %d", n.Replicas)}
+	}
+	external := []struct{ key, val string }{
+		{"nats.credentials", n.Credentials}, {"nats.nkey_seed", n.NKeySeed}, {"nats.token", n.Token},
+		{"nats.user", n.User}, {"nats.password", n.Password},
+		{"nats.tls_ca", n.TLSCA}, {"nats.tls_cert", n.TLSCert}, {"nats.tls_key", n.TLSKey},
+	}
+	if n.URL == "" {
+		// The embedded server has neither authentication nor TLS: a key set
+		// here most likely means nats.url was forgotten.
+		for _, k := range external {
+			if k.val != "" {
+				return &Error{Key: k.key, Msg: "only applies to an external server: set nats.url too"}
+			}
+		}
+		if n.Replicas > 1 {
+			return &Error{Key: "nats.replicas", Msg: "the embedded server is a single node: replicas must be 1 unless nats.url names a cluster"}
+		}
+	}
+	// Pairs name the key that is set, so the error can point at its line.
+	if n.User != "" && n.Password == "" {
+		return &Error{Key: "nats.user", Msg: "set nats.password too: user and password come together"}
+	}
+	if n.Password != "" && n.User == "" {
+		return &Error{Key: "nats.password", Msg: "set nats.user too: user and password come together"}
+	}
+	var methods []string
+	for _, m := range []struct{ key, val string }{
+		{"nats.credentials", n.Credentials}, {"nats.nkey_seed", n.NKeySeed}, {"nats.token", n.Token}, {"nats.user", n.User},
+	} {
+		if m.val != "" {
+			methods = append(methods, m.key)
+		}
+	}
+	if len(methods) > 1 {
+		return &Error{Key: methods[1], Msg: fmt.Sprintf("set only one way to authenticate: %s", strings.Join(methods, " and "))}
+	}
+	if n.TLSCert != "" && n.TLSKey == "" {
+		return &Error{Key: "nats.tls_cert", Msg: "set nats.tls_key too: the client certificate and its key come together"}
+	}
+	if n.TLSKey != "" && n.TLSCert == "" {
+		return &Error{Key: "nats.tls_key", Msg: "set nats.tls_cert too: the client certificate and its key come together"}
+	}
+	for _, f := range []struct{ key, path string }{
+		{"nats.credentials", n.Credentials}, {"nats.nkey_seed", n.NKeySeed},
+		{"nats.tls_ca", n.TLSCA}, {"nats.tls_cert", n.TLSCert}, {"nats.tls_key", n.TLSKey},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if err := readable(f.path); err != nil {
+			return &Error{Key: f.key, Msg: err.Error()}
+		}
+	}
+	return nil
+}
+
+// readable reports why path is not a regular file this process can read.
+func readable(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("cannot read %q: %v", path, errors.Unwrap(err))
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("cannot read %q: %v", path, err)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("%q is a directory, want a file", path)
+	}
+	return nil
 }

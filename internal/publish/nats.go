@@ -6,12 +6,16 @@ package publish
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
+	"net/url"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -25,11 +29,30 @@ type Config struct {
 	Listen  string // embedded server: host:port to accept clients on; empty: in-process only
 	DataDir string // embedded server: JetStream storage lives under DataDir/nats
 
+	// Authentication to an external server: at most one of a credentials
+	// file, an nkey seed file, a token, or user and password.
+	Credentials string
+	NKeySeed    string
+	Token       string
+	User        string
+	Password    string
+	// TLS to an external server: CA bundle, client certificate and key.
+	TLSCA   string
+	TLSCert string
+	TLSKey  string
+	// ReconnectMaxWait caps the backoff between reconnection attempts;
+	// zero means 10s.
+	ReconnectMaxWait time.Duration
+
 	SubjectPrefix   string
 	Stream          string
 	MaxAge          time.Duration
 	DuplicateWindow time.Duration
 	Replicas        int
+	// CheckStreamOnly is manage_stream = false: the account may not create
+	// or update streams, so the stream is only checked to exist and to
+	// capture SubjectPrefix.>.
+	CheckStreamOnly bool
 	// Source is the CloudEvents source attribute of every event.
 	Source string
 	Logger *slog.Logger
@@ -46,26 +69,18 @@ type Conn struct {
 }
 
 // Connect starts the embedded server when cfg.URL is empty, connects, and
-// makes sure the stream exists.
+// makes sure the stream exists. Once connected, the connection reconnects
+// forever with backoff, logging each state change; the initial connection
+// does not retry, so that a wrong address or credentials fail at start.
 func Connect(ctx context.Context, cfg Config) (*Conn, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	c := &Conn{log: log, closed: make(chan struct{})}
-	opts := []nats.Option{
-		nats.Name("syncd"),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(time.Second),
-		nats.ReconnectJitter(500*time.Millisecond, 2*time.Second),
-		nats.ReconnectBufSize(-1), // never buffer publishes while disconnected: the outbox is the buffer
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("NATS disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted()) }),
-		nats.ClosedHandler(func(*nats.Conn) { log.Debug("NATS connection closed"); close(c.closed) }),
+	opts, err := connOptions(cfg, log, c.closed)
+	if err != nil {
+		return nil, err
 	}
 	url := cfg.URL
 	if url == "" {
@@ -82,20 +97,130 @@ func Connect(ctx context.Context, cfg Config) (*Conn, error) {
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		c.Close()
-		return nil, fmt.Errorf("connect to NATS: %w", err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", RedactURL(url), err)
 	}
 	c.NC = nc
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	log.Info("NATS connected", "server", nc.ConnectedUrlRedacted(), "embedded", c.Server != nil)
+	// The library's own limit on pending acks sits above the relay's
+	// in-flight limit, so the relay's bound is the one that holds; the ack
+	// timeout frees the relay from an acknowledgement lost without a
+	// disconnection (a disconnection fails every pending publish at once).
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(2*DefaultMaxInFlight), jetstream.WithPublishAsyncTimeout(30*time.Second))
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("JetStream context: %w", err)
+	}
+	c.JS = js
+	if cfg.CheckStreamOnly {
+		err = CheckStream(ctx, js, cfg)
+	} else {
+		err = EnsureStream(ctx, js, cfg)
+	}
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	c.JS = js
-	if err := EnsureStream(ctx, js, cfg); err != nil {
-		c.Close()
-		return nil, err
-	}
 	return c, nil
+}
+
+// connOptions are the nats.Options of cfg: identity, authentication, TLS,
+// and reconnecting forever with logged state changes. closed is closed when
+// the connection is.
+func connOptions(cfg Config, log *slog.Logger, closed chan struct{}) ([]nats.Option, error) {
+	maxWait := cfg.ReconnectMaxWait
+	if maxWait <= 0 {
+		maxWait = 10 * time.Second
+	}
+	opts := []nats.Option{
+		nats.Name("syncd"),
+		nats.MaxReconnects(-1),
+		nats.CustomReconnectDelay(func(attempts int) time.Duration { return reconnectDelay(attempts, maxWait) }),
+		nats.ReconnectBufSize(-1), // never buffer publishes while disconnected: the outbox is the buffer
+		// Errors the library reports are its own (connection refused, TLS,
+		// authorization violation) and never contain credentials; URLs are
+		// logged redacted.
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("NATS disconnected; reconnecting", "server", nc.ConnectedUrlRedacted(), "err", err)
+			} else {
+				log.Info("NATS disconnected", "server", nc.ConnectedUrlRedacted())
+			}
+		}),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { log.Debug("NATS reconnection attempt failed", "err", err) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted()) }),
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			if err := nc.LastError(); err != nil {
+				log.Warn("NATS connection closed", "err", err)
+			} else {
+				log.Info("NATS connection closed")
+			}
+			close(closed)
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subject := ""
+			if sub != nil {
+				subject = sub.Subject
+			}
+			log.Warn("NATS asynchronous error", "subscription", subject, "err", err)
+		}),
+	}
+	switch {
+	case cfg.Credentials != "":
+		opts = append(opts, nats.UserCredentials(cfg.Credentials))
+	case cfg.NKeySeed != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeySeed)
+		if err != nil {
+			return nil, fmt.Errorf("read nats.nkey_seed %s: %w", cfg.NKeySeed, err)
+		}
+		opts = append(opts, o)
+	case cfg.Token != "":
+		opts = append(opts, nats.Token(cfg.Token))
+	case cfg.User != "":
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.TLSCA))
+	}
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		opts = append(opts, nats.ClientCert(cfg.TLSCert, cfg.TLSKey))
+	}
+	return opts, nil
+}
+
+// reconnectDelay is the wait before reconnection attempt n (0-based, as
+// the library counts per server): exponential from 250ms up to maxWait, with
+// up to 25% jitter so that many syncd instances do not return in lockstep.
+func reconnectDelay(attempts int, maxWait time.Duration) time.Duration {
+	d := maxWait
+	if attempts < 16 {
+		d = min(250*time.Millisecond<<attempts, maxWait)
+	}
+	return d + rand.N(d/4+1)
+}
+
+// RedactURL hides credentials in a comma-separated list of NATS URLs: a
+// password, or a lone user part, which NATS reads as a token.
+func RedactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			if strings.Contains(p, "@") {
+				parts[i] = "(unparsable URL with credentials)"
+			}
+			continue
+		}
+		if u.User == nil {
+			continue
+		}
+		if _, hasPassword := u.User.Password(); hasPassword {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		} else {
+			u.User = url.User("xxxxx")
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
 }
 
 // StartEmbedded starts a NATS server with JetStream storing under
@@ -151,6 +276,74 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) error
 		return fmt.Errorf("create or update stream %s: %w", cfg.Stream, err)
 	}
 	return nil
+}
+
+// ErrStreamNotFound is returned (wrapped) by Connect and CheckStream when
+// syncd may not manage the stream and it does not exist.
+var ErrStreamNotFound = errors.New("stream not found")
+
+// CheckStream checks, without changing anything, that cfg.Stream exists and
+// captures the subjects syncd publishes on: what manage_stream = false asks
+// for. Its errors name the stream and the NATS account, since the usual
+// cause is a stream created in another account or not created yet.
+func CheckStream(ctx context.Context, js jetstream.JetStream, cfg Config) error {
+	s, err := js.Stream(ctx, cfg.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("%w: stream %q does not exist in NATS account %s, and nats.manage_stream = false forbids syncd to create it: "+
+			"create it with subjects %q (e.g. nats stream add %s --subjects '%s.>') or set manage_stream = true",
+			ErrStreamNotFound, cfg.Stream, accountName(ctx, js.Conn()), cfg.SubjectPrefix+".>", cfg.Stream, cfg.SubjectPrefix)
+	}
+	if err != nil {
+		return fmt.Errorf("look up stream %q in NATS account %s: %w", cfg.Stream, accountName(ctx, js.Conn()), err)
+	}
+	subjects := s.CachedInfo().Config.Subjects
+	for _, pattern := range subjects {
+		if covers(pattern, cfg.SubjectPrefix+".>") {
+			return nil
+		}
+	}
+	return fmt.Errorf("stream %q in NATS account %s does not capture %q (its subjects are %q): "+
+		"add the subject to the stream or change nats.subject_prefix", cfg.Stream, accountName(ctx, js.Conn()), cfg.SubjectPrefix+".>", subjects)
+}
+
+// accountName asks the server which account the connection is bound to, for
+// error messages; it says so when the server does not tell.
+func accountName(ctx context.Context, nc *nats.Conn) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	m, err := nc.RequestWithContext(ctx, "$SYS.REQ.USER.INFO", nil)
+	if err != nil {
+		return fmt.Sprintf("(unknown: user info request: %v)", err)
+	}
+	var resp struct {
+		Data struct {
+			Account     string `json:"account"`
+			AccountName string `json:"account_name"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil || resp.Data.Account == "" {
+		return "(unknown: the server did not say)"
+	}
+	if n := resp.Data.AccountName; n != "" && n != resp.Data.Account {
+		return fmt.Sprintf("%q (%s)", n, resp.Data.Account)
+	}
+	return fmt.Sprintf("%q", resp.Data.Account)
+}
+
+// covers reports whether a stream subject pattern captures every subject
+// matching filter, which ends in ">": token by token the pattern is equal or
+// "*", until a ">" in the pattern takes the rest.
+func covers(pattern, filter string) bool {
+	pt, ft := strings.Split(pattern, "."), strings.Split(filter, ".")
+	for i, p := range pt {
+		if p == ">" {
+			return true
+		}
+		if i >= len(ft) || ft[i] == ">" || (p != "*" && p != ft[i]) {
+			return false
+		}
+	}
+	return false
 }
 
 // Close drains the connection and stops the embedded server.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -18,10 +17,24 @@ import (
 
 // Outbox is what the relay needs of the store.
 type Outbox interface {
+	// Unpublished returns up to limit unpublished events with seq > after,
+	// in commit (seq) order.
 	Unpublished(ctx context.Context, after int64, limit int) ([]store.Event, error)
 	MarkPublished(ctx context.Context, seqs []int64) error
+	// Notify receives a value after a commit that added events.
 	Notify() <-chan struct{}
 }
+
+// Defaults of the relay's pipeline. JetStream on the build machines takes
+// about 100k msgs/s from one async publisher; a few thousand acks in flight
+// keep it busy across the pauses in which the relay reads the next batch.
+const (
+	DefaultBatch       = 1000
+	DefaultMaxInFlight = 4096
+	// markBatch is how many acknowledged events are marked published in one
+	// transaction; fewer, larger transactions keep the writer free for ingest.
+	markBatch = 2000
+)
 
 // Relay publishes the outbox to JetStream.
 type Relay struct {
@@ -32,17 +45,33 @@ type Relay struct {
 	log         *slog.Logger
 	batch       int
 	maxInFlight int
-	// OnPublished, when set, is called for every acknowledged event.
+	// OnPublished, when set, is called for every acknowledged event, from
+	// the relay's goroutine.
 	OnPublished func(store.Event)
 }
 
+// RelayOption tunes a Relay.
+type RelayOption func(*Relay)
+
+// WithBatch sets how many events the relay reads from the outbox at a time.
+func WithBatch(n int) RelayOption { return func(r *Relay) { r.batch = max(n, 1) } }
+
+// WithMaxInFlight bounds the publishes awaiting an acknowledgement, and the
+// events read but not yet acknowledged to four times as many.
+func WithMaxInFlight(n int) RelayOption { return func(r *Relay) { r.maxInFlight = max(n, 1) } }
+
 // NewRelay returns a relay from outbox to js.
-func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config) *Relay {
+func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOption) *Relay {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Relay{js: js, outbox: outbox, prefix: cfg.SubjectPrefix, source: cfg.Source, log: log, batch: 2048, maxInFlight: 512}
+	r := &Relay{js: js, outbox: outbox, prefix: cfg.SubjectPrefix, source: cfg.Source, log: log, batch: DefaultBatch, maxInFlight: DefaultMaxInFlight}
+	for _, o := range opts {
+		o(r)
+	}
+	r.batch = min(r.batch, r.maxInFlight)
+	return r
 }
 
 // CloudEvent is an event in CloudEvents 1.0 structured JSON mode.
@@ -66,10 +95,7 @@ const ContentType = "application/cloudevents+json"
 
 // Message encodes e as the JetStream message the relay publishes.
 func (r *Relay) Message(e store.Event) (*nats.Msg, error) {
-	body, err := json.Marshal(CloudEvent{
-		SpecVersion: "1.0", ID: e.ID, Source: r.source, Type: TypePrefix + e.Type, Subject: e.Subject,
-		Time: store.FormatTime(e.Time), DataContentType: "application/json", Data: e.Data,
-	})
+	body, err := encodeEvent(r.source, e)
 	if err != nil {
 		return nil, err
 	}
@@ -80,6 +106,39 @@ func (r *Relay) Message(e store.Event) (*nats.Msg, error) {
 	return m, nil
 }
 
+// envelope is CloudEvent without data, which encodeEvent splices in.
+type envelope struct {
+	SpecVersion     string `json:"specversion"`
+	ID              string `json:"id"`
+	Source          string `json:"source"`
+	Type            string `json:"type"`
+	Subject         string `json:"subject,omitempty"`
+	Time            string `json:"time,omitempty"`
+	DataContentType string `json:"datacontenttype"`
+}
+
+// encodeEvent is json.Marshal(CloudEvent{...}) without re-encoding data: the
+// store wrote data with json.Marshal, so it is compact and valid, and
+// marshalling a RawMessage would scan and copy it again for every event.
+func encodeEvent(source string, e store.Event) ([]byte, error) {
+	head, err := json.Marshal(envelope{
+		SpecVersion: "1.0", ID: e.ID, Source: source, Type: TypePrefix + e.Type, Subject: e.Subject,
+		Time: store.FormatTime(e.Time), DataContentType: "application/json",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encode event %s: %w", e.ID, err)
+	}
+	data := []byte(e.Data)
+	if len(data) == 0 {
+		data = []byte("null")
+	}
+	body := make([]byte, 0, len(head)+len(`,"data":`)+len(data))
+	body = append(body, head[:len(head)-1]...)
+	body = append(body, `,"data":`...)
+	body = append(body, data...)
+	return append(body, '}'), nil
+}
+
 // Run relays until ctx is done: it drains the outbox, then waits for the
 // store to commit new events (or a minute, whichever is first). Failures
 // back off and try again; nothing is marked published before JetStream
@@ -87,17 +146,18 @@ func (r *Relay) Message(e store.Event) (*nats.Msg, error) {
 func (r *Relay) Run(ctx context.Context) error {
 	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(200*time.Millisecond), backoff.WithMaxInterval(10*time.Second), backoff.WithMaxElapsedTime(0))
 	for {
-		n, err := r.drain(ctx)
+		n, err := r.pass(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
 		wait := time.Minute
 		if err != nil {
 			wait = b.NextBackOff()
-			r.log.Warn("publishing events failed; will retry", "err", err, "retry_in", wait.Round(time.Millisecond))
+			r.log.Warn("publishing events failed; will retry", "published", n, "err", err, "retry_in", wait.Round(time.Millisecond))
 		} else {
 			b.Reset()
 			if n > 0 {
+				r.log.Debug("published events", "count", n)
 				continue
 			}
 		}
@@ -123,104 +183,219 @@ func (r *Relay) Run(ctx context.Context) error {
 // Flush publishes until the outbox is empty or an error stops it.
 func (r *Relay) Flush(ctx context.Context) error {
 	for {
-		n, err := r.drain(ctx)
-		if err != nil || n == 0 {
+		n, err := r.pass(ctx)
+		if err != nil {
 			return err
 		}
+		if n == 0 {
+			return nil
+		}
 	}
 }
 
-// drain publishes the outbox batch by batch and returns how many events it
-// published.
-func (r *Relay) drain(ctx context.Context) (int, error) {
-	total := 0
+// pass reads the outbox once from its start to its end and publishes what
+// it read, returning how many events JetStream acknowledged.
+//
+// Events of one resource (one store.Event.Subject) go one at a time, each
+// after the previous one's acknowledgement, so that a failed publish can
+// never let a later event of the same resource into the stream ahead of it.
+// Different resources go in parallel, up to maxInFlight publishes awaiting
+// acknowledgement. When a publish fails, the rest of its resource's events
+// wait for the next pass; the other resources go on, unless the failure is
+// one that every publish would meet (a lost connection, a stream that does
+// not answer), in which case the pass stops reading and only waits for what
+// is in flight.
+func (r *Relay) pass(ctx context.Context) (int, error) {
+	p := &relayPass{
+		r:       r,
+		lanes:   make(map[string][]store.Event),
+		blocked: make(map[string]bool),
+		marks:   make(chan []int64, 4),
+		marked:  make(chan error, 1),
+	}
+	go p.markLoop(context.WithoutCancel(ctx))
+	err := p.run(ctx)
+	return p.finish(ctx, err)
+}
+
+// relayPass is the state of one pass. Only the goroutine running pass
+// touches it, except marks, which markLoop consumes.
+type relayPass struct {
+	r *Relay
+	// inflight holds the publishes awaiting acknowledgement in publish
+	// order, which is the order JetStream acknowledges them in, so waiting
+	// on the oldest first costs nothing.
+	inflight []flight
+	// lanes has an entry for every resource with a publish in flight: the
+	// resource's events read after it, to publish one by one.
+	lanes   map[string][]store.Event
+	queued  int             // events in lanes
+	blocked map[string]bool // resources whose publish failed in this pass
+	stop    bool            // stop reading: publishing is failing wholesale
+	errs    []error
+	acked   []int64
+	total   int
+
+	marks  chan []int64
+	marked chan error
+}
+
+type flight struct {
+	e   store.Event
+	fut jetstream.PubAckFuture
+}
+
+// run reads and publishes until the outbox is exhausted or reading stops,
+// and every publish has been answered.
+func (p *relayPass) run(ctx context.Context) error {
+	r := p.r
+	var after int64
+	exhausted := false
 	for {
-		evs, err := r.outbox.Unpublished(ctx, 0, r.batch)
-		if err != nil || len(evs) == 0 {
-			return total, err
-		}
-		acked, err := r.publishBatch(ctx, evs)
-		if merr := r.outbox.MarkPublished(context.WithoutCancel(ctx), acked); merr != nil {
-			return total, errors.Join(err, merr)
-		}
-		total += len(acked)
-		if err != nil {
-			return total, err
-		}
-	}
-}
-
-// publishBatch publishes evs asynchronously with a bounded number in flight.
-// Events of one resource go one at a time, each after the previous one's
-// acknowledgement, so that a failed publish can never let a later event of
-// the same resource into the stream ahead of it; different resources go in
-// parallel. It returns the seqs JetStream acknowledged (duplicates count).
-func (r *Relay) publishBatch(ctx context.Context, evs []store.Event) ([]int64, error) {
-	var order []string
-	queues := make(map[string][]store.Event)
-	for _, e := range evs {
-		if _, ok := queues[e.Subject]; !ok {
-			order = append(order, e.Subject)
-		}
-		queues[e.Subject] = append(queues[e.Subject], e)
-	}
-	var (
-		mu       sync.Mutex
-		acked    = make([]int64, 0, len(evs))
-		firstErr error
-		wg       sync.WaitGroup
-		slots    = make(chan struct{}, r.maxInFlight)
-	)
-	fail := func(err error) {
-		mu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		mu.Unlock()
-	}
-	for _, key := range order {
-		q := queues[key]
-		wg.Go(func() {
-			for _, e := range q {
-				if err := r.publishOne(ctx, e, slots); err != nil {
-					fail(err)
-					return
-				}
-				mu.Lock()
-				acked = append(acked, e.Seq)
-				mu.Unlock()
-				if r.OnPublished != nil {
-					r.OnPublished(e)
-				}
+		// Read while there is room for a whole batch in flight, and for the
+		// events waiting behind busy resources.
+		for !exhausted && !p.stop && len(p.inflight)+r.batch <= r.maxInFlight && p.queued < 4*r.maxInFlight {
+			evs, err := r.outbox.Unpublished(ctx, after, r.batch)
+			if err != nil {
+				return fmt.Errorf("read unpublished events after seq %d: %w", after, err)
 			}
-		})
+			exhausted = len(evs) < r.batch
+			for _, e := range evs {
+				after = e.Seq
+				p.submit(e)
+			}
+		}
+		if len(p.inflight) == 0 {
+			// queued > 0 implies a publish in flight, so nothing is left.
+			return nil
+		}
+		f := p.inflight[0]
+		p.inflight[0] = flight{}
+		p.inflight = p.inflight[1:]
+		select {
+		case <-f.fut.Ok():
+			p.acknowledged(f.e)
+		case err := <-f.fut.Err():
+			p.failed(f.e, err)
+		case <-ctx.Done():
+			// What is in flight gets published again next time; JetStream
+			// drops the duplicates.
+			return ctx.Err()
+		}
 	}
-	wg.Wait()
-	return acked, firstErr
 }
 
-func (r *Relay) publishOne(ctx context.Context, e store.Event, slots chan struct{}) error {
-	m, err := r.Message(e)
-	if err != nil {
-		return err
+// submit publishes e now, or queues it behind its resource's publish in
+// flight, or drops it from this pass when its resource is blocked.
+func (p *relayPass) submit(e store.Event) {
+	switch q, busy := p.lanes[e.Subject]; {
+	case p.blocked[e.Subject]:
+	case busy:
+		p.lanes[e.Subject] = append(q, e)
+		p.queued++
+	default:
+		p.lanes[e.Subject] = nil
+		p.publish(e)
 	}
-	select {
-	case slots <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+}
+
+// publish sends e, whose resource is idle, and registers it as in flight.
+func (p *relayPass) publish(e store.Event) {
+	m, err := p.r.Message(e)
+	if err == nil {
+		var fut jetstream.PubAckFuture
+		if fut, err = p.r.js.PublishMsgAsync(m); err == nil {
+			p.inflight = append(p.inflight, flight{e: e, fut: fut})
+			return
+		}
 	}
-	defer func() { <-slots }()
-	fut, err := r.js.PublishMsgAsync(m)
-	if err != nil {
-		return fmt.Errorf("publish %s %s: %w", e.Type, e.ID, err)
+	p.failed(e, err)
+}
+
+func (p *relayPass) acknowledged(e store.Event) {
+	p.acked = append(p.acked, e.Seq)
+	p.total++
+	if len(p.acked) >= markBatch {
+		p.marks <- p.acked
+		p.acked = make([]int64, 0, markBatch)
 	}
-	select {
-	case <-fut.Ok():
-		r.log.Info("published event", "type", e.Type, "subject", m.Subject, "id", e.ID)
-		return nil
-	case err := <-fut.Err():
-		return fmt.Errorf("publish %s %s: %w", e.Type, e.ID, err)
-	case <-ctx.Done():
-		return ctx.Err()
+	if p.r.OnPublished != nil {
+		p.r.OnPublished(e)
 	}
+	if q := p.lanes[e.Subject]; len(q) > 0 {
+		next := q[0]
+		q[0] = store.Event{}
+		p.lanes[e.Subject] = q[1:]
+		p.queued--
+		p.publish(next)
+		return
+	}
+	delete(p.lanes, e.Subject)
+}
+
+// failed blocks e's resource for the rest of the pass: its later events must
+// not overtake e.
+func (p *relayPass) failed(e store.Event, err error) {
+	p.queued -= len(p.lanes[e.Subject])
+	delete(p.lanes, e.Subject)
+	p.blocked[e.Subject] = true
+	if len(p.errs) < 3 {
+		p.errs = append(p.errs, fmt.Errorf("publish %s %s (seq %d): %w", e.Type, e.ID, e.Seq, err))
+	}
+	if wholesale(p.r.js.Conn(), err) {
+		p.stop = true
+	}
+}
+
+// wholesale reports whether err is one that every publish would meet now,
+// as opposed to one about this message (too large, rejected by the stream).
+func wholesale(nc *nats.Conn, err error) bool {
+	return !nc.IsConnected() || errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionClosed) ||
+		errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrTooManyStalledMsgs) ||
+		errors.Is(err, nats.ErrNoResponders)
+}
+
+// markLoop marks acknowledged events published, merging what queued up
+// while the previous transaction ran. It reports the first error on marked.
+func (p *relayPass) markLoop(ctx context.Context) {
+	var first error
+	for seqs := range p.marks {
+	merge:
+		for {
+			select {
+			case more, ok := <-p.marks:
+				if !ok {
+					break merge
+				}
+				seqs = append(seqs, more...)
+			default:
+				break merge
+			}
+		}
+		if err := p.r.outbox.MarkPublished(ctx, seqs); err != nil && first == nil {
+			first = fmt.Errorf("mark %d events published: %w", len(seqs), err)
+		}
+	}
+	p.marked <- first
+}
+
+// finish marks the rest of the acknowledged events published and returns
+// the pass's outcome. A failed mark is not lost work: the events go out
+// again and JetStream drops them as duplicates.
+func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
+	if len(p.acked) > 0 {
+		p.marks <- p.acked
+	}
+	close(p.marks)
+	markErr := <-p.marked
+	if ctx.Err() != nil {
+		return p.total, ctx.Err()
+	}
+	errs := append([]error{runErr}, p.errs...)
+	if n := len(p.blocked); n > len(p.errs) {
+		errs = append(errs, fmt.Errorf("and %d more resources failed", n-len(p.errs)))
+	}
+	return p.total, errors.Join(append(errs, markErr)...)
 }

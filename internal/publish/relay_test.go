@@ -1,0 +1,391 @@
+package publish_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/binding/format"
+	cloudevents "github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// expectedEvent is an event a test caused, described independently of the
+// store: what a consumer must find in the stream.
+type expectedEvent struct {
+	typ, subject, scope string
+	time                time.Time
+	// check inspects data.before and data.after (nil for JSON null).
+	check func(before, after map[string]any) error
+}
+
+func (e expectedEvent) key() string {
+	return e.typ + "|" + e.subject + "|" + e.time.UTC().Format(time.RFC3339Nano)
+}
+
+func fieldIs(m map[string]any, name string, want any) error {
+	if m == nil {
+		return fmt.Errorf("%s: object is null", name)
+	}
+	if got := m[name]; got != want {
+		return fmt.Errorf("%s = %v, want %v", name, got, want)
+	}
+	return nil
+}
+
+func isNull(m map[string]any, which string) error {
+	if m != nil {
+		return fmt.Errorf("data.%s = %v, want null", which, m)
+	}
+	return nil
+}
+
+// TestRelay_CloudEvents publishes every kind of event the store records and
+// decodes what a consumer receives with the CloudEvents Go SDK.
+func TestRelay_CloudEvents(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	conn := mustConnect(t, srv.config(nil))
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+
+	// Repo names with characters NATS forbids in a token exercise escaping.
+	p.addRepos(ctx, "team.a web*", 2, 2)
+	p.addRepos(ctx, "nginx", 1, 1)
+	var want []expectedEvent
+	for _, r := range p.repos {
+		want = append(want, expectedEvent{typ: store.RepoCreated, subject: r.UID, scope: r.Name, time: baseTime,
+			check: func(before, after map[string]any) error {
+				if err := isNull(before, "before"); err != nil {
+					return err
+				}
+				return fieldIs(after, "name", r.Name)
+			}})
+		for _, tag := range p.tags[r.UID] {
+			want = append(want, expectedEvent{typ: store.TagCreated, subject: tag.UID, scope: r.Name, time: baseTime,
+				check: func(before, after map[string]any) error {
+					if err := isNull(before, "before"); err != nil {
+						return err
+					}
+					return fieldIs(after, "digest", digest(0))
+				}})
+		}
+	}
+	p.moveAll(ctx, 2)
+	for _, r := range p.repos {
+		for _, tag := range p.tags[r.UID] {
+			for n := 1; n <= 2; n++ {
+				want = append(want, expectedEvent{typ: store.TagMoved, subject: tag.UID, scope: r.Name, time: baseTime.Add(time.Duration(n) * time.Minute),
+					check: func(before, after map[string]any) error {
+						if err := fieldIs(before, "digest", digest(n-1)); err != nil {
+							return fmt.Errorf("before: %w", err)
+						}
+						return fieldIs(after, "digest", digest(n))
+					}})
+			}
+		}
+	}
+	// One repo changes its description, and one tag is deprecated.
+	r0 := p.repos[0]
+	r0.Description, r0.UpdateTime = "second", baseTime.Add(time.Hour)
+	if _, err := st.ApplyRepos(ctx, []store.Repo{r0}); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, expectedEvent{typ: store.RepoUpdated, subject: r0.UID, scope: r0.Name, time: r0.UpdateTime,
+		check: func(before, after map[string]any) error {
+			if err := fieldIs(before, "description", "first"); err != nil {
+				return fmt.Errorf("before: %w", err)
+			}
+			return fieldIs(after, "description", "second")
+		}})
+	tags := append([]store.Tag(nil), p.tags[r0.UID]...)
+	tags[0].Deprecated, tags[0].Digest, tags[0].UpdateTime = true, digest(2), baseTime.Add(2*time.Hour)
+	if _, _, err := st.ApplyTags(ctx, r0, tags); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, expectedEvent{typ: store.TagDeprecated, subject: tags[0].UID, scope: r0.Name, time: tags[0].UpdateTime,
+		check: func(before, after map[string]any) error {
+			if err := fieldIs(before, "deprecated", false); err != nil {
+				return fmt.Errorf("before: %w", err)
+			}
+			return fieldIs(after, "deprecated", true)
+		}})
+
+	relay := publish.NewRelay(conn.JS, st, srv.config(nil))
+	if err := relay.Flush(ctx); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	for _, e := range storedEvents(t, st) {
+		if !e.Published {
+			t.Errorf("event seq %d (%s) not marked published after Flush", e.Seq, e.ID)
+		}
+	}
+
+	got := consumeAll(t, conn.JS, len(want))
+	byKey := make(map[string]cloudevents.Event)
+	for _, m := range got {
+		ct := first(m.Header, "Content-Type")
+		if ct != "application/cloudevents+json" {
+			t.Fatalf("message %d: Content-Type %q, want application/cloudevents+json", m.StreamSeq, ct)
+		}
+		f := format.Lookup(ct)
+		if f == nil {
+			t.Fatalf("the CloudEvents SDK knows no format %q", ct)
+		}
+		ev := cloudevents.New()
+		if err := f.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatalf("message %d: CloudEvents SDK cannot decode %s: %v", m.StreamSeq, m.Data, err)
+		}
+		if err := ev.Validate(); err != nil {
+			t.Fatalf("message %d: invalid CloudEvent: %v", m.StreamSeq, err)
+		}
+		if got, want := ev.ID(), first(m.Header, jetstream.MsgIDHeader); got != want || got == "" {
+			t.Errorf("message %d: id %q, Nats-Msg-Id %q: want equal and non-empty", m.StreamSeq, got, want)
+		}
+		if ev.SpecVersion() != "1.0" || ev.Source() != testSource || ev.DataContentType() != "application/json" {
+			t.Errorf("message %d: specversion %q, source %q, datacontenttype %q", m.StreamSeq, ev.SpecVersion(), ev.Source(), ev.DataContentType())
+		}
+		typ, ok := strings.CutPrefix(ev.Type(), publish.TypePrefix)
+		if !ok {
+			t.Fatalf("message %d: type %q lacks prefix %q", m.StreamSeq, ev.Type(), publish.TypePrefix)
+		}
+		key := typ + "|" + ev.Subject() + "|" + ev.Time().UTC().Format(time.RFC3339Nano)
+		if _, dup := byKey[key]; dup {
+			t.Errorf("message %d: %s received twice", m.StreamSeq, key)
+		}
+		byKey[key] = ev
+		// The NATS subject carries resource, action and the escaped scope.
+		resource, action, _ := strings.Cut(typ, ".")
+		tokens := strings.Split(m.Subject, ".")
+		if len(tokens) != 4 || tokens[0] != testPrefix || tokens[1] != resource || tokens[2] != action {
+			t.Errorf("message %d: subject %q does not match type %s", m.StreamSeq, m.Subject, typ)
+		}
+	}
+	for _, w := range want {
+		ev, ok := byKey[w.key()]
+		if !ok {
+			t.Errorf("no %s event for %s at %s", w.typ, w.subject, w.time)
+			continue
+		}
+		var data struct{ Before, After map[string]any }
+		if err := ev.DataAs(&data); err != nil {
+			t.Errorf("%s: data: %v", w.key(), err)
+			continue
+		}
+		if err := w.check(data.Before, data.After); err != nil {
+			t.Errorf("%s: data: %v", w.key(), err)
+		}
+	}
+	// Every scope is recoverable from the subject.
+	scopes := make(map[string]bool)
+	for _, w := range want {
+		scopes[publish.Subject(testPrefix, "x", "y", w.scope)] = true
+	}
+	for _, m := range got {
+		tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		scope, err := publish.UnescapeToken(tok)
+		if err != nil || !scopes[publish.Subject(testPrefix, "x", "y", scope)] {
+			t.Errorf("subject %q: scope token %q unescapes to %q (%v), not a repo name", m.Subject, tok, scope, err)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("received %d events, want %d", len(got), len(want))
+	}
+}
+
+func first(h map[string][]string, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// assertExactlyOnceInOrder checks the stream against the events table:
+// every event once, and the events of each resource in commit order.
+func assertExactlyOnceInOrder(t *testing.T, got []received, stored []storedEvent) {
+	t.Helper()
+	seqOf := make(map[string]storedEvent, len(stored))
+	for _, e := range stored {
+		seqOf[e.ID] = e
+	}
+	seen := make(map[string]bool, len(got))
+	last := make(map[string]int64) // resource -> store seq of its last event in the stream
+	for _, m := range got {
+		id := first(m.Header, jetstream.MsgIDHeader)
+		e, ok := seqOf[id]
+		if !ok {
+			t.Fatalf("stream message %d has id %q, which the store never recorded", m.StreamSeq, id)
+		}
+		if seen[id] {
+			t.Errorf("event %s (seq %d) is in the stream twice", id, e.Seq)
+		}
+		seen[id] = true
+		if prev, ok := last[e.Subject]; ok && prev > e.Seq {
+			t.Errorf("resource %s: event seq %d reached the stream after seq %d", e.Subject, e.Seq, prev)
+		}
+		last[e.Subject] = e.Seq
+	}
+	for _, e := range stored {
+		if !seen[e.ID] {
+			t.Errorf("event %s (seq %d) never reached the stream", e.ID, e.Seq)
+		}
+	}
+}
+
+// TestRelay_NATSOutage stops the server for a few seconds while changes are
+// committed, then starts it again on the same port and storage: the relay
+// reconnects and a consumer sees every event once, in per-resource order.
+func TestRelay_NATSOutage(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	var logs logBuffer
+	cfg := srv.config(logs.logger())
+	conn := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	startRelay(t, publish.NewRelay(conn.JS, st, cfg))
+
+	p.addRepos(ctx, "before", 5, 4)
+	waitFor(t, 10*time.Second, unpublished(t, st))
+
+	srv.stop()
+	waitFor(t, 5*time.Second, func() (bool, string) { return !conn.NC.IsConnected(), "client still connected" })
+	// Changes keep coming during an outage of about three seconds.
+	tagUIDs := []string{p.tags[p.repos[0].UID][0].UID, p.tags[p.repos[1].UID][1].UID}
+	outage := time.NewTicker(100 * time.Millisecond)
+	for i := range 30 {
+		<-outage.C
+		p.updateAll(ctx)
+		p.move(ctx, tagUIDs[i%2], 2)
+	}
+	outage.Stop()
+	p.addRepos(ctx, "during", 5, 4)
+	if n, _, _ := st.UnpublishedCount(ctx); n == 0 {
+		t.Fatal("no events waited for the server during the outage")
+	}
+	srv.start()
+
+	waitFor(t, 30*time.Second, unpublished(t, st))
+	stored := storedEvents(t, st)
+	assertExactlyOnceInOrder(t, consumeAll(t, conn.JS, len(stored)), stored)
+	for _, want := range []string{"NATS disconnected", "NATS reconnected"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+}
+
+// TestRelay_ServerKilledMidBatch cuts the connection while thousands of
+// publishes are in flight: some were stored but not acknowledged, some were
+// lost. After the restart every event is in the stream once and in order.
+func TestRelay_ServerKilledMidBatch(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	cfg := srv.config(nil)
+	conn := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	// 1,000 resources with 4 events each, every one in a different batch.
+	p.addRepos(ctx, "big", 1000, 0)
+	for range 3 {
+		p.updateAll(ctx)
+	}
+
+	relay := publish.NewRelay(conn.JS, st, cfg)
+	acked := make(chan struct{})
+	var n int
+	relay.OnPublished = func(store.Event) {
+		if n++; n == 1000 {
+			close(acked)
+		}
+	}
+	startRelay(t, relay)
+	<-acked
+	srv.stop()
+	left, _, err := st.UnpublishedCount(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left == 0 {
+		t.Fatal("the relay finished before the server was stopped; the test cut nothing")
+	}
+	srv.start()
+
+	waitFor(t, 30*time.Second, unpublished(t, st))
+	stored := storedEvents(t, st)
+	assertExactlyOnceInOrder(t, consumeAll(t, conn.JS, len(stored)), stored)
+}
+
+// TestRelay_WakesOnCommit checks that the relay publishes a new event right
+// after its commit, not at its next timer tick (a minute).
+func TestRelay_WakesOnCommit(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	cfg := srv.config(nil)
+	conn := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	startRelay(t, publish.NewRelay(conn.JS, st, cfg))
+
+	p.addRepos(ctx, "first", 1, 1)
+	waitFor(t, 5*time.Second, unpublished(t, st))
+	for i := range 3 {
+		p.moveAll(ctx, 1)
+		waitFor(t, 5*time.Second, unpublished(t, st))
+		if got, want := len(storedEvents(t, st)), 2+i+1; got != want {
+			t.Fatalf("events = %d, want %d", got, want)
+		}
+	}
+}
+
+// TestRelay_FailedResourceWaits makes one resource's event unpublishable (too
+// large for the server): that resource's later events must wait behind it,
+// while every other resource's events go out.
+func TestRelay_FailedResourceWaits(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, func(o *server.Options) { o.MaxPayload = 8 << 10 })
+	cfg := srv.config(nil)
+	conn := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	p.addRepos(ctx, "repo", 3, 0)
+	huge := p.repos[1]
+	huge.Description, huge.UpdateTime = strings.Repeat("x", 16<<10), baseTime.Add(time.Hour)
+	if _, err := st.ApplyRepos(ctx, []store.Repo{huge}); err != nil {
+		t.Fatal(err)
+	}
+	// A later, small change of the same repo, and of another repo.
+	small, other := huge, p.repos[2]
+	small.Description, small.UpdateTime = "small", baseTime.Add(2*time.Hour)
+	other.Description, other.UpdateTime = "other", baseTime.Add(2*time.Hour)
+	if _, err := st.ApplyRepos(ctx, []store.Repo{small, other}); err != nil {
+		t.Fatal(err)
+	}
+
+	relay := publish.NewRelay(conn.JS, st, cfg)
+	err := relay.Flush(ctx)
+	if err == nil || !strings.Contains(err.Error(), "repo.updated") || !strings.Contains(err.Error(), "maximum payload") {
+		t.Fatalf("Flush = %v, want an error about the too large repo.updated event", err)
+	}
+	stored := storedEvents(t, st)
+	var published []storedEvent
+	for _, e := range stored {
+		switch {
+		case e.Subject == huge.UID && e.Seq > stored[1].Seq:
+			if e.Published {
+				t.Errorf("event seq %d of %s published ahead of the one that failed", e.Seq, huge.UID)
+			}
+		case !e.Published:
+			t.Errorf("event seq %d of %s not published, though its resource had no failure", e.Seq, e.Subject)
+		default:
+			published = append(published, e)
+		}
+	}
+	assertExactlyOnceInOrder(t, consumeAll(t, conn.JS, len(published)), published)
+}
