@@ -10,12 +10,16 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/lmittmann/tint"
 	"github.com/mattn/go-isatty"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/syncd-dev/syncd/internal/admin"
 	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/crawler"
 	"github.com/syncd-dev/syncd/internal/events"
@@ -86,6 +90,9 @@ type app struct {
 	crawler *crawler.Crawler
 	// receiver takes pushed events; nil when [events] listen is empty.
 	receiver *events.Receiver
+	metrics  *admin.Metrics
+	// onRun is told of every finished crawl job, after the metrics.
+	onRun func(job, outcome string, finished time.Time)
 }
 
 func tokenSource(p config.Platform) platform.TokenSource {
@@ -102,7 +109,7 @@ func tokenSource(p config.Platform) platform.TokenSource {
 // openApp opens the store, the platform client, NATS and the relay, and the
 // crawler.
 func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, error) {
-	a := &app{cfg: cfg, log: log}
+	a := &app{cfg: cfg, log: log, metrics: admin.NewMetrics(version())}
 	var err error
 	a.store, err = store.Open(ctx, cfg.Store.Path, store.Options{InitialEvents: cfg.Store.InitialEvents, Logger: log.With("part", "store")})
 	if err != nil {
@@ -112,6 +119,7 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 		BaseURL: cfg.Platform.BaseURL, RegistryURL: cfg.Platform.RegistryURL, Token: tokenSource(cfg.Platform),
 		Organization: cfg.Platform.Organization, PublicOrg: cfg.Platform.PublicOrg, Vendor: cfg.Platform.Vendor,
 		Timeout: cfg.Platform.Timeout.Duration, RequestsPerSecond: cfg.Crawl.RequestsPerSecond, Logger: log.With("part", "platform"),
+		Observe: a.metrics.ObserveRequest,
 	})
 	if err != nil {
 		a.Close()
@@ -141,6 +149,13 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 		PublicImages: cfg.Crawl.PublicImages, PublicOrg: cfg.Platform.PublicOrg,
 		Concurrency: cfg.Crawl.Concurrency, Schedule: sched, SweepSchedule: sweep, AdvisoriesSchedule: advisories,
 		Jitter: cfg.Crawl.Jitter.Duration, Logger: log.With("part", "crawler"),
+		OnRun: func(job, outcome string, sum crawler.Summary, finished time.Time) {
+			a.metrics.ObserveRun(job, outcome, sum.Duration, finished, map[string]int64{
+				"repos": sum.Repos, "tags": sum.Tags, "tag_history": sum.HistoryRecords, "advisories": sum.Advisories})
+			if a.onRun != nil {
+				a.onRun(job, outcome, finished)
+			}
+		},
 	})
 	if cfg.Events.Listen != "" {
 		prefix := cfg.Events.TypePrefix
@@ -154,6 +169,64 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 		}, a.crawler, a.store)
 	}
 	return a, nil
+}
+
+// registerGauges adds the series read at scrape time.
+func (a *app) registerGauges() {
+	m := a.metrics
+	m.GaugeFunc("syncd_outbox_unpublished_events", "Events committed but not yet acknowledged by JetStream.", func() float64 {
+		n, _, err := a.store.UnpublishedCount(context.Background())
+		if err != nil {
+			return -1
+		}
+		return float64(n)
+	})
+	m.GaugeFunc("syncd_outbox_oldest_unpublished_age_seconds", "Age of the oldest event waiting for JetStream (0: none).", func() float64 {
+		_, oldest, err := a.store.UnpublishedCount(context.Background())
+		if err != nil || oldest.IsZero() {
+			return 0
+		}
+		return time.Since(oldest).Seconds()
+	})
+	m.GaugeFunc("syncd_nats_connected", "1 while the NATS connection is up.", func() float64 {
+		if a.nats.NC.IsConnected() {
+			return 1
+		}
+		return 0
+	})
+	if r := a.receiver; r != nil {
+		for outcome, v := range map[string]*atomic.Int64{"accepted": &r.Stats.Accepted, "duplicate": &r.Stats.Duplicate, "ignored": &r.Stats.Ignored, "unknown": &r.Stats.Unknown} {
+			m.CounterFunc("syncd_webhooks_received_total", "Verified pushed events by outcome.", prometheus.Labels{"outcome": outcome}, func() float64 { return float64(v.Load()) })
+		}
+		for _, reason := range events.RejectReasons() {
+			m.CounterFunc("syncd_webhooks_rejected_total", "Pushed events rejected, by reason.", prometheus.Labels{"reason": reason},
+				func() float64 { return float64(r.Stats.RejectedCount(reason)) })
+		}
+	}
+}
+
+// readiness are the checks behind /readyz.
+func (a *app) readiness(fresh *admin.Freshness) []admin.Check {
+	return []admin.Check{
+		{Name: "database", Run: a.store.Writable},
+		{Name: "nats", Run: func(context.Context) error {
+			if !a.nats.NC.IsConnected() {
+				return fmt.Errorf("not connected to NATS (%s)", a.nats.NC.Status())
+			}
+			return nil
+		}},
+		{Name: "freshness", Run: func(context.Context) error {
+			if stale := fresh.Stale(); len(stale) > 0 {
+				var parts []string
+				for job, age := range stale {
+					parts = append(parts, fmt.Sprintf("%s last succeeded %s ago", job, age.Round(time.Second)))
+				}
+				sort.Strings(parts)
+				return errors.New(strings.Join(parts, "; "))
+			}
+			return nil
+		}},
+	}
 }
 
 // registrar keeps syncd's event subscription; nil when [events] sink_url

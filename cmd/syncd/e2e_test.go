@@ -51,6 +51,9 @@ url = %[3]q
 [store]
 path = %[4]q
 
+[admin]
+listen = ""
+
 [log]
 level = "debug"
 format = "json"
@@ -259,6 +262,8 @@ issuer = %[1]q
 url = %[3]q
 [store]
 path = %[4]q
+[admin]
+listen = ""
 [log]
 format = "json"
 `, srv.URL, e2eToken, ns.ClientURL(), dbPath, addr, schedule))

@@ -11,8 +11,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/robfig/cron/v3"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/syncd-dev/syncd/internal/admin"
 	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/crawler"
 	"github.com/syncd-dev/syncd/internal/events"
@@ -95,10 +97,25 @@ func (c *runCommand) Run(ctx context.Context) error {
 	if a.receiver != nil {
 		serveReceiver(gctx, g, evLn, a.receiver, log)
 	}
+	schedules := jobSchedules(cfg)
 	var jobs []crawler.Job
-	if reg := a.registrar(); reg != nil {
-		sched, _ := config.ParseSchedule(cfg.Crawl.SubscriptionsSchedule)
-		jobs = append(jobs, crawler.Job{Name: "subscriptions", Schedule: sched, Run: reg.Ensure})
+	if reg := a.registrar(); reg != nil && schedules["subscriptions"] != nil {
+		jobs = append(jobs, crawler.Job{Name: "subscriptions", Schedule: schedules["subscriptions"], Run: reg.Ensure})
+	} else {
+		delete(schedules, "subscriptions")
+	}
+	fresh := admin.NewFreshness(schedules, cfg.Admin.StaleFactor, nil)
+	a.onRun = func(job, outcome string, finished time.Time) {
+		if outcome == "ok" {
+			fresh.Succeeded(job, finished)
+		}
+	}
+	a.relay.OnPublished = func(e store.Event) { a.metrics.EventPublished(e.Type, e.Age()) }
+	a.registerGauges()
+	if cfg.Admin.Listen != "" {
+		if err := serveAdmin(gctx, g, cfg.Admin.Listen, admin.Handler(a.metrics, a.readiness(fresh)), log); err != nil {
+			return err
+		}
 	}
 	g.Go(func() error { return a.crawler.Run(gctx, jobs...) })
 	g.Go(func() error { return pruneLoop(gctx, a.store, cfg.Store.EventRetention.Duration, log) })
@@ -143,18 +160,43 @@ func (c *runCommand) Run(ctx context.Context) error {
 	return nil
 }
 
-// serveReceiver serves pushed events on ln, with timeouts and header
-// limits so that a slow or hostile sender cannot hold connections open.
-func serveReceiver(ctx context.Context, g *errgroup.Group, ln net.Listener, rcv *events.Receiver, log *slog.Logger) {
+// jobSchedules are the crawl jobs' schedules (validated by config.Load);
+// a job whose schedule is empty is off and absent.
+func jobSchedules(cfg config.Config) map[string]cron.Schedule {
+	out := map[string]cron.Schedule{}
+	for job, spec := range map[string]string{
+		"crawl": cfg.Crawl.Schedule, "sweep": cfg.Crawl.SweepSchedule,
+		"advisories": cfg.Crawl.AdvisoriesSchedule, "subscriptions": cfg.Crawl.SubscriptionsSchedule,
+	} {
+		if sched, _ := config.ParseSchedule(spec); sched != nil {
+			out[job] = sched
+		}
+	}
+	return out
+}
+
+// serveAdmin serves metrics and health on addr.
+func serveAdmin(ctx context.Context, g *errgroup.Group, addr string, h http.Handler, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("admin listen %s: %w (set [admin] listen to another address, or empty to turn it off)", addr, err)
+	}
+	log.Info("admin listening", "url", "http://"+ln.Addr().String()+"/metrics")
+	serveHTTP(ctx, g, ln, h)
+	return nil
+}
+
+// serveHTTP serves h on ln until ctx is done, with timeouts and header
+// limits so that a slow or hostile client cannot hold connections open.
+func serveHTTP(ctx context.Context, g *errgroup.Group, ln net.Listener, h http.Handler) {
 	srv := &http.Server{
-		Handler:           rcv,
+		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 	}
-	log.Info("receiving pushed events", "listen", ln.Addr().String())
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -167,6 +209,12 @@ func serveReceiver(ctx context.Context, g *errgroup.Group, ln net.Listener, rcv 
 		defer cancel()
 		return srv.Shutdown(shut)
 	})
+}
+
+// serveReceiver serves pushed events on ln and works their queue.
+func serveReceiver(ctx context.Context, g *errgroup.Group, ln net.Listener, rcv *events.Receiver, log *slog.Logger) {
+	log.Info("receiving pushed events", "listen", ln.Addr().String())
+	serveHTTP(ctx, g, ln, rcv)
 	g.Go(func() error { return rcv.Run(ctx) })
 }
 

@@ -30,7 +30,14 @@ type Config struct {
 	Events   Events   `toml:"events"`
 	NATS     NATS     `toml:"nats"`
 	Store    Store    `toml:"store"`
+	Admin    Admin    `toml:"admin"`
 	Log      Log      `toml:"log"`
+}
+
+// Admin configures the operations listener: metrics, liveness, readiness.
+type Admin struct {
+	Listen      string  `toml:"listen"`
+	StaleFactor float64 `toml:"stale_factor"`
 }
 
 // Platform says where the upstream API and registry are and how to
@@ -163,7 +170,8 @@ func Default() Config {
 			EventRetention: Duration{30 * 24 * time.Hour},
 			InitialEvents:  "none",
 		},
-		Log: Log{Level: "info", Format: "auto"},
+		Admin: Admin{Listen: "127.0.0.1:9090", StaleFactor: 3},
+		Log:   Log{Level: "info", Format: "auto"},
 	}
 }
 
@@ -462,6 +470,14 @@ func (c *Config) Validate() error {
 	case "none", "snapshot":
 	default:
 		return &Error{Key: "store.initial_events", Msg: fmt.Sprintf("must be \"none\" or \"snapshot\", got %q", c.Store.InitialEvents)}
+	}
+	if c.Admin.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Admin.Listen); err != nil {
+			return &Error{Key: "admin.listen", Msg: fmt.Sprintf("not a host:port: %q", c.Admin.Listen)}
+		}
+	}
+	if c.Admin.StaleFactor < 1 {
+		return &Error{Key: "admin.stale_factor", Msg: fmt.Sprintf("must be at least 1, got %g", c.Admin.StaleFactor)}
 	}
 	switch strings.ToLower(c.Log.Level) {
 	case "debug", "info", "warn", "error":

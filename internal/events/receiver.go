@@ -197,6 +197,12 @@ const (
 	ReasonUnavailable  = "issuer_unavailable"
 )
 
+// RejectReasons lists every rejection reason, for metrics.
+func RejectReasons() []string {
+	return []string{ReasonMethod, ReasonNoToken, ReasonBadToken, ReasonWrongSubject, ReasonBadDigest,
+		ReasonTooLarge, ReasonMalformed, ReasonQueueFull, ReasonUnavailable}
+}
+
 func (r *Receiver) fail(w http.ResponseWriter, status int, reason, msg string) {
 	r.Stats.reject(reason)
 	r.log.Info("rejected pushed event", "status", status, "reason", reason, "detail", msg)

@@ -19,12 +19,14 @@ type Event struct {
 	Subject  string
 	Time     time.Time
 	Data     json.RawMessage
+	// CreatedTime is when syncd committed the event.
+	CreatedTime time.Time
 }
 
 // Unpublished returns up to limit events not yet acknowledged by JetStream,
 // in commit order, starting after seq after.
 func (s *Store) Unpublished(ctx context.Context, after int64, limit int) ([]Event, error) {
-	rows, err := s.w.QueryContext(ctx, `SELECT seq, id, type, resource, action, scope, subject, time, data
+	rows, err := s.w.QueryContext(ctx, `SELECT seq, id, type, resource, action, scope, subject, time, data, created_time
 		FROM events WHERE published_time IS NULL AND seq > ? ORDER BY seq LIMIT ?`, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)
@@ -33,11 +35,12 @@ func (s *Store) Unpublished(ctx context.Context, after int64, limit int) ([]Even
 	var evs []Event
 	for rows.Next() {
 		var e Event
-		var t, data string
-		if err := rows.Scan(&e.Seq, &e.ID, &e.Type, &e.Resource, &e.Action, &e.Scope, &e.Subject, &t, &data); err != nil {
+		var t, data, created string
+		if err := rows.Scan(&e.Seq, &e.ID, &e.Type, &e.Resource, &e.Action, &e.Scope, &e.Subject, &t, &data, &created); err != nil {
 			return nil, err
 		}
 		e.Time, _ = ParseTime(t)
+		e.CreatedTime, _ = ParseTime(created)
 		e.Data = json.RawMessage(data)
 		evs = append(evs, e)
 	}
@@ -119,4 +122,13 @@ func (s *Store) FinishRun(ctx context.Context, r *Run, runErr error) error {
 	_, err := s.w.ExecContext(context.WithoutCancel(ctx), `UPDATE crawl_runs SET finished_time = ?, outcome = ?, requests = ?, changes = ?, error = ? WHERE id = ?`,
 		FormatTime(s.now()), outcome, r.Requests, r.Changes, msg, r.ID)
 	return err
+}
+
+// Age is how long ago the event was committed to the outbox (zero when
+// unknown).
+func (e Event) Age() time.Duration {
+	if e.CreatedTime.IsZero() {
+		return 0
+	}
+	return time.Since(e.CreatedTime)
 }

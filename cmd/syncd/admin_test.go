@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/syncd-dev/syncd/internal/platformsim"
+)
+
+// metricValue finds a sample in Prometheus text format; series is the name
+// with its labels as exposed (labels sorted by name).
+func metricValue(body, series string) (float64, bool) {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestRun_MetricsAndReadiness scrapes /metrics after a crawl and a move, and
+// watches /readyz turn unready while NATS is down and ready once it is back.
+func TestRun_MetricsAndReadiness(t *testing.T) {
+	sim, simURL := startSim(t, 31, platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 3, Advisories: 4})
+	natsDir := t.TempDir()
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: natsDir, NoLog: true, NoSigs: true}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	port := ns.Addr().(interface{ String() string }).String()
+	defer func() { ns.Shutdown() }()
+
+	dbPath := filepath.Join(t.TempDir(), "syncd.db")
+	adminAddr := freeAddr(t)
+	cfg := writeFile(t, "syncd.toml", fmt.Sprintf(`
+[platform]
+base_url = %[1]q
+registry_url = %[1]q
+token = %[2]q
+group = "org1"
+organization = "acme"
+[crawl]
+schedule = "@every 1s"
+jitter = "0s"
+[nats]
+url = %[3]q
+[store]
+path = %[4]q
+[admin]
+listen = %[5]q
+[log]
+format = "json"
+`, simURL, e2eToken, ns.ClientURL(), dbPath, adminAddr))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- NewMain(&syncBuffer{}, &stderr, nil).Run(ctx, []string{"run", "--config", cfg}) }()
+	base := "http://" + adminAddr
+	waitFor(t, 30*time.Second, "the baseline crawl", func() bool {
+		if _, err := os.Stat(dbPath); err != nil {
+			return false
+		}
+		var v string
+		return openReader(t, dbPath).QueryRow(`SELECT value FROM meta WHERE key = 'baseline_time'`).Scan(&v) == nil
+	})
+	tag := sim.Truth().Tags[0]
+	sim.Advance(time.Second)
+	if err := sim.MoveTag(tag.UID, "sha256:"+strings.Repeat("9", 64)); err != nil {
+		t.Fatal(err)
+	}
+	var body string
+	waitFor(t, 20*time.Second, "the move to be published", func() bool {
+		_, body = httpGet(t, base+"/metrics")
+		v, _ := metricValue(body, `syncd_events_published_total{type="tag.moved"}`)
+		return v >= 1
+	})
+	for _, want := range []struct {
+		series   string
+		min, max float64
+	}{
+		{`syncd_platform_requests_total{code="200",endpoint="GET /registry/v2/repos"}`, 1, 1e6},
+		{`syncd_platform_requests_total{code="200",endpoint="GET /v2/{image}/history"}`, 6, 1e6},
+		{`syncd_crawl_runs_total{job="crawl",outcome="ok"}`, 1, 1e6},
+		{`syncd_crawl_runs_total{job="advisories",outcome="ok"}`, 1, 1e6},
+		{`syncd_rows_written_total{table="tags"}`, 6, 1e6},
+		{`syncd_rows_written_total{table="advisories"}`, 4, 1e6},
+		{`syncd_outbox_unpublished_events`, 0, 1},
+		{`syncd_nats_connected`, 1, 1},
+		{`syncd_publish_latency_seconds_count`, 1, 1e6},
+		{`syncd_crawl_duration_seconds_count{job="crawl"}`, 1, 1e6},
+	} {
+		v, ok := metricValue(body, want.series)
+		if !ok || v < want.min || v > want.max {
+			t.Errorf("%s = %v (found %v), want in [%v, %v]", want.series, v, ok, want.min, want.max)
+		}
+	}
+	last, ok := metricValue(body, `syncd_crawl_last_success_timestamp_seconds{job="crawl"}`)
+	if age := time.Since(time.Unix(int64(last), 0)); !ok || age < 0 || age > time.Minute {
+		t.Errorf("last crawl success %v ago (found %v), want within a minute", age, ok)
+	}
+	if !strings.Contains(body, `syncd_build_info{version=`) {
+		t.Error("no syncd_build_info")
+	}
+	if code, _ := httpGet(t, base+"/healthz"); code != 200 {
+		t.Errorf("/healthz = %d", code)
+	}
+	waitFor(t, 10*time.Second, "/readyz to be ready", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+
+	// NATS goes away: not ready, and it says why.
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	var ready string
+	waitFor(t, 10*time.Second, "/readyz to fail with NATS down", func() bool {
+		code, b := httpGet(t, base+"/readyz")
+		ready = b
+		return code == http.StatusServiceUnavailable
+	})
+	if !strings.Contains(ready, "nats") {
+		t.Errorf("/readyz body %s does not name nats", ready)
+	}
+	// NATS is back on the same port and store: ready again.
+	opts2 := *opts
+	_, p, _ := strings.Cut(port, ":")
+	opts2.Port, _ = strconv.Atoi(p)
+	ns2, err := server.NewServer(&opts2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns2.Start()
+	defer ns2.Shutdown()
+	if !ns2.ReadyForConnections(10 * time.Second) {
+		t.Fatal("restarted nats not ready")
+	}
+	waitFor(t, 20*time.Second, "/readyz to recover", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("exit %d; log:\n%s", code, stderr.String())
+	}
+}

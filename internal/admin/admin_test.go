@@ -1,0 +1,84 @@
+package admin_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/syncd-dev/syncd/internal/admin"
+)
+
+func TestFreshness_StaleAfterFactorTimesInterval(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	f := admin.NewFreshness(map[string]cron.Schedule{
+		"crawl": cron.Every(time.Minute),
+		"sweep": cron.Every(time.Hour),
+	}, 3, clock)
+	if s := f.Stale(); len(s) != 0 {
+		t.Fatalf("stale at start: %v", s)
+	}
+	now = now.Add(3*time.Minute + time.Second)
+	if s := f.Stale(); len(s) != 1 || s["crawl"] == 0 {
+		t.Fatalf("after 3m1s: stale=%v, want crawl only", s)
+	}
+	f.Succeeded("crawl", now)
+	if s := f.Stale(); len(s) != 0 {
+		t.Fatalf("after a crawl success: stale=%v", s)
+	}
+	now = now.Add(3*time.Hour + time.Minute)
+	f.Succeeded("crawl", now)
+	if s := f.Stale(); len(s) != 1 || s["sweep"] == 0 {
+		t.Fatalf("after 3h without a sweep: stale=%v, want sweep only", s)
+	}
+}
+
+func TestHandler_ReadyzReportsFailedChecks(t *testing.T) {
+	m := admin.NewMetrics("test")
+	m.ObserveRequest("GET /registry/v2/repos", 200, false)
+	m.ObserveRequest("GET /registry/v2/repos", 503, true)
+	fail := true
+	srv := httptest.NewServer(admin.Handler(m, []admin.Check{
+		{Name: "ok", Run: func(context.Context) error { return nil }},
+		{Name: "nats", Run: func(context.Context) error {
+			if fail {
+				return errors.New("not connected")
+			}
+			return nil
+		}},
+	}))
+	defer srv.Close()
+	get := func(path string) (int, string) {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, `"nats":"not connected"`) || strings.Contains(body, `"ok"`) {
+		t.Fatalf("/readyz = %d %s, want 503 naming only nats", code, body)
+	}
+	fail = false
+	if code, body := get("/readyz"); code != 200 || !strings.Contains(body, `"ready":true`) {
+		t.Fatalf("/readyz = %d %s, want 200", code, body)
+	}
+	_, metrics := get("/metrics")
+	for _, want := range []string{
+		`syncd_platform_requests_total{code="503",endpoint="GET /registry/v2/repos"} 1`,
+		`syncd_platform_retries_total{endpoint="GET /registry/v2/repos"} 1`,
+		`syncd_build_info{version="test"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
