@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -46,9 +45,18 @@ type statusReport struct {
 	Mirror            string           `json:"mirror"`
 	SchemaVersion     int              `json:"schema_version"`
 	Tables            map[string]int64 `json:"tables"`
-	LastRun           *runStatus       `json:"last_run,omitempty"`
+	Jobs              []runStatus      `json:"jobs"`
+	Subscriptions     []subStatus      `json:"subscriptions"`
 	UnpublishedEvents int              `json:"unpublished_events"`
 	OldestUnpublished string           `json:"oldest_unpublished,omitempty"`
+}
+
+type subStatus struct {
+	UID     string `json:"uid"`
+	Group   string `json:"group"`
+	Sink    string `json:"sink"`
+	Synced  string `json:"synced"`
+	Deleted string `json:"deleted,omitempty"`
 }
 
 type runStatus struct {
@@ -86,14 +94,40 @@ func (c *statusCommand) Run(ctx context.Context) error {
 		}
 		rep.Tables[t] = n
 	}
-	var r runStatus
-	var fin, msg sql.NullString
-	err = db.QueryRowContext(ctx, `SELECT job, started_time, finished_time, outcome, requests, changes, error FROM crawl_runs ORDER BY id DESC LIMIT 1`).
-		Scan(&r.Job, &r.Started, &fin, &r.Outcome, &r.Requests, &r.Changes, &msg)
-	if err == nil {
+	// The latest run of each job.
+	rows, err := db.QueryContext(ctx, `SELECT job, started_time, finished_time, outcome, requests, changes, error FROM crawl_runs
+		WHERE id IN (SELECT MAX(id) FROM crawl_runs GROUP BY job) ORDER BY job`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var r runStatus
+		var fin, msg sql.NullString
+		if err := rows.Scan(&r.Job, &r.Started, &fin, &r.Outcome, &r.Requests, &r.Changes, &msg); err != nil {
+			rows.Close()
+			return err
+		}
 		r.Finished, r.Error = fin.String, msg.String
-		rep.LastRun = &r
-	} else if !errors.Is(err, sql.ErrNoRows) {
+		rep.Jobs = append(rep.Jobs, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows, err = db.QueryContext(ctx, `SELECT uid, group_uid, sink, synced_time, COALESCE(deleted_time, '') FROM subscriptions ORDER BY uid`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var sub subStatus
+		if err := rows.Scan(&sub.UID, &sub.Group, &sub.Sink, &sub.Synced, &sub.Deleted); err != nil {
+			rows.Close()
+			return err
+		}
+		rep.Subscriptions = append(rep.Subscriptions, sub)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
 		return err
 	}
 	n, oldest, err := st.UnpublishedCount(ctx)
@@ -111,13 +145,24 @@ func (c *statusCommand) Run(ctx context.Context) error {
 	for _, t := range []string{"repos", "tags", "tag_history", "advisories", "subscriptions", "events", "crawl_runs"} {
 		fmt.Fprintf(w, "%s\t%d\n", t, rep.Tables[t])
 	}
-	if rep.LastRun != nil {
-		fmt.Fprintf(w, "last crawl\t%s, %s, %d requests, %d changes\n", rep.LastRun.Started, rep.LastRun.Outcome, rep.LastRun.Requests, rep.LastRun.Changes)
-		if rep.LastRun.Error != "" {
-			fmt.Fprintf(w, "last error\t%s\n", rep.LastRun.Error)
+	if len(rep.Jobs) == 0 {
+		fmt.Fprintf(w, "last runs\tnone yet\n")
+	}
+	for _, r := range rep.Jobs {
+		fmt.Fprintf(w, "last %s\t%s, %s, %d requests, %d changes\n", r.Job, r.Started, r.Outcome, r.Requests, r.Changes)
+		if r.Error != "" {
+			fmt.Fprintf(w, "  error\t%s\n", r.Error)
 		}
-	} else {
-		fmt.Fprintf(w, "last crawl\tnever\n")
+	}
+	if len(rep.Subscriptions) == 0 {
+		fmt.Fprintf(w, "subscription\tnone (crawl only, or not registered yet)\n")
+	}
+	for _, sub := range rep.Subscriptions {
+		state := "active, checked " + sub.Synced
+		if sub.Deleted != "" {
+			state = "removed " + sub.Deleted
+		}
+		fmt.Fprintf(w, "subscription\t%s -> %s (%s)\n", sub.UID, sub.Sink, state)
 	}
 	fmt.Fprintf(w, "unpublished events\t%d", rep.UnpublishedEvents)
 	if rep.OldestUnpublished != "" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -93,5 +94,34 @@ func TestSyncOnce_MirrorsGroundTruth(t *testing.T) {
 	code, stdout, stderr = runMain(context.Background(), "sync", "--once", "--config", cfg)
 	if code != exitOK || !strings.Contains(stdout, " 0 history reads") {
 		t.Fatalf("second sync: exit=%d stdout=%q stderr=%s; want 0 history reads", code, stdout, stderr)
+	}
+}
+
+// TestStatus_ReportsTheMirror runs "syncd status" on a synced mirror, in
+// both forms, while nothing else runs.
+func TestStatus_ReportsTheMirror(t *testing.T) {
+	_, simURL := startSim(t, 12, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 3, Advisories: 2})
+	ns := startNATS(t)
+	dbPath := filepath.Join(t.TempDir(), "syncd.db")
+	cfg := e2eConfig(t, simURL, ns.ClientURL(), dbPath, "@hourly")
+	if code, _, stderr := runMain(context.Background(), "sync", "--once", "--config", cfg); code != exitOK {
+		t.Fatalf("sync: %s", stderr)
+	}
+	code, out, stderr := runMain(context.Background(), "status", "--config", cfg)
+	if code != exitOK {
+		t.Fatalf("status exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"repos", "tags  ", "last sweep", "ok", "unpublished events  0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status output lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, _ = runMain(context.Background(), "status", "--json", "--config", cfg)
+	var rep statusReport
+	if code != exitOK || json.Unmarshal([]byte(out), &rep) != nil {
+		t.Fatalf("status --json exit %d: %s", code, out)
+	}
+	if rep.Tables["tags"] != 4 || rep.Tables["advisories"] != 2 || len(rep.Jobs) != 1 || rep.Jobs[0].Outcome != "ok" || rep.UnpublishedEvents != 0 {
+		t.Fatalf("status --json = %+v", rep)
 	}
 }
