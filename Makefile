@@ -25,6 +25,10 @@ bench:
 bench-quick:
 	BENCH_SCALE=0.1 $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 3m $(PKGS)
 
+## soak: 10 minutes of continuous change, upstream faults, SIGKILLs and a 20s NATS outage, checked every minute
+soak:
+	SOAK_DURATION=10m SOAK_TRIALS=20 SOAK_NATS_OUTAGE=20s $(GO) test -count=1 -timeout 30m -run 'Soak|Reliability' -v ./cmd/syncd/ 2>&1 | grep -E '^(---|===|ok|FAIL|PASS)|figures|check|killed|survived|NATS|changes'
+
 ## lint: gofmt and go vet must be clean
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,7 +50,24 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // startNATS runs a NATS server with JetStream on a loopback port.
 func startNATS(t *testing.T) *server.Server {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	_, ns := startNATSRestartable(t)
+	return ns
+}
+
+// startNATSRestartable runs a NATS server and returns the options that
+// restart it on the same port and storage.
+func startNATSRestartable(t *testing.T) (server.Options, *server.Server) {
+	t.Helper()
+	opts := server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
+	ns := restartNATS(t, opts)
+	opts.Port = ns.Addr().(*net.TCPAddr).Port
+	return opts, ns
+}
+
+// restartNATS starts a NATS server with opts.
+func restartNATS(t *testing.T, opts server.Options) *server.Server {
+	t.Helper()
+	ns, err := server.NewServer(&opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,488 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/platformsim"
+)
+
+// execMainEnv makes the test binary run as syncd itself, so crash tests can
+// SIGKILL a real syncd process without building a second binary.
+const execMainEnv = "SYNCD_TEST_EXEC_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(execMainEnv) == "1" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		code := NewMain(os.Stdout, os.Stderr, os.Environ()).Run(ctx, os.Args[1:])
+		stop()
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+// trials is how many times a reliability scenario repeats: a few in
+// make test, more in make soak (SOAK_TRIALS).
+func trials(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("SOAK_TRIALS")); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// world is a simulator, a NATS server and a mirror path, with the ground
+// truth recorded when the baseline is taken.
+type world struct {
+	t        *testing.T
+	sim      *platformsim.Sim
+	simURL   string
+	natsURL  string
+	dbPath   string
+	baseline map[string]int // history records per tag when the baseline was taken
+	failures atomic.Int64   // 5xx and 429 answers the simulator gave
+}
+
+// statusCounter counts the error answers passing through it.
+type statusCounter struct {
+	http.ResponseWriter
+	w *world
+}
+
+func (s statusCounter) WriteHeader(code int) {
+	if code == http.StatusTooManyRequests || code >= 500 {
+		s.w.failures.Add(1)
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// Hijack lets the simulator's connection-reset fault through the wrapper.
+func (s statusCounter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	s.w.failures.Add(1)
+	return s.ResponseWriter.(http.Hijacker).Hijack()
+}
+
+func (s statusCounter) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func newWorld(t *testing.T, seed int64, sc platformsim.Scale, natsURL string) *world {
+	t.Helper()
+	sim := platformsim.New(platformsim.Options{Seed: seed, Tokens: []string{e2eToken}})
+	sim.Populate(sc)
+	w := &world{t: t, sim: sim, natsURL: natsURL, dbPath: filepath.Join(t.TempDir(), "syncd.db"), baseline: map[string]int{}}
+	h := sim.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(statusCounter{rw, w}, r)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(sim.Close)
+	sim.SetBaseURL(srv.URL)
+	w.simURL = srv.URL
+	for uid, h := range sim.Truth().History {
+		w.baseline[uid] = len(h)
+	}
+	return w
+}
+
+// config writes syncd's configuration for this world: quick schedules,
+// sweeps to catch deletions, no admin listener.
+func (w *world) config(extra string) string {
+	return writeFile(w.t, "syncd.toml", fmt.Sprintf(`
+[platform]
+base_url = %[1]q
+registry_url = %[1]q
+token = %[2]q
+group = "org1"
+organization = "acme"
+timeout = "2s"
+[crawl]
+schedule = "@every 1s"
+sweep_schedule = "@every 3s"
+advisories_schedule = "@every 2s"
+jitter = "0s"
+requests_per_second = 0.0
+[nats]
+url = %[3]q
+[store]
+path = %[4]q
+[admin]
+listen = ""
+[log]
+format = "json"
+%[5]s
+`, w.simURL, e2eToken, w.natsURL, w.dbPath, extra))
+}
+
+// mirrorDiff compares the mirror with the simulator's ground truth, row for
+// row, and describes the first differences; "" when they agree.
+func mirrorDiff(db *sql.DB, truth platformsim.Truth) string {
+	var diffs []string
+	add := func(format string, args ...any) {
+		if len(diffs) < 10 {
+			diffs = append(diffs, fmt.Sprintf(format, args...))
+		}
+	}
+	repos := map[string]string{}
+	rows, err := db.Query(`SELECT uid, name FROM repos WHERE deleted_time IS NULL AND uid LIKE 'org1/%'`)
+	if err != nil {
+		return err.Error()
+	}
+	for rows.Next() {
+		var uid, name string
+		rows.Scan(&uid, &name)
+		repos[uid] = name
+	}
+	rows.Close()
+	for _, r := range truth.Repos {
+		if repos[r.UID] != r.Name {
+			add("repo %s: mirror %q, truth %q", r.UID, repos[r.UID], r.Name)
+		}
+		delete(repos, r.UID)
+	}
+	for uid := range repos {
+		add("repo %s live in the mirror, gone upstream", uid)
+	}
+	type tagRow struct {
+		digest     string
+		deprecated bool
+		history    int
+		last       string
+	}
+	tags := map[string]tagRow{}
+	rows, err = db.Query(`SELECT t.uid, t.digest, t.deprecated, t.history_count,
+		COALESCE((SELECT h.digest FROM tag_history h WHERE h.tag_uid = t.uid ORDER BY h.seq DESC LIMIT 1), '')
+		FROM tags t WHERE t.deleted_time IS NULL AND t.uid LIKE 'org1/%'`)
+	if err != nil {
+		return err.Error()
+	}
+	for rows.Next() {
+		var uid string
+		var r tagRow
+		rows.Scan(&uid, &r.digest, &r.deprecated, &r.history, &r.last)
+		tags[uid] = r
+	}
+	rows.Close()
+	for _, tg := range truth.Tags {
+		got, ok := tags[tg.UID]
+		h := truth.History[tg.UID]
+		switch {
+		case !ok:
+			add("tag %s missing from the mirror", tg.UID)
+		case got.digest != tg.Digest || got.deprecated != tg.Deprecated:
+			add("tag %s: mirror (%s %v), truth (%s %v)", tg.UID, got.digest, got.deprecated, tg.Digest, tg.Deprecated)
+		case got.history != len(h) || (len(h) > 0 && got.last != h[len(h)-1].Digest):
+			add("tag %s: %d history rows ending %s, truth %d", tg.UID, got.history, got.last, len(h))
+		}
+		delete(tags, tg.UID)
+	}
+	for uid := range tags {
+		add("tag %s live in the mirror, gone upstream", uid)
+	}
+	var advisories int
+	db.QueryRow(`SELECT count(*) FROM advisories WHERE deleted_time IS NULL`).Scan(&advisories)
+	if advisories != len(truth.Advisories) {
+		add("advisories: mirror %d, truth %d", advisories, len(truth.Advisories))
+	}
+	return strings.Join(diffs, "\n")
+}
+
+// received is what a JetStream consumer saw.
+type received struct {
+	mu     sync.Mutex
+	ids    map[string]int // id -> deliveries
+	moves  map[string][]string
+	byType map[string]int
+	total  int
+}
+
+// consume reads the whole stream from the start, as a downstream service
+// would, until ctx is done.
+func consume(ctx context.Context, t *testing.T, natsURL string) *received {
+	t.Helper()
+	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, byType: map[string]int{}}
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stream jetstream.Stream
+	waitFor(t, 30*time.Second, "the SYNCD stream", func() bool {
+		stream, err = js.Stream(ctx, "SYNCD")
+		return err == nil
+	})
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for ctx.Err() == nil {
+			batch, err := cons.Fetch(100, jetstream.FetchMaxWait(200*time.Millisecond))
+			if err != nil {
+				continue
+			}
+			for m := range batch.Messages() {
+				var ev cloudEvent
+				if json.Unmarshal(m.Data(), &ev) != nil {
+					continue
+				}
+				rcv.mu.Lock()
+				rcv.total++
+				rcv.ids[ev.ID]++
+				if rcv.ids[ev.ID] == 1 {
+					rcv.byType[ev.Type]++
+					if ev.Type == "dev.syncd.tag.moved" {
+						rcv.moves[ev.Subject] = append(rcv.moves[ev.Subject], ev.Data.After.Digest)
+					}
+				}
+				rcv.mu.Unlock()
+			}
+		}
+	}()
+	return rcv
+}
+
+// movesDiff checks the tag.moved events against the truth: for every tag
+// alive upstream, one event per history record added after the baseline,
+// in history order; "" when they agree.
+func (w *world) movesDiff(rcv *received, truth platformsim.Truth) string {
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	var diffs []string
+	for _, tg := range truth.Tags {
+		h := truth.History[tg.UID]
+		from := max(w.baseline[tg.UID], 1)
+		var want []string
+		for i := from; i < len(h); i++ {
+			want = append(want, h[i].Digest)
+		}
+		got := rcv.moves[tg.UID]
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			diffs = append(diffs, fmt.Sprintf("tag %s: received moves %v, want %v", tg.UID, short(got), short(want)))
+		}
+	}
+	for id, n := range rcv.ids {
+		if n > 1 {
+			diffs = append(diffs, fmt.Sprintf("event %s received %d times", id, n))
+		}
+	}
+	sort.Strings(diffs)
+	if len(diffs) > 10 {
+		diffs = append(diffs[:10], fmt.Sprintf("... %d more", len(diffs)-10))
+	}
+	return strings.Join(diffs, "\n")
+}
+
+func short(ds []string) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = strings.TrimPrefix(d, "sha256:")[:min(8, len(strings.TrimPrefix(d, "sha256:")))]
+	}
+	return out
+}
+
+// converge waits until the mirror equals the truth and the outbox is empty
+// and every tag.moved event arrived, or fails with the differences.
+func (w *world) converge(rcv *received, within time.Duration) {
+	w.t.Helper()
+	db := openReader(w.t, w.dbPath)
+	truth := w.sim.Truth()
+	var last string
+	deadline := time.Now().Add(within)
+	for {
+		last = mirrorDiff(db, truth)
+		if last == "" {
+			var unpublished int
+			db.QueryRow(`SELECT count(*) FROM events WHERE published_time IS NULL`).Scan(&unpublished)
+			if unpublished > 0 {
+				last = fmt.Sprintf("%d events unpublished", unpublished)
+			} else if last = w.movesDiff(rcv, truth); last == "" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("no convergence after %s:\n%s", within, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var check string
+	if err := db.QueryRow(`PRAGMA integrity_check`).Scan(&check); err != nil || check != "ok" {
+		w.t.Fatalf("integrity_check: %q %v", check, err)
+	}
+}
+
+// waitBaseline waits for the first complete crawl.
+func (w *world) waitBaseline() {
+	w.t.Helper()
+	waitFor(w.t, 60*time.Second, "the baseline crawl", func() bool {
+		if _, err := os.Stat(w.dbPath); err != nil {
+			return false
+		}
+		db, err := sql.Open("sqlite", "file:"+w.dbPath+"?mode=ro&_pragma=busy_timeout(5000)")
+		if err != nil {
+			return false
+		}
+		defer db.Close()
+		var v string
+		return db.QueryRow(`SELECT value FROM meta WHERE key = 'baseline_time'`).Scan(&v) == nil
+	})
+}
+
+// changesOnly makes the simulator's scenario move, deprecate and create
+// tags and touch repos and advisories, but delete nothing, so every change
+// stays visible to the oracle.
+func changesOnly() platformsim.Rates {
+	return platformsim.Rates{MoveTag: 80, Deprecate: 5, CreateTag: 5, UpdateRepo: 3, CreateAdvisory: 4, UpdateAdvisory: 3}
+}
+
+// TestReliability_FaultsWhileDataChanges: with 10% 5xx, 5% 429 with
+// Retry-After, 2% resets, 1% truncated bodies and latency spikes on every
+// endpoint at once, while the data changes, the mirror converges to the
+// ground truth and the consumer receives every move exactly once, in order.
+func TestReliability_FaultsWhileDataChanges(t *testing.T) {
+	ns := startNATS(t)
+	w := newWorld(t, 41, platformsim.Scale{Repos: 4, TagsPerRepo: 4, HistoryPerTag: 5, Advisories: 5, PublicImages: -1}, ns.ClientURL())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- NewMain(&syncBuffer{}, &stderr, nil).Run(ctx, []string{"run", "--config", w.config("")})
+	}()
+	w.waitBaseline()
+	rcv := consume(ctx, t, w.natsURL)
+
+	w.sim.SetRates(changesOnly())
+	w.sim.SetFaults(platformsim.Fault{Pattern: "*", ErrorRate: 0.10, RateLimitRate: 0.05, RetryAfter: time.Second,
+		ResetRate: 0.02, TruncateRate: 0.01, LatencyExpMean: 5 * time.Millisecond})
+	changes := 0
+	for range 20 {
+		changes += len(w.sim.Step(2))
+		time.Sleep(100 * time.Millisecond) // the data changes while syncd crawls
+	}
+	w.sim.SetFaults()
+	if w.failures.Load() == 0 {
+		t.Fatal("no fault was injected: the scenario proved nothing")
+	}
+	w.converge(rcv, 60*time.Second)
+	t.Logf("%d changes made, %d failed answers; %d messages received, %d distinct events", changes, w.failures.Load(), rcv.total, len(rcv.ids))
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("exit %d:\n%s", code, stderr.String())
+	}
+}
+
+// TestReliability_CrashRecovery kills a real syncd process with SIGKILL at
+// seeded random moments while data changes, restarts it each time, and
+// checks that it converges with nothing lost or duplicated and the
+// database intact.
+func TestReliability_CrashRecovery(t *testing.T) {
+	ns := startNATS(t)
+	w := newWorld(t, 43, platformsim.Scale{Repos: 5, TagsPerRepo: 4, HistoryPerTag: 30, Advisories: 5, PublicImages: -1}, ns.ClientURL())
+	cfg := w.config("")
+	rng := rand.New(rand.NewPCG(43, 7))
+	start := func() (*exec.Cmd, *syncBuffer) {
+		var out syncBuffer
+		cmd := exec.Command(os.Args[0], "run", "--config", cfg)
+		cmd.Env = append(os.Environ(), execMainEnv+"=1")
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, &out
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd, _ := start()
+	w.waitBaseline()
+	rcv := consume(ctx, t, w.natsURL)
+	w.sim.SetRates(changesOnly())
+	changes := 0
+	n := trials(3)
+	for i := range n {
+		changes += len(w.sim.Step(3))
+		// Kill it at a seeded random moment: crawling, committing or publishing.
+		time.Sleep(time.Duration(100+rng.IntN(900)) * time.Millisecond)
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Wait()
+		changes += len(w.sim.Step(2))
+		t.Logf("trial %d: killed", i+1)
+		cmd, _ = start()
+	}
+	w.converge(rcv, 90*time.Second)
+	t.Logf("%d kills survived, %d changes made; %d messages received, %d distinct events", n, changes, rcv.total, len(rcv.ids))
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("syncd after SIGTERM: %v", err)
+	}
+}
+
+// TestReliability_NATSOutage stops the NATS server while changes keep
+// coming, restarts it, and checks that nothing was lost.
+func TestReliability_NATSOutage(t *testing.T) {
+	nsOpts, ns := startNATSRestartable(t)
+	w := newWorld(t, 47, platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 5, PublicImages: -1}, ns.ClientURL())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- NewMain(&syncBuffer{}, &stderr, nil).Run(ctx, []string{"run", "--config", w.config("")})
+	}()
+	w.waitBaseline()
+	w.sim.SetRates(changesOnly())
+	changes := len(w.sim.Step(3))
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	outage := outageLength()
+	deadline := time.Now().Add(outage)
+	for time.Now().Before(deadline) {
+		changes += len(w.sim.Step(1))
+		time.Sleep(200 * time.Millisecond) // changes keep coming while NATS is down
+	}
+	ns = restartNATS(t, nsOpts)
+	rcv := consume(ctx, t, w.natsURL)
+	w.converge(rcv, 60*time.Second)
+	t.Logf("NATS down %s; %d changes made; %d messages received, %d distinct events", outage, changes, rcv.total, len(rcv.ids))
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("exit %d:\n%s", code, stderr.String())
+	}
+}
+
+// outageLength is 3s in make test and 20s in make soak.
+func outageLength() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("SOAK_NATS_OUTAGE")); err == nil {
+		return d
+	}
+	return 3 * time.Second
+}
