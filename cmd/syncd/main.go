@@ -122,4 +122,6 @@ Examples:
   syncd run --demo                      # simulator + embedded NATS, no account needed
   syncd run --config /etc/syncd/syncd.toml
   syncd sync --once --config syncd.toml
+  syncd status --config syncd.toml
+  syncd identity create --help          # the identity syncd should run as
 `
