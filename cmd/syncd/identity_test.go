@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 )
 
@@ -178,6 +179,26 @@ func TestIdentityCreate(t *testing.T) {
 		}
 		if ids := simIdentities(t, simURL); len(ids) != 0 {
 			t.Errorf("identities=%+v, want none", ids)
+		}
+	})
+
+	t.Run("ServerNameViolationShownPerField", func(t *testing.T) {
+		// The command never sends a name the pattern refuses, so this sends
+		// one with the client directly: the spec's Error rule 1 answer comes
+		// out as the field and its description, with the *platform.Error
+		// still in the chain.
+		_, simURL := startSim(t, 1, platformsim.Scale{})
+		client, err := platform.New(platform.Config{BaseURL: simURL, RegistryURL: simURL, Token: platform.StaticToken(e2eToken)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = client.CreateIdentity(context.Background(), "org1", platform.Identity{Name: "Syncd/Prod"})
+		got := rejected("the platform did not create the identity", err)
+		if want := "\n  name: must match ^[a-z0-9 ._-]{1,}$"; !strings.Contains(got.Error(), want) {
+			t.Errorf("error=%q, want it to contain %q", got, want)
+		}
+		if !platform.IsInvalidArgument(got) {
+			t.Errorf("error %v: the platform's InvalidArgument is lost from the chain", got)
 		}
 	})
 
