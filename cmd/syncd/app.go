@@ -42,7 +42,7 @@ type commonFlags struct {
 }
 
 func (f *commonFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.configPath, "config", "", "TOML configuration `file` (see config.example.toml); SYNCD_<SECTION>_<KEY> variables override it")
+	fs.StringVar(&f.configPath, "config", "", "TOML configuration `file` (every key is in config.example.toml); without it, the defaults. SYNCD_<SECTION>_<KEY> environment variables override either")
 	fs.StringVar(&f.logLevel, "log-level", "", "log `level`: debug, info, warn or error (overrides [log] level)")
 }
 

@@ -74,6 +74,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		cmd = &simCommand{m: m}
 	case "subscriptions":
 		cmd = &subscriptionsCommand{m: m}
+	case "identity":
+		cmd = &identityCommand{m: m}
 	case "version":
 		fmt.Fprintln(m.Stdout, "syncd", version())
 		return exitOK
@@ -110,6 +112,7 @@ Commands:
   sync           crawl once, publish everything, and exit (--once)
   status         show what is mirrored and how fresh it is
   subscriptions  list (or --remove) syncd's event subscriptions
+  identity       create the identity syncd runs as, bound to a role ("identity create")
   sim            run the platform simulator alone
   version        print the version
 
@@ -119,4 +122,6 @@ Examples:
   syncd run --demo                      # simulator + embedded NATS, no account needed
   syncd run --config /etc/syncd/syncd.toml
   syncd sync --once --config syncd.toml
+  syncd status --config syncd.toml
+  syncd identity create --help          # the identity syncd should run as
 `

@@ -39,7 +39,7 @@ func (c *simCommand) ParseFlags(args []string) error {
 	fs.IntVar(&c.scale.Advisories, "advisories", 50, "advisories to generate")
 	fs.DurationVar(&c.every, "change-every", 2*time.Second, "how often the data changes (0: never)")
 	fs.IntVar(&c.perStep, "changes", 2, "changes applied each time")
-	fs.BoolVar(&c.inclusiv, "history-start-inclusive", false, "treat the tag history start bound as inclusive")
+	fs.BoolVar(&c.inclusiv, "history-start-inclusive", false, "treat the tag history start bound as inclusive (the spec leaves it open, so clients must cope with both)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: syncd sim [--addr HOST:PORT] [--seed N] [--token T] [sizes]
 
@@ -47,9 +47,18 @@ Serves a simulator of the platform API v2 and the registry's tag history API
 on one port, with a generated organization whose tags move over time. Point
 any client of the real API at it; /_sim/ has the control API for tests.
 
-Example:
+The organization is "acme" with root group "org1" (what [platform]
+organization and group say for it); the same --seed generates the same data.
+From the config it reads only [platform] vendor and public_org, which shape
+the tag history path.
+
+Examples:
   syncd sim --addr 127.0.0.1:8080 --token sim-token
   curl -H 'Authorization: Bearer sim-token' 'http://127.0.0.1:8080/registry/v2/repos?page_size=2'
+  # syncd against it:
+  SYNCD_PLATFORM_BASE_URL=http://127.0.0.1:8080 SYNCD_PLATFORM_REGISTRY_URL=http://127.0.0.1:8080 \
+  SYNCD_PLATFORM_TOKEN=sim-token SYNCD_PLATFORM_GROUP=org1 SYNCD_PLATFORM_ORGANIZATION=acme \
+  syncd sync --once
 
 Flags:
 `)

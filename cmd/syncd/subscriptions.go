@@ -28,7 +28,11 @@ func (c *subscriptionsCommand) ParseFlags(args []string) error {
 
 Lists the event subscriptions on [platform] group whose sink is [events]
 sink_url, that is syncd's own; others' are never touched. With --remove,
-deletes them (syncd run registers a new one at its next start).
+deletes them, for example before retiring a deployment (syncd run registers
+a new one at its next start).
+
+It needs the [platform] keys and [events] sink_url: without a sink_url syncd
+crawls only and has no subscriptions, which exits 2.
 
 Examples:
   syncd subscriptions --config syncd.toml

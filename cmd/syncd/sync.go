@@ -18,16 +18,24 @@ func (c *syncCommand) ParseFlags(args []string) error {
 	fs := flag.NewFlagSet("syncd sync", flag.ContinueOnError)
 	fs.SetOutput(c.m.Stderr)
 	c.flags.register(fs)
-	fs.BoolVar(&c.once, "once", false, "crawl everything once, publish every resulting event, print a summary and exit (required)")
+	fs.BoolVar(&c.once, "once", false, "crawl everything once, publish every resulting event, print a summary and exit (required, so that \"syncd sync\" alone is not mistaken for the daemon)")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd sync --once [--config FILE]
+		fmt.Fprint(fs.Output(), `Usage: syncd sync --once [--config FILE] [--log-level LEVEL]
 
-Crawls the platform once, waits until every resulting event is acknowledged by
-JetStream, prints a summary and exits 0; on failure it exits non-zero with the
-reason. For cron jobs and CI.
+Runs one full sweep (repos, tags, tag history, advisories, and deletions each
+confirmed by the platform), waits until every resulting event is acknowledged
+by JetStream, prints a summary and exits 0. For cron jobs and CI: use it
+instead of "syncd run", not beside it on the same mirror.
 
-Example:
+It needs the same [platform] keys as "syncd run". Exit status: 1 when the
+crawl or the publishing failed (the reason is printed; what was committed
+stays in the mirror and its events in the outbox), 2 for bad flags or
+configuration.
+
+Examples:
   syncd sync --once --config syncd.toml
+  # crontab: every 30 minutes, logs as JSON to a file
+  */30 * * * * syncd sync --once --config /etc/syncd/syncd.toml 2>>/var/log/syncd-sync.log
 
 Flags:
 `)
