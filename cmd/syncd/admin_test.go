@@ -109,21 +109,21 @@ format = "json"
 	}{
 		{`syncd_platform_requests_total{code="200",endpoint="GET /registry/v2/repos"}`, 1, 1e6},
 		{`syncd_platform_requests_total{code="200",endpoint="GET /v2/{image}/history"}`, 6, 1e6},
-		{`syncd_crawl_runs_total{job="crawl",outcome="ok"}`, 1, 1e6},
-		{`syncd_crawl_runs_total{job="advisories",outcome="ok"}`, 1, 1e6},
+		{`syncd_crawl_runs_total{crawl_job="crawl",outcome="ok"}`, 1, 1e6},
+		{`syncd_crawl_runs_total{crawl_job="advisories",outcome="ok"}`, 1, 1e6},
 		{`syncd_rows_written_total{table="tags"}`, 6, 1e6},
 		{`syncd_rows_written_total{table="advisories"}`, 4, 1e6},
 		{`syncd_outbox_unpublished_events`, 0, 1},
 		{`syncd_nats_connected`, 1, 1},
 		{`syncd_publish_latency_seconds_count`, 1, 1e6},
-		{`syncd_crawl_duration_seconds_count{job="crawl"}`, 1, 1e6},
+		{`syncd_crawl_duration_seconds_count{crawl_job="crawl"}`, 1, 1e6},
 	} {
 		v, ok := metricValue(body, want.series)
 		if !ok || v < want.min || v > want.max {
 			t.Errorf("%s = %v (found %v), want in [%v, %v]", want.series, v, ok, want.min, want.max)
 		}
 	}
-	last, ok := metricValue(body, `syncd_crawl_last_success_timestamp_seconds{job="crawl"}`)
+	last, ok := metricValue(body, `syncd_crawl_last_success_timestamp_seconds{crawl_job="crawl"}`)
 	if age := time.Since(time.Unix(int64(last), 0)); !ok || age < 0 || age > time.Minute {
 		t.Errorf("last crawl success %v ago (found %v), want within a minute", age, ok)
 	}
