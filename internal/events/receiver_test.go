@@ -349,3 +349,31 @@ func TestReceiver_QueueFullAnswers503(t *testing.T) {
 		t.Fatalf("jobs=%q, want 2", got)
 	}
 }
+
+// FuzzReceiver sends arbitrary deliveries: without a token the issuer
+// signed, none may be accepted, and none may crash the receiver.
+func FuzzReceiver(f *testing.F) {
+	f.Add("Bearer x.y.z", "dev.chainguard.registry.push.v1", "id-1", []byte(`{"body":{"repo_id":"org1/r","tag":"latest","type":"manifest"}}`))
+	f.Add("", "", "", []byte(""))
+	f.Add("Bearer eyJhbGciOiJub25lIn0.eyJzdWIiOiJ3ZWJob29rOm9yZzEifQ.", "dev.chainguard.registry.push.v1", "id-2", []byte(`{}`))
+	f.Add("Basic dXNlcjpwYXNz", "x", "y", []byte("\x00\xff"))
+	sim := platformsim.New(platformsim.Options{Seed: 1, Tokens: []string{simToken}})
+	srv := httptest.NewServer(sim.Handler())
+	f.Cleanup(srv.Close)
+	sim.SetBaseURL(srv.URL)
+	rcv := events.NewReceiver(events.Config{Issuer: srv.URL, Groups: []string{"org1"}, MaxBody: 4096}, &recordedJobs{}, &memDeliveries{})
+	f.Fuzz(func(t *testing.T, auth, typ, id string, body []byte) {
+		req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		req.Header.Set("Ce-Type", typ)
+		req.Header.Set("Ce-Id", id)
+		req.Header.Set("Ce-Specversion", "1.0")
+		rec := httptest.NewRecorder()
+		rcv.ServeHTTP(rec, req)
+		if rec.Code < 400 {
+			t.Fatalf("accepted a forged delivery: %d", rec.Code)
+		}
+	})
+}

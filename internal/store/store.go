@@ -110,7 +110,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		notify: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
-		return nil, fmt.Errorf("migrate %s: %w", path, err)
+		return nil, fmt.Errorf("migrate %s: %w", path, explain(path, err))
 	}
 	r, err := sql.Open("sqlite", dsn(path, true))
 	if err != nil {
