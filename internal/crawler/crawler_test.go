@@ -3,9 +3,11 @@ package crawler_test
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -234,5 +236,91 @@ func TestSync_PublicImagesFollowedAnonymously(t *testing.T) {
 	}
 	if followed != 2 {
 		t.Fatalf("followed %d public tags, want 2", followed)
+	}
+}
+
+// TestSweep_ListingChangesUnderIt: between two pages of the repo listing the
+// page token expires (the listing silently restarts) and repos are created
+// and deleted upstream. The sweep must record no duplicates and no false
+// deletions: afterwards the mirror's live repos equal the ground truth.
+func TestSweep_ListingChangesUnderIt(t *testing.T) {
+	sim := platformsim.New(platformsim.Options{Seed: 9, Tokens: []string{token}})
+	sim.Populate(platformsim.Scale{Repos: 450, TagsPerRepo: 1, HistoryPerTag: 1, PublicImages: -1})
+	var (
+		mu      sync.Mutex
+		armed   bool
+		tripped int
+	)
+	h := sim.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		mu.Lock()
+		defer mu.Unlock()
+		if armed && r.URL.Path == "/registry/v2/repos" && r.URL.Query().Get("page_token") == "" {
+			// Right after the first page: the token expires and the
+			// organization changes before the next page is asked for.
+			armed = false
+			tripped++
+			sim.Advance(73 * time.Hour)
+			truth := sim.Truth()
+			sim.Apply(platformsim.Mutation{Kind: platformsim.RepoDeleted, UID: truth.Repos[len(truth.Repos)-1].UID})
+			sim.Apply(platformsim.Mutation{Kind: platformsim.RepoCreated, Name: "newcomer"})
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(sim.Close)
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "syncd.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	client, err := platform.New(platform.Config{BaseURL: srv.URL, RegistryURL: srv.URL, Token: platform.StaticToken(token),
+		Organization: "acme", Vendor: "chainguard", MaxRetryTime: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := crawler.New(client, st, crawler.Config{Group: "org1", Concurrency: 8})
+	ctx := context.Background()
+	if _, err := c.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	armed = true
+	mu.Unlock()
+	if _, err := c.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if tripped != 1 {
+		t.Fatalf("the listing was disturbed %d times, want 1", tripped)
+	}
+	truth := sim.Truth()
+	live := map[string]bool{}
+	rows, err := st.Reader().Query(`SELECT uid FROM repos WHERE deleted_time IS NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var uid string
+		rows.Scan(&uid)
+		live[uid] = true
+	}
+	rows.Close()
+	for _, r := range truth.Repos {
+		if !live[r.UID] {
+			t.Errorf("repo %s (%s) exists upstream but is not live in the mirror", r.UID, r.Name)
+		}
+		delete(live, r.UID)
+	}
+	for uid := range live {
+		t.Errorf("repo %s is live in the mirror but gone upstream", uid)
+	}
+	var deleted, total int
+	st.Reader().QueryRow(`SELECT count(*) FROM events WHERE type = 'repo.deleted'`).Scan(&deleted)
+	st.Reader().QueryRow(`SELECT count(*) FROM repos`).Scan(&total)
+	if deleted != 1 {
+		t.Errorf("repo.deleted events=%d, want exactly the one real deletion", deleted)
+	}
+	if total != 451 {
+		t.Errorf("repo rows=%d, want 451 (450 + the newcomer, the deleted one kept as a tombstone)", total)
 	}
 }
