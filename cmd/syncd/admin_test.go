@@ -1,18 +1,14 @@
 package main
 
 import (
-	"context"
-	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
 )
@@ -44,54 +40,13 @@ func httpGet(t *testing.T, url string) (int, string) {
 // watches /readyz turn unready while NATS is down and ready once it is back.
 func TestRun_MetricsAndReadiness(t *testing.T) {
 	sim, simURL := startSim(t, 31, platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 3, Advisories: 4})
-	natsDir := t.TempDir()
-	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: natsDir, NoLog: true, NoSigs: true}
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	port := ns.Addr().(interface{ String() string }).String()
-	defer func() { ns.Shutdown() }()
-
+	nsOpts, ns := startNATSRestartable(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
 	adminAddr := freeAddr(t)
-	cfg := writeFile(t, "syncd.toml", fmt.Sprintf(`
-[platform]
-base_url = %[1]q
-registry_url = %[1]q
-token = %[2]q
-group = "org1"
-organization = "acme"
-[crawl]
-schedule = "@every 1s"
-jitter = "0s"
-[nats]
-url = %[3]q
-[store]
-path = %[4]q
-[admin]
-listen = %[5]q
-[log]
-format = "json"
-`, simURL, e2eToken, ns.ClientURL(), dbPath, adminAddr))
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stderr syncBuffer
-	done := make(chan int, 1)
-	go func() { done <- NewMain(&syncBuffer{}, &stderr, nil).Run(ctx, []string{"run", "--config", cfg}) }()
+	cfg := testConfig{simURL: simURL, natsURL: ns.ClientURL(), dbPath: dbPath, adminListen: adminAddr}.write(t)
+	d := startDaemon(t, cfg)
 	base := "http://" + adminAddr
-	waitFor(t, 30*time.Second, "the baseline crawl", func() bool {
-		if _, err := os.Stat(dbPath); err != nil {
-			return false
-		}
-		var v string
-		return openReader(t, dbPath).QueryRow(`SELECT value FROM meta WHERE key = 'baseline_time'`).Scan(&v) == nil
-	})
+	waitBaseline(t, dbPath)
 	tag := sim.Truth().Tags[0]
 	sim.Advance(time.Second)
 	if err := sim.MoveTag(tag.UID, "sha256:"+strings.Repeat("9", 64)); err != nil {
@@ -148,21 +103,7 @@ format = "json"
 		t.Errorf("/readyz body %s does not name nats", ready)
 	}
 	// NATS is back on the same port and store: ready again.
-	opts2 := *opts
-	_, p, _ := strings.Cut(port, ":")
-	opts2.Port, _ = strconv.Atoi(p)
-	ns2, err := server.NewServer(&opts2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns2.Start()
-	defer ns2.Shutdown()
-	if !ns2.ReadyForConnections(10 * time.Second) {
-		t.Fatal("restarted nats not ready")
-	}
+	restartNATS(t, nsOpts)
 	waitFor(t, 20*time.Second, "/readyz to recover", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
-	cancel()
-	if code := <-done; code != exitOK {
-		t.Fatalf("exit %d; log:\n%s", code, stderr.String())
-	}
+	d.stop(t)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -29,35 +28,6 @@ func startSim(t *testing.T, seed int64, sc platformsim.Scale) (*platformsim.Sim,
 	t.Cleanup(srv.Close)
 	sim.SetBaseURL(srv.URL)
 	return sim, srv.URL
-}
-
-func e2eConfig(t *testing.T, simURL, natsURL, dbPath, schedule string) string {
-	return writeFile(t, "syncd.toml", fmt.Sprintf(`
-[platform]
-base_url = %[1]q
-registry_url = %[1]q
-token = %[2]q
-group = "org1"
-organization = "acme"
-
-[crawl]
-schedule = %[5]q
-jitter = "0s"
-requests_per_second = 0.0
-
-[nats]
-url = %[3]q
-
-[store]
-path = %[4]q
-
-[admin]
-listen = ""
-
-[log]
-level = "debug"
-format = "json"
-`, simURL, e2eToken, natsURL, dbPath, schedule))
 }
 
 type cloudEvent struct {
@@ -85,20 +55,10 @@ func TestRun_EndToEnd(t *testing.T) {
 	ns := startNATS(t)
 	dbPath := filepath.Join(t.TempDir(), "data", "syncd.db")
 	cfg := e2eConfig(t, simURL, ns.ClientURL(), dbPath, "@every 1s")
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stderr syncBuffer
-	done := make(chan int, 1)
-	go func() { done <- NewMain(&syncBuffer{}, &stderr, nil).Run(ctx, []string{"run", "--config", cfg}) }()
-
-	waitFor(t, 30*time.Second, "the baseline crawl", func() bool {
-		if _, err := os.Stat(dbPath); err != nil {
-			return false
-		}
-		var v string
-		return openReader(t, dbPath).QueryRow(`SELECT value FROM meta WHERE key = 'baseline_time'`).Scan(&v) == nil
-	})
+	ctx := context.Background()
+	d := startDaemon(t, cfg)
+	stderr := d.stderr
+	waitBaseline(t, dbPath)
 	db := openReader(t, dbPath)
 	var tags int
 	if err := db.QueryRow(`SELECT count(*) FROM tags`).Scan(&tags); err != nil || tags != 9 {
@@ -196,15 +156,7 @@ func TestRun_EndToEnd(t *testing.T) {
 		return unpublished == 0
 	})
 
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Fatalf("syncd run exited %d; log:\n%s", code, stderr.String())
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("syncd run did not stop within 5s of the signal")
-	}
+	d.stop(t)
 	if strings.Contains(stderr.String(), e2eToken) {
 		t.Fatal("the platform token appears in the log")
 	}
@@ -241,47 +193,14 @@ func pushScenario(t *testing.T, schedule string, dropPushes bool) {
 	ns := startNATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
 	addr := freeAddr(t)
-	cfg := writeFile(t, "syncd.toml", fmt.Sprintf(`
-[platform]
-base_url = %[1]q
-registry_url = %[1]q
-token = %[2]q
-group = "org1"
-organization = "acme"
-[crawl]
-schedule = %[6]q
-sweep_schedule = ""
-advisories_schedule = ""
-subscriptions_schedule = "@every 1h"
-jitter = "0s"
-[events]
-listen = %[5]q
-sink_url = "http://%[5]s/events"
-issuer = %[1]q
-[nats]
-url = %[3]q
-[store]
-path = %[4]q
-[admin]
-listen = ""
-[log]
-format = "json"
-`, srv.URL, e2eToken, ns.ClientURL(), dbPath, addr, schedule))
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stderr syncBuffer
-	done := make(chan int, 1)
-	go func() { done <- NewMain(&syncBuffer{}, &stderr, nil).Run(ctx, []string{"run", "--config", cfg}) }()
-
-	waitFor(t, 30*time.Second, "the baseline crawl and the subscription", func() bool {
-		if _, err := os.Stat(dbPath); err != nil {
-			return false
-		}
-		var n int
-		openReader(t, dbPath).QueryRow(`SELECT (SELECT count(*) FROM meta WHERE key = 'baseline_time') + (SELECT count(*) FROM subscriptions WHERE deleted_time IS NULL)`).Scan(&n)
-		return n == 2
-	})
+	cfg := testConfig{simURL: srv.URL, natsURL: ns.ClientURL(), dbPath: dbPath,
+		crawl:  fmt.Sprintf("schedule = %q\nsweep_schedule = \"\"\nadvisories_schedule = \"\"\nsubscriptions_schedule = \"@every 1h\"\njitter = \"0s\"", schedule),
+		events: fmt.Sprintf("listen = %q\nsink_url = \"http://%s/events\"\nissuer = %q", addr, addr, srv.URL),
+	}.write(t)
+	ctx := context.Background()
+	d := startDaemon(t, cfg)
+	stderr := d.stderr
+	waitBaseline(t, dbPath, `SELECT count(*) FROM subscriptions WHERE deleted_time IS NULL`)
 	db := openReader(t, dbPath)
 	var runsBefore int
 	db.QueryRow(`SELECT count(*) FROM crawl_runs`).Scan(&runsBefore)
@@ -333,8 +252,5 @@ format = "json"
 			t.Errorf("push reached NATS after %s, want within 2s", latency)
 		}
 	}
-	cancel()
-	if code := <-done; code != exitOK {
-		t.Fatalf("exit %d; log:\n%s", code, stderr.String())
-	}
+	d.stop(t)
 }

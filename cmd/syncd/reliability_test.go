@@ -110,31 +110,9 @@ func newWorld(t *testing.T, seed int64, sc platformsim.Scale, natsURL string) *w
 
 // config writes syncd's configuration for this world: quick schedules,
 // sweeps to catch deletions, no admin listener.
-func (w *world) config(extra string) string {
-	return writeFile(w.t, "syncd.toml", fmt.Sprintf(`
-[platform]
-base_url = %[1]q
-registry_url = %[1]q
-token = %[2]q
-group = "org1"
-organization = "acme"
-timeout = "2s"
-[crawl]
-schedule = "@every 1s"
-sweep_schedule = "@every 3s"
-advisories_schedule = "@every 2s"
-jitter = "0s"
-requests_per_second = 0.0
-[nats]
-url = %[3]q
-[store]
-path = %[4]q
-[admin]
-listen = ""
-[log]
-format = "json"
-%[5]s
-`, w.simURL, e2eToken, w.natsURL, w.dbPath, extra))
+func (w *world) config() string {
+	return testConfig{simURL: w.simURL, natsURL: w.natsURL, dbPath: w.dbPath,
+		crawl: "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0"}.write(w.t)
 }
 
 // mirrorDiff compares the mirror with the simulator's ground truth, row for
@@ -338,23 +316,6 @@ func (w *world) converge(rcv *received, within time.Duration) {
 	}
 }
 
-// waitBaseline waits for the first complete crawl.
-func (w *world) waitBaseline() {
-	w.t.Helper()
-	waitFor(w.t, 60*time.Second, "the baseline crawl", func() bool {
-		if _, err := os.Stat(w.dbPath); err != nil {
-			return false
-		}
-		db, err := sql.Open("sqlite", "file:"+w.dbPath+"?mode=ro&_pragma=busy_timeout(5000)")
-		if err != nil {
-			return false
-		}
-		defer db.Close()
-		var v string
-		return db.QueryRow(`SELECT value FROM meta WHERE key = 'baseline_time'`).Scan(&v) == nil
-	})
-}
-
 // changesOnly makes the simulator's scenario move, deprecate and create
 // tags and touch repos and advisories, but delete nothing, so every change
 // stays visible to the oracle.
@@ -371,12 +332,8 @@ func TestReliability_FaultsWhileDataChanges(t *testing.T) {
 	w := newWorld(t, 41, platformsim.Scale{Repos: 4, TagsPerRepo: 4, HistoryPerTag: 5, Advisories: 5, PublicImages: -1}, ns.ClientURL())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- NewMain(&syncBuffer{}, &stderr, nil).Run(ctx, []string{"run", "--config", w.config("")})
-	}()
-	w.waitBaseline()
+	d := startDaemon(t, w.config())
+	waitBaseline(w.t, w.dbPath)
 	rcv := consume(ctx, t, w.natsURL)
 
 	w.sim.SetRates(changesOnly())
@@ -393,10 +350,7 @@ func TestReliability_FaultsWhileDataChanges(t *testing.T) {
 	}
 	w.converge(rcv, 60*time.Second)
 	t.Logf("%d changes made, %d failed answers; %d messages received, %d distinct events", changes, w.failures.Load(), rcv.total, len(rcv.ids))
-	cancel()
-	if code := <-done; code != exitOK {
-		t.Fatalf("exit %d:\n%s", code, stderr.String())
-	}
+	d.stop(t)
 }
 
 // TestReliability_CrashRecovery kills a real syncd process with SIGKILL at
@@ -406,7 +360,7 @@ func TestReliability_FaultsWhileDataChanges(t *testing.T) {
 func TestReliability_CrashRecovery(t *testing.T) {
 	ns := startNATS(t)
 	w := newWorld(t, 43, platformsim.Scale{Repos: 5, TagsPerRepo: 4, HistoryPerTag: 30, Advisories: 5, PublicImages: -1}, ns.ClientURL())
-	cfg := w.config("")
+	cfg := w.config()
 	rng := rand.New(rand.NewPCG(43, 7))
 	start := func() (*exec.Cmd, *syncBuffer) {
 		var out syncBuffer
@@ -421,7 +375,7 @@ func TestReliability_CrashRecovery(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd, _ := start()
-	w.waitBaseline()
+	waitBaseline(w.t, w.dbPath)
 	rcv := consume(ctx, t, w.natsURL)
 	w.sim.SetRates(changesOnly())
 	changes := 0
@@ -453,12 +407,8 @@ func TestReliability_NATSOutage(t *testing.T) {
 	w := newWorld(t, 47, platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 5, PublicImages: -1}, ns.ClientURL())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- NewMain(&syncBuffer{}, &stderr, nil).Run(ctx, []string{"run", "--config", w.config("")})
-	}()
-	w.waitBaseline()
+	d := startDaemon(t, w.config())
+	waitBaseline(w.t, w.dbPath)
 	w.sim.SetRates(changesOnly())
 	changes := len(w.sim.Step(3))
 	ns.Shutdown()
@@ -473,10 +423,7 @@ func TestReliability_NATSOutage(t *testing.T) {
 	rcv := consume(ctx, t, w.natsURL)
 	w.converge(rcv, 60*time.Second)
 	t.Logf("NATS down %s; %d changes made; %d messages received, %d distinct events", outage, changes, rcv.total, len(rcv.ids))
-	cancel()
-	if code := <-done; code != exitOK {
-		t.Fatalf("exit %d:\n%s", code, stderr.String())
-	}
+	d.stop(t)
 }
 
 // outageLength is 3s in make test and 20s in make soak.

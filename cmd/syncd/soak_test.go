@@ -24,7 +24,7 @@ func TestSoak(t *testing.T) {
 	}
 	nsOpts, ns := startNATSRestartable(t)
 	w := newWorld(t, 53, platformsim.Scale{Repos: 20, TagsPerRepo: 5, HistoryPerTag: 50, Advisories: 20, PublicImages: -1}, ns.ClientURL())
-	cfg := w.config("")
+	cfg := w.config()
 	rng := rand.New(rand.NewPCG(53, 1))
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "run", "--config", cfg)
@@ -37,7 +37,7 @@ func TestSoak(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := start()
-	w.waitBaseline()
+	waitBaseline(w.t, w.dbPath)
 	rcv := consume(ctx, t, w.natsURL)
 	w.sim.SetRates(changesOnly())
 	faults := platformsim.Fault{Pattern: "*", ErrorRate: 0.10, RateLimitRate: 0.05, RetryAfter: time.Second,

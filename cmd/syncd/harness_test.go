@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// testConfig writes a syncd configuration for a test: the simulator as the
+// platform, a test NATS server, a mirror file, and sections as given.
+type testConfig struct {
+	simURL, natsURL, dbPath string
+	// crawl is the body of [crawl]; default: every second, no jitter.
+	crawl string
+	// events is the body of [events]; empty: no receiver.
+	events string
+	// adminListen is [admin] listen; empty: no admin listener.
+	adminListen string
+}
+
+func (c testConfig) write(t *testing.T) string {
+	t.Helper()
+	if c.crawl == "" {
+		c.crawl = "schedule = \"@every 1s\"\njitter = \"0s\"\nrequests_per_second = 0.0"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `[platform]
+base_url = %[1]q
+registry_url = %[1]q
+token = %[2]q
+group = "org1"
+organization = "acme"
+timeout = "2s"
+
+[crawl]
+%[3]s
+
+[nats]
+url = %[4]q
+
+[store]
+path = %[5]q
+
+[admin]
+listen = %[6]q
+
+[log]
+level = "debug"
+format = "json"
+`, c.simURL, e2eToken, c.crawl, c.natsURL, c.dbPath, c.adminListen)
+	if c.events != "" {
+		fmt.Fprintf(&b, "\n[events]\n%s\n", c.events)
+	}
+	return writeFile(t, "syncd.toml", b.String())
+}
+
+// e2eConfig is the common case: a crawl schedule and nothing else.
+func e2eConfig(t *testing.T, simURL, natsURL, dbPath, schedule string) string {
+	return testConfig{simURL: simURL, natsURL: natsURL, dbPath: dbPath,
+		crawl: fmt.Sprintf("schedule = %q\njitter = \"0s\"\nrequests_per_second = 0.0", schedule)}.write(t)
+}
+
+// daemon is "syncd run" running in the test process.
+type daemon struct {
+	cancel context.CancelFunc
+	done   chan int
+	stderr *syncBuffer
+}
+
+// startDaemon runs "syncd run --config cfg" until stop.
+func startDaemon(t *testing.T, cfg string) *daemon {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &daemon{cancel: cancel, done: make(chan int, 1), stderr: &syncBuffer{}}
+	go func() { d.done <- NewMain(&syncBuffer{}, d.stderr, nil).Run(ctx, []string{"run", "--config", cfg}) }()
+	t.Cleanup(func() {
+		cancel()
+		<-d.done
+	})
+	return d
+}
+
+// stop signals the daemon and checks that it exits 0 within 5 seconds.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	d.cancel()
+	select {
+	case code := <-d.done:
+		d.done <- code // for the cleanup
+		if code != exitOK {
+			t.Fatalf("syncd run exited %d; log:\n%s", code, d.stderr.String())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("syncd run did not stop within 5s of the signal")
+	}
+}
+
+// waitBaseline waits for the mirror's first complete crawl, and for the
+// extra condition (a SQL count that must be positive) when one is given.
+func waitBaseline(t *testing.T, dbPath string, extra ...string) {
+	t.Helper()
+	waitFor(t, 60*time.Second, "the baseline crawl", func() bool {
+		if _, err := os.Stat(dbPath); err != nil {
+			return false
+		}
+		db, err := sql.Open("sqlite", "file:"+dbPath+"?mode=ro&_pragma=busy_timeout(5000)")
+		if err != nil {
+			return false
+		}
+		defer db.Close()
+		var v string
+		if db.QueryRow(`SELECT value FROM meta WHERE key = 'baseline_time'`).Scan(&v) != nil {
+			return false
+		}
+		for _, q := range extra {
+			var n int
+			if db.QueryRow(q).Scan(&n) != nil || n == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
