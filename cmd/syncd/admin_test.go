@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/syncd-dev/syncd/internal/platformsim"
 )
 
