@@ -251,6 +251,13 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 	if err := c.publicImages(ctx, s); err != nil {
 		return err
 	}
+	if baseline && !sweep {
+		// The baseline covers every kind of resource: advisories listed
+		// later would otherwise all be news. (A sweep lists them anyway.)
+		if err := c.advisories(ctx, s, false); err != nil {
+			return err
+		}
+	}
 	if baseline {
 		c.log.Info("baseline crawl complete: from now on every change is an event")
 		return c.store.EndBaseline(ctx)

@@ -324,3 +324,32 @@ func TestSweep_ListingChangesUnderIt(t *testing.T) {
 		t.Errorf("repo rows=%d, want 451 (450 + the newcomer, the deleted one kept as a tombstone)", total)
 	}
 }
+
+// TestSync_BaselineCoversAdvisories: the first crawl of an empty mirror is
+// silent for every kind of resource, advisories included, and later
+// changes are events.
+func TestSync_BaselineCoversAdvisories(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2, Advisories: 6})
+	ctx := context.Background()
+	if _, err := h.crawler.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.crawler.SyncAdvisories(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM events`); n != 0 {
+		t.Fatalf("%d events after the baseline, want none", n)
+	}
+	if n := h.count(t, `SELECT count(*) FROM advisories`); n != 6 {
+		t.Fatalf("advisories=%d, want 6", n)
+	}
+	if _, err := h.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryCreated}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.crawler.SyncAdvisories(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'advisory.created'`); n != 1 {
+		t.Fatalf("advisory.created events=%d, want 1", n)
+	}
+}
