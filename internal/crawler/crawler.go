@@ -89,17 +89,15 @@ type Job struct {
 	Run      func(ctx context.Context) error
 }
 
-// Run runs the crawl and the advisories once at start, and then every job
-// on its schedule until ctx is done. A job still running when it is due
+// Run runs every job but the sweep once at start (the extra jobs first),
+// and then every job on its schedule until ctx is done. A job still running when it is due
 // again skips that run; a panic in a job is logged and the schedule goes on.
 func (c *Crawler) Run(ctx context.Context, extra ...Job) error {
 	logger := cronLogger{c.log}
 	sched := cron.New(cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)), cron.WithLogger(logger))
-	jobs := []Job{
-		{"crawl", c.cfg.Schedule, func(ctx context.Context) error { _, err := c.Sync(ctx); return err }},
-		{"sweep", c.cfg.SweepSchedule, func(ctx context.Context) error { _, err := c.Sweep(ctx); return err }},
-		{"advisories", c.cfg.AdvisoriesSchedule, func(ctx context.Context) error { _, err := c.SyncAdvisories(ctx); return err }},
-	}
+	// Extra jobs run first at start: the event subscription should be in
+	// place before a long first crawl, so pushes are not missed meanwhile.
+	var jobs []Job
 	for _, j := range extra {
 		run := j.Run
 		j.Run = func(ctx context.Context) error {
@@ -112,6 +110,11 @@ func (c *Crawler) Run(ctx context.Context, extra ...Job) error {
 		}
 		jobs = append(jobs, j)
 	}
+	jobs = append(jobs,
+		Job{"crawl", c.cfg.Schedule, func(ctx context.Context) error { _, err := c.Sync(ctx); return err }},
+		Job{"sweep", c.cfg.SweepSchedule, func(ctx context.Context) error { _, err := c.Sweep(ctx); return err }},
+		Job{"advisories", c.cfg.AdvisoriesSchedule, func(ctx context.Context) error { _, err := c.SyncAdvisories(ctx); return err }},
+	)
 	for _, j := range jobs {
 		if j.Schedule == nil {
 			continue
