@@ -16,6 +16,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/store"
@@ -30,7 +31,11 @@ type Config struct {
 	// history is followed anonymously.
 	PublicImages []string
 	PublicOrg    string
-	Concurrency  int // repos crawled at once
+	// Concurrency is how many repos are listed at once, and separately how
+	// many tag histories are read at once across all repos: most of a
+	// crawl's requests are history reads, so they are pooled rather than
+	// read one after another within each repo.
+	Concurrency int
 	// Schedule runs the incremental crawl; SweepSchedule the full sweep,
 	// the only pass that records deletions; AdvisoriesSchedule the
 	// advisories. A nil schedule disables its job.
@@ -54,6 +59,9 @@ type Crawler struct {
 	cfg    Config
 	log    *slog.Logger
 	mu     sync.Mutex // one crawl at a time
+	// histories bounds the history reads in flight, shared by the crawl
+	// and the refresh jobs pushed events ask for.
+	histories *semaphore.Weighted
 }
 
 // New returns a Crawler.
@@ -70,7 +78,7 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = 10 * time.Second
 	}
-	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger}
+	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(cfg.Concurrency))}
 }
 
 // Summary is what one crawl did.
@@ -363,30 +371,7 @@ func (c *Crawler) wanted(name string) bool {
 func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) (map[string]bool, error) {
 	for attempt := 1; ; attempt++ {
 		seen := make(map[string]bool)
-		err := func() error {
-			for page, err := range c.client.Tags(platform.ListQuery{ChildrenOf: repo.UID}).Pages(ctx) {
-				if err != nil {
-					return err
-				}
-				tags := make([]store.Tag, len(page))
-				for i, t := range page {
-					tags[i] = storeTag(t)
-					seen[t.UID] = true
-				}
-				need, n, err := c.store.ApplyTags(finish(ctx), repo, tags)
-				if err != nil {
-					return err
-				}
-				s.tags.Add(int64(len(page)))
-				s.events.Add(int64(n))
-				for _, ref := range need {
-					if err := c.syncHistory(ctx, ref, s); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
-		}()
+		err := c.listTags(ctx, repo, seen, s)
 		var restarted *platform.ListRestartedError
 		if errors.As(err, &restarted) && attempt < 3 {
 			c.log.Warn("tag listing restarted under us; listing again", "repo", repo.Name, "err", err)
@@ -397,6 +382,62 @@ func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) (m
 		}
 		return seen, nil
 	}
+}
+
+// listTags makes one pass over a repo's tag listing, recording what it saw
+// in seen, and reads the histories the store asks for while it lists: they
+// go to the crawler's pool of history reads, so that a repo with many
+// changed tags does not wait for them one after another. It returns when
+// the listing and every history read it started are done.
+func (c *Crawler) listTags(ctx context.Context, repo store.Repo, seen map[string]bool, s *summary) error {
+	g, gctx := errgroup.WithContext(ctx)
+	// The repo's first history read goes alone: it fetches the registry
+	// token for the repo's image, which the reads after it find cached,
+	// where reads started together would each fetch one.
+	first := true
+	listErr := func() error {
+		for page, err := range c.client.Tags(platform.ListQuery{ChildrenOf: repo.UID}).Pages(gctx) {
+			if err != nil {
+				return err
+			}
+			tags := make([]store.Tag, len(page))
+			for i, t := range page {
+				tags[i] = storeTag(t)
+				seen[t.UID] = true
+			}
+			need, n, err := c.store.ApplyTags(finish(gctx), repo, tags)
+			if err != nil {
+				return err
+			}
+			s.tags.Add(int64(len(page)))
+			s.events.Add(int64(n))
+			for _, ref := range need {
+				if err := c.histories.Acquire(gctx, 1); err != nil {
+					return err
+				}
+				if first {
+					first = false
+					err := c.syncHistory(gctx, ref, s)
+					c.histories.Release(1)
+					if err != nil {
+						return err
+					}
+					continue
+				}
+				g.Go(func() error {
+					defer c.histories.Release(1)
+					return c.syncHistory(gctx, ref, s)
+				})
+			}
+		}
+		return nil
+	}()
+	// A failed history read cancels gctx, which stops the listing with a
+	// context error: report the read's error, the cause.
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return listErr
 }
 
 // syncHistory reads a tag's history from its bookmark and hands it to the

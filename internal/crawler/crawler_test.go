@@ -353,3 +353,27 @@ func TestSync_BaselineCoversAdvisories(t *testing.T) {
 		t.Fatalf("advisory.created events=%d, want 1", n)
 	}
 }
+
+// TestSync_FirstSyncMakesTheMinimumRequests: with a repo's history reads
+// running in parallel, the first sync still fetches one registry token per
+// image and reads each tag's history once, all of it.
+func TestSync_FirstSyncMakesTheMinimumRequests(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 6, TagsPerRepo: 40, HistoryPerTag: 3, PublicImages: -1})
+	sum, err := h.crawler.Sync(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := h.sim.Stats()
+	if got, want := st.ByEndpoint["GET /token"], 6; got != want {
+		t.Errorf("registry token requests=%d, want %d (one per image)", got, want)
+	}
+	if got, want := st.ByEndpoint["GET /v2/{image}/_chainguard/history/{tag}"], 240; got != want {
+		t.Errorf("history requests=%d, want %d (one per tag)", got, want)
+	}
+	if got, want := h.count(t, `SELECT count(*) FROM tag_history`), 240*3; got != want {
+		t.Errorf("history rows=%d, want %d", got, want)
+	}
+	if sum.HistoryReads != 240 {
+		t.Errorf("history reads=%d, want 240", sum.HistoryReads)
+	}
+}

@@ -1,0 +1,320 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/publish"
+)
+
+// results is what one run measured; make bench writes it to results.json.
+type results struct {
+	Machine machine `json:"machine"`
+	Params  params  `json:"params"`
+	Org     struct {
+		Repos, Tags, HistoryRecords, Advisories int
+	} `json:"org"`
+	Minimum      minimum `json:"minimum_requests"`
+	MinimumTotal int     `json:"minimum_requests_total"`
+
+	FullSync          syncResult `json:"full_sync"`
+	RowsPerSec        float64    `json:"rows_per_s"`
+	CeilingRowsPerSec float64    `json:"sqlite_ceiling_rows_per_s"`
+	IngestRatio       float64    `json:"ingest_ratio"`
+	// PerTagTxRowsPerSec is the same loop with one transaction per tag,
+	// the unit in which the store's ApplyHistory writes: what ingest could
+	// reach with the store as it is. It runs on a tenth of the rows.
+	PerTagTxRowsPerSec float64 `json:"sqlite_per_tag_tx_rows_per_s"`
+	RequestRatio       float64 `json:"request_ratio"`
+
+	LatencySync  syncResult `json:"latency_sync"`
+	LatencyFloor float64    `json:"latency_floor_s"`
+	LatencyRatio float64    `json:"latency_ratio"`
+
+	Idle        syncResult `json:"idle_resync"`
+	Moved       int        `json:"moved_tags"`
+	Incremental syncResult `json:"incremental_resync"`
+
+	Relay relayResult `json:"relay"`
+	Push  pushResult  `json:"push"`
+
+	Memory       []memResult `json:"memory"`
+	MemoryGrowth float64     `json:"memory_growth_1x_to_4x"`
+
+	Targets []target `json:"targets"`
+	Total   float64  `json:"total_s"`
+}
+
+type machine struct {
+	CPUs      int    `json:"nproc"`
+	CPU       string `json:"cpu"`
+	Go        string `json:"go"`
+	LoadStart string `json:"loadavg_at_start"`
+	Date      string `json:"date"`
+}
+
+func thisMachine() machine {
+	m := machine{CPUs: runtime.NumCPU(), Go: runtime.Version(), Date: time.Now().UTC().Format(time.RFC3339)}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				m.CPU = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m.LoadStart = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return m
+}
+
+// target is one of the issue's targets and whether this run met it.
+type target struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Want  string  `json:"want"`
+	Met   bool    `json:"met"`
+}
+
+// BenchmarkSyncd measures syncd against the limits of the machine and of
+// the API, every figure in one run, and prints one table. It runs once
+// whatever b.N is (make bench passes -benchtime 1x): each phase already
+// moves a million rows.
+func BenchmarkSyncd(b *testing.B) {
+	p, err := paramsFromEnv()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	dir, err := dataDir()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	began := time.Now()
+	var r results
+	r.Machine, r.Params = thisMachine(), p
+	progress := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "bench %6.1fs: %s\n", time.Since(began).Seconds(), fmt.Sprintf(format, args...))
+	}
+
+	sc := orgScale(p.Scale)
+	progress("generating the organization: %d repos x %d tags, %d advisories", sc.Repos, sc.TagsPerRepo, sc.Advisories)
+	o := startOrg(sc)
+	defer o.Close()
+	truth := o.sim.Truth()
+	r.Org.Repos, r.Org.Tags, r.Org.Advisories = len(truth.Repos), len(truth.Tags), len(truth.Advisories)
+	for _, h := range truth.History {
+		r.Org.HistoryRecords += len(h)
+	}
+	r.Minimum = minimumRequests(truth)
+	r.MinimumTotal = r.Minimum.Total()
+	truth = platformsim.Truth{}
+
+	progress("SQLite ceiling: %d rows, %d per transaction", r.Org.HistoryRecords, ceilingRowsPerTx)
+	if r.CeilingRowsPerSec, err = sqliteCeiling(ctx, dir, r.Org.HistoryRecords, r.Org.Tags, ceilingRowsPerTx); err != nil {
+		b.Fatal(err)
+	}
+	perTag := (r.Org.HistoryRecords + r.Org.Tags - 1) / r.Org.Tags
+	progress("SQLite with one transaction per tag: %d rows", r.Org.HistoryRecords/10)
+	if r.PerTagTxRowsPerSec, err = sqliteCeiling(ctx, dir, r.Org.HistoryRecords/10, r.Org.Tags/10, perTag); err != nil {
+		b.Fatal(err)
+	}
+
+	// The full sync runs in a child process, which measures its peak
+	// memory too (the first of the three sizes); its mirror stays for the
+	// resyncs.
+	progress("full initial sync in a child process, concurrency %d", p.Concurrency)
+	aDir := filepath.Join(dir, "a")
+	mem1, full, err := childSync(ctx, p, o, 1, aDir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.Memory, r.FullSync = append(r.Memory, mem1), full
+	r.RowsPerSec = float64(r.FullSync.HistoryRows) / r.FullSync.WallSeconds
+	r.IngestRatio = r.RowsPerSec / r.CeilingRowsPerSec
+	r.RequestRatio = float64(r.FullSync.Requests) / float64(r.MinimumTotal)
+	a, err := openMirror(ctx, aDir, o.URL(), p.Concurrency, "none")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer a.Close()
+
+	progress("idle resync")
+	if r.Idle, err = syncOnce(ctx, o, a); err != nil {
+		b.Fatal(err)
+	}
+
+	tags := o.sim.Truth().Tags
+	r.Moved = max(1, len(tags)/100)
+	progress("incremental resync after moving %d tags", r.Moved)
+	o.sim.Advance(time.Second)
+	for i := range r.Moved {
+		if err := o.sim.MoveTag(tags[(i*97)%len(tags)].UID, fmt.Sprintf("sha256:%064x", 0xa00+i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if r.Incremental, err = syncOnce(ctx, o, a); err != nil {
+		b.Fatal(err)
+	}
+
+	progress("latency-bound sync: %s per request, concurrency %d", p.Latency, p.Concurrency)
+	// A snapshot mirror: its first sync fills the outbox the relay is
+	// measured on (one created event per repo, tag and advisory).
+	l, err := openMirror(ctx, filepath.Join(dir, "l"), o.URL(), p.Concurrency, "snapshot")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	o.sim.SetFaults(platformsim.Fault{Pattern: "*", Latency: p.Latency})
+	r.LatencySync, err = syncOnce(ctx, o, l)
+	o.sim.SetFaults()
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.LatencyFloor = float64(r.MinimumTotal) * p.Latency.Seconds() / float64(p.Concurrency)
+	r.LatencyRatio = r.LatencySync.WallSeconds / r.LatencyFloor
+
+	pcfg := publishConfig(filepath.Join(dir, "nats"), o.URL()+"/org1")
+	conn, err := publish.Connect(ctx, pcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	progress("relay against a plain JetStream publish loop")
+	if r.Relay, err = measureRelay(ctx, conn, l.store, pcfg); err != nil {
+		b.Fatal(err)
+	}
+
+	progress("push to NATS: %d moves one at a time", p.Pushes)
+	if r.Push, err = measurePush(ctx, o, a, conn, pcfg, p.Pushes); err != nil {
+		b.Fatal(err)
+	}
+	// The memory runs generate bigger organizations: free this one first.
+	o.Close()
+
+	for _, f := range []float64{2, 4} {
+		sc := orgScale(p.Scale * f)
+		progress("peak memory: generating the organization at %gx (%d repos), a child process syncs it", f, sc.Repos)
+		big := startOrg(sc)
+		m, _, err := childSync(ctx, p, big, f, filepath.Join(dir, fmt.Sprintf("mem%g", f)))
+		big.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.Memory = append(r.Memory, m)
+	}
+	r.MemoryGrowth = r.Memory[2].PeakMB/r.Memory[0].PeakMB - 1
+	r.Total = time.Since(began).Seconds()
+	r.Targets = targets(r)
+
+	printTable(os.Stdout, r)
+	name := "results.json"
+	if p.Scale != 1 {
+		name = "results-quick.json"
+	}
+	out, _ := json.MarshalIndent(r, "", "  ")
+	if err := os.WriteFile(name, append(out, '\n'), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(r.IngestRatio, "ingest/ceiling")
+	b.ReportMetric(r.LatencyRatio, "latency/floor")
+}
+
+// dataDir makes the directory for the run's databases and NATS storage
+// under BENCH_DIR, by default /dev/shm where there is one: on a shared
+// machine the disk's contention would swamp what the benchmark measures,
+// and ceilings and syncd share whatever storage is used.
+func dataDir() (string, error) {
+	base := os.Getenv("BENCH_DIR")
+	if base == "" {
+		base = os.TempDir()
+		if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+			base = "/dev/shm"
+		}
+	}
+	return os.MkdirTemp(base, "syncd-bench-")
+}
+
+// startProfile writes a CPU profile of the full initial sync to path, when
+// path is set (BENCH_CPUPROFILE), for finding what bounds ingest.
+func startProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+func targets(r results) []target {
+	return []target{
+		{"requests / minimum", r.RequestRatio, "<= 1.02", r.RequestRatio <= 1.02},
+		{"ingest / SQLite ceiling", r.IngestRatio, ">= 0.5", r.IngestRatio >= 0.5},
+		{"relay / JetStream ceiling", r.Relay.RatioToCeiling, ">= 0.7", r.Relay.RatioToCeiling >= 0.7},
+		{"idle resync history requests", float64(r.Idle.HistoryRequests), "0", r.Idle.HistoryRequests == 0},
+		{"latency-bound sync / floor", r.LatencyRatio, "<= 1.25", r.LatencyRatio <= 1.25},
+		{"push-to-NATS p99 (ms)", r.Push.P99ms, "<= 50", r.Push.P99ms <= 50},
+		{"peak memory at 1x (MB)", r.Memory[0].PeakMB, "<= 200", r.Memory[0].PeakMB <= 200},
+		{"peak memory growth 1x -> 4x", r.MemoryGrowth, "< 0.15", r.MemoryGrowth < 0.15},
+	}
+}
+
+func printTable(w io.Writer, r results) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(cols ...string) { fmt.Fprintln(tw, strings.Join(cols, "\t")) }
+	f := func(format string, args ...any) string { return fmt.Sprintf(format, args...) }
+	status := map[string]string{}
+	for _, t := range r.Targets {
+		s := "MISSED"
+		if t.Met {
+			s = "met"
+		}
+		status[t.Name] = f("%s %s", t.Want, s)
+	}
+	fmt.Fprintf(w, "\nsyncd benchmarks: %d repos, %d tags, %d history records, %d advisories (scale %g); concurrency %d\n",
+		r.Org.Repos, r.Org.Tags, r.Org.HistoryRecords, r.Org.Advisories, r.Params.Scale, r.Params.Concurrency)
+	fmt.Fprintf(w, "machine: %d CPUs, %s, %s, load at start %s\n\n", r.Machine.CPUs, r.Machine.CPU, r.Machine.Go, r.Machine.LoadStart)
+	row("measure", "value", "ceiling / reference", "ratio", "target")
+	row("full sync: wall", f("%.1f s", r.FullSync.WallSeconds), "", "", "")
+	row("full sync: history rows/s", f("%.0f", r.RowsPerSec), f("SQLite loop %.0f", r.CeilingRowsPerSec), f("%.2f", r.IngestRatio), status["ingest / SQLite ceiling"])
+	row("  (SQLite loop, 1 tx per tag)", f("%.0f", r.PerTagTxRowsPerSec), "", f("%.2f", r.PerTagTxRowsPerSec/r.CeilingRowsPerSec), "")
+	row("full sync: requests", f("%d", r.FullSync.Requests), f("minimum %d", r.MinimumTotal), f("%.3f", r.RequestRatio), status["requests / minimum"])
+	row(f("latency sync (%s/req): wall", r.Params.Latency), f("%.1f s", r.LatencySync.WallSeconds), f("floor %.1f s", r.LatencyFloor), f("%.2f", r.LatencyRatio), status["latency-bound sync / floor"])
+	row("idle resync: requests", f("%d (history %d)", r.Idle.Requests, r.Idle.HistoryRequests), "", "", status["idle resync history requests"])
+	row("idle resync: wall", f("%.2f s", r.Idle.WallSeconds), "", "", "")
+	row(f("incremental (%d moved): requests", r.Moved), f("%d (history %d)", r.Incremental.Requests, r.Incremental.HistoryRequests), "", "", "")
+	row("incremental: wall", f("%.2f s", r.Incremental.WallSeconds), "", "", "")
+	row("relay: events/s", f("%.0f", r.Relay.RelayPerSec), f("JetStream loop %.0f", r.Relay.CeilingPerSec), f("%.2f", r.Relay.RatioToCeiling), status["relay / JetStream ceiling"])
+	row("push to NATS: p50 / p99", f("%.1f / %.1f ms", r.Push.P50ms, r.Push.P99ms), f("%d pushes", r.Push.Pushes), "", status["push-to-NATS p99 (ms)"])
+	for i, m := range r.Memory {
+		st := ""
+		switch i {
+		case 0:
+			st = status["peak memory at 1x (MB)"]
+		case 2:
+			st = f("growth %+.0f%%; < 15%% %s", 100*r.MemoryGrowth, strings.TrimPrefix(status["peak memory growth 1x -> 4x"], "< 0.15 "))
+		}
+		row(f("peak RSS at %gx (%d history rows)", m.Factor, m.HistoryRows), f("%.0f MB", m.PeakMB), f("sync %.0f s", m.WallSeconds), "", st)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\ntotal %.0f s\n", r.Total)
+}

@@ -1,0 +1,141 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The memory runs re-execute the test binary as a child that holds nothing
+// but syncd's parts (client, crawler, store): the simulator, which holds
+// the whole organization, stays in the parent and serves the child over
+// loopback, so the child's peak resident memory is syncd's alone.
+const (
+	memSimEnv         = "BENCH_MEM_SIM"
+	memConcurrencyEnv = "BENCH_MEM_CONCURRENCY"
+	memDirEnv         = "BENCH_MEM_DIR"
+	memResultPrefix   = "BENCHMEM "
+)
+
+// memResult is one child's full sync and its peak resident memory.
+type memResult struct {
+	Factor      float64 `json:"factor"`
+	Repos       int     `json:"repos"`
+	Tags        int     `json:"tags"`
+	HistoryRows int64   `json:"history_rows"`
+	PeakMB      float64 `json:"peak_rss_mb"` // VmHWM of the child
+	RusageMB    float64 `json:"rusage_maxrss_mb"`
+	WallSeconds float64 `json:"wall_s"`
+}
+
+// TestMemoryChild is the child side of the memory runs; it is skipped
+// unless BenchmarkSyncd started it.
+func TestMemoryChild(t *testing.T) {
+	url := os.Getenv(memSimEnv)
+	if url == "" {
+		t.Skip("runs only as the child process of BenchmarkSyncd")
+	}
+	conc, err := strconv.Atoi(os.Getenv(memConcurrencyEnv))
+	if err != nil {
+		t.Fatalf("%s: %v", memConcurrencyEnv, err)
+	}
+	ctx := context.Background()
+	m, err := openMirror(ctx, os.Getenv(memDirEnv), url, conc, "none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	stopProfile, err := startProfile(os.Getenv("BENCH_CPUPROFILE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := m.crawler.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.crawler.SyncAdvisories(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wall := time.Since(start)
+	stopProfile()
+	hwm, err := vmHWM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := m.count(ctx, "tag_history")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tags, err := m.count(ctx, "tags")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := json.Marshal(memResult{PeakMB: hwm, HistoryRows: rows, Tags: int(tags), WallSeconds: wall.Seconds()})
+	fmt.Println(memResultPrefix + string(out))
+}
+
+// vmHWM reads this process's peak resident set size, in MB, from /proc.
+func vmHWM() (float64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+			if err != nil {
+				return 0, fmt.Errorf("VmHWM %q: %w", v, err)
+			}
+			return float64(kb) / 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/self/status")
+}
+
+// childSync has a child process make a full initial sync of o into a new
+// mirror in dir, which the parent may open afterwards, and returns its
+// figures with the requests the simulator served.
+func childSync(ctx context.Context, p params, o *org, factor float64, dir string) (memResult, syncResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestMemoryChild$", "-test.count=1", "-test.timeout=10m")
+	cmd.Env = append(os.Environ(), memSimEnv+"="+o.URL(), memConcurrencyEnv+"="+strconv.Itoa(p.Concurrency), memDirEnv+"="+dir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	o.sim.ResetStats()
+	out, err := cmd.Output()
+	if err != nil {
+		return memResult{}, syncResult{}, fmt.Errorf("sync child at %gx: %w\n%s%s", factor, err, out, stderr.Bytes())
+	}
+	st := o.sim.Stats()
+	var r memResult
+	found := false
+	lines := bufio.NewScanner(bytes.NewReader(out))
+	for lines.Scan() {
+		if v, ok := strings.CutPrefix(lines.Text(), memResultPrefix); ok {
+			if err := json.Unmarshal([]byte(v), &r); err != nil {
+				return memResult{}, syncResult{}, err
+			}
+			found = true
+		}
+	}
+	if !found {
+		return memResult{}, syncResult{}, fmt.Errorf("sync child at %gx printed no result:\n%s", factor, out)
+	}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		r.RusageMB = float64(ru.Maxrss) / 1024 // kilobytes on Linux
+	}
+	r.Factor, r.Repos = factor, o.sc.Repos
+	sr := syncResult{Wall: time.Duration(r.WallSeconds * float64(time.Second)), WallSeconds: r.WallSeconds,
+		Requests: st.Total, HistoryRequests: st.ByEndpoint[historyEndpoint], HistoryRows: r.HistoryRows}
+	return r, sr, nil
+}

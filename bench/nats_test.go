@@ -1,0 +1,182 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/events"
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// publishConfig is syncd's default stream, on the embedded server.
+func publishConfig(dir, source string) publish.Config {
+	return publish.Config{DataDir: dir, SubjectPrefix: "syncd", Stream: "SYNCD", DuplicateWindow: 2 * time.Minute, Source: source}
+}
+
+// relayResult compares the relay with a plain publish loop.
+type relayResult struct {
+	Events         int     `json:"events"`
+	RelayPerSec    float64 `json:"relay_per_s"`
+	CeilingPerSec  float64 `json:"jetstream_ceiling_per_s"`
+	RatioToCeiling float64 `json:"ratio"`
+}
+
+// measureRelay publishes the outbox of st with the relay, and the same
+// messages with a plain async publish loop first.
+func measureRelay(ctx context.Context, conn *publish.Conn, st *store.Store, pcfg publish.Config) (relayResult, error) {
+	relay := publish.NewRelay(conn.JS, st, pcfg)
+	var msgs []*nats.Msg
+	for after := int64(0); ; {
+		evs, err := st.Unpublished(ctx, after, 5000)
+		if err != nil {
+			return relayResult{}, err
+		}
+		for _, e := range evs {
+			m, err := relay.Message(e)
+			if err != nil {
+				return relayResult{}, err
+			}
+			m.Subject = "ceiling." + strings.TrimPrefix(m.Subject, pcfg.SubjectPrefix+".")
+			msgs = append(msgs, m)
+			after = e.Seq
+		}
+		if len(evs) < 5000 {
+			break
+		}
+	}
+	if len(msgs) == 0 {
+		return relayResult{}, errors.New("relay: the outbox is empty; nothing to measure")
+	}
+	// The loop runs before and after the relay, and the faster run is
+	// the ceiling: the first run also pays for warming up the server.
+	ceiling, err := jetstreamCeiling(ctx, conn.JS, "CEILING1", msgs, publish.DefaultMaxInFlight)
+	if err != nil {
+		return relayResult{}, err
+	}
+	start := time.Now()
+	if err := relay.Flush(ctx); err != nil {
+		return relayResult{}, fmt.Errorf("relay flush: %w", err)
+	}
+	rate := float64(len(msgs)) / time.Since(start).Seconds()
+	for _, m := range msgs {
+		m.Subject = "ceiling2." + strings.TrimPrefix(m.Subject, "ceiling.")
+	}
+	again, err := jetstreamCeiling(ctx, conn.JS, "CEILING2", msgs, publish.DefaultMaxInFlight)
+	if err != nil {
+		return relayResult{}, err
+	}
+	ceiling = max(ceiling, again)
+	if n, _, err := st.UnpublishedCount(ctx); err != nil || n != 0 {
+		return relayResult{}, fmt.Errorf("relay left %d events unpublished (%v)", n, err)
+	}
+	return relayResult{Events: len(msgs), RelayPerSec: rate, CeilingPerSec: ceiling, RatioToCeiling: rate / ceiling}, nil
+}
+
+// pushResult is the latency from a move upstream to its event in JetStream.
+type pushResult struct {
+	Pushes int     `json:"pushes"`
+	P50ms  float64 `json:"p50_ms"`
+	P99ms  float64 `json:"p99_ms"`
+	Maxms  float64 `json:"max_ms"`
+}
+
+// measurePush wires the push path as syncd run does (a receiver on a
+// loopback port, the subscription registered with the platform, the relay
+// running) and moves n tags one at a time, timing each from the move to
+// the tag.moved event reaching a JetStream consumer.
+func measurePush(ctx context.Context, o *org, m *mirror, conn *publish.Conn, pcfg publish.Config, n int) (pushResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	relay := publish.NewRelay(conn.JS, m.store, pcfg)
+	if err := relay.Flush(ctx); err != nil {
+		return pushResult{}, err
+	}
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(ctx) }()
+	defer func() { cancel(); <-relayDone }()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return pushResult{}, err
+	}
+	rcv := events.NewReceiver(events.Config{Issuer: o.URL(), Groups: []string{"org1"}, TypePrefix: "dev.chainguard."}, m.crawler, m.store)
+	srv := &http.Server{Handler: rcv, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+	rcvDone := make(chan error, 1)
+	go func() { rcvDone <- rcv.Run(ctx) }()
+	defer func() { cancel(); <-rcvDone }()
+	reg := &events.Registrar{Client: m.client, Store: m.store, Groups: []string{"org1"}, Sink: "http://" + ln.Addr().String() + "/events"}
+	if err := reg.Ensure(ctx); err != nil {
+		return pushResult{}, err
+	}
+
+	type moved struct {
+		Subject string `json:"subject"`
+		Data    struct {
+			After struct{ Digest string } `json:"after"`
+		} `json:"data"`
+	}
+	got := make(chan moved, 64)
+	cons, err := conn.JS.OrderedConsumer(ctx, pcfg.Stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{pcfg.SubjectPrefix + ".tag.moved.>"}, DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		return pushResult{}, err
+	}
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		var ev moved
+		if json.Unmarshal(msg.Data(), &ev) == nil {
+			select {
+			case got <- ev:
+			case <-ctx.Done():
+			}
+		}
+	})
+	if err != nil {
+		return pushResult{}, err
+	}
+	defer cc.Stop()
+
+	tags := o.sim.Truth().Tags
+	lat := make([]time.Duration, 0, n)
+	for i := range n {
+		// Spread the moves over the organization, one tag each.
+		tag := tags[(i*7919)%len(tags)]
+		d := fmt.Sprintf("sha256:%064x", 0xb00+i)
+		start := time.Now()
+		if err := o.sim.MoveTag(tag.UID, d); err != nil {
+			return pushResult{}, err
+		}
+		timeout := time.NewTimer(10 * time.Second)
+	wait:
+		for {
+			select {
+			case ev := <-got:
+				if ev.Subject == tag.UID && ev.Data.After.Digest == d {
+					break wait
+				}
+			case <-timeout.C:
+				return pushResult{}, fmt.Errorf("push %d: no tag.moved event for %s within 10s (receiver stats: accepted %d, failed %d)",
+					i, tag.UID, rcv.Stats.Accepted.Load(), rcv.Stats.Failed.Load())
+			}
+		}
+		timeout.Stop()
+		lat = append(lat, time.Since(start))
+	}
+	slices.Sort(lat)
+	q := func(p float64) float64 {
+		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
+	}
+	return pushResult{Pushes: n, P50ms: q(0.50), P99ms: q(0.99), Maxms: q(1)}, nil
+}

@@ -1,0 +1,201 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/platform"
+	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// token is the platform token the simulator accepts.
+const token = "bench-token-8d2e"
+
+// historyEndpoint is the simulator's name for tag history requests.
+const historyEndpoint = "GET /v2/{image}/_chainguard/history/{tag}"
+
+// params are the knobs of one benchmark run, from the environment.
+type params struct {
+	// Scale multiplies the size of the organization (BENCH_SCALE; 1 is
+	// the issue's 1,000 repos and 1,000,000 history records).
+	Scale float64 `json:"scale"`
+	// Concurrency is the crawler's concurrency and the most connections
+	// the platform client opens to the simulator (BENCH_CONCURRENCY).
+	Concurrency int `json:"concurrency"`
+	// Latency is the simulated latency of every request in the
+	// latency-bound sync.
+	Latency time.Duration `json:"latency_ns"`
+	// Pushes is how many moves the push-to-NATS latency is measured over.
+	Pushes int `json:"pushes"`
+}
+
+func paramsFromEnv() (params, error) {
+	p := params{Scale: 1, Concurrency: 16, Latency: 20 * time.Millisecond, Pushes: 200}
+	if v := os.Getenv("BENCH_SCALE"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 || f > 8 {
+			return p, fmt.Errorf("BENCH_SCALE=%q: want a number in (0, 8]", v)
+		}
+		p.Scale = f
+	}
+	if v := os.Getenv("BENCH_CONCURRENCY"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 64 {
+			return p, fmt.Errorf("BENCH_CONCURRENCY=%q: want 1 to 64 (the range crawl.concurrency allows)", v)
+		}
+		p.Concurrency = n
+	}
+	if p.Scale < 1 {
+		// The quick run keeps its push count in proportion, but enough
+		// for a p99 to mean something.
+		p.Pushes = max(50, int(float64(p.Pushes)*p.Scale))
+	}
+	return p, nil
+}
+
+// orgScale is the issue's organization times f: repos, heavy tags and
+// advisories grow, the shape of a repo stays.
+func orgScale(f float64) platformsim.Scale {
+	sc := platformsim.ScaleScenario()
+	scale := func(n int) int { return max(1, int(math.Round(float64(n)*f))) }
+	sc.Repos, sc.Advisories, sc.HeavyTags = scale(sc.Repos), scale(sc.Advisories), scale(sc.HeavyTags)
+	sc.PublicImages = -1 // not part of the organization
+	return sc
+}
+
+// org is a simulated organization served on a loopback port.
+type org struct {
+	sim *platformsim.Sim
+	srv *httptest.Server
+	sc  platformsim.Scale
+}
+
+func startOrg(sc platformsim.Scale) *org {
+	sim := platformsim.New(platformsim.Options{Seed: 1, Tokens: []string{token}, AllowHTTPSinks: true})
+	sim.Populate(sc)
+	// httptest listens on 127.0.0.1.
+	srv := httptest.NewServer(sim.Handler())
+	sim.SetBaseURL(srv.URL)
+	return &org{sim: sim, srv: srv, sc: sc}
+}
+
+func (o *org) URL() string { return o.srv.URL }
+
+func (o *org) Close() {
+	o.sim.Close()
+	o.srv.Close()
+}
+
+// minimum is the fewest requests the API allows for a full sync of an
+// organization, by kind.
+type minimum struct {
+	RepoPages, TagPages, HistoryWindows, AdvisoryPages, RegistryTokens int
+}
+
+func (m minimum) Total() int {
+	return m.RepoPages + m.TagPages + m.HistoryWindows + m.AdvisoryPages + m.RegistryTokens
+}
+
+// minimumRequests counts, from the generated organization itself: list
+// pages of 200 (at least one per listing), ceil(records/1000) history
+// windows per tag, and one registry token per image (repo).
+func minimumRequests(t platformsim.Truth) minimum {
+	pages := func(n, per int) int { return max(1, (n+per-1)/per) }
+	tagsPerRepo := map[string]int{}
+	for _, tg := range t.Tags {
+		tagsPerRepo[tg.RepoUID]++
+	}
+	m := minimum{RepoPages: pages(len(t.Repos), 200), AdvisoryPages: pages(len(t.Advisories), 200), RegistryTokens: len(t.Repos)}
+	for _, r := range t.Repos {
+		m.TagPages += pages(tagsPerRepo[r.UID], 200)
+	}
+	for _, h := range t.History {
+		m.HistoryWindows += pages(len(h), 1000)
+	}
+	return m
+}
+
+// newClient returns a platform client that opens at most conns
+// connections to the simulator, so that no more than conns requests are
+// in flight: the latency floor divides by exactly that number.
+func newClient(url string, conns int) (*platform.Client, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxConnsPerHost, tr.MaxIdleConnsPerHost = conns, conns
+	return platform.New(platform.Config{BaseURL: url, RegistryURL: url, Token: platform.StaticToken(token),
+		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", HTTPClient: &http.Client{Transport: tr}})
+}
+
+// mirror is one syncd mirror: store, client and crawler.
+type mirror struct {
+	store   *store.Store
+	client  *platform.Client
+	crawler *crawler.Crawler
+}
+
+func openMirror(ctx context.Context, dir, url string, concurrency int, initialEvents string) (*mirror, error) {
+	st, err := store.Open(ctx, filepath.Join(dir, "syncd.db"), store.Options{InitialEvents: initialEvents})
+	if err != nil {
+		return nil, err
+	}
+	client, err := newClient(url, concurrency)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	c := crawler.New(client, st, crawler.Config{Group: "org1", Concurrency: concurrency})
+	return &mirror{store: st, client: client, crawler: c}, nil
+}
+
+func (m *mirror) Close() error { return m.store.Close() }
+
+func (m *mirror) count(ctx context.Context, table string) (int64, error) {
+	var n int64
+	err := m.store.Reader().QueryRowContext(ctx, `SELECT count(*) FROM `+table).Scan(&n)
+	return n, err
+}
+
+// syncResult is what one sync cost.
+type syncResult struct {
+	Wall            time.Duration `json:"wall_ns"`
+	WallSeconds     float64       `json:"wall_s"`
+	Requests        int           `json:"requests"`
+	HistoryRequests int           `json:"history_requests"`
+	HistoryRows     int64         `json:"history_rows"` // rows added to tag_history
+	Events          int64         `json:"events"`
+}
+
+// syncOnce runs the crawl and the advisories job, as a start of syncd
+// does, and counts the requests the simulator served.
+func syncOnce(ctx context.Context, o *org, m *mirror) (syncResult, error) {
+	before, err := m.count(ctx, "tag_history")
+	if err != nil {
+		return syncResult{}, err
+	}
+	o.sim.ResetStats()
+	start := time.Now()
+	crawl, err := m.crawler.Sync(ctx)
+	if err != nil {
+		return syncResult{}, fmt.Errorf("sync: %w", err)
+	}
+	adv, err := m.crawler.SyncAdvisories(ctx)
+	if err != nil {
+		return syncResult{}, fmt.Errorf("sync advisories: %w", err)
+	}
+	wall := time.Since(start)
+	st := o.sim.Stats()
+	after, err := m.count(ctx, "tag_history")
+	if err != nil {
+		return syncResult{}, err
+	}
+	return syncResult{Wall: wall, WallSeconds: wall.Seconds(), Requests: st.Total, HistoryRequests: st.ByEndpoint[historyEndpoint],
+		HistoryRows: after - before, Events: crawl.Events + adv.Events}, nil
+}
