@@ -68,6 +68,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		cmd = &runCommand{m: m}
 	case "sync":
 		cmd = &syncCommand{m: m}
+	case "follow":
+		cmd = &followCommand{m: m}
 	case "status":
 		cmd = &statusCommand{m: m}
 	case "sim":
@@ -110,6 +112,7 @@ Usage:
 Commands:
   run            run the daemon (crawl on a schedule, publish changes)
   sync           crawl once, publish everything, and exit (--once)
+  follow         keep a mirror from a leader's event stream, without the platform
   status         show what is mirrored and how fresh it is
   subscriptions  list (or --remove) syncd's event subscriptions
   identity       create the identity syncd runs as, bound to a role ("identity create")

@@ -100,9 +100,20 @@ func (c *runCommand) Run(ctx context.Context) error {
 		}
 	}
 	log.Info("syncd running", "version", version(), "platform", cfg.Platform.BaseURL, "mirror", cfg.Store.Path,
-		"schedule", cfg.Crawl.Schedule, "subjects", cfg.NATS.SubjectPrefix+".>")
+		"schedule", cfg.Crawl.Schedule, "subjects", cfg.NATS.SubjectPrefix+".>", "cluster", cfg.Cluster.Enabled)
+	// In cluster mode only the lease holder crawls, receives and publishes.
+	var rep *replica
+	if cfg.Cluster.Enabled {
+		if rep, err = newReplica(ctx, a); err != nil {
+			return err
+		}
+	}
 
-	if a.receiver != nil {
+	switch {
+	case a.receiver != nil && rep != nil:
+		log.Info("receiving pushed events while leading", "listen", evLn.Addr().String())
+		serveHTTP(gctx, g, evLn, rep.leaderOnly(a.receiver))
+	case a.receiver != nil:
 		serveReceiver(gctx, g, evLn, a.receiver, log)
 	}
 	schedules := jobSchedules(cfg)
@@ -120,10 +131,19 @@ func (c *runCommand) Run(ctx context.Context) error {
 	}
 	a.relay.OnPublished = func(e store.Event) { a.metrics.EventPublished(e.Type, e.Age()) }
 	a.registerGauges()
+	checks := a.readiness(fresh)
+	if rep != nil {
+		rep.registerGauges()
+		checks = rep.standbyFresh(checks)
+	}
 	if cfg.Admin.Listen != "" {
-		if err := serveAdmin(gctx, g, cfg.Admin.Listen, admin.Handler(a.metrics, a.readiness(fresh)), log); err != nil {
+		if err := serveAdmin(gctx, g, cfg.Admin.Listen, admin.Handler(a.metrics, checks), log); err != nil {
 			return err
 		}
+	}
+	if rep != nil {
+		g.Go(func() error { return pruneLoop(gctx, a.store, cfg.Store.EventRetention.Duration, log) })
+		return rep.run(ctx, cancel, g, gctx, jobs, c.grace)
 	}
 	g.Go(func() error { return a.crawler.Run(gctx, jobs...) })
 	g.Go(func() error { return pruneLoop(gctx, a.store, cfg.Store.EventRetention.Duration, log) })

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -49,6 +50,11 @@ type statusReport struct {
 	Subscriptions     []subStatus      `json:"subscriptions"`
 	UnpublishedEvents int              `json:"unpublished_events"`
 	OldestUnpublished string           `json:"oldest_unpublished,omitempty"`
+	// Cluster mode and followers: leader, standby or follower; the lease
+	// holder; how many stream messages the follower had pending.
+	Role        string `json:"role,omitempty"`
+	LeaseHolder string `json:"lease_holder,omitempty"`
+	FollowLag   string `json:"follow_lag,omitempty"`
 }
 
 type subStatus struct {
@@ -135,6 +141,11 @@ func (c *statusCommand) Run(ctx context.Context) error {
 		return err
 	}
 	rep.UnpublishedEvents, rep.OldestUnpublished = n, store.FormatTime(oldest)
+	for key, v := range map[string]*string{"role": &rep.Role, "lease_holder": &rep.LeaseHolder, "follow_lag": &rep.FollowLag} {
+		if *v, err = st.Meta(ctx, key); err != nil {
+			return err
+		}
+	}
 	if c.json {
 		enc := json.NewEncoder(c.m.Stdout)
 		enc.SetIndent("", "  ")
@@ -142,6 +153,12 @@ func (c *statusCommand) Run(ctx context.Context) error {
 	}
 	w := tabwriter.NewWriter(c.m.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "mirror\t%s (schema v%d)\n", rep.Mirror, rep.SchemaVersion)
+	if rep.Role != "" {
+		fmt.Fprintf(w, "role\t%s (lease holder: %s)\n", rep.Role, cmp.Or(rep.LeaseHolder, "none"))
+	}
+	if rep.FollowLag != "" {
+		fmt.Fprintf(w, "follower lag\t%s messages\n", rep.FollowLag)
+	}
 	for _, t := range []string{"repos", "tags", "tag_history", "advisories", "subscriptions", "events", "crawl_runs"} {
 		fmt.Fprintf(w, "%s\t%d\n", t, rep.Tables[t])
 	}

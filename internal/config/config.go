@@ -32,6 +32,21 @@ type Config struct {
 	Store    Store    `toml:"store"`
 	Admin    Admin    `toml:"admin"`
 	Log      Log      `toml:"log"`
+	Cluster  Cluster  `toml:"cluster"`
+}
+
+// Cluster configures high availability: replicas of "syncd run" that share
+// a leader lease in a NATS KV bucket, and the durable consumer through which
+// standbys and "syncd follow" mirror the event stream.
+type Cluster struct {
+	Enabled bool `toml:"enabled"`
+	// NodeID names this replica in the lease; empty: hostname-pid.
+	NodeID   string   `toml:"node_id"`
+	Bucket   string   `toml:"bucket"`
+	Key      string   `toml:"key"`
+	LeaseTTL Duration `toml:"lease_ttl"`
+	// Consumer is the durable consumer's name; empty: syncd-follow-<node_id>.
+	Consumer string `toml:"consumer"`
 }
 
 // Admin configures the operations listener: metrics, liveness, readiness.
@@ -172,6 +187,11 @@ func Default() Config {
 		},
 		Admin: Admin{Listen: "127.0.0.1:9090", StaleFactor: 3},
 		Log:   Log{Level: "info", Format: "auto"},
+		Cluster: Cluster{
+			Bucket:   "syncd_leader",
+			Key:      "leader",
+			LeaseTTL: Duration{10 * time.Second},
+		},
 	}
 }
 
@@ -489,6 +509,43 @@ func (c *Config) Validate() error {
 	default:
 		return &Error{Key: "log.format", Msg: fmt.Sprintf("must be auto, text or json, got %q", c.Log.Format)}
 	}
+	return c.validateCluster()
+}
+
+// kvName is what NATS accepts as a KV bucket or key name (the KV's own rule,
+// kept stricter: no dots, so the key is one subject token).
+var kvName = regexp.MustCompile(`^[-_A-Za-z0-9]+$`)
+
+func (c *Config) validateCluster() error {
+	cl := c.Cluster
+	if !kvName.MatchString(cl.Bucket) {
+		return &Error{Key: "cluster.bucket", Msg: fmt.Sprintf("must be a KV bucket name of letters, digits, '-' and '_': %q", cl.Bucket)}
+	}
+	if !kvName.MatchString(cl.Key) {
+		return &Error{Key: "cluster.key", Msg: fmt.Sprintf("must be a KV key of letters, digits, '-' and '_': %q", cl.Key)}
+	}
+	// Below a second the renewals (every third of the TTL) race the
+	// server's expiry timer and ordinary network latency.
+	if cl.LeaseTTL.Duration < time.Second {
+		return &Error{Key: "cluster.lease_ttl", Msg: fmt.Sprintf("must be at least 1s, got %s", cl.LeaseTTL.Duration)}
+	}
+	if cl.NodeID != "" && !kvName.MatchString(cl.NodeID) {
+		return &Error{Key: "cluster.node_id", Msg: fmt.Sprintf("must be letters, digits, '-' and '_': %q", cl.NodeID)}
+	}
+	if cl.Consumer != "" && !kvName.MatchString(cl.Consumer) {
+		return &Error{Key: "cluster.consumer", Msg: fmt.Sprintf("must be a consumer name of letters, digits, '-' and '_': %q", cl.Consumer)}
+	}
+	if !cl.Enabled {
+		return nil
+	}
+	if c.NATS.URL == "" {
+		return &Error{Key: "nats.url", Msg: "required with cluster.enabled = true: replicas share an external NATS server (the embedded one dies with its syncd)"}
+	}
+	// Followers build their mirrors from the stream alone, so the baseline
+	// must be in it.
+	if c.Store.InitialEvents != "snapshot" {
+		return &Error{Key: "store.initial_events", Msg: fmt.Sprintf("must be \"snapshot\" with cluster.enabled = true, got %q: standbys and followers learn the baseline from the stream", c.Store.InitialEvents)}
+	}
 	return nil
 }
 
@@ -642,3 +699,29 @@ func readable(path string) error {
 	}
 	return nil
 }
+
+// Node is this replica's name in the lease: node_id, or hostname-pid when
+// it is empty, so that two replicas on one host still differ.
+func (cl Cluster) Node() string {
+	if cl.NodeID != "" {
+		return cl.NodeID
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "syncd"
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// ConsumerName is the durable consumer of this mirror: consumer, or
+// syncd-follow-<node> when it is empty. node is Node(), passed in so that
+// the name is computed once for a process.
+func (cl Cluster) ConsumerName(node string) string {
+	if cl.Consumer != "" {
+		return cl.Consumer
+	}
+	return "syncd-follow-" + kvSafe.ReplaceAllString(node, "_")
+}
+
+// kvSafe matches what a host name may hold but a consumer name may not.
+var kvSafe = regexp.MustCompile(`[^-_A-Za-z0-9]`)

@@ -1,0 +1,365 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/platformsim"
+)
+
+// clusterTTL is the lease TTL of the cluster tests: short, so that a
+// takeover is quick, and long enough for renewals on a busy machine.
+const clusterTTL = 2 * time.Second
+
+// requestCounter counts the simulator's requests per platform token, so
+// that each replica's upstream traffic is known.
+type requestCounter struct {
+	mu    sync.Mutex
+	count map[string]int
+	first map[string]time.Time
+}
+
+func (c *requestCounter) wrap(h http.Handler, tokens []string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization")
+		c.mu.Lock()
+		for _, tok := range tokens {
+			if strings.Contains(auth, tok) {
+				if c.count[tok] == 0 {
+					c.first[tok] = time.Now()
+				}
+				c.count[tok]++
+			}
+		}
+		c.mu.Unlock()
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (c *requestCounter) get(tok string) (int, time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.count[tok], c.first[tok]
+}
+
+// node is one syncd process of the cluster test.
+type node struct {
+	name, token, dbPath, cfg string
+	cmd                      *exec.Cmd
+	out                      *syncBuffer
+}
+
+// clusterNodeConfig writes a cluster-mode configuration for one replica.
+func clusterNodeConfig(t *testing.T, simURL, natsURL string, n *node) string {
+	return writeFile(t, "syncd-"+n.name+".toml", fmt.Sprintf(`[platform]
+base_url = %[1]q
+registry_url = %[1]q
+token = %[2]q
+group = "org1"
+organization = "acme"
+timeout = "2s"
+
+[crawl]
+schedule = "@every 1s"
+sweep_schedule = "@every 3s"
+advisories_schedule = "@every 2s"
+jitter = "0s"
+requests_per_second = 0.0
+
+[nats]
+url = %[3]q
+
+[store]
+path = %[4]q
+initial_events = "snapshot"
+
+[admin]
+listen = ""
+
+[log]
+level = "debug"
+format = "json"
+
+[cluster]
+enabled = true
+node_id = %[5]q
+lease_ttl = %[6]q
+consumer = "follow-%[5]s"
+`, simURL, n.token, natsURL, n.dbPath, n.name, clusterTTL.String()))
+}
+
+// start runs the test binary as "syncd <args> --config n.cfg".
+func (n *node) start(t *testing.T, cmdName string) {
+	t.Helper()
+	n.out = &syncBuffer{}
+	n.cmd = exec.Command(os.Args[0], cmdName, "--config", n.cfg)
+	n.cmd.Env = append(os.Environ(), execMainEnv+"=1")
+	n.cmd.Stdout, n.cmd.Stderr = n.out, n.out
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if n.cmd.ProcessState == nil {
+			n.cmd.Process.Kill()
+			n.cmd.Wait()
+		}
+	})
+}
+
+// meta reads a key of a mirror's meta table; "" when absent or unreadable.
+func metaOf(path, key string) string {
+	if _, err := os.Stat(path); err != nil {
+		return ""
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		return ""
+	}
+	defer db.Close()
+	var v string
+	db.QueryRow(`SELECT value FROM meta WHERE key = ?`, key).Scan(&v)
+	return v
+}
+
+// mirrorState is what a follower's mirror must share with the leader's:
+// every repo, tag and advisory with its state and tombstone.
+func mirrorState(db *sql.DB) (string, error) {
+	var b strings.Builder
+	for _, q := range []string{
+		`SELECT 'repo', uid, name, description, deleted_time IS NOT NULL, deletions FROM repos ORDER BY uid`,
+		`SELECT 'tag', uid, digest, deprecated, deleted_time IS NOT NULL, deletions FROM tags ORDER BY uid`,
+		`SELECT 'advisory', uid, advisory_id, artifact_name, deleted_time IS NOT NULL, deletions FROM advisories ORDER BY uid`,
+	} {
+		rows, err := db.Query(q)
+		if err != nil {
+			return "", err
+		}
+		for rows.Next() {
+			var c [6]string
+			if err := rows.Scan(&c[0], &c[1], &c[2], &c[3], &c[4], &c[5]); err != nil {
+				rows.Close()
+				return "", err
+			}
+			b.WriteString(strings.Join(c[:], " ") + "\n")
+		}
+		rows.Close()
+	}
+	return b.String(), nil
+}
+
+// historyCarried checks a follower's tag history against the leader's: every
+// row the follower has (the moves the stream carried) is the leader's row at
+// the same position; "" when they agree.
+func historyCarried(follower, leader *sql.DB) string {
+	rows, err := follower.Query(`SELECT tag_uid, seq, digest FROM tag_history ORDER BY tag_uid, seq`)
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	var diffs []string
+	n := 0
+	for rows.Next() {
+		var uid, digest, want string
+		var seq int
+		rows.Scan(&uid, &seq, &digest)
+		n++
+		leader.QueryRow(`SELECT digest FROM tag_history WHERE tag_uid = ? AND seq = ?`, uid, seq).Scan(&want)
+		if want != digest && len(diffs) < 5 {
+			diffs = append(diffs, fmt.Sprintf("tag %s seq %d: follower %s, leader %q", uid, seq, digest, want))
+		}
+	}
+	if n == 0 {
+		return "the follower has no history rows: no move was carried"
+	}
+	return strings.Join(diffs, "\n")
+}
+
+// waitSameMirror waits until the follower's mirror equals the leader's.
+func waitSameMirror(t *testing.T, within time.Duration, followerPath, leaderPath string) {
+	t.Helper()
+	fdb, ldb := openReader(t, followerPath), openReader(t, leaderPath)
+	var last string
+	deadline := time.Now().Add(within)
+	for {
+		f, ferr := mirrorState(fdb)
+		l, lerr := mirrorState(ldb)
+		switch {
+		case ferr != nil || lerr != nil:
+			last = fmt.Sprintf("read mirrors: %v %v", ferr, lerr)
+		case f != l:
+			last = "mirrors differ:\nfollower:\n" + firstLines(f, 5) + "leader:\n" + firstLines(l, 5) + diffLines(f, l)
+		default:
+			if last = historyCarried(fdb, ldb); last == "" {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("follower %s never matched the leader after %s:\n%s", followerPath, within, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitAfter(s, "\n")
+	return strings.Join(lines[:min(n, len(lines))], "")
+}
+
+// diffLines names the first lines one side has and the other lacks.
+func diffLines(a, b string) string {
+	in := func(s string) map[string]bool {
+		m := map[string]bool{}
+		for _, l := range strings.Split(s, "\n") {
+			m[l] = true
+		}
+		return m
+	}
+	ia, ib := in(a), in(b)
+	var out []string
+	for l := range ia {
+		if !ib[l] && len(out) < 5 {
+			out = append(out, "only follower: "+l)
+		}
+	}
+	for l := range ib {
+		if !ia[l] && len(out) < 10 {
+			out = append(out, "only leader: "+l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestCluster_Failover runs three "syncd run" replicas in cluster mode as
+// real processes against one NATS server and the simulator. It kills the
+// leader with SIGKILL while data changes and checks that: a standby takes
+// over within two lease TTLs; the consumer receives every move exactly once
+// and the new leader's mirror converges to the truth; the standbys made no
+// upstream request while standing by; the remaining standby's mirror equals
+// the leader's; and a follower started late catches up from the stream.
+func TestCluster_Failover(t *testing.T) {
+	ns := startNATS(t)
+	natsURL := ns.ClientURL()
+	nodes := []*node{{name: "a", token: "tok-a-1f3c"}, {name: "b", token: "tok-b-7d2e"}, {name: "c", token: "tok-c-9a4b"}}
+	tokens := []string{nodes[0].token, nodes[1].token, nodes[2].token}
+	sim := platformsim.New(platformsim.Options{Seed: 53, Tokens: tokens})
+	sim.Populate(platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 4, Advisories: 4, PublicImages: -1})
+	counter := &requestCounter{count: map[string]int{}, first: map[string]time.Time{}}
+	srv := httptest.NewServer(counter.wrap(sim.Handler(), tokens))
+	t.Cleanup(srv.Close)
+	t.Cleanup(sim.Close)
+	sim.SetBaseURL(srv.URL)
+	dir := t.TempDir()
+	for _, n := range nodes {
+		n.dbPath = filepath.Join(dir, n.name+".db")
+		n.cfg = clusterNodeConfig(t, srv.URL, natsURL, n)
+	}
+	w := &world{t: t, sim: sim, simURL: srv.URL, natsURL: natsURL, baseline: map[string]int{}}
+	for uid, h := range sim.Truth().History {
+		w.baseline[uid] = len(h)
+	}
+
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	a.start(t, "run")
+	waitFor(t, 30*time.Second, "a to lead and finish its baseline", func() bool {
+		return metaOf(a.dbPath, "role") == "leader" && metaOf(a.dbPath, "baseline_time") != ""
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rcv := consume(ctx, t, natsURL)
+	b.start(t, "run")
+	c.start(t, "run")
+	for _, n := range []*node{b, c} {
+		waitFor(t, 30*time.Second, n.name+" to follow as a standby", func() bool {
+			return metaOf(n.dbPath, "role") == "standby" && metaOf(n.dbPath, "lease_holder") == "a" && metaOf(n.dbPath, "baseline_time") != ""
+		})
+	}
+
+	sim.SetRates(changesOnly())
+	changes := 0
+	for range 5 {
+		changes += len(sim.Step(2))
+		time.Sleep(200 * time.Millisecond) // the data changes while a crawls
+	}
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	a.cmd.Wait()
+	killed := time.Now()
+	changes += len(sim.Step(3)) // changes while nobody leads
+
+	var leader, standby *node
+	waitFor(t, 4*clusterTTL, "a standby to take over", func() bool {
+		for _, n := range []*node{b, c} {
+			if metaOf(n.dbPath, "role") == "leader" {
+				leader = n
+				return true
+			}
+		}
+		return false
+	})
+	takeover := time.Since(killed)
+	if takeover > 2*clusterTTL {
+		t.Errorf("takeover took %s, want at most two lease TTLs (%s)", takeover, 2*clusterTTL)
+	}
+	standby = b
+	if leader == b {
+		standby = c
+	}
+	for range 5 {
+		changes += len(sim.Step(2))
+		time.Sleep(200 * time.Millisecond)
+	}
+	w.dbPath = leader.dbPath
+	w.converge(rcv, 40*time.Second)
+
+	if n, _ := counter.get(standby.token); n != 0 {
+		t.Errorf("standby %s made %d upstream requests, want 0", standby.name, n)
+	}
+	if n, first := counter.get(leader.token); n == 0 || first.Before(killed) {
+		t.Errorf("new leader %s: %d upstream requests, the first at %s, before the kill at %s", leader.name, n, first, killed)
+	}
+	if n, _ := counter.get(a.token); n == 0 {
+		t.Error("the first leader made no upstream request: the test proved nothing")
+	}
+	if got := metaOf(standby.dbPath, "lease_holder"); got != leader.name {
+		t.Errorf("standby %s sees lease holder %q, want %q", standby.name, got, leader.name)
+	}
+	waitSameMirror(t, 20*time.Second, standby.dbPath, leader.dbPath)
+
+	// A follower started late builds its mirror from the stream alone.
+	late := &node{name: "late", token: "no-platform-access", dbPath: filepath.Join(dir, "late.db")}
+	late.cfg = clusterNodeConfig(t, srv.URL, natsURL, late)
+	late.start(t, "follow")
+	waitSameMirror(t, 20*time.Second, late.dbPath, leader.dbPath)
+	if got := metaOf(late.dbPath, "role"); got != "follower" {
+		t.Errorf("late follower's role = %q, want follower", got)
+	}
+	t.Logf("takeover by %s %s after SIGKILL (lease TTL %s); %d changes; %d messages, %d distinct events; requests a=%d %s=%d %s=0",
+		leader.name, takeover.Round(time.Millisecond), clusterTTL, changes, rcv.total, len(rcv.ids),
+		first(counter.get(a.token)), leader.name, first(counter.get(leader.token)), standby.name)
+
+	for _, n := range []*node{leader, standby, late} {
+		n.cmd.Process.Signal(syscall.SIGTERM)
+		if err := n.cmd.Wait(); err != nil {
+			t.Errorf("%s after SIGTERM: %v; log tail:\n%s", n.name, err, tail(n.out.String(), 20))
+		}
+	}
+}
+
+func first(n int, _ time.Time) int { return n }
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"path/filepath"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/syncd-dev/syncd/internal/admin"
+	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// followCommand is "syncd follow": a mirror built from the event stream.
+type followCommand struct {
+	m     *Main
+	flags commonFlags
+}
+
+func (c *followCommand) ParseFlags(args []string) error {
+	fs := flag.NewFlagSet("syncd follow", flag.ContinueOnError)
+	fs.SetOutput(c.m.Stderr)
+	c.flags.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: syncd follow [--config FILE] [--log-level LEVEL]
+
+Keeps a mirror at [store] path from the event stream of a syncd leader
+([nats] url, stream and subject_prefix), without any request to the
+platform: every event's state is applied to the same tables "syncd run"
+fills. A durable JetStream consumer ([cluster] consumer, default
+syncd-follow-<node_id>) starts at the first message the stream holds and
+resumes where it stopped. [platform] keys are not needed. SIGINT or SIGTERM
+stops it cleanly.
+
+Examples:
+  syncd follow --config follower.toml
+  SYNCD_NATS_URL=nats://nats:4222 SYNCD_STORE_PATH=/srv/mirror.db syncd follow
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs.Parse(args)
+}
+
+func (c *followCommand) Run(ctx context.Context) error {
+	cfg, err := c.m.loadConfig(c.flags)
+	if err != nil {
+		return err
+	}
+	if cfg.NATS.URL == "" {
+		return usageError{&config.Error{Key: "nats.url", Msg: "required: syncd follow reads the stream of a leader's NATS server"}}
+	}
+	log := newLogger(c.m.Stderr, cfg.Log)
+	st, err := store.Open(ctx, cfg.Store.Path, store.Options{Logger: log.With("part", "store")})
+	if err != nil {
+		return fmt.Errorf("open mirror %s: %w", cfg.Store.Path, err)
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			log.Error("close mirror", "err", err)
+		}
+	}()
+	// A follower never changes the stream: the leader manages it.
+	nc, err := publish.Connect(ctx, publish.Config{
+		URL: cfg.NATS.URL, DataDir: filepath.Dir(cfg.Store.Path),
+		Credentials: cfg.NATS.Credentials, NKeySeed: cfg.NATS.NKeySeed, Token: cfg.NATS.Token,
+		User: cfg.NATS.User, Password: cfg.NATS.Password,
+		TLSCA: cfg.NATS.TLSCA, TLSCert: cfg.NATS.TLSCert, TLSKey: cfg.NATS.TLSKey,
+		SubjectPrefix: cfg.NATS.SubjectPrefix, Stream: cfg.NATS.Stream, CheckStreamOnly: true,
+		Logger: log.With("part", "publish"),
+	})
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if err := st.SetMeta(ctx, "role", cluster.RoleFollower); err != nil {
+		return err
+	}
+	node := cfg.Cluster.Node()
+	f := newFollower(nc, st, cfg, node, log)
+	log.Info("syncd following", "version", version(), "mirror", cfg.Store.Path, "stream", cfg.NATS.Stream,
+		"consumer", cfg.Cluster.ConsumerName(node))
+
+	g, gctx := errgroup.WithContext(ctx)
+	if cfg.Admin.Listen != "" {
+		m := admin.NewMetrics(version())
+		registerLag(m.Registry(), f)
+		m.GaugeFunc("syncd_nats_connected", "1 while the NATS connection is up.", func() float64 { return boolGauge(nc.NC.IsConnected()) })
+		checks := []admin.Check{
+			{Name: "database", Run: st.Writable},
+			{Name: "nats", Run: func(context.Context) error {
+				if !nc.NC.IsConnected() {
+					return fmt.Errorf("not connected to NATS (%s)", nc.NC.Status())
+				}
+				return nil
+			}},
+		}
+		if err := serveAdmin(gctx, g, cfg.Admin.Listen, admin.Handler(m, checks), log); err != nil {
+			return err
+		}
+	}
+	g.Go(func() error { return f.Run(gctx) })
+	g.Go(func() error { return pruneLoop(gctx, st, cfg.Store.EventRetention.Duration, log) })
+	err = g.Wait()
+	log.Info("stopped following", "lag", f.Lag())
+	return err
+}

@@ -1,0 +1,217 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// Mirror is what a follower needs of the store.
+type Mirror interface {
+	ApplyStreamEvents(ctx context.Context, evs []store.StreamEvent) (int, error)
+}
+
+// FollowerConfig configures a Follower.
+type FollowerConfig struct {
+	Stream        string
+	SubjectPrefix string
+	// Consumer is the durable consumer's name; one per mirror.
+	Consumer string
+	// Batch is how many messages are applied in one transaction; default 256.
+	Batch int
+	// MaxWait is how long a fetch waits for messages; default 1s.
+	MaxWait time.Duration
+	Logger  *slog.Logger
+	// OnBatch, when set, is called after every fetch with how many events
+	// were applied and how many messages the consumer still has pending.
+	OnBatch func(applied int, pending uint64)
+}
+
+// Follower applies the event stream to a mirror through a durable
+// JetStream consumer: a new consumer starts at the first message the stream
+// holds, a known one where it left off. Messages are acknowledged after the
+// transaction that applied them committed, so a crash redelivers them, and
+// the mirror ignores those it already holds.
+type Follower struct {
+	js     jetstream.JetStream
+	mirror Mirror
+	cfg    FollowerConfig
+	log    *slog.Logger
+	lag    atomic.Uint64
+	// cons is created on first use; Run and CatchUp are never called
+	// concurrently, so it needs no lock.
+	cons jetstream.Consumer
+}
+
+// NewFollower returns a follower of js's stream into mirror.
+func NewFollower(js jetstream.JetStream, mirror Mirror, cfg FollowerConfig) *Follower {
+	if cfg.Batch <= 0 {
+		cfg.Batch = 256
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Follower{js: js, mirror: mirror, cfg: cfg, log: cfg.Logger}
+}
+
+// Lag is how many messages the consumer had pending after the last fetch.
+func (f *Follower) Lag() uint64 { return f.lag.Load() }
+
+// consumer creates the durable consumer, or finds it.
+func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
+	if f.cons != nil {
+		return f.cons, nil
+	}
+	cons, err := f.js.CreateOrUpdateConsumer(ctx, f.cfg.Stream, jetstream.ConsumerConfig{
+		Durable:       f.cfg.Consumer,
+		Description:   "syncd follower mirror",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		FilterSubject: f.cfg.SubjectPrefix + ".>",
+		// One fetch at a time, applied in order: per-resource order holds
+		// unless a message is redelivered, and applying is idempotent.
+		MaxAckPending: 4 * f.cfg.Batch,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create or update consumer %s on stream %s: %w", f.cfg.Consumer, f.cfg.Stream, err)
+	}
+	f.cons = cons
+	return cons, nil
+}
+
+// Run applies the stream until ctx is done. Errors of NATS or the mirror
+// are logged and retried with backoff; only ctx ends it.
+func (f *Follower) Run(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		if _, _, err := f.fetch(ctx); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			f.log.Warn("following the stream failed; retrying", "err", err, "in", backoff.String())
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 10*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+	}
+	return nil
+}
+
+// CatchUp applies what the stream holds until nothing is pending, so that a
+// standby about to lead has every event the old leader published.
+func (f *Follower) CatchUp(ctx context.Context) error {
+	for {
+		_, pending, err := f.fetch(ctx)
+		if err != nil {
+			return err
+		}
+		if pending == 0 {
+			return nil
+		}
+	}
+}
+
+// fetch applies one batch and returns how many events it applied and how
+// many messages are still pending.
+func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
+	cons, err := f.consumer(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	// The context both bounds the wait and ends it at shutdown (the
+	// library takes one or the other, not a max wait and a context).
+	fctx, cancel := context.WithTimeout(ctx, f.cfg.MaxWait)
+	defer cancel()
+	batch, err := cons.Fetch(f.cfg.Batch, jetstream.FetchContext(fctx))
+	if err != nil {
+		return 0, 0, fmt.Errorf("fetch from consumer %s: %w", f.cfg.Consumer, err)
+	}
+	var msgs []jetstream.Msg
+	var evs []store.StreamEvent
+	var pending uint64
+	known := false
+	for m := range batch.Messages() {
+		if md, err := m.Metadata(); err == nil {
+			pending, known = md.NumPending, true
+		}
+		ev, err := decode(m.Data())
+		if err != nil {
+			// Never redelivered: it would fail the same way forever.
+			f.log.Error("not a syncd event; skipping it", "subject", m.Subject(), "err", err)
+			if err := m.Term(); err != nil {
+				f.log.Warn("terminate undecodable message", "err", err)
+			}
+			continue
+		}
+		msgs, evs = append(msgs, m), append(evs, ev)
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {
+		return 0, 0, fmt.Errorf("fetch from consumer %s: %w", f.cfg.Consumer, err)
+	}
+	applied := 0
+	if len(evs) > 0 {
+		if applied, err = f.mirror.ApplyStreamEvents(ctx, evs); err != nil {
+			for _, m := range msgs {
+				m.Nak()
+			}
+			return 0, 0, err
+		}
+		for _, m := range msgs {
+			if err := m.Ack(); err != nil {
+				f.log.Debug("ack failed; the message comes again and changes nothing", "err", err)
+			}
+		}
+	}
+	if !known {
+		// An empty fetch carries no metadata; ask the consumer.
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return applied, f.lag.Load(), fmt.Errorf("consumer %s info: %w", f.cfg.Consumer, err)
+		}
+		pending = info.NumPending
+	}
+	f.lag.Store(pending)
+	if f.cfg.OnBatch != nil {
+		f.cfg.OnBatch(applied, pending)
+	}
+	return applied, pending, nil
+}
+
+// cloudEvent is the part of a syncd CloudEvent a follower needs.
+type cloudEvent struct {
+	ID      string          `json:"id"`
+	Type    string          `json:"type"`
+	Subject string          `json:"subject"`
+	Time    time.Time       `json:"time"`
+	Data    json.RawMessage `json:"data"`
+}
+
+func decode(b []byte) (store.StreamEvent, error) {
+	var ce cloudEvent
+	if err := json.Unmarshal(b, &ce); err != nil {
+		return store.StreamEvent{}, fmt.Errorf("decode CloudEvent: %w", err)
+	}
+	typ, ok := strings.CutPrefix(ce.Type, publish.TypePrefix)
+	if !ok || ce.ID == "" || ce.Subject == "" || len(ce.Data) == 0 {
+		return store.StreamEvent{}, fmt.Errorf("CloudEvent %q of type %q is not a syncd event", ce.ID, ce.Type)
+	}
+	return store.StreamEvent{ID: ce.ID, Type: typ, Subject: ce.Subject, Time: ce.Time, Data: ce.Data}, nil
+}

@@ -1,0 +1,201 @@
+// Package cluster lets several syncd replicas share one upstream: a leader
+// lease in a NATS KV bucket elects the one replica that crawls and
+// publishes, and a follower applies the event stream to a replica's own
+// mirror, so that standbys take over warm and analysts anywhere get a
+// mirror without touching the upstream.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// LeaseConfig configures a Lease.
+type LeaseConfig struct {
+	Bucket string
+	Key    string
+	// Node names this replica; it is the value of the key while it leads.
+	Node string
+	// TTL is the bucket's max age: a key not renewed within it expires.
+	TTL      time.Duration
+	Replicas int
+	Logger   *slog.Logger
+}
+
+// LeaseState is what a replica knows of the lease.
+type LeaseState struct {
+	Leader bool
+	// Holder is the node holding the lease; "" when nobody does.
+	Holder string
+	// Term counts the times this replica gained the lease, so that a loss
+	// and a regain between two looks are not missed.
+	Term uint64
+}
+
+// Lease campaigns for, holds and renews the leader lease: one key in a KV
+// bucket whose max age is the TTL. Create succeeds only when the key is
+// absent, deleted or expired; Update with the last revision renews it and
+// fails if anybody else wrote in between. A renewal that fails for any
+// reason ends the leadership at once, before the key can expire, so two
+// replicas never both believe they lead while the server is reachable.
+type Lease struct {
+	kv  jetstream.KeyValue
+	cfg LeaseConfig
+	log *slog.Logger
+
+	mu      sync.Mutex
+	state   LeaseState
+	rev     uint64
+	changes chan struct{}
+}
+
+// NewLease creates the bucket, or updates it to cfg, and returns a lease
+// that campaigns once Run is called.
+func NewLease(ctx context.Context, js jetstream.JetStream, cfg LeaseConfig) (*Lease, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      cfg.Bucket,
+		Description: "syncd leader lease",
+		History:     1,
+		TTL:         cfg.TTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(cfg.Replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create or update KV bucket %s: %w", cfg.Bucket, err)
+	}
+	return &Lease{kv: kv, cfg: cfg, log: cfg.Logger, changes: make(chan struct{}, 1)}, nil
+}
+
+// State returns what the replica knows of the lease now.
+func (l *Lease) State() LeaseState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state
+}
+
+// IsLeader reports whether this replica holds the lease.
+func (l *Lease) IsLeader() bool { return l.State().Leader }
+
+// Holder is the node holding the lease, "" when nobody does.
+func (l *Lease) Holder() string { return l.State().Holder }
+
+// Changes receives a value after the state changed; it holds at most one
+// pending signal, so readers look at State after receiving.
+func (l *Lease) Changes() <-chan struct{} { return l.changes }
+
+// Run campaigns while standing by and renews while leading, until ctx is
+// done; it then deletes the key if it still holds it, so that a standby
+// takes over at once instead of after the TTL.
+func (l *Lease) Run(ctx context.Context) error {
+	renew, campaign := l.cfg.TTL/3, l.cfg.TTL/4
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			l.release()
+			return nil
+		case <-t.C:
+		}
+		if l.IsLeader() {
+			l.renew(ctx)
+		} else {
+			l.campaign(ctx)
+		}
+		if l.IsLeader() {
+			t.Reset(renew)
+		} else {
+			t.Reset(campaign)
+		}
+	}
+}
+
+// opTimeout bounds one KV request: a renewal must fail, and leadership end,
+// well before the key expires.
+func (l *Lease) opTimeout() time.Duration { return l.cfg.TTL / 3 }
+
+func (l *Lease) campaign(ctx context.Context) {
+	octx, cancel := context.WithTimeout(ctx, l.opTimeout())
+	defer cancel()
+	rev, err := l.kv.Create(octx, l.cfg.Key, []byte(l.cfg.Node))
+	if err == nil {
+		l.set(func(s *LeaseState) { s.Leader, s.Holder = true, l.cfg.Node; s.Term++ }, rev)
+		l.log.Info("gained the leader lease", "node", l.cfg.Node, "bucket", l.cfg.Bucket, "ttl", l.cfg.TTL.String())
+		return
+	}
+	holder := ""
+	if e, gerr := l.kv.Get(octx, l.cfg.Key); gerr == nil {
+		holder = string(e.Value())
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil {
+		l.log.Warn("campaign for the leader lease failed", "err", err)
+	}
+	l.set(func(s *LeaseState) { s.Holder = holder }, 0)
+}
+
+func (l *Lease) renew(ctx context.Context) {
+	octx, cancel := context.WithTimeout(ctx, l.opTimeout())
+	defer cancel()
+	l.mu.Lock()
+	rev := l.rev
+	l.mu.Unlock()
+	next, err := l.kv.Update(octx, l.cfg.Key, []byte(l.cfg.Node), rev)
+	if err == nil {
+		l.mu.Lock()
+		l.rev = next
+		l.mu.Unlock()
+		return
+	}
+	if ctx.Err() != nil {
+		return // shutting down: release decides
+	}
+	l.set(func(s *LeaseState) { s.Leader, s.Holder = false, "" }, 0)
+	l.log.Warn("lost the leader lease: renewal failed; stepping down", "node", l.cfg.Node, "err", err)
+}
+
+// release deletes the key if this replica still holds it at the revision it
+// last wrote, so that nobody else's lease is ever deleted.
+func (l *Lease) release() {
+	l.mu.Lock()
+	leader, rev := l.state.Leader, l.rev
+	l.mu.Unlock()
+	if !leader {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.opTimeout())
+	defer cancel()
+	if err := l.kv.Delete(ctx, l.cfg.Key, jetstream.LastRevision(rev)); err != nil {
+		l.log.Warn("release the leader lease; standbys take over when it expires", "err", err, "ttl", l.cfg.TTL.String())
+	} else {
+		l.log.Info("released the leader lease", "node", l.cfg.Node)
+	}
+	l.set(func(s *LeaseState) { s.Leader, s.Holder = false, "" }, 0)
+}
+
+// set changes the state under the lock, records the revision when it is
+// not zero, and signals a change.
+func (l *Lease) set(fn func(*LeaseState), rev uint64) {
+	l.mu.Lock()
+	before := l.state
+	fn(&l.state)
+	if rev != 0 {
+		l.rev = rev
+	}
+	changed := l.state != before
+	l.mu.Unlock()
+	if changed {
+		select {
+		case l.changes <- struct{}{}:
+		default:
+		}
+	}
+}

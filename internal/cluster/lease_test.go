@@ -1,0 +1,138 @@
+package cluster_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/cluster"
+)
+
+const ttl = 2 * time.Second
+
+// mustJetStream runs a NATS server with JetStream on a loopback port and
+// returns a JetStream context connected to it.
+func mustJetStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// runLease starts a lease for node and returns it with a function that
+// stops it (releasing the key) and waits.
+func runLease(t *testing.T, js jetstream.JetStream, node string) (*cluster.Lease, func()) {
+	t.Helper()
+	l, err := cluster.NewLease(context.Background(), js, cluster.LeaseConfig{Bucket: "lease", Key: "leader", Node: node, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
+	t.Cleanup(stop)
+	return l, stop
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestLease_OneLeaderAndHandover(t *testing.T) {
+	js := mustJetStream(t)
+	a, stopA := runLease(t, js, "a")
+	waitFor(t, ttl, "a to lead", a.IsLeader)
+	b, _ := runLease(t, js, "b")
+	waitFor(t, ttl, "b to see a as the holder", func() bool { return b.Holder() == "a" })
+	// Several renewals later a still leads and b still stands by.
+	time.Sleep(ttl + ttl/2) // a span of several renewals: what is checked is that nothing changes
+	if !a.IsLeader() || b.IsLeader() {
+		t.Fatalf("after renewals: a leader=%v, b leader=%v; want only a", a.IsLeader(), b.IsLeader())
+	}
+	stopA() // deletes the key at its revision
+	start := time.Now()
+	waitFor(t, ttl, "b to take over after a released", b.IsLeader)
+	if took := time.Since(start); took > ttl/2 {
+		t.Errorf("takeover after a release took %s, want well under the TTL %s", took, ttl)
+	}
+	if got, want := b.State().Term, uint64(1); got != want {
+		t.Errorf("b's term=%d, want %d", got, want)
+	}
+}
+
+func TestLease_TakeoverAfterExpiry(t *testing.T) {
+	js := mustJetStream(t)
+	// A holder that crashed: its key stays until the TTL expires it.
+	b, _ := runLease(t, js, "b")
+	kv, err := js.KeyValue(context.Background(), "lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Whether or not b created the key first, the crashed holder's write
+	// replaces it.
+	if _, err := kv.Put(context.Background(), "leader", []byte("crashed")); err != nil {
+		t.Fatal(err)
+	}
+	written := time.Now()
+	waitFor(t, ttl, "b to see the crashed holder", func() bool { return !b.IsLeader() && b.Holder() == "crashed" })
+	waitFor(t, 3*ttl, "b to take over after the expiry", b.IsLeader)
+	if took := time.Since(written); took < ttl-ttl/4 || took > 2*ttl {
+		t.Errorf("takeover %s after the last write, want after the TTL %s and within two", took, ttl)
+	}
+}
+
+func TestLease_StepDownOnFailedRenewal(t *testing.T) {
+	js := mustJetStream(t)
+	a, _ := runLease(t, js, "a")
+	waitFor(t, ttl, "a to lead", a.IsLeader)
+	kv, err := js.KeyValue(context.Background(), "lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another writer moves the revision: a's next renewal must fail.
+	if _, err := kv.Put(context.Background(), "leader", []byte("intruder")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ttl, "a to step down", func() bool { return !a.IsLeader() })
+	select {
+	case <-a.Changes():
+	default:
+		t.Error("no change signalled on stepping down")
+	}
+	waitFor(t, ttl, "a to see the intruder as holder", func() bool { return a.Holder() == "intruder" })
+}

@@ -1,0 +1,150 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// Roles a replica reports.
+const (
+	RoleLeader   = "leader"
+	RoleStandby  = "standby"
+	RoleFollower = "follower"
+)
+
+// Replica runs one "syncd run" replica in cluster mode: it follows the
+// stream while another replica leads, and leads while it holds the lease.
+type Replica struct {
+	Lease    *Lease
+	Follower *Follower
+	// Promote runs once the lease is gained and the stream caught up, before
+	// Lead: it readies the followed mirror for crawling.
+	Promote func(ctx context.Context) error
+	// Lead does the leader's work until ctx is done; ctx ends as soon as
+	// the lease is lost. An error from Lead ends Run.
+	Lead func(ctx context.Context) error
+	// OnRole, when set, is told the role and the lease holder on every change.
+	OnRole func(role, holder string)
+	Logger *slog.Logger
+}
+
+// Run campaigns for the lease and runs the role it gives until ctx is done.
+// The lease is released last, after Lead returned, so that what the leader
+// does at shutdown (publishing what it committed) happens under the lease.
+func (r *Replica) Run(ctx context.Context) error {
+	log := r.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	leaseCtx, stopLease := context.WithCancel(context.WithoutCancel(ctx))
+	leaseDone := make(chan error, 1)
+	go func() { leaseDone <- r.Lease.Run(leaseCtx) }()
+	defer func() {
+		stopLease()
+		<-leaseDone
+	}()
+	for ctx.Err() == nil {
+		st := r.Lease.State()
+		var err error
+		if st.Leader {
+			err = r.lead(ctx, st, log)
+		} else {
+			r.follow(ctx, st)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// follow applies the stream until the lease is gained or ctx is done.
+func (r *Replica) follow(ctx context.Context, st LeaseState) {
+	r.role(RoleStandby, st.Holder)
+	fctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Follower.Run(fctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.Lease.Changes():
+			st = r.Lease.State()
+			if st.Leader {
+				return
+			}
+			r.role(RoleStandby, st.Holder)
+		}
+	}
+}
+
+// lead catches up with the stream, promotes the mirror and runs Lead until
+// the lease of this term is lost or ctx is done.
+func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) error {
+	start := time.Now()
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lost := make(chan struct{})
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		for {
+			select {
+			case <-dctx.Done():
+				return
+			case <-r.Lease.Changes():
+				if now := r.Lease.State(); !now.Leader || now.Term != st.Term {
+					close(lost)
+					cancel() // stop at once: another replica may lead already
+					return
+				}
+			}
+		}
+	}()
+	defer func() {
+		cancel()
+		<-watchDone
+	}()
+	// Events the old leader published are in the stream: applying them
+	// first means the crawl that follows finds them in the mirror and does
+	// not record them again. Bounded, so that a huge backlog cannot keep
+	// the replica from leading; the rest is deduplicated by event id.
+	cctx, ccancel := context.WithTimeout(dctx, r.Lease.cfg.TTL)
+	if err := r.Follower.CatchUp(cctx); err != nil && dctx.Err() == nil {
+		log.Warn("catching up with the stream before leading was cut short", "err", err, "lag", r.Follower.Lag())
+	}
+	ccancel()
+	if r.Promote != nil && dctx.Err() == nil {
+		if err := r.Promote(dctx); err != nil && dctx.Err() == nil {
+			log.Warn("readying the mirror for crawling failed; tags not readied are read silently", "err", err)
+		}
+	}
+	if dctx.Err() != nil {
+		return nil
+	}
+	r.role(RoleLeader, r.Lease.cfg.Node)
+	log.Info("leading", "node", r.Lease.cfg.Node, "term", st.Term, "promotion", time.Since(start).Round(time.Millisecond).String())
+	err := r.Lead(dctx)
+	select {
+	case <-lost:
+		log.Warn("stopped leading: the lease was lost", "node", r.Lease.cfg.Node)
+		return nil
+	default:
+	}
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func (r *Replica) role(role, holder string) {
+	if r.OnRole != nil {
+		r.OnRole(role, holder)
+	}
+}

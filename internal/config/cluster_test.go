@@ -1,0 +1,67 @@
+package config_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/config"
+)
+
+func TestCluster_Defaults(t *testing.T) {
+	cfg, err := config.Load("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := cfg.Cluster
+	if cl.Enabled || cl.Bucket != "syncd_leader" || cl.Key != "leader" || cl.LeaseTTL.Duration != 10*time.Second {
+		t.Fatalf("cluster defaults = %+v", cl)
+	}
+	node := cl.Node()
+	if node == "" || node != cl.Node() {
+		t.Fatalf("Node()=%q, want a stable non-empty name", node)
+	}
+	if got := cl.ConsumerName("host.a-12"); got != "syncd-follow-host_a-12" {
+		t.Errorf("ConsumerName=%q, want syncd-follow-host_a-12", got)
+	}
+	cl.Consumer = "mine"
+	if got := cl.ConsumerName("x"); got != "mine" {
+		t.Errorf("ConsumerName=%q, want the configured mine", got)
+	}
+}
+
+func TestCluster_Validate(t *testing.T) {
+	const base = "[nats]\nurl = \"nats://127.0.0.1:4222\"\n[store]\ninitial_events = \"snapshot\"\n"
+	for _, tc := range []struct {
+		name, file, key, msg string
+	}{
+		{"NeedsNATSURL", "[cluster]\nenabled = true\n[store]\ninitial_events = \"snapshot\"\n", "nats.url", "cluster.enabled"},
+		{"NeedsSnapshot", "[nats]\nurl = \"nats://127.0.0.1:4222\"\n[cluster]\nenabled = true\n", "store.initial_events", "snapshot"},
+		{"ShortTTL", base + "[cluster]\nenabled = true\nlease_ttl = \"500ms\"\n", "cluster.lease_ttl", "at least 1s"},
+		{"BadBucket", base + "[cluster]\nbucket = \"a.b\"\n", "cluster.bucket", "KV bucket"},
+		{"BadKey", base + "[cluster]\nkey = \"a b\"\n", "cluster.key", "KV key"},
+		{"BadNode", base + "[cluster]\nnode_id = \"n*1\"\n", "cluster.node_id", "letters"},
+		{"BadConsumer", base + "[cluster]\nconsumer = \"c.1\"\n", "cluster.consumer", "consumer name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Load(writeConfig(t, tc.file), nil)
+			var ce *config.Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("err=%v, want a *config.Error", err)
+			}
+			if ce.Key != tc.key || !strings.Contains(ce.Msg, tc.msg) {
+				t.Fatalf("err=%v, want key %s and a message containing %q", err, tc.key, tc.msg)
+			}
+		})
+	}
+	t.Run("Valid", func(t *testing.T) {
+		cfg, err := config.Load(writeConfig(t, base+"[cluster]\nenabled = true\nnode_id = \"a-1\"\nlease_ttl = \"2s\"\n"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := cfg.Cluster.Node(), "a-1"; got != want {
+			t.Errorf("Node()=%q, want %q", got, want)
+		}
+	})
+}

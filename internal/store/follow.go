@@ -1,0 +1,309 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// A follower builds its mirror from the event stream instead of the
+// platform: every event's after state (before, for a deletion) is applied
+// to the same tables the crawler fills, and the event itself is recorded as
+// already published. Applying is idempotent: an event whose id the mirror
+// holds changes nothing, so JetStream's redeliveries are harmless, and a
+// replica that published an event itself skips it when it follows again.
+
+// StreamEvent is an event as a follower receives it from the stream.
+type StreamEvent struct {
+	ID      string
+	Type    string // <resource>.<action>, e.g. tag.moved
+	Subject string // uid of the resource
+	Time    time.Time
+	Data    json.RawMessage // {"before": …, "after": …}
+}
+
+// maxRecoverSeq bounds the search for a move's position in its tag's
+// history; histories are far shorter.
+const maxRecoverSeq = 1 << 17
+
+// ApplyStreamEvents applies events, in order, in one transaction, skipping
+// those already in the mirror, and returns how many it applied. An event it
+// cannot decode fails the whole batch, naming the event.
+func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, error) {
+	applied := 0
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		applied = 0
+		now := FormatTime(s.now())
+		for _, e := range evs {
+			var exists int
+			err := tx.QueryRowContext(ctx, `SELECT count(*) FROM events WHERE id = ?`, e.ID).Scan(&exists)
+			if err != nil {
+				return fmt.Errorf("look up event %s: %w", e.ID, err)
+			}
+			if exists > 0 {
+				continue
+			}
+			scope, err := s.applyStreamEvent(ctx, tx, e, now)
+			if err != nil {
+				return fmt.Errorf("apply %s event %s of %s: %w", e.Type, e.ID, e.Subject, err)
+			}
+			resource, action, _ := strings.Cut(e.Type, ".")
+			if _, err := tx.ExecContext(ctx, `INSERT INTO events (id, type, resource, action, scope, subject, time, data, created_time, published_time)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING`,
+				e.ID, e.Type, resource, action, scope, e.Subject, FormatTime(e.Time), string(e.Data), now, now); err != nil {
+				return fmt.Errorf("record event %s: %w", e.ID, err)
+			}
+			applied++
+		}
+		if applied == 0 {
+			return nil
+		}
+		// A mirror that holds the stream's events is past its baseline: if
+		// this replica becomes the leader, what it crawls next is news.
+		_, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('baseline_time', ?) ON CONFLICT(key) DO NOTHING`, now)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return applied, nil
+}
+
+// applyStreamEvent applies one event's state and returns the event's scope
+// (repo or artifact name).
+func (s *Store) applyStreamEvent(ctx context.Context, tx *sql.Tx, e StreamEvent, now string) (string, error) {
+	resource, _, _ := strings.Cut(e.Type, ".")
+	switch resource {
+	case "repo":
+		var d struct{ Before, After *Repo }
+		if err := json.Unmarshal(e.Data, &d); err != nil {
+			return "", fmt.Errorf("decode data: %w", err)
+		}
+		if d.After != nil {
+			return d.After.Name, upsertRepo(ctx, tx, *d.After, now)
+		}
+		if d.Before == nil {
+			return "", errors.New("data has neither before nor after")
+		}
+		if err := upsertRepo(ctx, tx, *d.Before, now); err != nil {
+			return "", err
+		}
+		return d.Before.Name, tombstone(ctx, tx, "repos", FormatTime(e.Time), []string{d.Before.UID})
+	case "tag":
+		var d struct{ Before, After *Tag }
+		if err := json.Unmarshal(e.Data, &d); err != nil {
+			return "", fmt.Errorf("decode data: %w", err)
+		}
+		if d.After == nil {
+			if d.Before == nil {
+				return "", errors.New("data has neither before nor after")
+			}
+			if err := upsertTag(ctx, tx, *d.Before, now); err != nil {
+				return "", err
+			}
+			return d.Before.Repo, tombstone(ctx, tx, "tags", FormatTime(e.Time), []string{d.Before.UID})
+		}
+		if err := upsertTag(ctx, tx, *d.After, now); err != nil {
+			return "", err
+		}
+		if e.Type == TagMoved {
+			return d.After.Repo, s.appendFollowedMove(ctx, tx, e.ID, *d.After)
+		}
+		return d.After.Repo, nil
+	case "advisory":
+		var d struct{ Before, After *Advisory }
+		if err := json.Unmarshal(e.Data, &d); err != nil {
+			return "", fmt.Errorf("decode data: %w", err)
+		}
+		if d.After != nil {
+			return d.After.ArtifactName, upsertAdvisory(ctx, tx, *d.After, now)
+		}
+		if d.Before == nil {
+			return "", errors.New("data has neither before nor after")
+		}
+		if err := upsertAdvisory(ctx, tx, *d.Before, now); err != nil {
+			return "", err
+		}
+		return d.Before.ArtifactName, tombstone(ctx, tx, "advisories", FormatTime(e.Time), []string{d.Before.UID})
+	}
+	return "", fmt.Errorf("unknown resource %q", resource)
+}
+
+// upsertRepo writes r as live; it revives a tombstone, keeping its count of
+// deletions, which the ids of later deletions depend on.
+func upsertRepo(ctx context.Context, tx *sql.Tx, r Repo, now string) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO repos (uid, name, description, catalog_tier, aliases, active_tags, bundles, create_time, update_time, first_seen_time)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT(uid) DO UPDATE SET name=excluded.name, description=excluded.description, catalog_tier=excluded.catalog_tier,
+			aliases=excluded.aliases, active_tags=excluded.active_tags, bundles=excluded.bundles, create_time=excluded.create_time,
+			update_time=excluded.update_time, deleted_time=NULL`,
+		r.UID, r.Name, r.Description, r.CatalogTier, jsonList(r.Aliases), jsonList(r.ActiveTags), jsonList(r.Bundles),
+		nullTime(r.CreateTime), nullTime(r.UpdateTime), now)
+	if err != nil {
+		return fmt.Errorf("upsert repo %s: %w", r.UID, err)
+	}
+	return nil
+}
+
+// upsertTag writes t as live. The stream has no order across resources, so
+// a tag may arrive before its repo: a placeholder row named as the tag says
+// keeps the foreign key, and the repo's own event fills it in.
+//
+// A tag new to the mirror is marked baseline with no history read: the
+// stream does not say how many history records the leader holds for it (a
+// snapshot carries the tag, not its history), which ResolveHistory settles
+// if this replica becomes the leader.
+func upsertTag(ctx context.Context, tx *sql.Tx, t Tag, now string) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO repos (uid, name, first_seen_time) VALUES (?, ?, ?) ON CONFLICT(uid) DO NOTHING`,
+		t.RepoUID, t.Repo, now); err != nil {
+		return fmt.Errorf("placeholder repo %s: %w", t.RepoUID, err)
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO tags (uid, repo_uid, name, digest, deprecated, bundles, create_time, update_time, first_seen_time, baseline)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)
+		ON CONFLICT(uid) DO UPDATE SET repo_uid=excluded.repo_uid, name=excluded.name, digest=excluded.digest, deprecated=excluded.deprecated,
+			bundles=excluded.bundles, create_time=excluded.create_time, update_time=excluded.update_time, deleted_time=NULL`,
+		t.UID, t.RepoUID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles), nullTime(t.CreateTime), nullTime(t.UpdateTime), now)
+	if err != nil {
+		return fmt.Errorf("upsert tag %s: %w", t.UID, err)
+	}
+	return nil
+}
+
+// upsertAdvisory writes a as live, reviving a tombstone.
+func upsertAdvisory(ctx context.Context, tx *sql.Tx, a Advisory, now string) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO advisories (uid, advisory_id, artifact_name, create_time, update_time, first_seen_time)
+		VALUES (?, ?, ?, ?, ?, ?)
+		ON CONFLICT(uid) DO UPDATE SET advisory_id=excluded.advisory_id, artifact_name=excluded.artifact_name,
+			create_time=excluded.create_time, update_time=excluded.update_time, deleted_time=NULL`,
+		a.UID, a.AdvisoryID, a.ArtifactName, nullTime(a.CreateTime), nullTime(a.UpdateTime), now)
+	if err != nil {
+		return fmt.Errorf("upsert advisory %s: %w", a.UID, err)
+	}
+	return nil
+}
+
+// appendFollowedMove records a tag.moved event as a history row at the
+// position the leader gave it, and moves the tag's bookmark to it, so that
+// a follower that becomes the leader continues the history (and the event
+// ids, which contain the position) where the old leader left off.
+//
+// The position is not in the event's data but is part of its id, so it is
+// recovered by recomputing the id: first at the position after the
+// bookmark (the usual case), then by search. Should the id not match any
+// position (an id scheme this binary does not know), the row goes after the
+// mirror's last one.
+func (s *Store) appendFollowedMove(ctx context.Context, tx *sql.Tx, id string, after Tag) error {
+	var count, lastCount int
+	var lastTime string
+	err := tx.QueryRowContext(ctx, `SELECT history_count, history_last_count, COALESCE(history_last_time,'') FROM tags WHERE uid = ?`, after.UID).
+		Scan(&count, &lastCount, &lastTime)
+	if err != nil {
+		return fmt.Errorf("read bookmark: %w", err)
+	}
+	at := FormatTime(after.UpdateTime)
+	seq, ok := movePosition(id, after.UID, at, after.Digest, count)
+	if !ok {
+		seq = max(count, 1)
+		s.log.Warn("cannot tell the position of a followed move from its id; appending it", "event", id, "tag", after.UID, "seq", seq)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+		after.UID, seq, at, after.Digest); err != nil {
+		return fmt.Errorf("insert history: %w", err)
+	}
+	if seq < count {
+		return nil // an older move arriving late: the bookmark is already past it
+	}
+	if at == lastTime {
+		lastCount++
+	} else {
+		lastCount = 1
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE tags SET history_count = ?, history_last_time = ?, history_last_count = ?, history_last_digest = ?,
+		history_update_time = ? WHERE uid = ?`, seq+1, at, lastCount, after.Digest, at, after.UID)
+	if err != nil {
+		return fmt.Errorf("move bookmark: %w", err)
+	}
+	return nil
+}
+
+// movePosition finds the history position seq for which a tag.moved event
+// of tag at time at to digest has the given id (see ApplyHistory).
+func movePosition(id, tag, at, digest string, hint int) (int, bool) {
+	try := func(seq int) bool { return eventID(TagMoved, tag, fmt.Sprintf("%d/%s/%s", seq, at, digest)) == id }
+	if hint > 0 && try(hint) {
+		return hint, true
+	}
+	for seq := 1; seq < maxRecoverSeq; seq++ {
+		if try(seq) {
+			return seq, true
+		}
+	}
+	return 0, false
+}
+
+// UnresolvedTags returns the live tags whose history position is unknown:
+// tags a follower learned from the stream (a snapshot, or a creation) with
+// no move since. ResolveHistory settles them when the replica becomes the
+// leader.
+func (s *Store) UnresolvedTags(ctx context.Context) ([]TagRef, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT t.uid, t.repo_uid, r.name, t.name, COALESCE(t.update_time,'')
+		FROM tags t JOIN repos r ON r.uid = t.repo_uid
+		WHERE t.baseline = 1 AND t.history_count = 0 AND t.deleted_time IS NULL AND r.deleted_time IS NULL ORDER BY t.uid`)
+	if err != nil {
+		return nil, fmt.Errorf("read unresolved tags: %w", err)
+	}
+	defer rows.Close()
+	var out []TagRef
+	for rows.Next() {
+		var ref TagRef
+		var ut string
+		if err := rows.Scan(&ref.UID, &ref.RepoUID, &ref.Repo, &ref.Name, &ut); err != nil {
+			return nil, err
+		}
+		if ref.UpdateTime, err = ParseTime(ut); err != nil {
+			return nil, err
+		}
+		out = append(out, ref)
+	}
+	return out, rows.Err()
+}
+
+// ResolveHistory gives a tag from UnresolvedTags the history the old leader
+// had: records (the tag's whole history, oldest first) up to the tag's
+// last known update time are stored silently, as the old leader stored them
+// at its baseline, and the bookmark is set after them. The next crawl then
+// announces only the later records, with the positions, and so the ids, the
+// old leader would have given them. It returns how many records it stored.
+func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []HistoryRecord) (int, error) {
+	records = storedPrecision(records)
+	known := records[:0:0]
+	for _, r := range records {
+		if ref.UpdateTime.IsZero() || !r.Time.After(ref.UpdateTime.UTC().Truncate(time.Millisecond)) {
+			known = append(known, r)
+		}
+	}
+	if len(known) == 0 {
+		return 0, nil // nothing to anchor on: the tag stays baseline, read silently
+	}
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		args := make([]any, 0, historyColumns*len(known))
+		for i, r := range known {
+			args = append(args, ref.UID, i, FormatTime(r.Time), r.Digest)
+		}
+		if _, err := insertRows(ctx, tx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest)`, "ON CONFLICT DO NOTHING", historyColumns, args); err != nil {
+			return fmt.Errorf("insert history: %w", err)
+		}
+		nb := bookmarkAfter(Bookmark{}, known)
+		_, err := tx.ExecContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ?, baseline = 0
+			WHERE uid = ? AND history_count = 0`, FormatTime(nb.LastTime), nb.LastCount, nb.Count, known[len(known)-1].Digest, ref.UID)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("resolve history of tag %s:%s: %w", ref.Repo, ref.Name, err)
+	}
+	return len(known), nil
+}
