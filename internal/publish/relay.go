@@ -245,44 +245,97 @@ type flight struct {
 	fut jetstream.PubAckFuture
 }
 
-// run reads and publishes until the outbox is exhausted or reading stops,
-// and every publish has been answered.
+// run publishes what read sends until the outbox is exhausted or reading
+// stops, and every publish has been answered. Reading runs in its own
+// goroutine, a few batches ahead, so that publishing never waits for
+// SQLite, whose one writer connection the marking of published events
+// also needs.
 func (p *relayPass) run(ctx context.Context) error {
 	r := p.r
-	var after int64
-	exhausted := false
+	rctx, cancel := context.WithCancel(ctx)
+	batches := make(chan []store.Event, 2)
+	readErr := make(chan error, 1)
+	go func() { readErr <- p.read(rctx, batches) }()
+	defer func() {
+		cancel()
+		for range batches {
+		}
+	}()
+	src := batches
 	for {
-		// Read while there is room for a whole batch in flight, and for the
-		// events waiting behind busy resources.
-		for !exhausted && !p.stop && len(p.inflight)+r.batch <= r.maxInFlight && p.queued < 4*r.maxInFlight {
-			evs, err := r.outbox.Unpublished(ctx, after, r.batch)
-			if err != nil {
-				return fmt.Errorf("read unpublished events after seq %d: %w", after, err)
+		// Take a batch only while there is room for all of it in flight,
+		// and for the events waiting behind busy resources.
+		var in <-chan []store.Event
+		if !p.stop && len(p.inflight)+r.batch <= r.maxInFlight && p.queued < 4*r.maxInFlight {
+			in = src
+		}
+		var failed <-chan error
+		var acked <-chan *jetstream.PubAck
+		if len(p.inflight) > 0 {
+			// Publishes are acknowledged in the order they were sent, so
+			// waiting on the oldest first costs nothing.
+			acked, failed = p.inflight[0].fut.Ok(), p.inflight[0].fut.Err()
+		} else if in == nil {
+			break // nothing in flight and nothing more to read
+		}
+		select {
+		case evs, open := <-in:
+			if !open {
+				src = nil
+				if err := <-readErr; err != nil {
+					return err
+				}
+				continue
 			}
-			exhausted = len(evs) < r.batch
 			for _, e := range evs {
-				after = e.Seq
 				p.submit(e)
 			}
-		}
-		if len(p.inflight) == 0 {
-			// queued > 0 implies a publish in flight, so nothing is left.
-			return nil
-		}
-		f := p.inflight[0]
-		p.inflight[0] = flight{}
-		p.inflight = p.inflight[1:]
-		select {
-		case <-f.fut.Ok():
-			p.acknowledged(f.e)
-		case err := <-f.fut.Err():
-			p.failed(f.e, err)
+		case <-acked:
+			p.acknowledged(p.pop())
+		case err := <-failed:
+			p.failed(p.pop(), err)
 		case <-ctx.Done():
 			// What is in flight gets published again next time; JetStream
 			// drops the duplicates.
 			return ctx.Err()
 		}
 	}
+	return nil
+}
+
+// read sends the unpublished events to out, batch by batch in commit order,
+// and closes out at the end of the outbox, on error, or when ctx is done.
+func (p *relayPass) read(ctx context.Context, out chan<- []store.Event) error {
+	defer close(out)
+	var after int64
+	for {
+		evs, err := p.r.outbox.Unpublished(ctx, after, p.r.batch)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // the pass is over; its caller has the reason
+			}
+			return fmt.Errorf("read unpublished events after seq %d: %w", after, err)
+		}
+		if len(evs) > 0 {
+			select {
+			case out <- evs:
+			case <-ctx.Done():
+				return nil
+			}
+			after = evs[len(evs)-1].Seq
+		}
+		if len(evs) < p.r.batch {
+			return nil
+		}
+	}
+}
+
+// pop removes the oldest publish in flight and returns its event.
+func (p *relayPass) pop() store.Event {
+	e := p.inflight[0].e
+	p.inflight[0] = flight{}
+	p.inflight = p.inflight[1:]
+	return e
 }
 
 // submit publishes e now, or queues it behind its resource's publish in
