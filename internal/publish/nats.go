@@ -100,7 +100,7 @@ func Connect(ctx context.Context, cfg Config) (*Conn, error) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", RedactURL(url), err)
 	}
 	c.NC = nc
-	log.Info("NATS connected", "server", nc.ConnectedUrlRedacted(), "embedded", c.Server != nil)
+	log.Info("NATS connected", "server", RedactURL(nc.ConnectedUrl()), "embedded", c.Server != nil)
 	// The library's own limit on pending acks sits above the relay's
 	// in-flight limit, so the relay's bound is the one that holds; the ack
 	// timeout frees the relay from an acknowledgement lost without a
@@ -138,16 +138,17 @@ func connOptions(cfg Config, log *slog.Logger, closed chan struct{}) ([]nats.Opt
 		nats.ReconnectBufSize(-1), // never buffer publishes while disconnected: the outbox is the buffer
 		// Errors the library reports are its own (connection refused, TLS,
 		// authorization violation) and never contain credentials; URLs are
-		// logged redacted.
-		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+		// logged through RedactURL, since the library's own redaction keeps
+		// a token given as the URL's user part.
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
-				log.Warn("NATS disconnected; reconnecting", "server", nc.ConnectedUrlRedacted(), "err", err)
+				log.Warn("NATS disconnected; reconnecting", "err", err)
 			} else {
-				log.Info("NATS disconnected", "server", nc.ConnectedUrlRedacted())
+				log.Info("NATS disconnected")
 			}
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { log.Debug("NATS reconnection attempt failed", "err", err) }),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted()) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "server", RedactURL(nc.ConnectedUrl())) }),
 		nats.ClosedHandler(func(nc *nats.Conn) {
 			if err := nc.LastError(); err != nil {
 				log.Warn("NATS connection closed", "err", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -299,21 +300,19 @@ func TestRelay_ServerKilledMidBatch(t *testing.T) {
 
 	relay := publish.NewRelay(conn.JS, st, cfg)
 	acked := make(chan struct{})
-	var n int
+	var n atomic.Int64
 	relay.OnPublished = func(store.Event) {
-		if n++; n == 1000 {
+		if n.Add(1) == 1000 {
 			close(acked)
 		}
 	}
 	startRelay(t, relay)
 	<-acked
 	srv.stop()
-	left, _, err := st.UnpublishedCount(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if left == 0 {
-		t.Fatal("the relay finished before the server was stopped; the test cut nothing")
+	// Acknowledgements that were on their way when the server stopped still
+	// count; what matters is that many publishes were cut.
+	if cut, total := n.Load(), len(storedEvents(t, st)); cut >= int64(total)*3/4 {
+		t.Fatalf("%d of %d events acknowledged before the server stopped; the test cut too little", cut, total)
 	}
 	srv.start()
 
