@@ -43,10 +43,7 @@ func measureRelay(ctx context.Context, conn *publish.Conn, st *store.Store, pcfg
 			return relayResult{}, err
 		}
 		for _, e := range evs {
-			m, err := relay.Message(e)
-			if err != nil {
-				return relayResult{}, err
-			}
+			m := relay.Message(e)
 			m.Subject = "ceiling." + strings.TrimPrefix(m.Subject, pcfg.SubjectPrefix+".")
 			msgs = append(msgs, m)
 			after = e.Seq
