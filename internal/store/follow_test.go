@@ -1,0 +1,94 @@
+package store_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// TestApplyStreamEvents_FollowerEqualsLeader: a follower that applies the
+// leader's events holds the same repos, tags and advisories, and applying
+// them a second time (a redelivery) changes nothing.
+func TestApplyStreamEvents_FollowerEqualsLeader(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	leader, _ := openTemp(t, clk, false, store.Options{})
+	follower, _ := openTemp(t, clk, false, store.Options{})
+
+	repo := store.Repo{UID: "org1/r1", Name: "nginx", Description: "web", CreateTime: clk.Now(), UpdateTime: clk.Now()}
+	if _, err := leader.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
+		t.Fatal(err)
+	}
+	d := func(c string) string { return "sha256:" + strings.Repeat(c, 64) }
+	t0 := clk.Now()
+	tag := store.Tag{UID: "org1/r1/t1", Name: "latest", Digest: d("a"), CreateTime: t0, UpdateTime: t0}
+	need, _, err := leader.ApplyTags(ctx, repo, []store.Tag{tag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leader.ApplyHistory(ctx, need[0], []store.HistoryRecord{{Time: t0, Digest: d("a")}}, true); err != nil {
+		t.Fatal(err)
+	}
+	// Two moves and a deprecation, then an advisory and a deleted tag.
+	t1, t2 := t0.Add(time.Second), t0.Add(2*time.Second)
+	tag.Digest, tag.UpdateTime, tag.Deprecated = d("c"), t2, true
+	need, _, err = leader.ApplyTags(ctx, repo, []store.Tag{tag, {UID: "org1/r1/t2", Name: "old", Digest: d("e"), CreateTime: t0, UpdateTime: t0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range need {
+		recs := []store.HistoryRecord{{Time: t0, Digest: d("e")}}
+		if ref.UID == tag.UID {
+			recs = []store.HistoryRecord{{Time: t0, Digest: d("a")}, {Time: t1, Digest: d("b")}, {Time: t2, Digest: d("c")}}
+		}
+		if _, err := leader.ApplyHistory(ctx, ref, recs, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := leader.ApplyAdvisories(ctx, []store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: t1}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leader.MarkTagsDeleted(ctx, []string{"org1/r1/t2"}); err != nil {
+		t.Fatal(err)
+	}
+
+	evs, err := leader.Unpublished(ctx, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := make([]store.StreamEvent, len(evs))
+	for i, e := range evs {
+		stream[i] = store.StreamEvent{ID: e.ID, Type: e.Type, Subject: e.Subject, Time: e.Time, Data: e.Data}
+	}
+	n, err := follower.ApplyStreamEvents(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(stream) {
+		t.Fatalf("applied %d of %d events", n, len(stream))
+	}
+	again, err := follower.ApplyStreamEvents(ctx, stream)
+	if err != nil || again != 0 {
+		t.Fatalf("redelivery applied %d events (%v), want 0", again, err)
+	}
+	for _, q := range []string{
+		`SELECT group_concat(uid || ':' || name || ':' || description || ':' || (deleted_time IS NULL), ',') FROM (SELECT * FROM repos ORDER BY uid)`,
+		`SELECT group_concat(uid || ':' || digest || ':' || deprecated || ':' || (deleted_time IS NULL), ',') FROM (SELECT * FROM tags ORDER BY uid)`,
+		`SELECT group_concat(uid || ':' || advisory_id || ':' || artifact_name, ',') FROM (SELECT * FROM advisories ORDER BY uid)`,
+		`SELECT group_concat(id, ',') FROM (SELECT id FROM events ORDER BY seq)`,
+	} {
+		if l, f := queryString(t, leader.Reader(), q), queryString(t, follower.Reader(), q); l != f {
+			t.Errorf("%s\n leader:   %s\n follower: %s", q, l, f)
+		}
+	}
+	// The follower has the moves the stream carried, in order.
+	if got := queryString(t, follower.Reader(), `SELECT group_concat(digest, ',') FROM (SELECT digest FROM tag_history WHERE tag_uid = 'org1/r1/t1' AND seq > 0 ORDER BY seq)`); got != d("b")+","+d("c") {
+		t.Errorf("follower's moves of t1 = %s", got)
+	}
+	if n := queryInt(t, follower.Reader(), `SELECT count(*) FROM events WHERE published_time IS NULL`); n != 0 {
+		t.Errorf("%d followed events left unpublished in the follower's outbox", n)
+	}
+}
