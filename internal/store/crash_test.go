@@ -23,9 +23,9 @@ const (
 	crashDBEnv   = "STORE_CRASH_DB"
 )
 
-// crashRecords is the size of the page the helper writes: large enough that
-// SQLite spills uncommitted pages into the WAL before COMMIT, so recovery has
-// to ignore frames that are on disk.
+// crashRecords is the size of the page the helper writes: with the
+// helper's small cache, large enough that SQLite spills uncommitted pages
+// into the WAL before COMMIT, so recovery has to ignore frames on disk.
 const crashRecords = 5000
 
 func crashTag() store.TagRef {
@@ -166,7 +166,9 @@ func crashHelper(t *testing.T, mode, path string) {
 		io.Copy(io.Discard, os.Stdin) // returns only if the parent goes away
 		return fmt.Errorf("parent went away")
 	}
-	opts := store.Options{Now: newClock().Now}
+	// A small cache makes SQLite write the page's uncommitted pages to the
+	// WAL before COMMIT, so the kill leaves frames that recovery must ignore.
+	opts := store.Options{Now: newClock().Now, CacheKiB: 256}
 	if mode == "inside" {
 		opts.BeforeCommit = block
 	}
