@@ -54,15 +54,18 @@ type Options struct {
 	// InitialEvents is "none" (the first crawl of an empty mirror is a silent
 	// baseline) or "snapshot" (it emits one created event per resource).
 	InitialEvents string
-	Now           func() time.Time
-	Logger        *slog.Logger
+	// Now is the clock for first_seen, deleted and recorded times; default
+	// time.Now.
+	Now func() time.Time
+	// Logger receives migration notices; default discards.
+	Logger *slog.Logger
 	// Readers is the size of the read-only pool; default 4.
 	Readers int
-	// CacheKiB is the writer's page cache in KiB; default 65536. Ingest
-	// writes into indexes at scattered places (history times interleave
-	// across tags); a cache that holds them turns rereads from the file and
-	// spills of uncommitted pages into memory work. SQLite's default of 2 MiB
-	// halved the rate of history ingest.
+	// CacheKiB is the writer's page cache in KiB; default 65536. A page of
+	// history writes into indexes at scattered places (history times
+	// interleave across tags), and with SQLite's default of 2 MiB those
+	// index pages are reread from the file and uncommitted ones spill into
+	// the WAL before COMMIT, which cost ingest much of its rate.
 	CacheKiB int
 	// BeforeCommit, when set, runs inside every mirror write transaction
 	// (a page of repos, tags, history or advisories, a deletion) after all
