@@ -68,9 +68,7 @@ func (s *Store) ApplyAdvisories(ctx context.Context, advs []Advisory) (int, erro
 			}
 			args = append(args, a.UID, a.AdvisoryID, a.ArtifactName, nullTime(a.CreateTime), nullTime(a.UpdateTime), now)
 		}
-		if _, err := insertRows(ctx, tx, `INSERT INTO advisories (uid, advisory_id, artifact_name, create_time, update_time, first_seen_time)`,
-			`ON CONFLICT(uid) DO UPDATE SET advisory_id=excluded.advisory_id, artifact_name=excluded.artifact_name,
-				create_time=excluded.create_time, update_time=excluded.update_time, deleted_time=NULL`, advisoryColumns, args); err != nil {
+		if _, err := s.insertRows(ctx, tx, bulkAdvisories, args); err != nil {
 			return 0, fmt.Errorf("upsert advisories: %w", err)
 		}
 		return s.appendEvents(ctx, tx, cs)

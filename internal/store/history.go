@@ -69,7 +69,7 @@ func (s *Store) ApplyHistory(ctx context.Context, ref TagRef, records []HistoryR
 			prev = r.Digest
 			args = append(args, ref.UID, seq, FormatTime(r.Time), r.Digest)
 		}
-		if _, err := insertRows(ctx, tx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest)`, "", historyColumns, args); err != nil {
+		if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
 			return 0, fmt.Errorf("insert history: %w", err)
 		}
 		if len(fresh) > 0 {

@@ -72,10 +72,7 @@ func (s *Store) ApplyRepos(ctx context.Context, repos []Repo) (int, error) {
 			args = append(args, r.UID, r.Name, r.Description, r.CatalogTier, jsonList(r.Aliases), jsonList(r.ActiveTags), jsonList(r.Bundles),
 				nullTime(r.CreateTime), nullTime(r.UpdateTime), now)
 		}
-		if _, err := insertRows(ctx, tx, `INSERT INTO repos (uid, name, description, catalog_tier, aliases, active_tags, bundles, create_time, update_time, first_seen_time)`,
-			`ON CONFLICT(uid) DO UPDATE SET name=excluded.name, description=excluded.description, catalog_tier=excluded.catalog_tier,
-				aliases=excluded.aliases, active_tags=excluded.active_tags, bundles=excluded.bundles, create_time=excluded.create_time,
-				update_time=excluded.update_time, deleted_time=NULL`, repoColumns, args); err != nil {
+		if _, err := s.insertRows(ctx, tx, bulkRepos, args); err != nil {
 			return 0, fmt.Errorf("upsert repos: %w", err)
 		}
 		return s.appendEvents(ctx, tx, cs)

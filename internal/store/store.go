@@ -54,10 +54,19 @@ type Options struct {
 	// InitialEvents is "none" (the first crawl of an empty mirror is a silent
 	// baseline) or "snapshot" (it emits one created event per resource).
 	InitialEvents string
-	Now           func() time.Time
-	Logger        *slog.Logger
+	// Now is the clock for first_seen, deleted and recorded times; default
+	// time.Now.
+	Now func() time.Time
+	// Logger receives migration notices; default discards.
+	Logger *slog.Logger
 	// Readers is the size of the read-only pool; default 4.
 	Readers int
+	// CacheKiB is the writer's page cache in KiB; default 65536. A page of
+	// history writes into indexes at scattered places (history times
+	// interleave across tags), and with SQLite's default of 2 MiB those
+	// index pages are reread from the file and uncommitted ones spill into
+	// the WAL before COMMIT, which cost ingest much of its rate.
+	CacheKiB int
 	// BeforeCommit, when set, runs inside every mirror write transaction
 	// (a page of repos, tags, history or advisories, a deletion) after all
 	// of its rows and events are written and before COMMIT; an error rolls
@@ -75,6 +84,8 @@ type Store struct {
 	notify   chan struct{}
 	// beforeCommit is Options.BeforeCommit.
 	beforeCommit func(ctx context.Context) error
+
+	bulk [numBulk]*sql.Stmt // full-size multi-row statements, prepared at Open
 }
 
 // Open opens (creating it 0600 if needed) the database at path and applies
@@ -89,6 +100,9 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if opts.Readers <= 0 {
 		opts.Readers = 4
 	}
+	if opts.CacheKiB <= 0 {
+		opts.CacheKiB = 64 << 10
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
@@ -100,7 +114,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	}
 	f.Close()
 
-	w, err := sql.Open("sqlite", dsn(path, false))
+	w, err := sql.Open("sqlite", dsn(path, false, opts.CacheKiB))
 	if err != nil {
 		return nil, fmt.Errorf("open writer on %s: %w", path, err)
 	}
@@ -112,17 +126,24 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		w.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, explain(path, err))
 	}
-	r, err := sql.Open("sqlite", dsn(path, true))
+
+	r, err := sql.Open("sqlite", dsn(path, true, 0))
 	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open readers on %s: %w", path, err)
 	}
 	r.SetMaxOpenConns(opts.Readers)
 	s.r = r
+	if err := s.prepareBulk(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
 	return s, nil
 }
 
-func dsn(path string, readOnly bool) string {
+// dsn is the connection string of the writer (with its page cache size in
+// KiB) or of a reader.
+func dsn(path string, readOnly bool, cacheKiB int) string {
 	q := url.Values{}
 	q.Add("_pragma", "busy_timeout(10000)")
 	q.Add("_pragma", "journal_mode(WAL)")
@@ -132,13 +153,20 @@ func dsn(path string, readOnly bool) string {
 		q.Add("_pragma", "query_only(1)")
 	} else {
 		q.Set("_txlock", "immediate")
+		q.Add("_pragma", fmt.Sprintf("cache_size(-%d)", cacheKiB))
 	}
 	return "file:" + path + "?" + q.Encode()
 }
 
 // Close closes both pools.
 func (s *Store) Close() error {
-	return errors.Join(s.r.Close(), s.w.Close())
+	var errs []error
+	for _, stmt := range s.bulk {
+		if stmt != nil {
+			errs = append(errs, stmt.Close())
+		}
+	}
+	return errors.Join(append(errs, s.r.Close(), s.w.Close())...)
 }
 
 // Reader returns the read-only pool, for queries that must not wait on ingest.

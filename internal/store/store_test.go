@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,6 +44,21 @@ func TestOpen(t *testing.T) {
 		}
 		if got, err := st.Meta(ctx, "x"); err != nil || got != "" {
 			t.Fatalf("meta x=%q err=%v, want empty", got, err)
+		}
+	})
+	t.Run("BeforeCommitErrorRollsBackThePage", func(t *testing.T) {
+		fail := errors.New("injected")
+		st := mustOpen(t, filepath.Join(t.TempDir(), "m.db"), store.Options{
+			BeforeCommit: func(context.Context) error { return fail },
+		})
+		if err := st.EndBaseline(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.ApplyRepos(ctx, []store.Repo{nginx()}); !errors.Is(err, fail) {
+			t.Fatalf("err=%v, want the hook's error", err)
+		}
+		if got := queryInt(t, st.Reader(), `SELECT (SELECT COUNT(*) FROM repos) + (SELECT COUNT(*) FROM events)`); got != 0 {
+			t.Fatalf("rows and events after a rolled back page=%d, want 0", got)
 		}
 	})
 	t.Run("RefusesNewerSchema", func(t *testing.T) {

@@ -96,9 +96,7 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 				need = append(need, TagRef{UID: t.UID, RepoUID: repo.UID, Repo: repo.Name, Name: t.Name, UpdateTime: t.UpdateTime, Bookmark: o.bookmark})
 			}
 		}
-		if _, err := insertRows(ctx, tx, `INSERT INTO tags (uid, repo_uid, name, digest, deprecated, bundles, create_time, update_time, first_seen_time, baseline)`,
-			`ON CONFLICT(uid) DO UPDATE SET repo_uid=excluded.repo_uid, name=excluded.name, digest=excluded.digest, deprecated=excluded.deprecated,
-				bundles=excluded.bundles, create_time=excluded.create_time, update_time=excluded.update_time, deleted_time=NULL`, tagColumns, args); err != nil {
+		if _, err := s.insertRows(ctx, tx, bulkTags, args); err != nil {
 			return 0, fmt.Errorf("upsert tags: %w", err)
 		}
 		return s.appendEvents(ctx, tx, cs)

@@ -1,0 +1,264 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+const schemaDoc = "../../docs/schema.md"
+
+// sqlBlocks returns the ```sql blocks of the document at path.
+func sqlBlocks(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := regexp.MustCompile("(?s)```sql\n(.*?)```").FindAllStringSubmatch(string(b), -1)
+	var out []string
+	for _, m := range blocks {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// populate builds a mirror with something for every example query to find:
+// a baseline crawl, then moves, a deprecation, deletions, advisories, a
+// withdrawal, crawl runs, a subscription, and published and unpublished
+// events.
+func populate(t *testing.T) *store.Store {
+	t.Helper()
+	ctx := context.Background()
+	clk := newClock()
+	clk.Advance(-30 * 24 * time.Hour) // the first crawl ran in December 2025
+	st, _ := openTemp(t, clk, true, store.Options{})
+	hex := func(c string) string { return "sha256:" + strings.Repeat(c, 64) }
+	nginx, redis := nginx(), store.Repo{UID: "g1/r2", Name: "redis", ActiveTags: []string{"latest", "7"}}
+	nginx.ActiveTags = []string{"latest", "1.27"}
+	gone := store.Repo{UID: "g1/r3", Name: "kafka"}
+
+	run, err := st.StartRun(ctx, "crawl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustApplyRepos(t, st, nginx, redis, gone)
+	at := func(d, digest string) store.Tag {
+		return store.Tag{Name: d, Digest: digest, CreateTime: ts("2025-06-01T00:00:00Z"), UpdateTime: ts("2025-12-20T00:00:00Z")}
+	}
+	nginxTags := []store.Tag{at("latest", hex("1")), at("1.27", hex("1")), at("1.25", hex("5")), at("stable", hex("6"))}
+	for i := range nginxTags {
+		nginxTags[i].UID = nginx.UID + "/t" + nginxTags[i].Name
+	}
+	redisLatest := at("latest", hex("a"))
+	redisLatest.UID = redis.UID + "/tlatest"
+	history := map[string][]store.HistoryRecord{}
+	for _, tg := range append(nginxTags, redisLatest) {
+		history[tg.UID] = []store.HistoryRecord{{Time: ts("2025-12-20T00:00:00Z"), Digest: tg.Digest}}
+	}
+	mustApplyTags(t, st, gone, store.Tag{UID: gone.UID + "/tlatest", Name: "latest", Digest: hex("9")})
+	for repo, tags := range map[*store.Repo][]store.Tag{&nginx: nginxTags, &redis: {redisLatest}} {
+		for _, ref := range mustApplyTags(t, st, *repo, tags...) {
+			if _, err := st.ApplyHistory(ctx, ref, history[ref.UID], true); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := st.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.FinishRun(ctx, run, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	clk.Advance(30 * 24 * time.Hour) // January 2026
+	run, err = st.StartRun(ctx, "crawl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// nginx:latest moved twice and redis:latest once since the last crawl.
+	moved := func(repo store.Repo, tg store.Tag, recs ...store.HistoryRecord) {
+		tg.Digest, tg.UpdateTime = recs[len(recs)-1].Digest, recs[len(recs)-1].Time
+		for _, ref := range mustApplyTags(t, st, repo, tg) {
+			all := append(history[tg.UID], recs...)
+			if _, err := st.ApplyHistory(ctx, ref, all, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	moved(nginx, nginxTags[0], store.HistoryRecord{Time: ts("2026-01-05T00:00:00Z"), Digest: hex("2")},
+		store.HistoryRecord{Time: ts("2026-01-20T00:00:00Z"), Digest: hex("1")})
+	moved(redis, redisLatest, store.HistoryRecord{Time: ts("2026-01-10T00:00:00Z"), Digest: hex("b")})
+	dep := nginxTags[2]
+	dep.Deprecated, dep.UpdateTime = true, ts("2026-01-15T00:00:00Z")
+	mustApplyTags(t, st, nginx, dep)
+	if _, err := st.MarkTagsDeleted(ctx, []string{nginxTags[3].UID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.MarkReposDeleted(ctx, []string{gone.UID}); err != nil {
+		t.Fatal(err)
+	}
+	advs := []store.Advisory{
+		{UID: "g1/a1", AdvisoryID: "CGA-1111", ArtifactName: "openssl", CreateTime: ts("2026-01-03T00:00:00Z"), UpdateTime: ts("2026-01-03T00:00:00Z")},
+		{UID: "g1/a2", AdvisoryID: "CGA-2222", ArtifactName: "openssl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z")},
+		{UID: "g1/a3", AdvisoryID: "CGA-3333", ArtifactName: "curl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z")},
+	}
+	if _, err := st.ApplyAdvisories(ctx, advs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.MarkAdvisoriesWithdrawn(ctx, []string{"g1/a2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.UpsertSubscription(ctx, store.Subscription{UID: "g1/s1", GroupUID: "g1", Sink: "https://syncd.example/hook", CreateTime: clk.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := st.Unpublished(ctx, 0, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []int64
+	for _, e := range evs {
+		seqs = append(seqs, e.Seq)
+	}
+	if err := st.MarkPublished(ctx, seqs); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.FinishRun(ctx, run, nil); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func TestSchemaDoc_ExamplesRun(t *testing.T) {
+	st := populate(t)
+	blocks := sqlBlocks(t, schemaDoc)
+	if len(blocks) < 10 {
+		t.Fatalf("found %d sql examples in %s", len(blocks), schemaDoc)
+	}
+	for _, q := range blocks {
+		name := strings.SplitN(strings.TrimSpace(q), "\n", 2)[0]
+		t.Run(name, func(t *testing.T) {
+			rows, err := st.Reader().Query(q)
+			if err != nil {
+				t.Fatalf("%s\n%v", q, err)
+			}
+			defer rows.Close()
+			cols, err := rows.Columns()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for rows.Next() {
+				vals := make([]any, len(cols))
+				ptrs := make([]any, len(cols))
+				for i := range vals {
+					ptrs[i] = &vals[i]
+				}
+				if err := rows.Scan(ptrs...); err != nil {
+					t.Fatal(err)
+				}
+				n++
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			// An example that finds nothing teaches nothing, and hides a
+			// query that no longer means what the text says.
+			if n == 0 {
+				t.Fatalf("no rows from:\n%s", q)
+			}
+		})
+	}
+	t.Run("AnswersAreRight", func(t *testing.T) {
+		db := st.Reader()
+		if got, want := queryInt(t, db, `SELECT COUNT(*) FROM tag_moves WHERE moved_time >= '2026-01-01T00:00:00.000Z'`), 3; got != want {
+			t.Fatalf("moves in January=%d, want %d", got, want)
+		}
+		if got, want := queryString(t, db, `SELECT repo FROM repo_moves ORDER BY moves DESC LIMIT 1`), "nginx"; got != want {
+			t.Fatalf("repo with most moves=%s, want %s", got, want)
+		}
+		if got, want := queryString(t, db, `SELECT open_advisory_ids FROM advisories_by_artifact WHERE artifact_name = 'openssl'`), "CGA-1111"; got != want {
+			t.Fatalf("open openssl advisories=%q, want %q", got, want)
+		}
+		if got, want := queryInt(t, db, `SELECT COUNT(*) FROM events WHERE type = 'tag.moved'`), 3; got != want {
+			t.Fatalf("tag.moved events=%d, want %d", got, want)
+		}
+	})
+}
+
+// TestSchemaDoc_DocumentsEverything checks that docs/schema.md has a section
+// for every table and view and names each of their columns.
+func TestSchemaDoc_DocumentsEverything(t *testing.T) {
+	st := mustOpen(t, t.TempDir()+"/m.db", store.Options{})
+	b, err := os.ReadFile(schemaDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	db := st.Reader()
+	rows, err := db.Query(`SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, n)
+	}
+	rows.Close()
+	if len(names) < 15 {
+		t.Fatalf("found only %d tables and views: %v", len(names), names)
+	}
+	for _, name := range names {
+		sec := section(doc, "### `"+name+"`")
+		if sec == "" {
+			t.Errorf("%s: no section", name)
+			continue
+		}
+		for _, col := range columns(t, db, name) {
+			if !strings.Contains(sec, "| `"+col+"` |") {
+				t.Errorf("%s.%s: not in its section's table", name, col)
+			}
+		}
+	}
+}
+
+// section returns the text from heading to the next heading of any level.
+func section(doc, heading string) string {
+	i := strings.Index(doc, heading+"\n")
+	if i < 0 {
+		return ""
+	}
+	rest := doc[i+len(heading):]
+	if j := strings.Index(rest, "\n#"); j >= 0 {
+		rest = rest[:j]
+	}
+	return rest
+}
+
+func columns(t *testing.T, db *sql.DB, table string) []string {
+	t.Helper()
+	rows, err := db.Query(`SELECT name FROM pragma_table_info(?)`, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var cols []string
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		cols = append(cols, c)
+	}
+	return cols
+}
