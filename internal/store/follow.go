@@ -233,7 +233,7 @@ func (s *Store) appendFollowedMove(ctx context.Context, tx *sql.Tx, id string, a
 // movePosition finds the history position seq for which a tag.moved event
 // of tag at time at to digest has the given id (see ApplyHistory).
 func movePosition(id, tag, at, digest string, hint int) (int, bool) {
-	try := func(seq int) bool { return eventID(TagMoved, tag, fmt.Sprintf("%d/%s/%s", seq, at, digest)) == id }
+	try := func(seq int) bool { return eventID(TagMoved, tag, moveDisc(seq, at, digest)) == id }
 	if hint > 0 && try(hint) {
 		return hint, true
 	}
@@ -290,16 +290,22 @@ func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []Histor
 		return 0, nil // nothing to anchor on: the tag stays baseline, read silently
 	}
 	err := s.tx(ctx, func(tx *sql.Tx) error {
+		// Only a tag with no history yet is resolved: one that a move
+		// already placed, or a second resolution, is left alone.
+		var count int
+		if err := tx.QueryRowContext(ctx, `SELECT history_count FROM tags WHERE uid = ?`, ref.UID).Scan(&count); err != nil || count > 0 {
+			return err
+		}
 		args := make([]any, 0, historyColumns*len(known))
 		for i, r := range known {
 			args = append(args, ref.UID, i, FormatTime(r.Time), r.Digest)
 		}
-		if _, err := insertRows(ctx, tx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest)`, "ON CONFLICT DO NOTHING", historyColumns, args); err != nil {
+		if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
 			return fmt.Errorf("insert history: %w", err)
 		}
 		nb := bookmarkAfter(Bookmark{}, known)
 		_, err := tx.ExecContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ?, baseline = 0
-			WHERE uid = ? AND history_count = 0`, FormatTime(nb.LastTime), nb.LastCount, nb.Count, known[len(known)-1].Digest, ref.UID)
+			WHERE uid = ?`, FormatTime(nb.LastTime), nb.LastCount, nb.Count, known[len(known)-1].Digest, ref.UID)
 		return err
 	})
 	if err != nil {

@@ -21,6 +21,11 @@ type Bookmark struct {
 	Count     int
 }
 
+// moveDisc tells a tag's moves apart in their event ids: the position in
+// the history, its time and the new digest. Followers recompute it to
+// place a move they received (see movePosition).
+func moveDisc(seq int, at, digest string) string { return fmt.Sprintf("%d/%s/%s", seq, at, digest) }
+
 // historyColumns is how many values one tag_history row takes.
 const historyColumns = 4
 
@@ -64,7 +69,7 @@ func (s *Store) ApplyHistory(ctx context.Context, ref TagRef, records []HistoryR
 				before.Digest, after.Digest = prev, r.Digest
 				after.UpdateTime = r.Time
 				cs = append(cs, change{typ: TagMoved, scope: ref.Repo, subject: ref.UID,
-					disc: fmt.Sprintf("%d/%s/%s", seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after})
+					disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after})
 			}
 			prev = r.Digest
 			args = append(args, ref.UID, seq, FormatTime(r.Time), r.Digest)
