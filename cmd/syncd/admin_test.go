@@ -68,6 +68,7 @@ func TestRun_MetricsAndReadiness(t *testing.T) {
 		{`syncd_rows_written_total{table="tags"}`, 6, 1e6},
 		{`syncd_rows_written_total{table="advisories"}`, 4, 1e6},
 		{`syncd_outbox_unpublished_events`, 0, 1},
+		{`syncd_events_recorded_total{type="tag.moved"}`, 1, 1e6},
 		{`syncd_nats_connected`, 1, 1},
 		{`syncd_publish_latency_seconds_count`, 1, 1e6},
 		{`syncd_crawl_duration_seconds_count{crawl_job="crawl"}`, 1, 1e6},

@@ -111,7 +111,7 @@ func tokenSource(p config.Platform) platform.TokenSource {
 func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, error) {
 	a := &app{cfg: cfg, log: log, metrics: admin.NewMetrics(version())}
 	var err error
-	a.store, err = store.Open(ctx, cfg.Store.Path, store.Options{InitialEvents: cfg.Store.InitialEvents, Logger: log.With("part", "store")})
+	a.store, err = store.Open(ctx, cfg.Store.Path, store.Options{InitialEvents: cfg.Store.InitialEvents, Logger: log.With("part", "store"), OnEvents: a.metrics.EventsRecorded})
 	if err != nil {
 		return nil, fmt.Errorf("open mirror %s: %w", cfg.Store.Path, err)
 	}

@@ -84,8 +84,12 @@ func (m *Metrics) ObserveRun(job, outcome string, took time.Duration, finished t
 	}
 }
 
-// EventRecorded counts an event appended to the outbox.
-func (m *Metrics) EventRecorded(typ string) { m.recorded.WithLabelValues(typ).Inc() }
+// EventsRecorded counts events appended to the outbox, by type.
+func (m *Metrics) EventsRecorded(byType map[string]int) {
+	for typ, n := range byType {
+		m.recorded.WithLabelValues(typ).Add(float64(n))
+	}
+}
 
 // EventPublished counts an event JetStream acknowledged, latency after its commit.
 func (m *Metrics) EventPublished(typ string, latency time.Duration) {

@@ -146,10 +146,22 @@ func (s *Store) InBaseline(ctx context.Context) (bool, error) {
 // wakes the publisher when fn recorded events.
 func (s *Store) commit(ctx context.Context, fn func(tx *sql.Tx) (events int, err error)) (int, error) {
 	var n int
+	var recorded map[string]int
 	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var before int64
+		if s.onEvents != nil {
+			if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM events`).Scan(&before); err != nil {
+				return err
+			}
+		}
 		var err error
 		if n, err = fn(tx); err != nil {
 			return err
+		}
+		if n > 0 && s.onEvents != nil {
+			if recorded, err = eventTypesAfter(ctx, tx, before); err != nil {
+				return err
+			}
 		}
 		if s.beforeCommit != nil {
 			return s.beforeCommit(ctx)
@@ -161,6 +173,28 @@ func (s *Store) commit(ctx context.Context, fn func(tx *sql.Tx) (events int, err
 	}
 	if n > 0 {
 		s.signal()
+		if s.onEvents != nil {
+			s.onEvents(recorded)
+		}
 	}
 	return n, nil
+}
+
+// eventTypesAfter counts the events recorded after seq, by type.
+func eventTypesAfter(ctx context.Context, tx *sql.Tx, seq int64) (map[string]int, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT type, count(*) FROM events WHERE seq > ? GROUP BY type`, seq)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var typ string
+		var n int
+		if err := rows.Scan(&typ, &n); err != nil {
+			return nil, err
+		}
+		out[typ] = n
+	}
+	return out, rows.Err()
 }

@@ -73,6 +73,9 @@ type Options struct {
 	// the transaction back. It exists for fault injection: crash tests stop
 	// the process here to prove a page lands whole or not at all.
 	BeforeCommit func(ctx context.Context) error
+	// OnEvents, when set, is told after each commit that recorded events
+	// how many of each type it recorded (for metrics).
+	OnEvents func(byType map[string]int)
 }
 
 // Store is the SQLite mirror.
@@ -84,6 +87,7 @@ type Store struct {
 	notify   chan struct{}
 	// beforeCommit is Options.BeforeCommit.
 	beforeCommit func(ctx context.Context) error
+	onEvents     func(map[string]int)
 
 	bulk [numBulk]*sql.Stmt // full-size multi-row statements, prepared at Open
 }
@@ -121,7 +125,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	w.SetMaxOpenConns(1)
 	w.SetConnMaxIdleTime(0)
 	s := &Store{w: w, now: opts.Now, log: opts.Logger, snapshot: opts.InitialEvents == "snapshot",
-		notify: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit}
+		notify: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit, onEvents: opts.OnEvents}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, explain(path, err))
