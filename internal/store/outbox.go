@@ -26,7 +26,9 @@ type Event struct {
 // Unpublished returns up to limit events not yet acknowledged by JetStream,
 // in commit order, starting after seq after.
 func (s *Store) Unpublished(ctx context.Context, after int64, limit int) ([]Event, error) {
-	rows, err := s.w.QueryContext(ctx, `SELECT seq, id, type, resource, action, scope, subject, time, data, created_time
+	// The read pool, not the writer: the relay reads ahead while the
+	// writer marks what was acknowledged, on another core.
+	rows, err := s.r.QueryContext(ctx, `SELECT seq, id, type, resource, action, scope, subject, time, data, created_time
 		FROM events WHERE published_time IS NULL AND seq > ? ORDER BY seq LIMIT ?`, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)
