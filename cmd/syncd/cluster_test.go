@@ -248,8 +248,8 @@ func diffLines(a, b string) string {
 // upstream request while standing by; the remaining standby's mirror equals
 // the leader's; and a follower started late catches up from the stream.
 func TestCluster_Failover(t *testing.T) {
-	ns := startNATS(t)
-	natsURL := ns.ClientURL()
+	// A nats-server process of its own, shared by the three replicas.
+	natsURL := startNATSProcess(t)
 	nodes := []*node{{name: "a", token: "tok-a-1f3c"}, {name: "b", token: "tok-b-7d2e"}, {name: "c", token: "tok-c-9a4b"}}
 	tokens := []string{nodes[0].token, nodes[1].token, nodes[2].token}
 	sim := platformsim.New(platformsim.Options{Seed: 53, Tokens: tokens})

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -33,7 +34,19 @@ import (
 // SIGKILL a real syncd process without building a second binary.
 const execMainEnv = "SYNCD_TEST_EXEC_MAIN"
 
+// execNATSEnv makes the test binary run as a NATS server with JetStream,
+// storing under the directory it names and listening on execNATSPortEnv:
+// tests that want a nats-server process of its own get one without a
+// download.
+const (
+	execNATSEnv     = "SYNCD_TEST_EXEC_NATS"
+	execNATSPortEnv = "SYNCD_TEST_EXEC_NATS_PORT"
+)
+
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(execNATSEnv); dir != "" {
+		os.Exit(runNATSServer(dir, os.Getenv(execNATSPortEnv)))
+	}
 	if os.Getenv(execMainEnv) == "1" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		code := NewMain(os.Stdout, os.Stderr, os.Environ()).Run(ctx, os.Args[1:])
@@ -41,6 +54,58 @@ func TestMain(m *testing.M) {
 		os.Exit(code)
 	}
 	os.Exit(m.Run())
+}
+
+// runNATSServer is the body of a nats-server process: it serves until
+// SIGTERM or SIGINT.
+func runNATSServer(dir, port string) int {
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bad port:", port)
+		return 2
+	}
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: p, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		fmt.Fprintln(os.Stderr, "nats-server not ready")
+		return 1
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	return 0
+}
+
+// startNATSProcess runs a nats-server in a process of its own on a
+// loopback port and returns its URL; it stops with the test.
+func startNATSProcess(t *testing.T) string {
+	t.Helper()
+	addr := freeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), execNATSEnv+"="+t.TempDir(), execNATSPortEnv+"="+port)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	})
+	waitFor(t, 15*time.Second, "the nats-server process to listen", func() bool {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return "nats://" + addr
 }
 
 // trials is how many times a reliability scenario repeats: a few in
