@@ -62,6 +62,7 @@ type Crawler struct {
 	// histories bounds the history reads in flight, shared by the crawl
 	// and the refresh jobs pushed events ask for.
 	histories *semaphore.Weighted
+	commits   *historyCommitter
 }
 
 // New returns a Crawler.
@@ -78,7 +79,8 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = 10 * time.Second
 	}
-	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(cfg.Concurrency))}
+	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(cfg.Concurrency)),
+		commits: &historyCommitter{store: st, maxBatch: 256}}
 }
 
 // Summary is what one crawl did.
@@ -455,7 +457,7 @@ func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary)
 	for i, r := range recs {
 		out[i] = store.HistoryRecord{Time: r.UpdateTimestamp, Digest: r.Digest}
 	}
-	n, aerr := c.store.ApplyHistory(finish(ctx), ref, out, unwalkable == nil)
+	n, aerr := c.commits.apply(ctx, store.HistoryUpdate{Ref: ref, Records: out, Complete: unwalkable == nil})
 	if aerr != nil {
 		return aerr
 	}

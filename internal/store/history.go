@@ -38,63 +38,90 @@ const historyColumns = 4
 // When complete is set, the walk reached the newest record and the tag is
 // marked as read up to ref.UpdateTime.
 func (s *Store) ApplyHistory(ctx context.Context, ref TagRef, records []HistoryRecord, complete bool) (events int, err error) {
-	records = storedPrecision(records)
+	return s.ApplyHistories(ctx, []HistoryUpdate{{Ref: ref, Records: records, Complete: complete}})
+}
+
+// HistoryUpdate is one tag's history read, as ApplyHistory takes it.
+type HistoryUpdate struct {
+	Ref      TagRef
+	Records  []HistoryRecord
+	Complete bool
+}
+
+// ApplyHistories applies several tags' history reads in one transaction,
+// each exactly as ApplyHistory would, and returns how many events they
+// recorded. A commit per tag was most of an initial sync's cost; the
+// crawler batches the reads that finish together.
+func (s *Store) ApplyHistories(ctx context.Context, ups []HistoryUpdate) (events int, err error) {
 	n, err := s.commit(ctx, func(tx *sql.Tx) (int, error) {
 		baseline, err := s.inBaseline(ctx, tx)
 		if err != nil {
 			return 0, err
 		}
-		old, err := loadTags(ctx, tx, `t.uid IN (%s)`, []string{ref.UID})
-		if err != nil {
-			return 0, err
-		}
-		st, ok := old[ref.UID]
-		if !ok {
-			return 0, fmt.Errorf("read bookmark: tag %s is not in the mirror", ref.UID)
-		}
-		b, cur := st.bookmark, st.Tag
-		cur.RepoUID, cur.Repo = ref.RepoUID, ref.Repo
-
-		fresh := newRecords(records, b)
-		// A tag's first history read during the baseline, or for a tag the
-		// baseline found, is the starting point: its past moves are not news.
-		silent := baseline || (st.baseline && b.Count == 0)
-		var cs []change
-		prev := st.historyLastDigest
-		args := make([]any, 0, historyColumns*len(fresh))
-		for i, r := range fresh {
-			seq := b.Count + i
-			if seq > 0 && !silent {
-				before, after := cur, cur
-				before.Digest, after.Digest = prev, r.Digest
-				after.UpdateTime = r.Time
-				cs = append(cs, change{typ: TagMoved, scope: ref.Repo, subject: ref.UID,
-					disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after})
+		total := 0
+		for _, u := range ups {
+			n, err := s.applyHistory(ctx, tx, baseline, u.Ref, storedPrecision(u.Records), u.Complete)
+			if err != nil {
+				return 0, fmt.Errorf("apply %d history records of tag %s:%s: %w", len(u.Records), u.Ref.Repo, u.Ref.Name, err)
 			}
-			prev = r.Digest
-			args = append(args, ref.UID, seq, FormatTime(r.Time), r.Digest)
+			total += n
 		}
-		if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
-			return 0, fmt.Errorf("insert history: %w", err)
-		}
-		if len(fresh) > 0 {
-			nb := bookmarkAfter(b, fresh)
-			if _, err := tx.ExecContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ? WHERE uid = ?`,
-				FormatTime(nb.LastTime), nb.LastCount, nb.Count, prev, ref.UID); err != nil {
-				return 0, fmt.Errorf("move bookmark: %w", err)
-			}
-		}
-		if complete {
-			if _, err := tx.ExecContext(ctx, `UPDATE tags SET history_update_time = ? WHERE uid = ?`, FormatTime(ref.UpdateTime), ref.UID); err != nil {
-				return 0, fmt.Errorf("mark history read: %w", err)
-			}
-		}
-		return s.appendEvents(ctx, tx, cs)
+		return total, nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("apply %d history records of tag %s:%s: %w", len(records), ref.Repo, ref.Name, err)
+		return 0, err
 	}
 	return n, nil
+}
+
+// applyHistory is ApplyHistory's work inside a transaction.
+func (s *Store) applyHistory(ctx context.Context, tx *sql.Tx, baseline bool, ref TagRef, records []HistoryRecord, complete bool) (int, error) {
+	old, err := loadTags(ctx, tx, `t.uid IN (%s)`, []string{ref.UID})
+	if err != nil {
+		return 0, err
+	}
+	st, ok := old[ref.UID]
+	if !ok {
+		return 0, fmt.Errorf("read bookmark: tag %s is not in the mirror", ref.UID)
+	}
+	b, cur := st.bookmark, st.Tag
+	cur.RepoUID, cur.Repo = ref.RepoUID, ref.Repo
+
+	fresh := newRecords(records, b)
+	// A tag's first history read during the baseline, or for a tag the
+	// baseline found, is the starting point: its past moves are not news.
+	silent := baseline || (st.baseline && b.Count == 0)
+	var cs []change
+	prev := st.historyLastDigest
+	args := make([]any, 0, historyColumns*len(fresh))
+	for i, r := range fresh {
+		seq := b.Count + i
+		if seq > 0 && !silent {
+			before, after := cur, cur
+			before.Digest, after.Digest = prev, r.Digest
+			after.UpdateTime = r.Time
+			cs = append(cs, change{typ: TagMoved, scope: ref.Repo, subject: ref.UID,
+				disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after})
+		}
+		prev = r.Digest
+		args = append(args, ref.UID, seq, FormatTime(r.Time), r.Digest)
+	}
+	if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
+		return 0, fmt.Errorf("insert history: %w", err)
+	}
+	if len(fresh) > 0 {
+		nb := bookmarkAfter(b, fresh)
+		if _, err := tx.ExecContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ? WHERE uid = ?`,
+			FormatTime(nb.LastTime), nb.LastCount, nb.Count, prev, ref.UID); err != nil {
+			return 0, fmt.Errorf("move bookmark: %w", err)
+		}
+	}
+	if complete {
+		if _, err := tx.ExecContext(ctx, `UPDATE tags SET history_update_time = ? WHERE uid = ?`, FormatTime(ref.UpdateTime), ref.UID); err != nil {
+			return 0, fmt.Errorf("mark history read: %w", err)
+		}
+	}
+	return s.appendEvents(ctx, tx, cs)
 }
 
 // storedPrecision returns records with times cut to the millisecond the
