@@ -134,7 +134,7 @@ func TestMain_Usage(t *testing.T) {
 	if code, _, stderr := runMain(context.Background(), "sync"); code != exitUsage || !strings.Contains(stderr, "--once is required") {
 		t.Fatalf("exit=%d stderr=%q, want 2 and '--once is required'", code, stderr)
 	}
-	for _, cmd := range []string{"run", "sync", "status", "sim", "subscriptions", "identity"} {
+	for _, cmd := range []string{"run", "sync", "status", "sim", "subscriptions", "identity", "follow"} {
 		code, _, stderr := runMain(context.Background(), cmd, "--help")
 		if code != exitOK || !strings.Contains(stderr, "Usage: syncd "+cmd) || !strings.Contains(stderr, "Example") {
 			t.Errorf("%s --help: exit=%d, stderr=%q; want 0, usage and examples", cmd, code, stderr)
