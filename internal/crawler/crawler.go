@@ -62,7 +62,9 @@ type Crawler struct {
 	// histories bounds the history reads in flight, shared by the crawl
 	// and the refresh jobs pushed events ask for.
 	histories *semaphore.Weighted
-	commits   *historyCommitter
+	// committing bounds the history reads done and waiting for their commit.
+	committing *semaphore.Weighted
+	commits    *historyCommitter
 }
 
 // New returns a Crawler.
@@ -80,7 +82,7 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 		cfg.ProgressEvery = 10 * time.Second
 	}
 	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(cfg.Concurrency)),
-		commits: &historyCommitter{store: st, maxBatch: 256}}
+		committing: semaphore.NewWeighted(int64(8 * cfg.Concurrency)), commits: &historyCommitter{store: st, maxBatch: 256}}
 }
 
 // Summary is what one crawl did.
@@ -417,18 +419,22 @@ func (c *Crawler) listTags(ctx context.Context, repo store.Repo, seen map[string
 				if err := c.histories.Acquire(gctx, 1); err != nil {
 					return err
 				}
+				// The read's slot is given back as soon as the request is
+				// done, not after its commit: the next request need not
+				// wait for the writer.
+				release := sync.OnceFunc(func() { c.histories.Release(1) })
 				if first {
 					first = false
-					err := c.syncHistory(gctx, ref, s)
-					c.histories.Release(1)
+					err := c.syncHistory(gctx, ref, s, release)
+					release()
 					if err != nil {
 						return err
 					}
 					continue
 				}
 				g.Go(func() error {
-					defer c.histories.Release(1)
-					return c.syncHistory(gctx, ref, s)
+					defer release()
+					return c.syncHistory(gctx, ref, s, release)
 				})
 			}
 		}
@@ -443,9 +449,11 @@ func (c *Crawler) listTags(ctx context.Context, repo store.Repo, seen map[string
 }
 
 // syncHistory reads a tag's history from its bookmark and hands it to the
-// store, which records one tag.moved per new record.
-func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary) error {
+// store, which records one tag.moved per new record. read is called when
+// the requests are done, before the commit.
+func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary, read func()) error {
 	recs, err := c.client.HistorySince(ctx, c.client.PrivateImage(ref.Repo), ref.Name, ref.Bookmark.LastTime)
+	read()
 	var unwalkable *platform.UnwalkableError
 	if err != nil && !errors.As(err, &unwalkable) {
 		return err
@@ -457,7 +465,13 @@ func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary)
 	for i, r := range recs {
 		out[i] = store.HistoryRecord{Time: r.UpdateTimestamp, Digest: r.Digest}
 	}
+	// Reads waiting for their commit are bounded, so a writer slower than
+	// the reads does not gather the whole organization in memory.
+	if err := c.committing.Acquire(ctx, 1); err != nil {
+		return err
+	}
 	n, aerr := c.commits.apply(ctx, store.HistoryUpdate{Ref: ref, Records: out, Complete: unwalkable == nil})
+	c.committing.Release(1)
 	if aerr != nil {
 		return aerr
 	}

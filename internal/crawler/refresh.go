@@ -72,7 +72,7 @@ func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
 	}
 	s := &summary{}
 	for _, ref := range need {
-		if err := c.syncHistory(ctx, ref, s); err != nil {
+		if err := c.syncHistory(ctx, ref, s, func() {}); err != nil {
 			return err
 		}
 	}
