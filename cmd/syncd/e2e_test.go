@@ -157,6 +157,10 @@ func TestRun_EndToEnd(t *testing.T) {
 	})
 
 	d.stop(t)
+	// One log line per published event (at debug outside the demo).
+	if n := strings.Count(stderr.String(), `"msg":"published event"`); n < 2 {
+		t.Errorf("%d 'published event' log lines, want one per event (at least the 2 moves)", n)
+	}
 	if strings.Contains(stderr.String(), e2eToken) {
 		t.Fatal("the platform token appears in the log")
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/syncd-dev/syncd/internal/crawler"
 	"github.com/syncd-dev/syncd/internal/events"
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -129,7 +130,17 @@ func (c *runCommand) Run(ctx context.Context) error {
 			fresh.Succeeded(job, finished)
 		}
 	}
-	a.relay.OnPublished = func(e store.Event) { a.metrics.EventPublished(e.Type, e.Age()) }
+	// One line per published event: at info in the demo, where watching
+	// them is the point, and at debug otherwise.
+	level := slog.LevelDebug
+	if c.demo {
+		level = slog.LevelInfo
+	}
+	a.relay.OnPublished = func(e store.Event) {
+		a.metrics.EventPublished(e.Type, e.Age())
+		log.Log(context.Background(), level, "published event", "type", e.Type,
+			"subject", publish.Subject(cfg.NATS.SubjectPrefix, e.Resource, e.Action, e.Scope), "id", e.ID)
+	}
 	a.registerGauges()
 	checks := a.readiness(fresh)
 	if rep != nil {
