@@ -126,10 +126,10 @@ func TestSubscriptions_Lifecycle(t *testing.T) {
 func TestCreate_RetriedOnlyWhenNotProcessed(t *testing.T) {
 	const createPattern = "POST /iam/v2/identities/{parent}"
 	for _, tc := range []struct {
-		name     string
-		fault    platformsim.Fault
-		sent     int
-		created  bool
+		name      string
+		fault     platformsim.Fault
+		sent      int
+		created   bool
 		ambiguous bool
 	}{
 		{"RateLimited", platformsim.Fault{RateLimitRate: 1, RetryAfter: time.Second}, 2, true, false},
