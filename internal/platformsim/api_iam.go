@@ -4,15 +4,14 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strings"
 )
 
 // identityNamePattern is the spec's rule for identity names.
 const identityNamePattern = `^[a-z0-9 ._-]{1,}$`
 
-func identityNameOK(name string) bool {
-	return regexp.MustCompile(identityNamePattern).MatchString(name)
+func (s *Sim) identityNameOK(name string) bool {
+	return s.identityName.MatchString(name)
 }
 
 func nameOrderFields() map[string]string {
@@ -275,7 +274,7 @@ func (s *Sim) createIdentity(w http.ResponseWriter, r *http.Request, rt route) {
 		writeError(w, e)
 		return
 	}
-	if !identityNameOK(nid.name) {
+	if !s.identityNameOK(nid.name) {
 		writeError(w, s.errIdentityName())
 		return
 	}
@@ -321,7 +320,7 @@ func (s *Sim) patchIdentity(w http.ResponseWriter, r *http.Request, rt route) {
 		writeError(w, e)
 		return
 	}
-	if !identityNameOK(nid.name) {
+	if !s.identityNameOK(nid.name) {
 		writeError(w, s.errIdentityName())
 		return
 	}

@@ -39,7 +39,7 @@ type pending struct {
 	ev        event
 	attempt   int
 	notBefore time.Time
-	rec       int // index into delivery.records
+	rec       *DeliveryRecord // its entry in the delivery log
 	duplicate bool
 }
 
@@ -48,7 +48,7 @@ type pending struct {
 type delivery struct {
 	mu      sync.Mutex
 	queue   []*pending
-	records []DeliveryRecord
+	records []*DeliveryRecord
 	faults  DeliveryFaults
 	rng     *rand.Rand
 	notify  chan struct{}
@@ -73,7 +73,11 @@ func (s *Sim) SetDeliveryFaults(f DeliveryFaults) {
 func (s *Sim) Deliveries() []DeliveryRecord {
 	s.events.mu.Lock()
 	defer s.events.mu.Unlock()
-	return append([]DeliveryRecord(nil), s.events.records...)
+	out := make([]DeliveryRecord, len(s.events.records))
+	for i, r := range s.events.records {
+		out[i] = *r
+	}
+	return out
 }
 
 // Close stops event delivery; events not yet delivered are abandoned. The
@@ -105,18 +109,16 @@ func (s *Sim) enqueueLocked(ev event) {
 	}
 	f := d.faults
 	now := time.Now()
-	rec := func(dup bool) int {
+	rec := func(dup bool) *DeliveryRecord {
 		if len(d.records) >= maxRecords {
 			d.records = append(d.records[:0], d.records[len(d.records)-maxRecords/2:]...)
-			for _, p := range d.queue {
-				p.rec -= maxRecords / 2
-			}
 		}
-		d.records = append(d.records, DeliveryRecord{ID: ev.id, Type: ev.typ, Subject: ev.subject, Sink: ev.sink, Duplicate: dup})
-		return len(d.records) - 1
+		r := &DeliveryRecord{ID: ev.id, Type: ev.typ, Subject: ev.subject, Sink: ev.sink, Duplicate: dup}
+		d.records = append(d.records, r)
+		return r
 	}
 	if f.DropRate > 0 && d.rng.Float64() < f.DropRate {
-		d.records[rec(false)].Dropped = true
+		rec(false).Dropped = true
 		return
 	}
 	p := &pending{ev: ev, notBefore: now, rec: rec(false)}
@@ -186,11 +188,8 @@ func (s *Sim) deliverLoop(ctx context.Context) {
 		status := s.send(ctx, p.ev)
 		d.mu.Lock()
 		p.attempt++
-		if p.rec >= 0 && p.rec < len(d.records) {
-			r := &d.records[p.rec]
-			r.Attempts, r.LastStatus = p.attempt, status
-			r.Delivered = status >= 200 && status < 300
-		}
+		p.rec.Attempts, p.rec.LastStatus = p.attempt, status
+		p.rec.Delivered = status >= 200 && status < 300
 		// Non-2xx answers and transport failures are retried with
 		// exponential backoff, up to DeliveryAttempts.
 		if (status < 200 || status >= 300) && p.attempt < s.opts.DeliveryAttempts && ctx.Err() == nil {

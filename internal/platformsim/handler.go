@@ -101,6 +101,9 @@ func (s *Sim) serveHTTP(w http.ResponseWriter, r *http.Request) {
 // learnBaseURL records the simulator's own address from the first request
 // when Options.BaseURL was not given.
 func (s *Sim) learnBaseURL(r *http.Request) {
+	if s.baseURL() != "" {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.opts.BaseURL != "" {

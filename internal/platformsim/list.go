@@ -256,22 +256,14 @@ func compareKeys(order []orderField, ak []string, au string, bk []string, bu str
 // paginate builds one page of a list response for the already filtered
 // items. Callers hold the read lock; the returned value shares no mutable
 // state with the simulator, so it can be written after unlocking.
+//
+// Only the items after the cursor are ranked, and only the first
+// skip+page_size+1 of them are kept in order (a bounded heap), so a page of
+// a 50,000-tag listing costs O(n log page) rather than a full sort.
 func paginate[T any](s *Sim, p listParams, items []T, l lister[T]) (map[string]any, *apiError) {
-	ks := make([]keyed[T], len(items))
-	for i, it := range items {
-		k := keyed[T]{item: it, uid: l.uid(it), keys: make([]string, len(p.order))}
-		for j, f := range p.order {
-			k.keys[j] = l.keys[f.field](it)
-		}
-		ks[i] = k
-	}
-	slices.SortFunc(ks, func(a, b keyed[T]) int {
-		return compareKeys(p.order, a.keys, a.uid, b.keys, b.uid)
-	})
-
 	now := s.nowLocked().UnixMilli()
 	ord := orderString(p.order)
-	start := 0
+	var after *cursor
 	if p.pageToken != "" {
 		c, err := decodeCursor(p.pageToken)
 		if err != nil || len(c.Keys) != len(p.order) {
@@ -282,30 +274,113 @@ func paginate[T any](s *Sim, p listParams, items []T, l lister[T]) (map[string]a
 		}
 		// An expired token restarts the listing without an error (rule 4).
 		if now-c.Issued <= s.opts.PageTokenTTL.Milliseconds() {
-			start = sort.Search(len(ks), func(i int) bool {
-				return compareKeys(p.order, ks[i].keys, ks[i].uid, c.Keys, c.UID) > 0
-			})
+			after = &c
 		}
 	}
-	skipped := min(p.skip, len(ks)-start)
-	start += skipped
-	end := min(start+p.pageSize, len(ks))
+	keyFns := make([]func(T) string, len(p.order))
+	for i, f := range p.order {
+		keyFns[i] = l.keys[f.field]
+	}
+	less := func(a, b *keyed[T]) bool { return compareKeys(p.order, a.keys, a.uid, b.keys, b.uid) < 0 }
+	limit := p.skip + p.pageSize + 1 // one extra tells whether a next page exists
+	h := &boundedHeap[T]{less: less, limit: limit}
+	remaining := 0
+	for _, it := range items {
+		k := &keyed[T]{item: it, uid: l.uid(it), keys: make([]string, len(keyFns))}
+		for i, fn := range keyFns {
+			k.keys[i] = fn(it)
+		}
+		if after != nil && compareKeys(p.order, k.keys, k.uid, after.Keys, after.UID) <= 0 {
+			continue
+		}
+		remaining++
+		h.offer(k)
+	}
+	ranked := h.sorted()
+	skipped := min(p.skip, len(ranked))
+	start := skipped
+	end := min(start+p.pageSize, len(ranked))
 
 	page := make([]any, 0, end-start)
-	for _, k := range ks[start:end] {
+	for _, k := range ranked[start:end] {
 		page = append(page, l.render(k.item))
 	}
 	resp := map[string]any{
 		l.plural:     page,
-		"totalCount": strconv.Itoa(len(ks)),
+		"totalCount": strconv.Itoa(len(items)),
 		"skipped":    skipped,
 	}
-	if end < len(ks) && end > start {
-		last := ks[end-1]
+	if end < remaining && end > start {
+		last := ranked[end-1]
 		resp["nextPageToken"] = encodeCursor(cursor{Order: ord, Filter: p.filterHash,
 			Keys: last.keys, UID: last.uid, Issued: now})
 	}
 	return resp, nil
+}
+
+// boundedHeap keeps the limit smallest items offered: a max-heap whose root
+// is the largest kept item.
+type boundedHeap[T any] struct {
+	less  func(a, b *keyed[T]) bool
+	limit int
+	items []*keyed[T]
+}
+
+func (h *boundedHeap[T]) offer(k *keyed[T]) {
+	if len(h.items) < h.limit {
+		h.items = append(h.items, k)
+		h.up(len(h.items) - 1)
+		return
+	}
+	if h.limit == 0 || !h.less(k, h.items[0]) {
+		return
+	}
+	h.items[0] = k
+	h.down(0)
+}
+
+func (h *boundedHeap[T]) up(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !h.less(h.items[parent], h.items[i]) {
+			return
+		}
+		h.items[parent], h.items[i] = h.items[i], h.items[parent]
+		i = parent
+	}
+}
+
+func (h *boundedHeap[T]) down(i int) {
+	n := len(h.items)
+	for {
+		largest, l, r := i, 2*i+1, 2*i+2
+		if l < n && h.less(h.items[largest], h.items[l]) {
+			largest = l
+		}
+		if r < n && h.less(h.items[largest], h.items[r]) {
+			largest = r
+		}
+		if largest == i {
+			return
+		}
+		h.items[i], h.items[largest] = h.items[largest], h.items[i]
+		i = largest
+	}
+}
+
+// sorted returns the kept items in ascending order.
+func (h *boundedHeap[T]) sorted() []*keyed[T] {
+	out := slices.Clone(h.items)
+	slices.SortFunc(out, func(a, b *keyed[T]) int {
+		switch {
+		case h.less(a, b):
+			return -1
+		case h.less(b, a):
+			return 1
+		}
+		return 0
+	})
+	return out
 }
 
 // scopeMatches applies the uidp filters, which are prefix relations on the

@@ -114,3 +114,21 @@ func BenchmarkPopulateScale(b *testing.B) {
 		runtime.KeepAlive(sim)
 	}
 }
+
+// BenchmarkListTagsScale measures one 200-tag page over the whole scale
+// organization (the simulator sorts every matching tag per request) and one
+// page of a single repo's tags, the crawler's common request.
+func BenchmarkListTagsScale(b *testing.B) {
+	e := newEnv(b, platformsim.ScaleScenario(), nil)
+	repo := e.sim.Truth().Repos[0].UID
+	b.Run("AllTags", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			e.mustStatus(e.get("/registry/v2/tags?page_size=200"), http.StatusOK)
+		}
+	})
+	b.Run("OneRepo", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			e.mustStatus(e.get("/registry/v2/tags?page_size=200&uidp.children_of="+repo), http.StatusOK)
+		}
+	})
+}

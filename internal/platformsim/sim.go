@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"net/http"
+	"regexp"
 	"sync"
 	"time"
 )
@@ -106,6 +107,8 @@ type Sim struct {
 	nextID uint64     // monotonically numbers generated uid segments
 	key    []byte     // HMAC key for registry tokens
 
+	identityName *regexp.Regexp
+
 	groups        map[string]*group
 	repos         map[string]*repo
 	tags          map[string]*tag
@@ -187,6 +190,7 @@ func New(opts Options) *Sim {
 		subscriptions: map[string]*subscription{},
 		public:        map[string]*publicImage{},
 		minted:        map[string]mintedToken{},
+		identityName:  regexp.MustCompile(identityNamePattern),
 	}
 	mac := hmac.New(sha256.New, []byte("platformsim registry token key"))
 	_ = binary.Write(mac, binary.BigEndian, opts.Seed)
