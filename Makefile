@@ -29,10 +29,11 @@ bench-quick:
 soak:
 	SOAK_DURATION=10m SOAK_TRIALS=20 SOAK_NATS_OUTAGE=20s $(GO) test -count=1 -timeout 30m -run 'Soak|Reliability' -v ./cmd/syncd/ 2>&1 | grep -E '^(---|===|ok|FAIL|PASS)|figures|check|killed|survived|NATS|changes'
 
-## lint: gofmt and go vet must be clean
+## lint: gofmt, go vet and staticcheck must be clean
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -73,7 +73,7 @@ func newLogger(w io.Writer, c config.Log) *slog.Logger {
 		}
 	}
 	if format == "text" {
-		return slog.New(tint.NewHandler(w, &tint.Options{Level: level, TimeFormat: time.TimeOnly}))
+		return slog.New(tint.NewTextHandler(w, &tint.Options{Level: level, TimeFormat: time.TimeOnly}))
 	}
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }

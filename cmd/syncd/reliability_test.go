@@ -484,7 +484,7 @@ func TestReliability_NATSOutage(t *testing.T) {
 		changes += len(w.sim.Step(1))
 		time.Sleep(200 * time.Millisecond) // changes keep coming while NATS is down
 	}
-	ns = restartNATS(t, nsOpts)
+	restartNATS(t, nsOpts)
 	rcv := consume(ctx, t, w.natsURL)
 	w.converge(rcv, 60*time.Second)
 	t.Logf("NATS down %s; %d changes made; %d messages received, %d distinct events", outage, changes, rcv.total, len(rcv.ids))

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -159,15 +158,6 @@ func repoNames(tr platformsim.Truth) map[string]string {
 		m[r.UID] = r.Name
 	}
 	return m
-}
-
-func sortedUIDs[T any](items []T, uid func(T) string) []string {
-	out := make([]string, len(items))
-	for i, it := range items {
-		out[i] = uid(it)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // outcomes counts the answers a server gave: statuses, and connections

@@ -136,10 +136,6 @@ func (s *Sim) errUnauthenticated(msg string) *apiError {
 	return s.newError(codeUnauthenticated, "Unauthenticated: "+msg)
 }
 
-func (s *Sim) errPermission(msg string) *apiError {
-	return s.newError(codePermissionDenied, "Permission denied: "+msg)
-}
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	body, err := json.Marshal(v)
 	if err != nil {

@@ -104,7 +104,6 @@ type Sim struct {
 	mu     sync.RWMutex
 	offset time.Duration
 	rng    *rand.Rand // scenario and uid generation; guarded by mu
-	nextID uint64     // monotonically numbers generated uid segments
 	key    []byte     // HMAC key for registry tokens
 
 	identityName *regexp.Regexp
