@@ -45,3 +45,17 @@ func FuzzEncodeEvent(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkMessage measures the relay's encoding of one tag.moved event into
+// its JetStream message.
+func BenchmarkMessage(b *testing.B) {
+	data := []byte(`{"before":{"uid":"g1/r1/t1","name":"v1.2.3","repo":"nginx","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000001","deprecated":false,"create_time":"2026-01-01T00:00:00.000Z","update_time":"2026-01-01T00:00:00.000Z"},` +
+		`"after":{"uid":"g1/r1/t1","name":"v1.2.3","repo":"nginx","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000002","deprecated":false,"create_time":"2026-01-01T00:00:00.000Z","update_time":"2026-01-02T00:00:00.000Z"}}`)
+	e := store.Event{Seq: 1, ID: "eb2ae143d224be3df2a40ab22020a1f3", Type: "tag.moved", Resource: "tag", Action: "moved", Scope: "nginx",
+		Subject: "g1/r1/t1", Time: time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC), Data: data}
+	relay := publish.NewRelay(nil, nil, publish.Config{SubjectPrefix: "syncd", Source: "https://console-api.example.com/g1"})
+	b.ReportAllocs()
+	for b.Loop() {
+		relay.Message(e)
+	}
+}

@@ -388,3 +388,35 @@ func TestRelay_FailedResourceWaits(t *testing.T) {
 	}
 	assertExactlyOnceInOrder(t, consumeAll(t, conn.JS, len(published)), published)
 }
+
+// TestRelay_CommitsDuringAPass commits events while the relay is busy
+// publishing earlier ones: each pass reads the outbox as of its start, and
+// the relay must pass again for what came after, at once rather than at
+// its idle timer (a minute).
+func TestRelay_CommitsDuringAPass(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	conn := mustConnect(t, srv.config(nil))
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	p.addRepos(ctx, "busy", 10, 50)
+	startRelay(t, publish.NewRelay(conn.JS, st, srv.config(nil), publish.WithBatch(16), publish.WithMaxInFlight(32)))
+	// One commit after another, while the relay works through the 510
+	// created events and each move before the next.
+	commits := 0
+	for _, r := range p.repos {
+		for _, tag := range p.tags[r.UID] {
+			p.move(ctx, tag.UID, 1)
+			commits++
+		}
+	}
+	const want = 10 + 10*50 + 500 // repos, tags, one move each
+	if commits != 500 {
+		t.Fatalf("made %d moves, want 500", commits)
+	}
+	waitFor(t, 20*time.Second, unpublished(t, st))
+	if n := len(storedEvents(t, st)); n != want {
+		t.Fatalf("store has %d events, want %d", n, want)
+	}
+	consumeAll(t, conn.JS, want)
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // EscapeToken makes s usable as one token of a NATS subject, reversibly:
@@ -14,16 +15,24 @@ func EscapeToken(s string) string {
 	if s == "" {
 		return "%"
 	}
+	if !strings.ContainsFunc(s, func(r rune) bool { return r < utf8.RuneSelf && escaped(byte(r)) }) {
+		return s
+	}
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if c <= ' ' || c == 0x7f || c == '.' || c == '*' || c == '>' || c == '%' {
+		if escaped(c) {
 			fmt.Fprintf(&b, "%%%02X", c)
 			continue
 		}
 		b.WriteByte(c)
 	}
 	return b.String()
+}
+
+// escaped reports whether EscapeToken escapes c.
+func escaped(c byte) bool {
+	return c <= ' ' || c == 0x7f || c == '.' || c == '*' || c == '>' || c == '%'
 }
 
 // UnescapeToken reverses EscapeToken.
@@ -52,5 +61,5 @@ func UnescapeToken(tok string) (string, error) {
 
 // Subject is where an event is published: <prefix>.<resource>.<action>.<scope>.
 func Subject(prefix, resource, action, scope string) string {
-	return prefix + "." + resource + "." + action + "." + EscapeToken(scope)
+	return prefix + "." + resource + "." + action + "." + EscapeToken(scope) // one allocation
 }

@@ -162,3 +162,67 @@ func (p *plainDB) insertPage(b *testing.B, uid string, page []store.HistoryRecor
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkOutboxRead measures what the relay costs the store per event:
+// reading an outbox of 20,000 tag.moved events as the relay does (one
+// ReadUnpublished, batches of 256), and marking them published in
+// transactions of 2,000 as the relay does.
+func BenchmarkOutboxRead(b *testing.B) {
+	ctx := context.Background()
+	fill := func(b *testing.B) (*store.Store, []int64) {
+		st, _ := openTemp(b, newClock(), false, store.Options{})
+		for i, ref := range ingestTags(b, st, 20) {
+			if _, err := st.ApplyHistory(ctx, ref, historyOf(i, 1000), true); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var seqs []int64
+		err := st.ReadUnpublished(ctx, 0, 256, func(evs []store.Event) error {
+			for _, e := range evs {
+				seqs = append(seqs, e.Seq)
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return st, seqs
+	}
+	b.Run("Read", func(b *testing.B) {
+		st, seqs := fill(b)
+		n := 0
+		for b.Loop() {
+			err := st.ReadUnpublished(ctx, 0, 256, func(evs []store.Event) error {
+				n += len(evs)
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		if n != b.N*len(seqs) {
+			b.Fatalf("read %d events, want %d", n, b.N*len(seqs))
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/event")
+	})
+	b.Run("Mark", func(b *testing.B) {
+		n := 0
+		for range b.N {
+			b.StopTimer()
+			st, seqs := fill(b)
+			b.StartTimer()
+			for i := 0; i < len(seqs); i += 2000 {
+				if err := st.MarkPublished(ctx, seqs[i:min(i+2000, len(seqs))]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			n += len(seqs)
+			b.StopTimer()
+			if left, _, err := st.UnpublishedCount(ctx); err != nil || left != 0 {
+				b.Fatalf("after marking: %d unpublished (%v)", left, err)
+			}
+			b.StartTimer()
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/event")
+	})
+}

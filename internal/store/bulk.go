@@ -54,7 +54,7 @@ func (b bulk) statement() (head, tail string, width int) {
 	case bulkHistory:
 		return `INSERT INTO tag_history (tag_uid, seq, update_time, digest)`, "", historyColumns
 	case bulkEvents:
-		return `INSERT INTO events (id, type, resource, action, scope, subject, time, data, created_time)`,
+		return `INSERT INTO event_log (id, type, resource, action, scope, subject, time, data, created_time)`,
 			`ON CONFLICT(id) DO NOTHING`, eventColumns
 	}
 	panic(fmt.Sprintf("unknown bulk statement %d", b))

@@ -150,7 +150,7 @@ func (s *Store) commit(ctx context.Context, fn func(tx *sql.Tx) (events int, err
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		var before int64
 		if s.onEvents != nil {
-			if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM events`).Scan(&before); err != nil {
+			if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM event_log`).Scan(&before); err != nil {
 				return err
 			}
 		}
@@ -182,7 +182,7 @@ func (s *Store) commit(ctx context.Context, fn func(tx *sql.Tx) (events int, err
 
 // eventTypesAfter counts the events recorded after seq, by type.
 func eventTypesAfter(ctx context.Context, tx *sql.Tx, seq int64) (map[string]int, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT type, count(*) FROM events WHERE seq > ? GROUP BY type`, seq)
+	rows, err := tx.QueryContext(ctx, `SELECT type, count(*) FROM event_log WHERE seq > ? GROUP BY type`, seq)
 	if err != nil {
 		return nil, err
 	}

@@ -37,10 +37,11 @@ func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, 
 	applied := 0
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		applied = 0
+		var seqs []int64
 		now := FormatTime(s.now())
 		for _, e := range evs {
 			var exists int
-			err := tx.QueryRowContext(ctx, `SELECT count(*) FROM events WHERE id = ?`, e.ID).Scan(&exists)
+			err := tx.QueryRowContext(ctx, `SELECT count(*) FROM event_log WHERE id = ?`, e.ID).Scan(&exists)
 			if err != nil {
 				return fmt.Errorf("look up event %s: %w", e.ID, err)
 			}
@@ -52,15 +53,25 @@ func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, 
 				return fmt.Errorf("apply %s event %s of %s: %w", e.Type, e.ID, e.Subject, err)
 			}
 			resource, action, _ := strings.Cut(e.Type, ".")
-			if _, err := tx.ExecContext(ctx, `INSERT INTO events (id, type, resource, action, scope, subject, time, data, created_time, published_time)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING`,
-				e.ID, e.Type, resource, action, scope, e.Subject, FormatTime(e.Time), string(e.Data), now, now); err != nil {
+			res, err := tx.ExecContext(ctx, `INSERT INTO event_log (id, type, resource, action, scope, subject, time, data, created_time)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+				e.ID, e.Type, resource, action, scope, e.Subject, FormatTime(e.Time), string(e.Data), now)
+			if err != nil {
 				return fmt.Errorf("record event %s: %w", e.ID, err)
 			}
+			seq, err := res.LastInsertId()
+			if err != nil {
+				return fmt.Errorf("record event %s: %w", e.ID, err)
+			}
+			seqs = append(seqs, seq)
 			applied++
 		}
 		if applied == 0 {
 			return nil
+		}
+		// The stream holds these events already: they are published.
+		if err := markPublished(ctx, tx, seqs, now); err != nil {
+			return err
 		}
 		// A mirror that holds the stream's events is past its baseline: if
 		// this replica becomes the leader, what it crawls next is news.

@@ -68,8 +68,21 @@ func createAtVersion(t *testing.T, path string, files []string, n int) {
 		digest(1), digest(2))
 	exec(`INSERT INTO advisories (uid, advisory_id, artifact_name, update_time, first_seen_time) VALUES ('g1/a1', 'CGA-1', 'openssl', '2025-01-01T00:00:00.000Z', '2025-01-01T00:00:00.000Z')`)
 	exec(`INSERT INTO subscriptions (uid, group_uid, sink, synced_time) VALUES ('g1/s1', 'g1', 'https://syncd.example/hook', '2025-01-01T00:00:00.000Z')`)
-	exec(`INSERT INTO events (id, type, resource, action, scope, subject, time, data, created_time)
+	// From version 5 on, events is a view over event_log.
+	events := "events"
+	if n >= 5 {
+		events = "event_log"
+	}
+	exec(`INSERT INTO ` + events + ` (id, type, resource, action, scope, subject, time, data, created_time)
 		VALUES ('old-event', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}', '2025-01-02T00:00:00.000Z')`)
+	exec(`INSERT INTO ` + events + ` (id, type, resource, action, scope, subject, time, data, created_time)
+		VALUES ('old-published', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}', '2025-01-02T00:00:00.000Z')`)
+	if n >= 5 {
+		exec(`DELETE FROM outbox WHERE seq = (SELECT seq FROM event_log WHERE id = 'old-published')`)
+		exec(`INSERT INTO event_publishes (first_seq, last_seq, published_time) SELECT seq, seq, '2025-01-02T00:00:01.000Z' FROM event_log WHERE id = 'old-published'`)
+	} else {
+		exec(`UPDATE events SET published_time = '2025-01-02T00:00:01.000Z' WHERE id = 'old-published'`)
+	}
 	exec(`INSERT INTO crawl_runs (job, started_time, outcome) VALUES ('crawl', '2025-01-01T00:00:00.000Z', 'ok')`)
 }
 
@@ -97,6 +110,12 @@ func TestMigrate_UpgradesEveryEarlierVersion(t *testing.T) {
 			}
 			if got, want := queryInt(t, db, `SELECT COUNT(*) FROM events WHERE published_time IS NULL`), 1; got != want {
 				t.Fatalf("unpublished events kept=%d, want %d", got, want)
+			}
+			if got, want := queryString(t, db, `SELECT published_time FROM events WHERE id = 'old-published'`), "2025-01-02T00:00:01.000Z"; got != want {
+				t.Fatalf("published_time of a published event=%q, want %q", got, want)
+			}
+			if evs, err := st.Unpublished(ctx, 0, 10); err != nil || len(evs) != 1 || evs[0].ID != "old-event" {
+				t.Fatalf("outbox after the upgrade=%+v err=%v, want old-event alone", evs, err)
 			}
 			if got, want := queryInt(t, db, `SELECT moves FROM repo_moves WHERE repo = 'nginx'`), 1; got != want {
 				t.Fatalf("repo_moves=%d, want %d", got, want)

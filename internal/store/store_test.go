@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -123,6 +124,65 @@ func TestOutbox(t *testing.T) {
 	}
 	if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM events WHERE published_time IS NULL`), 1; got != want {
 		t.Fatalf("unpublished left=%d, want %d: unpublished events are never pruned", got, want)
+	}
+}
+
+// TestOutbox_PublishRuns marks events out of order, with a gap and a
+// duplicate, and reads back what the events view and the outbox say.
+func TestOutbox_PublishRuns(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st, _ := openTemp(t, clk, false, store.Options{})
+	var repos []store.Repo
+	for i := range 6 {
+		repos = append(repos, store.Repo{UID: fmt.Sprintf("g1/r%d", i), Name: fmt.Sprintf("repo-%d", i)})
+	}
+	mustApplyRepos(t, st, repos...)
+	evs, err := st.Unpublished(ctx, 0, 100)
+	if err != nil || len(evs) != 6 {
+		t.Fatalf("unpublished=%d err=%v, want 6", len(evs), err)
+	}
+	for _, e := range evs {
+		if e.Resource != "repo" || e.Action != "created" || e.Type != "repo.created" {
+			t.Fatalf("event %d: resource=%q action=%q type=%q", e.Seq, e.Resource, e.Action, e.Type)
+		}
+	}
+	seq := func(i int) int64 { return evs[i].Seq }
+	// Acknowledged out of order, with the third event missing: runs 0-1 and 3-4.
+	clk.Advance(time.Second)
+	first := clk.Now()
+	if err := st.MarkPublished(ctx, []int64{seq(4), seq(0), seq(3), seq(1)}); err != nil {
+		t.Fatal(err)
+	}
+	// A duplicate acknowledgement changes nothing.
+	clk.Advance(time.Second)
+	if err := st.MarkPublished(ctx, []int64{seq(1), seq(5)}); err != nil {
+		t.Fatal(err)
+	}
+	db := st.Reader()
+	if got, want := queryInt(t, db, `SELECT COUNT(*) FROM event_publishes`), 3; got != want {
+		t.Fatalf("publication runs=%d, want %d", got, want)
+	}
+	want := []string{store.FormatTime(first), store.FormatTime(first), "", store.FormatTime(first), store.FormatTime(first), store.FormatTime(clk.Now())}
+	for i, w := range want {
+		if got := queryString(t, db, `SELECT COALESCE(published_time, '') FROM events WHERE seq = ?`, seq(i)); got != w {
+			t.Errorf("event %d published_time=%q, want %q", i, got, w)
+		}
+	}
+	left, err := st.Unpublished(ctx, 0, 100)
+	if err != nil || len(left) != 1 || left[0].Seq != seq(2) {
+		t.Fatalf("outbox=%v err=%v, want the third event alone", left, err)
+	}
+	// Pruning takes the published events and their runs, and keeps the gap.
+	clk.Advance(48 * time.Hour)
+	if n, err := st.PruneEvents(ctx, clk.Now().Add(-24*time.Hour)); err != nil || n != 5 {
+		t.Fatalf("pruned=%d err=%v, want 5", n, err)
+	}
+	if got := queryInt(t, db, `SELECT COUNT(*) FROM event_publishes`); got != 0 {
+		t.Fatalf("publication runs after pruning=%d, want 0", got)
+	}
+	if got := queryInt(t, db, `SELECT COUNT(*) FROM events WHERE published_time IS NULL`); got != 1 {
+		t.Fatalf("unpublished after pruning=%d, want 1", got)
 	}
 }
 
