@@ -42,7 +42,8 @@ func sqliteCeiling(ctx context.Context, dir string, rows, tags, rowsPerTx int) (
 		return 0, err
 	}
 	q := url.Values{}
-	for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "foreign_keys(1)", "synchronous(NORMAL)"} {
+	// The writer's pragmas in store.Open, page cache size included.
+	for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "foreign_keys(1)", "synchronous(NORMAL)", "temp_store(MEMORY)", "cache_size(-65536)"} {
 		q.Add("_pragma", p)
 	}
 	q.Set("_txlock", "immediate")

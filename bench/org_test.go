@@ -186,9 +186,13 @@ func syncOnce(ctx context.Context, o *org, m *mirror) (syncResult, error) {
 	if err != nil {
 		return syncResult{}, fmt.Errorf("sync: %w", err)
 	}
-	adv, err := m.crawler.SyncAdvisories(ctx)
-	if err != nil {
-		return syncResult{}, fmt.Errorf("sync advisories: %w", err)
+	// As at a start of syncd, the advisories job lists them unless the
+	// crawl (a baseline) just did.
+	var adv crawler.Summary
+	if !m.crawler.AdvisoriesListedSince(start) {
+		if adv, err = m.crawler.SyncAdvisories(ctx); err != nil {
+			return syncResult{}, fmt.Errorf("sync advisories: %w", err)
+		}
 	}
 	wall := time.Since(start)
 	st := o.sim.Stats()

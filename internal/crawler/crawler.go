@@ -65,6 +65,9 @@ type Crawler struct {
 	// committing bounds the history reads done and waiting for their commit.
 	committing *semaphore.Weighted
 	commits    *historyCommitter
+	// advisoriesListed is when a crawl last listed every advisory (unix
+	// nanoseconds of cfg.Now), as a baseline crawl does.
+	advisoriesListed atomic.Int64
 }
 
 // New returns a Crawler.
@@ -145,14 +148,32 @@ func (c *Crawler) Run(ctx context.Context, extra ...Job) error {
 		}))
 	}
 	sched.Start()
+	started := c.cfg.Now()
 	for _, j := range jobs {
-		if j.Schedule != nil && j.Name != "sweep" {
-			c.runLogged(ctx, j)
+		if j.Schedule == nil || j.Name == "sweep" {
+			continue
 		}
+		if j.Name == "advisories" && c.AdvisoriesListedSince(started) {
+			// The run is recorded (crawl_runs, metrics, freshness) as what
+			// it is: the advisories are in the mirror, and it cost nothing.
+			c.log.Info("advisories were listed by the baseline crawl; their job starts with its schedule")
+			j.Run = func(ctx context.Context) error {
+				_, err := c.recordRun(ctx, "advisories", func(*summary) error { return nil })
+				return err
+			}
+		}
+		c.runLogged(ctx, j)
 	}
 	<-ctx.Done()
 	<-sched.Stop().Done()
 	return nil
+}
+
+// AdvisoriesListedSince reports whether a crawl listed every advisory at t
+// or later, as the baseline crawl of an empty mirror does: a start of syncd
+// then has no need to list them again at once.
+func (c *Crawler) AdvisoriesListedSince(t time.Time) bool {
+	return c.advisoriesListed.Load() >= t.UnixNano()
 }
 
 func (c *Crawler) runLogged(ctx context.Context, j Job) {
@@ -175,10 +196,7 @@ func (c *Crawler) Sync(ctx context.Context) (Summary, error) {
 // a Get answered 404. A listing that failed deletes nothing.
 func (c *Crawler) Sweep(ctx context.Context) (Summary, error) {
 	return c.recordRun(ctx, "sweep", func(s *summary) error {
-		if err := c.crawl(ctx, s, true); err != nil {
-			return err
-		}
-		return c.advisories(ctx, s, true)
+		return c.crawl(ctx, s, true)
 	})
 }
 
@@ -248,6 +266,25 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 			return err
 		}
 	}
+	// A sweep lists the advisories too, to find withdrawn ones, and so
+	// does a baseline crawl: advisories listed after the baseline would
+	// all be news. They are listed alongside the repos, whose crawl leaves
+	// most of the requests in flight to history reads, rather than a page
+	// at a time after it.
+	advisories := make(chan error, 1)
+	actx, stopAdvisories := context.WithCancel(ctx)
+	defer stopAdvisories()
+	if baseline || sweep {
+		go func() {
+			err := c.advisories(actx, s, sweep)
+			if err == nil {
+				c.advisoriesListed.Store(c.cfg.Now().UnixNano())
+			}
+			advisories <- err
+		}()
+	} else {
+		advisories <- nil
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(c.cfg.Concurrency)
 	for _, r := range repos {
@@ -260,18 +297,18 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 			return c.sweepTags(gctx, r, seen, s)
 		})
 	}
-	if err := g.Wait(); err != nil {
+	err = g.Wait()
+	if err != nil {
+		stopAdvisories() // the baseline cannot end anyway
+	}
+	if aerr := <-advisories; err == nil {
+		err = aerr
+	}
+	if err != nil {
 		return err
 	}
 	if err := c.publicImages(ctx, s); err != nil {
 		return err
-	}
-	if baseline && !sweep {
-		// The baseline covers every kind of resource: advisories listed
-		// later would otherwise all be news. (A sweep lists them anyway.)
-		if err := c.advisories(ctx, s, false); err != nil {
-			return err
-		}
 	}
 	if baseline {
 		c.log.Info("baseline crawl complete: from now on every change is an event")

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/robfig/cron/v3"
+
 	"github.com/syncd-dev/syncd/internal/crawler"
 	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/platformsim"
@@ -28,6 +30,12 @@ type harness struct {
 
 func newHarness(t *testing.T, sc platformsim.Scale) *harness {
 	t.Helper()
+	return newHarnessWith(t, sc, nil)
+}
+
+// newHarnessWith is newHarness with the crawler's config adjusted by mutate.
+func newHarnessWith(t *testing.T, sc platformsim.Scale, mutate func(*crawler.Config)) *harness {
+	t.Helper()
 	sim := platformsim.New(platformsim.Options{Seed: 3, Tokens: []string{token}})
 	sim.Populate(sc)
 	srv := httptest.NewServer(sim.Handler())
@@ -44,8 +52,11 @@ func newHarness(t *testing.T, sc platformsim.Scale) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := crawler.New(client, st, crawler.Config{Group: "org1", Concurrency: 4, Logger: slog.New(slog.DiscardHandler)})
-	return &harness{sim: sim, store: st, client: client, crawler: c}
+	cfg := crawler.Config{Group: "org1", Concurrency: 4, Logger: slog.New(slog.DiscardHandler)}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	return &harness{sim: sim, store: st, client: client, crawler: crawler.New(client, st, cfg)}
 }
 
 func (h *harness) count(t *testing.T, q string, args ...any) int {
@@ -375,5 +386,56 @@ func TestSync_FirstSyncMakesTheMinimumRequests(t *testing.T) {
 	}
 	if sum.HistoryReads != 240 {
 		t.Errorf("history reads=%d, want 240", sum.HistoryReads)
+	}
+}
+
+// TestRun_FirstStartListsAdvisoriesOnce: the baseline crawl of an empty
+// mirror lists the advisories alongside the repos; the advisories job that
+// follows it at start records a run without listing them again.
+func TestRun_FirstStartListsAdvisoriesOnce(t *testing.T) {
+	hourly := cron.Every(time.Hour)
+	var mu sync.Mutex
+	runs := map[string]string{}
+	h := newHarnessWith(t, platformsim.Scale{Repos: 3, TagsPerRepo: 2, HistoryPerTag: 2, Advisories: 450, PublicImages: -1}, func(cfg *crawler.Config) {
+		cfg.Schedule, cfg.SweepSchedule, cfg.AdvisoriesSchedule = hourly, hourly, hourly
+		cfg.OnRun = func(job, outcome string, _ crawler.Summary, _ time.Time) {
+			mu.Lock()
+			defer mu.Unlock()
+			runs[job] = outcome
+		}
+	})
+	c, sim, st := h.crawler, h.sim, h.store
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		crawl, adv := runs["crawl"], runs["advisories"]
+		mu.Unlock()
+		if crawl != "" && adv != "" {
+			if crawl != "ok" || adv != "ok" {
+				t.Fatalf("start runs: crawl %s, advisories %s; want ok and ok", crawl, adv)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("start runs not done within 20s: crawl %q, advisories %q", crawl, adv)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sim.Stats().ByEndpoint["GET /vulnerabilities/v2/advisories"], 3; got != want {
+		t.Errorf("advisory list requests=%d, want %d (450 advisories, 200 a page, listed once)", got, want)
+	}
+	var n int
+	if err := st.Reader().QueryRow(`SELECT count(*) FROM advisories`).Scan(&n); err != nil || n != 450 {
+		t.Errorf("advisories in the mirror=%d (%v), want 450", n, err)
+	}
+	if err := st.Reader().QueryRow(`SELECT count(*) FROM crawl_runs WHERE job = 'advisories' AND outcome = 'ok'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("advisories runs recorded=%d (%v), want 1", n, err)
 	}
 }

@@ -117,7 +117,7 @@ func openPlain(b *testing.B, tags int) *plainDB {
 		b.Fatal(err)
 	}
 	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)"+
-		"&_pragma=synchronous(NORMAL)&_txlock=immediate&_pragma=cache_size(-65536)")
+		"&_pragma=synchronous(NORMAL)&_pragma=temp_store(MEMORY)&_txlock=immediate&_pragma=cache_size(-65536)")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -59,12 +59,16 @@ func (s *Store) ApplyHistories(ctx context.Context, ups []HistoryUpdate) (events
 			return 0, err
 		}
 		total := 0
-		for _, u := range ups {
-			n, err := s.applyHistory(ctx, tx, baseline, u.Ref, storedPrecision(u.Records), u.Complete)
+		for len(ups) > 0 {
+			// A tag read twice in one batch is applied in two steps, the
+			// second on the bookmark the first moved.
+			k := distinctPrefix(ups)
+			n, err := s.applyHistories(ctx, tx, baseline, ups[:k])
 			if err != nil {
-				return 0, fmt.Errorf("apply %d history records of tag %s:%s: %w", len(u.Records), u.Ref.Repo, u.Ref.Name, err)
+				return 0, err
 			}
 			total += n
+			ups = ups[k:]
 		}
 		return total, nil
 	})
@@ -74,51 +78,97 @@ func (s *Store) ApplyHistories(ctx context.Context, ups []HistoryUpdate) (events
 	return n, nil
 }
 
-// applyHistory is ApplyHistory's work inside a transaction.
-func (s *Store) applyHistory(ctx context.Context, tx *sql.Tx, baseline bool, ref TagRef, records []HistoryRecord, complete bool) (int, error) {
-	old, err := loadTags(ctx, tx, `t.uid IN (%s)`, []string{ref.UID})
+// distinctPrefix returns how many of ups, from the first, are of distinct tags.
+func distinctPrefix(ups []HistoryUpdate) int {
+	seen := make(map[string]bool, len(ups))
+	for i, u := range ups {
+		if seen[u.Ref.UID] {
+			return i
+		}
+		seen[u.Ref.UID] = true
+	}
+	return len(ups)
+}
+
+// applyHistories is ApplyHistories' work inside a transaction for updates
+// of distinct tags. It reads the tags' bookmarks in one query, writes every
+// tag's new records in the same multi-row INSERTs, and moves the bookmarks
+// with one prepared statement: statements per tag, each parsed anew, were
+// what most of an initial sync's writing cost beyond the rows themselves.
+func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, ups []HistoryUpdate) (int, error) {
+	uids := make([]string, len(ups))
+	for i, u := range ups {
+		uids[i] = u.Ref.UID
+	}
+	old, err := loadTags(ctx, tx, `t.uid IN (%s)`, uids)
 	if err != nil {
 		return 0, err
 	}
-	st, ok := old[ref.UID]
-	if !ok {
-		return 0, fmt.Errorf("read bookmark: tag %s is not in the mirror", ref.UID)
-	}
-	b, cur := st.bookmark, st.Tag
-	cur.RepoUID, cur.Repo = ref.RepoUID, ref.Repo
-
-	fresh := newRecords(records, b)
-	// A tag's first history read during the baseline, or for a tag the
-	// baseline found, is the starting point: its past moves are not news.
-	silent := baseline || (st.baseline && b.Count == 0)
+	var args []any
 	var cs []change
-	prev := st.historyLastDigest
-	args := make([]any, 0, historyColumns*len(fresh))
-	for i, r := range fresh {
-		seq := b.Count + i
-		if seq > 0 && !silent {
-			before, after := cur, cur
-			before.Digest, after.Digest = prev, r.Digest
-			after.UpdateTime = r.Time
-			cs = append(cs, change{typ: TagMoved, scope: ref.Repo, subject: ref.UID,
-				disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after})
+	type bookmarkRow struct {
+		ref      TagRef
+		b        Bookmark
+		digest   string
+		complete bool
+	}
+	marks := make([]bookmarkRow, 0, len(ups))
+	for _, u := range ups {
+		ref := u.Ref
+		st, ok := old[ref.UID]
+		if !ok {
+			return 0, fmt.Errorf("apply %d history records of tag %s:%s: read bookmark: tag %s is not in the mirror", len(u.Records), ref.Repo, ref.Name, ref.UID)
 		}
-		prev = r.Digest
-		args = append(args, ref.UID, seq, FormatTime(r.Time), r.Digest)
+		b, cur := st.bookmark, st.Tag
+		cur.RepoUID, cur.Repo = ref.RepoUID, ref.Repo
+		fresh := newRecords(storedPrecision(u.Records), b)
+		// A tag's first history read during the baseline, or for a tag the
+		// baseline found, is the starting point: its past moves are not news.
+		silent := baseline || (st.baseline && b.Count == 0)
+		prev := st.historyLastDigest
+		for i, r := range fresh {
+			seq := b.Count + i
+			if seq > 0 && !silent {
+				before, after := cur, cur
+				before.Digest, after.Digest = prev, r.Digest
+				after.UpdateTime = r.Time
+				cs = append(cs, change{typ: TagMoved, scope: ref.Repo, subject: ref.UID,
+					disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after})
+			}
+			prev = r.Digest
+			args = append(args, ref.UID, seq, FormatTime(r.Time), r.Digest)
+		}
+		if len(fresh) > 0 || u.Complete {
+			nb := b
+			if len(fresh) > 0 {
+				nb = bookmarkAfter(b, fresh)
+			}
+			marks = append(marks, bookmarkRow{ref: ref, b: nb, digest: prev, complete: u.Complete})
+		}
 	}
 	if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
-		return 0, fmt.Errorf("insert history: %w", err)
+		return 0, fmt.Errorf("insert history of %d tags: %w", len(ups), err)
 	}
-	if len(fresh) > 0 {
-		nb := bookmarkAfter(b, fresh)
-		if _, err := tx.ExecContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ? WHERE uid = ?`,
-			FormatTime(nb.LastTime), nb.LastCount, nb.Count, prev, ref.UID); err != nil {
-			return 0, fmt.Errorf("move bookmark: %w", err)
+	if len(marks) > 0 {
+		// history_update_time moves only when the walk was complete.
+		stmt, err := tx.PrepareContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?,
+			history_last_digest = ?, history_update_time = COALESCE(?, history_update_time) WHERE uid = ?`)
+		if err != nil {
+			return 0, fmt.Errorf("move bookmarks: %w", err)
 		}
-	}
-	if complete {
-		if _, err := tx.ExecContext(ctx, `UPDATE tags SET history_update_time = ? WHERE uid = ?`, FormatTime(ref.UpdateTime), ref.UID); err != nil {
-			return 0, fmt.Errorf("mark history read: %w", err)
+		defer stmt.Close()
+		for _, m := range marks {
+			var read any
+			if m.complete {
+				read = FormatTime(m.ref.UpdateTime)
+			}
+			var last any
+			if !m.b.LastTime.IsZero() {
+				last = FormatTime(m.b.LastTime)
+			}
+			if _, err := stmt.ExecContext(ctx, last, m.b.LastCount, m.b.Count, m.digest, read, m.ref.UID); err != nil {
+				return 0, fmt.Errorf("move bookmark of tag %s:%s: %w", m.ref.Repo, m.ref.Name, err)
+			}
 		}
 	}
 	return s.appendEvents(ctx, tx, cs)

@@ -153,6 +153,10 @@ func dsn(path string, readOnly bool, cacheKiB int) string {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "foreign_keys(1)")
 	q.Add("_pragma", "synchronous(NORMAL)")
+	// Statement journals (which a multi-row INSERT inside a transaction
+	// keeps, to undo itself alone on a constraint error) in memory: in a
+	// temporary file, writing them was a fifth of ingest's CPU, in pwrite.
+	q.Add("_pragma", "temp_store(MEMORY)")
 	if readOnly {
 		q.Add("_pragma", "query_only(1)")
 	} else {
