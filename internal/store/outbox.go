@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// Event is a row of the events table.
+// Event is a row of the events view (event_log).
 type Event struct {
 	Seq      int64
 	ID       string

@@ -1,6 +1,6 @@
 // Package store owns syncd's SQLite mirror: the schema and its migrations,
-// upserts with change detection, and the events table that is both the
-// outbox for the publisher and the change log analysts query.
+// upserts with change detection, and the change log (event_log, read by
+// analysts through the events view) with the outbox the publisher drains.
 //
 // One writer connection takes every write, in transactions that begin
 // IMMEDIATE, so ingest never meets SQLITE_BUSY from itself; a separate pool
