@@ -93,16 +93,8 @@ type target struct {
 // whatever b.N is (make bench passes -benchtime 1x): each phase already
 // moves a million rows.
 func BenchmarkSyncd(b *testing.B) {
-	p, err := paramsFromEnv()
-	if err != nil {
-		b.Fatal(err)
-	}
+	p, dir := setUp(b)
 	ctx := context.Background()
-	dir, err := dataDir()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
 	began := time.Now()
 	var r results
 	r.Machine, r.Params = thisMachine(), p
@@ -124,6 +116,7 @@ func BenchmarkSyncd(b *testing.B) {
 	truth = platformsim.Truth{}
 
 	progress("SQLite ceiling: %d rows, %d per transaction", r.Org.HistoryRecords, ceilingRowsPerTx)
+	var err error
 	if r.CeilingRowsPerSec, err = sqliteCeiling(ctx, dir, r.Org.HistoryRecords, r.Org.Tags, ceilingRowsPerTx); err != nil {
 		b.Fatal(err)
 	}
@@ -231,6 +224,21 @@ func BenchmarkSyncd(b *testing.B) {
 	}
 	b.ReportMetric(r.IngestRatio, "ingest/ceiling")
 	b.ReportMetric(r.LatencyRatio, "latency/floor")
+}
+
+// setUp reads the run's parameters and makes its data directory, which
+// goes when the benchmark ends.
+func setUp(b *testing.B) (params, string) {
+	p, err := paramsFromEnv()
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir, err := dataDir()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	return p, dir
 }
 
 // dataDir makes the directory for the run's databases and NATS storage

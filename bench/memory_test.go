@@ -35,6 +35,7 @@ type memResult struct {
 	PeakMB      float64 `json:"peak_rss_mb"` // VmHWM of the child
 	RusageMB    float64 `json:"rusage_maxrss_mb"`
 	WallSeconds float64 `json:"wall_s"`
+	CPUSeconds  float64 `json:"cpu_s"` // user and system time of the child
 }
 
 // TestMemoryChild is the child side of the memory runs; it is skipped
@@ -135,6 +136,7 @@ func childSync(ctx context.Context, p params, o *org, factor float64, dir string
 	}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		r.RusageMB = float64(ru.Maxrss) / 1024 // kilobytes on Linux
+		r.CPUSeconds = float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 	}
 	r.Factor, r.Repos = factor, o.sc.Repos
 	sr := syncResult{Wall: time.Duration(r.WallSeconds * float64(time.Second)), WallSeconds: r.WallSeconds,

@@ -253,6 +253,13 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 	if err != nil {
 		return err
 	}
+	if baseline {
+		// Nothing is news yet: the indexes that cost most per row written
+		// wait until the baseline ends.
+		if err := c.store.DeferIndexes(ctx); err != nil {
+			return err
+		}
+	}
 	repos, err := c.listRepos(ctx, s)
 	if err != nil {
 		return err

@@ -439,3 +439,37 @@ func TestRun_FirstStartListsAdvisoriesOnce(t *testing.T) {
 		t.Errorf("advisories runs recorded=%d (%v), want 1", n, err)
 	}
 }
+
+// TestSync_BaselineDefersHistoryIndexes: a baseline crawl writes history
+// without the indexes by time and digest; a baseline that fails leaves
+// them deferred (the next attempt goes on without them), and the one that
+// completes builds them over everything it wrote.
+func TestSync_BaselineDefersHistoryIndexes(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 5, PublicImages: -1})
+	ctx := context.Background()
+	indexes := `SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`
+	h.sim.SetFaults(platformsim.Fault{Pattern: "GET /registry/v2/tags", ErrorRate: 1, ErrorStatuses: []int{400}})
+	if _, err := h.crawler.Sync(ctx); err == nil {
+		t.Fatal("baseline crawl succeeded with every tag listing failing")
+	}
+	if n := h.count(t, indexes); n != 0 {
+		t.Fatalf("%d history indexes during an unfinished baseline, want 0 (deferred)", n)
+	}
+	h.sim.SetFaults()
+	if _, err := h.crawler.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, indexes); n != 2 {
+		t.Fatalf("%d history indexes after the baseline, want 2", n)
+	}
+	truth := h.sim.Truth()
+	for uid, recs := range truth.History {
+		last := recs[len(recs)-1]
+		if n := h.count(t, `SELECT count(*) FROM tag_history INDEXED BY tag_history_digest WHERE digest = ? AND tag_uid = ?`, last.Digest, uid); n != 1 {
+			t.Fatalf("tag %s: newest record found through the digest index %d times, want 1", uid, n)
+		}
+	}
+	if got, want := h.count(t, `SELECT count(*) FROM tag_history INDEXED BY tag_history_time WHERE update_time > ''`), 3*4*5; got != want {
+		t.Fatalf("rows through the time index = %d, want %d", got, want)
+	}
+}

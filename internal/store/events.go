@@ -124,9 +124,9 @@ func (s *Store) inBaseline(ctx context.Context, tx *sql.Tx) (bool, error) {
 func (s *Store) announce(baseline bool) bool { return !baseline || s.snapshot }
 
 // EndBaseline records that the first complete crawl finished; from now on
-// every change is an event.
+// every change is an event. It builds the indexes DeferIndexes dropped.
 func (s *Store) EndBaseline(ctx context.Context) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('baseline_time', ?) ON CONFLICT(key) DO NOTHING`, FormatTime(s.now()))
+	err := s.sortingTx(ctx, func(tx *sql.Tx) error { return s.endBaseline(ctx, tx, FormatTime(s.now())) })
 	if err != nil {
 		return fmt.Errorf("end baseline: %w", err)
 	}

@@ -75,8 +75,7 @@ func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, 
 		}
 		// A mirror that holds the stream's events is past its baseline: if
 		// this replica becomes the leader, what it crawls next is news.
-		_, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('baseline_time', ?) ON CONFLICT(key) DO NOTHING`, now)
-		return err
+		return s.endBaseline(ctx, tx, now)
 	})
 	if err != nil {
 		return 0, err

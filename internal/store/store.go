@@ -84,6 +84,7 @@ type Store struct {
 	now      func() time.Time
 	log      *slog.Logger
 	snapshot bool
+	cacheKiB int // the writer's page cache
 	notify   chan struct{}
 	// beforeCommit is Options.BeforeCommit.
 	beforeCommit func(ctx context.Context) error
@@ -124,11 +125,15 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	}
 	w.SetMaxOpenConns(1)
 	w.SetConnMaxIdleTime(0)
-	s := &Store{w: w, now: opts.Now, log: opts.Logger, snapshot: opts.InitialEvents == "snapshot",
+	s := &Store{w: w, cacheKiB: opts.CacheKiB, now: opts.Now, log: opts.Logger, snapshot: opts.InitialEvents == "snapshot",
 		notify: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit, onEvents: opts.OnEvents}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, explain(path, err))
+	}
+	if err := s.repairIndexes(ctx); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open %s: %w", path, explain(path, err))
 	}
 
 	r, err := sql.Open("sqlite", dsn(path, true, 0))
@@ -267,6 +272,12 @@ func (s *Store) migrate(ctx context.Context) error {
 // tx runs fn in a write transaction.
 func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 	tx, err := s.w.BeginTx(ctx, nil)
+	return runTx(tx, err, fn)
+}
+
+// runTx runs fn in tx, which began with err, and commits it, or rolls it
+// back if fn fails.
+func runTx(tx *sql.Tx, err error, fn func(*sql.Tx) error) error {
 	if err != nil {
 		return err
 	}
@@ -277,10 +288,13 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 	return tx.Commit()
 }
 
-// meta reads a value from the meta table; "" when absent.
-func (s *Store) meta(ctx context.Context, q interface {
+// queryer is a pool, a connection or a transaction.
+type queryer interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, key string) (string, error) {
+}
+
+// meta reads a value from the meta table; "" when absent.
+func (s *Store) meta(ctx context.Context, q queryer, key string) (string, error) {
 	var v string
 	err := q.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = ?`, key).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {

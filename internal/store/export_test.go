@@ -1,0 +1,11 @@
+package store
+
+import "context"
+
+// WriterPragma reads a pragma on the writer connection, for tests that
+// check the writer's settings survive a change of them.
+func (s *Store) WriterPragma(ctx context.Context, name string) (string, error) {
+	var v string
+	err := s.w.QueryRowContext(ctx, `PRAGMA `+name).Scan(&v)
+	return v, err
+}

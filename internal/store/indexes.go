@@ -1,0 +1,145 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// deferredIndexes are the indexes a baseline crawl goes without, with the
+// statements that build them: they index tag_history by time and by digest,
+// values that arrive in no order, so that each history row inserted lands
+// on a page of its own in each of them. Kept up row by row they were most
+// of an initial sync's cost (a write transaction of a thousand rows dirtied
+// two thousand index pages); built once when the baseline ends, from a
+// sort, they take a few seconds for a million rows. The statements must
+// match the migrations that created the indexes (TestDeferredIndexes).
+var deferredIndexes = []struct{ name, create string }{
+	{"tag_history_time", `CREATE INDEX tag_history_time ON tag_history(update_time)`},
+	{"tag_history_digest", `CREATE INDEX tag_history_digest ON tag_history(digest)`},
+}
+
+// DeferIndexes drops the indexes that wait for the end of the baseline, if
+// the mirror is in its baseline; EndBaseline builds them. A baseline crawl
+// calls it before it starts writing history. Until the baseline ends,
+// queries of tag_history by time or digest scan the table.
+func (s *Store) DeferIndexes(ctx context.Context) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		baseline, err := s.inBaseline(ctx, tx)
+		if err != nil || !baseline {
+			return err
+		}
+		var dropped []string
+		for _, ix := range deferredIndexes {
+			ok, err := hasIndex(ctx, tx, ix.name)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, `DROP INDEX `+ix.name); err != nil {
+				return fmt.Errorf("defer index %s: %w", ix.name, err)
+			}
+			dropped = append(dropped, ix.name)
+		}
+		if len(dropped) > 0 {
+			s.log.Info("baseline: history indexes are built when it ends", "indexes", dropped)
+		}
+		return nil
+	})
+}
+
+// endBaseline records that the baseline is over, if it was not already, and
+// builds the deferred indexes in the same transaction: a mirror past its
+// baseline always has them.
+func (s *Store) endBaseline(ctx context.Context, tx *sql.Tx, now string) error {
+	res, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('baseline_time', ?) ON CONFLICT(key) DO NOTHING`, now)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return err
+	}
+	return s.buildIndexes(ctx, tx)
+}
+
+// buildIndexes builds whichever deferred indexes are missing.
+func (s *Store) buildIndexes(ctx context.Context, tx *sql.Tx) error {
+	for _, ix := range deferredIndexes {
+		ok, err := hasIndex(ctx, tx, ix.name)
+		if err != nil {
+			return err
+		}
+		if ok {
+			continue
+		}
+		start := time.Now()
+		if _, err := tx.ExecContext(ctx, ix.create); err != nil {
+			return fmt.Errorf("build index %s: %w", ix.name, err)
+		}
+		s.log.Info("built index", "index", ix.name, "duration", time.Since(start).Round(time.Millisecond))
+	}
+	return nil
+}
+
+// hasIndex reports whether the database has the index name.
+func hasIndex(ctx context.Context, q queryer, name string) (bool, error) {
+	var n int
+	err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index' AND name = ?`, name).Scan(&n)
+	return n > 0, err
+}
+
+// repairIndexes builds the deferred indexes of a mirror past its baseline
+// that lacks any: none should, since the end of the baseline builds them in
+// its own transaction, but a mirror must never be left without them.
+func (s *Store) repairIndexes(ctx context.Context) error {
+	baseline, err := s.InBaseline(ctx)
+	if err != nil || baseline {
+		return err
+	}
+	for _, ix := range deferredIndexes {
+		ok, err := hasIndex(ctx, s.w, ix.name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return s.sortingTx(ctx, func(tx *sql.Tx) error { return s.buildIndexes(ctx, tx) })
+		}
+	}
+	return nil
+}
+
+// sortingTx runs fn in a write transaction on a writer connection set up
+// for building indexes: the sort spills to temporary files once it holds
+// sortCacheKiB, instead of keeping all of it in memory as temp_store=MEMORY
+// would, and the page cache shrinks to the same size, so that the memory it
+// gives back holds the sort. The writer's settings are restored after.
+func (s *Store) sortingTx(ctx context.Context, fn func(*sql.Tx) error) (err error) {
+	conn, err := s.w.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	set := func(temp string, cacheKiB int) error {
+		_, err := conn.ExecContext(ctx, fmt.Sprintf(`PRAGMA temp_store = %s; PRAGMA cache_size = -%d`, temp, cacheKiB))
+		return err
+	}
+	if err := set("FILE", sortCacheKiB); err != nil {
+		return err
+	}
+	defer func() {
+		if rerr := set("MEMORY", s.cacheKiB); rerr != nil && err == nil {
+			// The connection cannot be trusted with the wrong settings.
+			err = errors.Join(rerr, conn.Raw(func(any) error { return driver.ErrBadConn }))
+		}
+	}()
+	tx, err := conn.BeginTx(ctx, nil)
+	return runTx(tx, err, fn)
+}
+
+// sortCacheKiB is the memory an index build sorts in before it spills.
+const sortCacheKiB = 16 << 10
