@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -78,11 +79,17 @@ func measureRelay(ctx context.Context, conn *publish.Conn, st *store.Store, pcfg
 		return relayResult{}, err
 	}
 	runtime.GC()
+	stopProfile, err := startProfile(os.Getenv("BENCH_RELAYPROFILE"))
+	if err != nil {
+		return relayResult{}, err
+	}
 	start := time.Now()
-	if err := relay.Flush(ctx); err != nil {
+	err = relay.Flush(ctx)
+	rate := float64(len(raws)) / time.Since(start).Seconds()
+	stopProfile()
+	if err != nil {
 		return relayResult{}, fmt.Errorf("relay flush: %w", err)
 	}
-	rate := float64(len(raws)) / time.Since(start).Seconds()
 	again, err := ceilingRun("CEILING2", "ceiling2.")
 	if err != nil {
 		return relayResult{}, err
