@@ -116,8 +116,8 @@ func (s *Store) repairIndexes(ctx context.Context) error {
 // sortingTx runs fn in a write transaction on a writer connection set up
 // for building indexes: the sort spills to temporary files once it holds
 // sortCacheKiB, instead of keeping all of it in memory as temp_store=MEMORY
-// would, and the page cache shrinks to the same size, so that the memory it
-// gives back holds the sort. The writer's settings are restored after.
+// would, and a page cache larger than that shrinks to it, so that the memory
+// it gives back holds the sort. The writer's settings are restored after.
 func (s *Store) sortingTx(ctx context.Context, fn func(*sql.Tx) error) (err error) {
 	conn, err := s.w.Conn(ctx)
 	if err != nil {
@@ -128,7 +128,7 @@ func (s *Store) sortingTx(ctx context.Context, fn func(*sql.Tx) error) (err erro
 		_, err := conn.ExecContext(ctx, fmt.Sprintf(`PRAGMA temp_store = %s; PRAGMA cache_size = -%d`, temp, cacheKiB))
 		return err
 	}
-	if err := set("FILE", sortCacheKiB); err != nil {
+	if err := set("FILE", min(sortCacheKiB, s.cacheKiB)); err != nil {
 		return err
 	}
 	defer func() {

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -106,7 +107,7 @@ func TestDeferredIndexes(t *testing.T) {
 		}
 		// The writer is back to its own settings: statement journals in
 		// memory, its whole page cache.
-		for name, want := range map[string]string{"temp_store": "2", "cache_size": "-65536"} {
+		for name, want := range map[string]string{"temp_store": "2", "cache_size": fmt.Sprint(-store.DefaultCacheKiB)} {
 			if got, err := st.WriterPragma(ctx, name); err != nil || got != want {
 				t.Fatalf("writer's %s = %q (%v), want %q", name, got, err, want)
 			}
