@@ -33,8 +33,9 @@ type memResult struct {
 	Repos       int     `json:"repos"`
 	Tags        int     `json:"tags"`
 	HistoryRows int64   `json:"history_rows"`
-	PeakMB      float64 `json:"peak_rss_mb"` // VmHWM of the child
-	RusageMB    float64 `json:"rusage_maxrss_mb"`
+	// PeakMB is the child's VmHWM. (Its rusage ru_maxrss is no measure:
+	// Linux carries the parent's resident set at the exec into it.)
+	PeakMB      float64 `json:"peak_rss_mb"`
 	WallSeconds float64 `json:"wall_s"`
 	CPUSeconds  float64 `json:"cpu_s"` // user and system time of the child
 	// GoHeapPeakMB is the most the Go heap's objects took, sampled every
@@ -195,7 +196,6 @@ func childSync(ctx context.Context, p params, o *org, factor float64, dir string
 		return memResult{}, syncResult{}, fmt.Errorf("sync child at %gx printed no result:\n%s", factor, out)
 	}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		r.RusageMB = float64(ru.Maxrss) / 1024 // kilobytes on Linux
 		r.CPUSeconds = float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 	}
 	r.Factor, r.Repos = factor, o.sc.Repos
