@@ -312,7 +312,7 @@ func printTable(w io.Writer, r results) {
 	row(f("incremental (%d moved): requests", r.Moved), f("%d (history %d)", r.Incremental.Requests, r.Incremental.HistoryRequests), "", "", "")
 	row("incremental: wall", f("%.2f s", r.Incremental.WallSeconds), "", "", "")
 	row("relay: events/s", f("%.0f", r.Relay.RelayPerSec), f("JetStream loop %.0f", r.Relay.CeilingPerSec), f("%.2f", r.Relay.RatioToCeiling), status["relay / JetStream ceiling"])
-	row("push to NATS: p50 / p99", f("%.1f / %.1f ms", r.Push.P50ms, r.Push.P99ms), f("%d pushes", r.Push.Pushes), "", status["push-to-NATS p99 (ms)"])
+	row("push to NATS: p50 / p99", f("%.1f / %.1f ms", r.Push.P50ms, r.Push.P99ms), f("%d pushes (first %.0f ms)", r.Push.Pushes, r.Push.FirstMs), "", status["push-to-NATS p99 (ms)"])
 	for i, m := range r.Memory {
 		st := ""
 		switch i {

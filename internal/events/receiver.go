@@ -139,9 +139,16 @@ func NewReceiver(cfg Config, jobs Jobs, deliveries Deliveries) *Receiver {
 	return &Receiver{cfg: cfg, jobs: jobs, deliveries: deliveries, log: cfg.Logger, queue: make(chan job, cfg.QueueSize), groups: groups}
 }
 
-// Run works the queue until ctx is done.
+// Run works the queue until ctx is done. It discovers the issuer at once
+// rather than at the first push, so that the first push waits for nothing
+// and an issuer that cannot be reached shows in the log at start.
 func (r *Receiver) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := r.getVerifier(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("OIDC issuer discovery failed; trying again at the first push", "issuer", r.cfg.Issuer, "err", err)
+		}
+	})
 	for range r.cfg.Workers {
 		wg.Go(func() {
 			for {

@@ -199,6 +199,23 @@ func waitJobs(t *testing.T, jobs *recordedJobs, n int) []string {
 	return jobs.list()
 }
 
+// TestReceiver_DiscoversIssuerAtStart: Run fetches the issuer's discovery
+// document before any push arrives.
+func TestReceiver_DiscoversIssuerAtStart(t *testing.T) {
+	f := newFixture(t, platformsim.Options{})
+	rcv, _, _ := f.receiver(t, nil)
+	const discovery = "GET /.well-known/openid-configuration"
+	before := f.sim.Stats().ByEndpoint[discovery]
+	runQueue(t, rcv)
+	deadline := time.Now().Add(5 * time.Second)
+	for f.sim.Stats().ByEndpoint[discovery] == before {
+		if time.Now().After(deadline) {
+			t.Fatal("no discovery request within 5s of Run")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func TestReceiver_AcceptsSignedPushAndDeduplicates(t *testing.T) {
 	f := newFixture(t, platformsim.Options{})
 	rcv, jobs, url := f.receiver(t, nil)
