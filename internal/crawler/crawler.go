@@ -345,7 +345,7 @@ func (c *Crawler) progress(ctx context.Context, s *summary) func() {
 					eta = time.Duration(float64(c.cfg.Now().Sub(start)) / float64(n) * float64(total-n))
 				}
 				c.log.Info("crawling", "repos_done", n, "repos_total", total, "tags", s.tags.Load(),
-					"history_reads", s.historyReads.Load(), "events", s.events.Load(), "eta", eta.Round(time.Second))
+					"history_reads", s.historyReads.Load(), "events", s.events.Load(), "eta", eta.Round(time.Second).String())
 			}
 		}
 	}()

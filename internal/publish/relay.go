@@ -184,7 +184,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		wait := time.Minute
 		if err != nil {
 			wait = b.NextBackOff()
-			r.log.Warn("publishing events failed; will retry", "published", n, "err", err, "retry_in", wait.Round(time.Millisecond))
+			r.log.Warn("publishing events failed; will retry", "published", n, "err", err, "retry_in", wait.Round(time.Millisecond).String())
 		} else {
 			b.Reset()
 			if n > 0 {

@@ -81,7 +81,7 @@ func (s *Store) buildIndexes(ctx context.Context, tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, ix.create); err != nil {
 			return fmt.Errorf("build index %s: %w", ix.name, err)
 		}
-		s.log.Info("built index", "index", ix.name, "duration", time.Since(start).Round(time.Millisecond))
+		s.log.Info("built index", "index", ix.name, "took", time.Since(start).Round(time.Millisecond).String())
 	}
 	return nil
 }
