@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
@@ -65,15 +64,7 @@ func TestRun_EndToEnd(t *testing.T) {
 		t.Fatalf("tags in mirror = %d (%v), want 9", tags, err)
 	}
 
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := connectJS(t, ns.ClientURL())
 	cons, err := js.OrderedConsumer(ctx, "SYNCD", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"syncd.>"}})
 	if err != nil {
 		t.Fatal(err)
@@ -209,12 +200,7 @@ func pushScenario(t *testing.T, schedule string, dropPushes bool) {
 	var runsBefore int
 	db.QueryRow(`SELECT count(*) FROM crawl_runs`).Scan(&runsBefore)
 
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := connectJS(t, ns.ClientURL())
 	cons, err := js.OrderedConsumer(ctx, "SYNCD", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"syncd.tag.moved.>"}, DeliverPolicy: jetstream.DeliverNewPolicy})
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"path/filepath"
@@ -33,8 +34,10 @@ Keeps a mirror at [store] path from the event stream of a syncd leader
 platform: every event's state is applied to the same tables "syncd run"
 fills. A durable JetStream consumer ([cluster] consumer, default
 syncd-follow-<node_id>) starts at the first message the stream holds and
-resumes where it stopped. [platform] keys are not needed. SIGINT or SIGTERM
-stops it cleanly.
+resumes where it stopped. A stream that does not exist yet is waited for
+(the leader creates it), with /readyz unready meanwhile; one that does not
+capture <subject_prefix>.> is an error. [platform] keys are not needed.
+SIGINT or SIGTERM stops it cleanly.
 
 Examples:
   syncd follow --config follower.toml
@@ -65,19 +68,29 @@ func (c *followCommand) Run(ctx context.Context) error {
 			log.Error("close mirror", "err", err)
 		}
 	}()
-	// A follower never changes the stream: the leader manages it.
-	nc, err := publish.Connect(ctx, publish.Config{
+	pcfg := publish.Config{
 		URL: cfg.NATS.URL, DataDir: filepath.Dir(cfg.Store.Path),
 		Credentials: cfg.NATS.Credentials, NKeySeed: cfg.NATS.NKeySeed, Token: cfg.NATS.Token,
 		User: cfg.NATS.User, Password: cfg.NATS.Password,
 		TLSCA: cfg.NATS.TLSCA, TLSCert: cfg.NATS.TLSCert, TLSKey: cfg.NATS.TLSKey,
-		SubjectPrefix: cfg.NATS.SubjectPrefix, Stream: cfg.NATS.Stream, CheckStreamOnly: true,
+		SubjectPrefix: cfg.NATS.SubjectPrefix, Stream: cfg.NATS.Stream,
 		Logger: log.With("part", "publish"),
-	})
+	}
+	nc, err := publish.Dial(ctx, pcfg)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	// A follower never changes the stream: the leader manages it. A
+	// follower may well start before its leader has created it, so a
+	// missing stream is waited for (the follower's Run retries); one that
+	// exists and does not carry the events is a mistake to fix.
+	switch err := publish.CheckStream(ctx, nc.JS, pcfg); {
+	case errors.Is(err, publish.ErrStreamNotFound):
+		log.Warn("the stream does not exist yet; following starts when a syncd leader creates it", "stream", cfg.NATS.Stream)
+	case err != nil:
+		return err
+	}
 	if err := st.SetMeta(ctx, "role", cluster.RoleFollower); err != nil {
 		return err
 	}
@@ -93,6 +106,7 @@ func (c *followCommand) Run(ctx context.Context) error {
 		m.GaugeFunc("syncd_nats_connected", "1 while the NATS connection is up.", func() float64 { return boolGauge(nc.NC.IsConnected()) })
 		checks := []admin.Check{
 			{Name: "database", Run: st.Writable},
+			{Name: "stream", Run: func(context.Context) error { return f.Err() }},
 			{Name: "nats", Run: func(context.Context) error {
 				if !nc.NC.IsConnected() {
 					return fmt.Errorf("not connected to NATS (%s)", nc.NC.Status())

@@ -20,12 +20,18 @@ type testConfig struct {
 	events string
 	// adminListen is [admin] listen; empty: no admin listener.
 	adminListen string
+	// initialEvents is [store] initial_events; empty: the default.
+	initialEvents string
 }
 
 func (c testConfig) write(t *testing.T) string {
 	t.Helper()
 	if c.crawl == "" {
 		c.crawl = "schedule = \"@every 1s\"\njitter = \"0s\"\nrequests_per_second = 0.0"
+	}
+	var store string
+	if c.initialEvents != "" {
+		store = fmt.Sprintf("initial_events = %q", c.initialEvents)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `[platform]
@@ -44,6 +50,7 @@ url = %[4]q
 
 [store]
 path = %[5]q
+%[7]s
 
 [admin]
 listen = %[6]q
@@ -51,7 +58,7 @@ listen = %[6]q
 [log]
 level = "debug"
 format = "json"
-`, c.simURL, e2eToken, c.crawl, c.natsURL, c.dbPath, c.adminListen)
+`, c.simURL, e2eToken, c.crawl, c.natsURL, c.dbPath, c.adminListen, store)
 	if c.events != "" {
 		fmt.Fprintf(&b, "\n[events]\n%s\n", c.events)
 	}
@@ -64,8 +71,9 @@ func e2eConfig(t *testing.T, simURL, natsURL, dbPath, schedule string) string {
 		crawl: fmt.Sprintf("schedule = %q\njitter = \"0s\"\nrequests_per_second = 0.0", schedule)}.write(t)
 }
 
-// daemon is "syncd run" running in the test process.
+// daemon is a syncd command running in the test process.
 type daemon struct {
+	args   []string
 	cancel context.CancelFunc
 	done   chan int
 	stderr *syncBuffer
@@ -74,14 +82,31 @@ type daemon struct {
 // startDaemon runs "syncd run --config cfg" until stop.
 func startDaemon(t *testing.T, cfg string) *daemon {
 	t.Helper()
+	return startCommand(t, "run", "--config", cfg)
+}
+
+// startCommand runs "syncd args..." until stop.
+func startCommand(t *testing.T, args ...string) *daemon {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &daemon{cancel: cancel, done: make(chan int, 1), stderr: &syncBuffer{}}
-	go func() { d.done <- NewMain(&syncBuffer{}, d.stderr, nil).Run(ctx, []string{"run", "--config", cfg}) }()
+	d := &daemon{args: args, cancel: cancel, done: make(chan int, 1), stderr: &syncBuffer{}}
+	go func() { d.done <- NewMain(&syncBuffer{}, d.stderr, nil).Run(ctx, args) }()
 	t.Cleanup(func() {
 		cancel()
 		<-d.done
 	})
 	return d
+}
+
+// exited reports whether the command has exited, and its exit code.
+func (d *daemon) exited() (int, bool) {
+	select {
+	case code := <-d.done:
+		d.done <- code // for stop and the cleanup
+		return code, true
+	default:
+		return 0, false
+	}
 }
 
 // stop signals the daemon and checks that it exits 0 within 5 seconds.
@@ -92,10 +117,10 @@ func (d *daemon) stop(t *testing.T) {
 	case code := <-d.done:
 		d.done <- code // for the cleanup
 		if code != exitOK {
-			t.Fatalf("syncd run exited %d; log:\n%s", code, d.stderr.String())
+			t.Fatalf("syncd %s exited %d; log:\n%s", d.args[0], code, d.stderr.String())
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("syncd run did not stop within 5s of the signal")
+		t.Fatalf("syncd %s did not stop within 5s of the signal", d.args[0])
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	_ "modernc.org/sqlite"
 )
@@ -52,6 +54,22 @@ func startNATS(t *testing.T) *server.Server {
 	t.Helper()
 	_, ns := startNATSRestartable(t)
 	return ns
+}
+
+// connectJS connects a test client to the NATS server at url, closed when
+// the test ends.
+func connectJS(t *testing.T, url string, opts ...nats.Option) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
 
 // startNATSRestartable runs a NATS server and returns the options that

@@ -267,16 +267,9 @@ type received struct {
 func consume(ctx context.Context, t *testing.T, natsURL string) *received {
 	t.Helper()
 	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, byType: map[string]int{}}
-	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := connectJS(t, natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	var stream jetstream.Stream
+	var err error
 	waitFor(t, 30*time.Second, "the SYNCD stream", func() bool {
 		stream, err = js.Stream(ctx, "SYNCD")
 		return err == nil

@@ -48,6 +48,9 @@ type Follower struct {
 	cfg    FollowerConfig
 	log    *slog.Logger
 	lag    atomic.Uint64
+	// state is why Run is not following (a *followState); its err is nil
+	// while fetches succeed.
+	state atomic.Pointer[followState]
 	// cons is created on first use; Run and CatchUp are never called
 	// concurrently, so it needs no lock.
 	cons jetstream.Consumer
@@ -64,8 +67,18 @@ func NewFollower(js jetstream.JetStream, mirror Mirror, cfg FollowerConfig) *Fol
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Follower{js: js, mirror: mirror, cfg: cfg, log: cfg.Logger}
+	f := &Follower{js: js, mirror: mirror, cfg: cfg, log: cfg.Logger}
+	f.state.Store(&followState{errors.New("not following yet: no fetch has completed")})
+	return f
 }
+
+// followState is the outcome of Run's last fetch.
+type followState struct{ err error }
+
+// Err is nil while Run follows the stream: its last fetch succeeded.
+// Otherwise it is why not, for a readiness check: the last fetch's error,
+// such as a stream that does not exist yet.
+func (f *Follower) Err() error { return f.state.Load().err }
 
 // Lag is how many messages the consumer had pending after the last fetch.
 func (f *Follower) Lag() uint64 { return f.lag.Load() }
@@ -86,6 +99,9 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		// unless a message is redelivered, and applying is idempotent.
 		MaxAckPending: 4 * f.cfg.Batch,
 	})
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("stream %q does not exist (yet): the syncd leader creates it when it starts: %w", f.cfg.Stream, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("create or update consumer %s on stream %s: %w", f.cfg.Consumer, f.cfg.Stream, err)
 	}
@@ -93,24 +109,31 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	return cons, nil
 }
 
-// Run applies the stream until ctx is done. Errors of NATS or the mirror
-// are logged and retried with backoff; only ctx ends it.
+// Run applies the stream until ctx is done. Errors of NATS or the mirror,
+// a stream that does not exist yet among them, are logged, kept for Err and
+// retried with backoff; only ctx ends it.
 func (f *Follower) Run(ctx context.Context) error {
-	backoff := 100 * time.Millisecond
+	const firstBackoff = 100 * time.Millisecond
+	backoff := firstBackoff
 	for ctx.Err() == nil {
-		if _, _, err := f.fetch(ctx); err != nil {
-			if ctx.Err() != nil {
-				break
+		_, _, err := f.fetch(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		f.state.Store(&followState{err})
+		if err == nil {
+			if backoff > firstBackoff {
+				f.log.Info("following the stream again", "stream", f.cfg.Stream)
 			}
-			f.log.Warn("following the stream failed; retrying", "err", err, "in", backoff.String())
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 10*time.Second)
+			backoff = firstBackoff
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		f.log.Warn("following the stream failed; retrying", "err", err, "in", backoff.String())
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
 	}
 	return nil
 }

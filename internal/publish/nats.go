@@ -68,11 +68,30 @@ type Conn struct {
 	closed chan struct{}
 }
 
-// Connect starts the embedded server when cfg.URL is empty, connects, and
-// makes sure the stream exists. Once connected, the connection reconnects
+// Connect is Dial, then making sure the stream exists: EnsureStream, or
+// CheckStream when cfg.CheckStreamOnly.
+func Connect(ctx context.Context, cfg Config) (*Conn, error) {
+	c, err := Dial(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.CheckStreamOnly {
+		err = CheckStream(ctx, c.JS, cfg)
+	} else {
+		err = EnsureStream(ctx, c.JS, cfg)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Dial starts the embedded server when cfg.URL is empty and connects, with
+// no regard to the stream. Once connected, the connection reconnects
 // forever with backoff, logging each state change; the initial connection
 // does not retry, so that a wrong address or credentials fail at start.
-func Connect(ctx context.Context, cfg Config) (*Conn, error) {
+func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -111,15 +130,6 @@ func Connect(ctx context.Context, cfg Config) (*Conn, error) {
 		return nil, fmt.Errorf("JetStream context: %w", err)
 	}
 	c.JS = js
-	if cfg.CheckStreamOnly {
-		err = CheckStream(ctx, js, cfg)
-	} else {
-		err = EnsureStream(ctx, js, cfg)
-	}
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
 	return c, nil
 }
 
