@@ -79,11 +79,26 @@ func TestLease_OneLeaderAndHandover(t *testing.T) {
 	waitFor(t, ttl, "a to lead", a.IsLeader)
 	b, _ := runLease(t, js, "b")
 	waitFor(t, ttl, "b to see a as the holder", func() bool { return b.Holder() == "a" })
-	// Several renewals later a still leads and b still stands by.
-	time.Sleep(ttl + ttl/2) // a span of several renewals: what is checked is that nothing changes
-	if !a.IsLeader() || b.IsLeader() {
-		t.Fatalf("after renewals: a leader=%v, b leader=%v; want only a", a.IsLeader(), b.IsLeader())
+	// Through several of a's renewals (each a new revision of the key) a
+	// still leads and b still stands by.
+	kv, err := js.KeyValue(context.Background(), "lease")
+	if err != nil {
+		t.Fatal(err)
 	}
+	revision := func() uint64 {
+		e, err := kv.Get(context.Background(), "leader")
+		if err != nil {
+			t.Fatalf("lease key: %v", err)
+		}
+		return e.Revision()
+	}
+	first := revision()
+	waitFor(t, 3*ttl, "three renewals by a", func() bool {
+		if !a.IsLeader() || b.IsLeader() || b.Holder() != "a" {
+			t.Fatalf("between renewals: a leader=%v, b leader=%v, b sees %q; want only a", a.IsLeader(), b.IsLeader(), b.Holder())
+		}
+		return revision() >= first+3
+	})
 	stopA() // deletes the key at its revision
 	start := time.Now()
 	waitFor(t, ttl, "b to take over after a released", b.IsLeader)
