@@ -14,6 +14,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -58,11 +59,30 @@ type Admin struct {
 // Platform says where the upstream API and registry are and how to
 // authenticate to them.
 type Platform struct {
-	BaseURL      string   `toml:"base_url"`
-	RegistryURL  string   `toml:"registry_url"`
-	Token        string   `toml:"token"`
-	TokenFile    string   `toml:"token_file"`
-	TokenCommand string   `toml:"token_command"`
+	BaseURL     string `toml:"base_url"`
+	RegistryURL string `toml:"registry_url"`
+	// Token, TokenFile and TokenCommand give the platform API credential
+	// (its audience is the API).
+	Token        string `toml:"token"`
+	TokenFile    string `toml:"token_file"`
+	TokenCommand string `toml:"token_command"`
+	// RegistryToken, RegistryTokenFile, RegistryTokenCommand and
+	// RegistryCredentialHelper give the registry credential (its audience
+	// is the registry host), which the tag history API wants.
+	RegistryToken            string `toml:"registry_token"`
+	RegistryTokenFile        string `toml:"registry_token_file"`
+	RegistryTokenCommand     string `toml:"registry_token_command"`
+	RegistryCredentialHelper string `toml:"registry_credential_helper"`
+	// Identity, with IdentityTokenFile, makes syncd assume that identity by
+	// exchanging the external OIDC token at STSURL, once per audience.
+	Identity          string `toml:"identity"`
+	IdentityTokenFile string `toml:"identity_token_file"`
+	STSURL            string `toml:"sts_url"`
+	// APIAudience and RegistryAudience are the audiences asked for in an
+	// exchange and named in errors; empty: the base URL, the registry host.
+	APIAudience      string `toml:"api_audience"`
+	RegistryAudience string `toml:"registry_audience"`
+
 	Group        string   `toml:"group"`
 	Organization string   `toml:"organization"`
 	Vendor       string   `toml:"vendor"`
@@ -83,6 +103,9 @@ type Crawl struct {
 	Include               []string `toml:"include"`
 	Exclude               []string `toml:"exclude"`
 	PublicImages          []string `toml:"public_images"`
+	// TagFamilies are the tag families the v2 tag list hides unless asked:
+	// "dates" (*-20yymmdd), "epochs" (*-r<N>), "referrers" (sha256-*).
+	TagFamilies []string `toml:"tag_families"`
 }
 
 // Events configures the receiver of the platform's pushed events.
@@ -156,6 +179,7 @@ func Default() Config {
 		Platform: Platform{
 			Vendor:    "chainguard",
 			PublicOrg: "chainguard",
+			STSURL:    DefaultSTSURL,
 			Timeout:   Duration{30 * time.Second},
 		},
 		Crawl: Crawl{
@@ -166,6 +190,7 @@ func Default() Config {
 			Jitter:                Duration{10 * time.Second},
 			Concurrency:           4,
 			RequestsPerSecond:     20,
+			TagFamilies:           []string{"dates", "epochs"},
 		},
 		Events: Events{
 			Audience:  "customer",
@@ -412,17 +437,16 @@ func (c *Config) Validate() error {
 			return &Error{Key: u.key, Msg: fmt.Sprintf("not an http(s) URL: %q", u.val)}
 		}
 	}
-	n := 0
-	for _, s := range []string{c.Platform.Token, c.Platform.TokenFile, c.Platform.TokenCommand} {
-		if s != "" {
-			n++
-		}
-	}
-	if n > 1 {
-		return &Error{Key: "platform.token", Msg: "set only one of token, token_file and token_command"}
+	if err := c.Platform.validateCredentials(); err != nil {
+		return err
 	}
 	if c.Platform.Timeout.Duration <= 0 {
 		return &Error{Key: "platform.timeout", Msg: "must be positive"}
+	}
+	for _, f := range c.Crawl.TagFamilies {
+		if _, ok := tagFamilies[f]; !ok {
+			return &Error{Key: "crawl.tag_families", Msg: fmt.Sprintf("unknown tag family %q (want \"dates\", \"epochs\" or \"referrers\")", f)}
+		}
 	}
 	for _, sc := range []struct{ key, val string }{
 		{"crawl.schedule", c.Crawl.Schedule},
@@ -603,8 +627,8 @@ func (c *Config) RequirePlatform() error {
 		return &Error{Key: "platform.group", Msg: "required (the uid of the organization's root group)"}
 	case c.Platform.Organization == "":
 		return &Error{Key: "platform.organization", Msg: "required (the organization's name in registry paths)"}
-	case c.Platform.Token == "" && c.Platform.TokenFile == "" && c.Platform.TokenCommand == "":
-		return &Error{Key: "platform.token", Msg: "required: set one of token, token_file or token_command"}
+	case c.Platform.Identity == "" && c.Platform.Token == "" && c.Platform.TokenFile == "" && c.Platform.TokenCommand == "":
+		return &Error{Key: "platform.token", Msg: "required: set one of token, token_file or token_command, or assume an identity with identity and identity_token_file"}
 	}
 	return nil
 }
@@ -725,3 +749,65 @@ func (cl Cluster) ConsumerName(node string) string {
 
 // kvSafe matches what a host name may hold but a consumer name may not.
 var kvSafe = regexp.MustCompile(`[^-_A-Za-z0-9]`)
+
+// DefaultSTSURL is the vendor's issuer, where identity tokens are exchanged.
+const DefaultSTSURL = "https://issuer.enforce.dev"
+
+// tagFamilies are the values [crawl] tag_families accepts.
+var tagFamilies = map[string]struct{}{"dates": {}, "epochs": {}, "referrers": {}}
+
+// validateCredentials checks that each audience gets its credential from
+// one source: at most one platform token source, at most one registry
+// credential source, and an identity to assume only instead of both.
+func (p *Platform) validateCredentials() error {
+	api := setKeys(map[string]string{"platform.token": p.Token, "platform.token_file": p.TokenFile, "platform.token_command": p.TokenCommand})
+	if len(api) > 1 {
+		return &Error{Key: api[0], Msg: fmt.Sprintf("set only one platform credential: %s are both set", strings.Join(api, " and "))}
+	}
+	registry := setKeys(map[string]string{"platform.registry_token": p.RegistryToken, "platform.registry_token_file": p.RegistryTokenFile,
+		"platform.registry_token_command": p.RegistryTokenCommand, "platform.registry_credential_helper": p.RegistryCredentialHelper})
+	if len(registry) > 1 {
+		return &Error{Key: registry[0], Msg: fmt.Sprintf("set only one registry credential: %s are both set", strings.Join(registry, " and "))}
+	}
+	if p.RegistryCredentialHelper != "" && strings.ContainsAny(p.RegistryCredentialHelper, "/ \t") {
+		return &Error{Key: "platform.registry_credential_helper", Msg: fmt.Sprintf("the helper's name, as in docker-credential-<name> (e.g. \"cgr\"), got %q", p.RegistryCredentialHelper)}
+	}
+	if p.Identity == "" {
+		if p.IdentityTokenFile != "" {
+			return &Error{Key: "platform.identity_token_file", Msg: "only applies with platform.identity (the identity to assume)"}
+		}
+		return nil
+	}
+	if clash := append(api, registry...); len(clash) > 0 {
+		return &Error{Key: clash[0], Msg: "platform.identity gives the credentials of both audiences by token exchange: remove " + strings.Join(clash, " and ") + ", or remove platform.identity"}
+	}
+	if p.IdentityTokenFile == "" {
+		return &Error{Key: "platform.identity_token_file", Msg: "required with platform.identity: the file holding the external OIDC token to exchange (e.g. a Kubernetes projected service account token)"}
+	}
+	if u, err := url.Parse(p.STSURL); err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+		return &Error{Key: "platform.sts_url", Msg: fmt.Sprintf("not an http(s) URL: %q", p.STSURL)}
+	}
+	return nil
+}
+
+// setKeys returns the keys of m whose value is set, sorted.
+func setKeys(m map[string]string) []string {
+	var keys []string
+	for k, v := range m {
+		if v != "" {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// RegistryHost is the host[:port] of registry_url, the registry's audience
+// unless registry_audience says otherwise.
+func (p *Platform) RegistryHost() string {
+	u, err := url.Parse(p.RegistryURL)
+	if err != nil {
+		return ""
+	}
+	return u.Host
+}
