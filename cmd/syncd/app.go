@@ -95,17 +95,6 @@ type app struct {
 	onRun func(job, outcome string, finished time.Time)
 }
 
-func tokenSource(p config.Platform) platform.TokenSource {
-	switch {
-	case p.TokenFile != "":
-		return &platform.FileToken{Path: p.TokenFile}
-	case p.TokenCommand != "":
-		return &platform.CommandToken{Command: p.TokenCommand}
-	default:
-		return platform.StaticToken(p.Token)
-	}
-}
-
 // openApp opens the store, the platform client, NATS and the relay, and the
 // crawler.
 func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, error) {
@@ -115,12 +104,7 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 	if err != nil {
 		return nil, fmt.Errorf("open mirror %s: %w", cfg.Store.Path, err)
 	}
-	a.client, err = platform.New(platform.Config{
-		BaseURL: cfg.Platform.BaseURL, RegistryURL: cfg.Platform.RegistryURL, Token: tokenSource(cfg.Platform),
-		Organization: cfg.Platform.Organization, PublicOrg: cfg.Platform.PublicOrg, Vendor: cfg.Platform.Vendor,
-		Timeout: cfg.Platform.Timeout.Duration, RequestsPerSecond: cfg.Crawl.RequestsPerSecond, Logger: log.With("part", "platform"),
-		Observe: a.metrics.ObserveRequest,
-	})
+	a.client, err = newClient(cfg, log, a.metrics.ObserveRequest)
 	if err != nil {
 		a.Close()
 		return nil, usageError{err}
@@ -146,7 +130,7 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 	advisories, _ := config.ParseSchedule(cfg.Crawl.AdvisoriesSchedule)
 	a.crawler = crawler.New(a.client, a.store, crawler.Config{
 		Group: cfg.Platform.Group, Include: cfg.Crawl.Include, Exclude: cfg.Crawl.Exclude,
-		PublicImages: cfg.Crawl.PublicImages, PublicOrg: cfg.Platform.PublicOrg,
+		PublicImages: cfg.Crawl.PublicImages, PublicOrg: cfg.Platform.PublicOrg, Families: crawler.ParseFamilies(cfg.Crawl.TagFamilies),
 		Concurrency: cfg.Crawl.Concurrency, Schedule: sched, SweepSchedule: sweep, AdvisoriesSchedule: advisories,
 		Jitter: cfg.Crawl.Jitter.Duration, Logger: log.With("part", "crawler"),
 		OnRun: func(job, outcome string, sum crawler.Summary, finished time.Time) {
@@ -188,6 +172,22 @@ func (a *app) registerGauges() {
 		}
 		return time.Since(oldest).Seconds()
 	})
+	for _, kind := range []string{"repo", "tag"} {
+		m.GaugeFuncWith("syncd_crawl_failures", "Repos and tags whose reads failed and are retried with backoff (syncd status lists them).",
+			prometheus.Labels{"kind": kind}, func() float64 {
+				fs, err := a.store.Failures(context.Background())
+				if err != nil {
+					return -1
+				}
+				n := 0
+				for _, f := range fs {
+					if f.Kind == kind {
+						n++
+					}
+				}
+				return float64(n)
+			})
+	}
 	m.GaugeFunc("syncd_nats_connected", "1 while the NATS connection is up.", func() float64 {
 		if a.nats.NC.IsConnected() {
 			return 1

@@ -145,12 +145,7 @@ func (c *identityCommand) Run(ctx context.Context) error {
 	log := newLogger(c.m.Stderr, cfg.Log)
 	// Identity and role binding calls never reach the registry, so a
 	// config without registry_url (not needed until syncd runs) is fine.
-	registry := cfg.Platform.RegistryURL
-	if registry == "" {
-		registry = cfg.Platform.BaseURL
-	}
-	client, err := platform.New(platform.Config{BaseURL: cfg.Platform.BaseURL, RegistryURL: registry,
-		Token: tokenSource(cfg.Platform), Timeout: cfg.Platform.Timeout.Duration, Logger: log.With("part", "platform")})
+	client, err := newClient(cfg, log, nil)
 	if err != nil {
 		return usageError{err}
 	}
@@ -267,13 +262,14 @@ func printIdentity(w io.Writer, id platform.Identity, b platform.RoleBinding, gr
 	fmt.Fprintf(tw, "  role\t%s (%s)\n", b.Role.Name, b.Role.UID)
 	tw.Flush()
 	fmt.Fprintf(w, `
-Next, in syncd.toml: group is the root group the role is bound in, and the
-token must act as this identity. token_command exchanges a token that
-%[2]s issued to subject %[3]q for a platform
-token of identity %[1]s (the vendor's CLI does this given the uid):
+Next, in syncd.toml: syncd assumes this identity by exchanging a token that
+%[2]s issued to subject %[3]q (for example a Kubernetes
+projected service account token) for one platform token and one registry
+token, each renewed before it expires:
 
 [platform]
 group = %[4]q
-# token_command = "<prints a platform token for identity %[1]s>"
+identity = %[1]q
+identity_token_file = "/var/run/secrets/tokens/syncd"  # the external token; re-read at every exchange
 `, id.UID, id.ClaimMatch.Issuer, id.ClaimMatch.Subject, group)
 }

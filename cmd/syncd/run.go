@@ -126,7 +126,7 @@ func (c *runCommand) Run(ctx context.Context) error {
 	}
 	fresh := admin.NewFreshness(schedules, cfg.Admin.StaleFactor, nil)
 	a.onRun = func(job, outcome string, finished time.Time) {
-		if outcome == "ok" {
+		if outcome == "ok" || outcome == "partial" {
 			fresh.Succeeded(job, finished)
 		}
 	}

@@ -43,13 +43,16 @@ Flags:
 }
 
 type statusReport struct {
-	Mirror            string           `json:"mirror"`
-	SchemaVersion     int              `json:"schema_version"`
-	Tables            map[string]int64 `json:"tables"`
-	Jobs              []runStatus      `json:"jobs"`
-	Subscriptions     []subStatus      `json:"subscriptions"`
-	UnpublishedEvents int              `json:"unpublished_events"`
-	OldestUnpublished string           `json:"oldest_unpublished,omitempty"`
+	Mirror        string           `json:"mirror"`
+	SchemaVersion int              `json:"schema_version"`
+	Tables        map[string]int64 `json:"tables"`
+	Jobs          []runStatus      `json:"jobs"`
+	Subscriptions []subStatus      `json:"subscriptions"`
+	// Failures are the repos and tags whose reads failed and are retried
+	// with backoff; the rest of each crawl went on without them.
+	Failures          []store.Failure `json:"failures"`
+	UnpublishedEvents int             `json:"unpublished_events"`
+	OldestUnpublished string          `json:"oldest_unpublished,omitempty"`
 	// Cluster mode and followers: leader, standby or follower; the lease
 	// holder; how many stream messages the follower had pending.
 	Role        string `json:"role,omitempty"`
@@ -136,6 +139,9 @@ func (c *statusCommand) Run(ctx context.Context) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	if rep.Failures, err = st.Failures(ctx); err != nil {
+		return err
+	}
 	n, oldest, err := st.UnpublishedCount(ctx)
 	if err != nil {
 		return err
@@ -170,6 +176,14 @@ func (c *statusCommand) Run(ctx context.Context) error {
 		if r.Error != "" {
 			fmt.Fprintf(w, "  error\t%s\n", r.Error)
 		}
+	}
+	for _, f := range rep.Failures {
+		what := f.Path
+		if f.Kind == "tag" {
+			what += ":" + f.Tag
+		}
+		fmt.Fprintf(w, "failing %s\t%s: %s (%d attempts since %s, next %s)\n", f.Kind, what, f.Error, f.Attempts,
+			store.FormatTime(f.FirstFailed), store.FormatTime(f.NextAttempt))
 	}
 	if len(rep.Subscriptions) == 0 {
 		fmt.Fprintf(w, "subscription\tnone (crawl only, or not registered yet)\n")

@@ -62,8 +62,7 @@ func (c *subscriptionsCommand) Run(ctx context.Context) error {
 		return err
 	}
 	defer st.Close()
-	client, err := platform.New(platform.Config{BaseURL: cfg.Platform.BaseURL, RegistryURL: cfg.Platform.RegistryURL,
-		Token: tokenSource(cfg.Platform), Timeout: cfg.Platform.Timeout.Duration, Logger: log})
+	client, err := newClient(cfg, log, nil)
 	if err != nil {
 		return usageError{err}
 	}

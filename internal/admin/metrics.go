@@ -74,7 +74,9 @@ func (m *Metrics) ObserveRequest(endpoint string, code int, retry bool) {
 func (m *Metrics) ObserveRun(job, outcome string, took time.Duration, finished time.Time, rows map[string]int64) {
 	m.crawlDuration.WithLabelValues(job).Observe(took.Seconds())
 	m.crawlRuns.WithLabelValues(job, outcome).Inc()
-	if outcome == "ok" {
+	// A partial run finished: everything but the failed scopes (counted by
+	// syncd_crawl_failures) is as fresh as after an ok run.
+	if outcome == "ok" || outcome == "partial" {
 		m.lastSuccess.WithLabelValues(job).Set(float64(finished.UnixNano()) / 1e9)
 	}
 	for table, n := range rows {
@@ -100,6 +102,11 @@ func (m *Metrics) EventPublished(typ string, latency time.Duration) {
 // GaugeFunc registers a gauge read at every scrape.
 func (m *Metrics) GaugeFunc(name, help string, fn func() float64) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, fn))
+}
+
+// GaugeFuncWith registers a labelled gauge read at every scrape.
+func (m *Metrics) GaugeFuncWith(name, help string, labels prometheus.Labels, fn func() float64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, fn))
 }
 
 // CounterFunc registers a counter read at every scrape, labelled.

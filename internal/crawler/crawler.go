@@ -31,6 +31,8 @@ type Config struct {
 	// history is followed anonymously.
 	PublicImages []string
 	PublicOrg    string
+	// Families are the hidden tag families to list and mirror.
+	Families Families
 	// Concurrency is how many repos are listed at once, and separately how
 	// many tag histories are read at once across all repos: most of a
 	// crawl's requests are history reads, so they are pooled rather than
@@ -48,7 +50,8 @@ type Config struct {
 	// ProgressEvery is how often a long crawl logs its progress; default 10s.
 	ProgressEvery time.Duration
 	// OnRun, when set, is told of every finished job (for metrics and
-	// readiness): its outcome (ok, failed, canceled), duration and counts.
+	// readiness): its outcome (ok, partial, failed, canceled), duration and
+	// counts.
 	OnRun func(job, outcome string, sum Summary, finished time.Time)
 }
 
@@ -68,6 +71,8 @@ type Crawler struct {
 	// advisoriesListed is when a crawl last listed every advisory (unix
 	// nanoseconds of cfg.Now), as a baseline crawl does.
 	advisoriesListed atomic.Int64
+	paths            *paths
+	failed           *failures
 }
 
 // New returns a Crawler.
@@ -85,7 +90,8 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 		cfg.ProgressEvery = 10 * time.Second
 	}
 	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(cfg.Concurrency)),
-		committing: semaphore.NewWeighted(int64(8 * cfg.Concurrency)), commits: &historyCommitter{store: st, maxBatch: 256}}
+		committing: semaphore.NewWeighted(int64(8 * cfg.Concurrency)), commits: &historyCommitter{store: st, maxBatch: 256},
+		paths: newPaths(cfg.Group, client), failed: &failures{store: st}}
 }
 
 // Summary is what one crawl did.
@@ -93,8 +99,11 @@ type Summary struct {
 	Repos, Tags, HistoryReads, HistoryRecords int64
 	Advisories, Deleted                       int64
 	Events                                    int64
-	Requests                                  int64
-	Duration                                  time.Duration
+	// Failures counts the repos and tags whose reads failed (or were held
+	// back after failing before); the run is then partial.
+	Failures int64
+	Requests int64
+	Duration time.Duration
 }
 
 // Job is extra scheduled work, such as reconciling the event subscription.
@@ -119,7 +128,7 @@ func (c *Crawler) Run(ctx context.Context, extra ...Job) error {
 			start := c.cfg.Now()
 			err := run(ctx)
 			if c.cfg.OnRun != nil {
-				c.cfg.OnRun(j.Name, outcomeOf(ctx, err), Summary{Duration: c.cfg.Now().Sub(start)}, c.cfg.Now())
+				c.cfg.OnRun(j.Name, outcomeOf(ctx, err, Summary{}), Summary{Duration: c.cfg.Now().Sub(start)}, c.cfg.Now())
 			}
 			return err
 		}
@@ -220,19 +229,19 @@ func (c *Crawler) recordRun(ctx context.Context, job string, fn func(*summary) e
 	sum := s.snapshot()
 	sum.Requests = c.client.Requests() - req0
 	sum.Duration = c.cfg.Now().Sub(start)
-	run.Requests, run.Changes = sum.Requests, int(sum.Events)
+	run.Requests, run.Changes, run.Failures = sum.Requests, int(sum.Events), int(sum.Failures)
 	if ferr := c.store.FinishRun(ctx, run, err); ferr != nil {
 		err = errors.Join(err, ferr)
 	}
 	if c.cfg.OnRun != nil {
-		c.cfg.OnRun(job, outcomeOf(ctx, err), sum, c.cfg.Now())
+		c.cfg.OnRun(job, outcomeOf(ctx, err, sum), sum, c.cfg.Now())
 	}
 	if err != nil {
 		return sum, err
 	}
 	c.log.Info(job+" finished", "repos", sum.Repos, "tags", sum.Tags, "history_reads", sum.HistoryReads,
 		"advisories", sum.Advisories, "deleted", sum.Deleted, "events", sum.Events, "requests", sum.Requests,
-		"took", sum.Duration.Round(time.Millisecond).String())
+		"failures", sum.Failures, "took", sum.Duration.Round(time.Millisecond).String())
 	return sum, nil
 }
 
@@ -241,11 +250,22 @@ type summary struct {
 	advisories, deleted                               atomic.Int64
 	reposTotal                                        atomic.Int64
 	reposDone                                         atomic.Int64
+	// failures counts scopes that failed; reposRead and historiesFailed
+	// tell a crawl where some scopes failed from one where all did.
+	failures, reposRead, reposFailed, historiesFailed atomic.Int64
+	firstFailure                                      atomic.Pointer[error]
+}
+
+// fail counts a failed scope and keeps the first error.
+func (s *summary) fail(err error) {
+	s.failures.Add(1)
+	s.firstFailure.CompareAndSwap(nil, &err)
 }
 
 func (s *summary) snapshot() Summary {
 	return Summary{Repos: s.repos.Load(), Tags: s.tags.Load(), HistoryReads: s.historyReads.Load(),
-		HistoryRecords: s.historyRecords.Load(), Events: s.events.Load(), Advisories: s.advisories.Load(), Deleted: s.deleted.Load()}
+		HistoryRecords: s.historyRecords.Load(), Events: s.events.Load(), Advisories: s.advisories.Load(), Deleted: s.deleted.Load(),
+		Failures: s.failures.Load()}
 }
 
 func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
@@ -259,6 +279,9 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 		if err := c.store.DeferIndexes(ctx); err != nil {
 			return err
 		}
+	}
+	if err := c.failed.load(ctx); err != nil {
+		return err
 	}
 	repos, err := c.listRepos(ctx, s)
 	if err != nil {
@@ -297,14 +320,17 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 	for _, r := range repos {
 		g.Go(func() error {
 			defer s.reposDone.Add(1)
-			seen, err := c.crawlRepo(gctx, r, s)
-			if err != nil || !sweep {
+			seen, err := c.crawlScope(gctx, r, s)
+			if err != nil || seen == nil || !sweep {
 				return err
 			}
 			return c.sweepTags(gctx, r, seen, s)
 		})
 	}
 	err = g.Wait()
+	if err == nil {
+		err = s.allFailed()
+	}
 	if err != nil {
 		stopAdvisories() // the baseline cannot end anyway
 	}
@@ -320,6 +346,55 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 	if baseline {
 		c.log.Info("baseline crawl complete: from now on every change is an event")
 		return c.store.EndBaseline(ctx)
+	}
+	return nil
+}
+
+// crawlScope crawls one repo as crawlRepo does, unless an earlier failure
+// holds it back, and records its failure rather than failing the crawl. It
+// returns the listed tags' uids, nil when the repo's listing did not finish.
+func (c *Crawler) crawlScope(ctx context.Context, r store.Repo, s *summary) (map[string]bool, error) {
+	if f, held := c.failed.heldBack(r.UID, c.cfg.Now()); held {
+		c.log.Debug("repo held back after failing", "repo", r.Path, "attempts", f.Attempts, "next_attempt", f.NextAttempt)
+		s.fail(fmt.Errorf("repo %s: held back until %s after %d failed attempts: %s", r.Path, f.NextAttempt.UTC().Format(time.RFC3339), f.Attempts, f.Error))
+		return nil, nil
+	}
+	seen, err := c.crawlRepo(ctx, r, s)
+	if scopeFailed(ctx, err) {
+		s.reposFailed.Add(1)
+		s.fail(err)
+		f, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "repo", UID: r.UID, RepoUID: r.UID, Path: r.Path}, err)
+		if rerr != nil {
+			return nil, rerr
+		}
+		c.log.Warn("repo failed; the rest of the crawl goes on", "repo", r.Path, "attempts", f.Attempts, "next_attempt", f.NextAttempt, "err", err)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.reposRead.Add(1)
+	if ok, err := c.failed.clear(finish(ctx), r.UID); err != nil {
+		return nil, err
+	} else if ok {
+		c.log.Info("repo recovered", "repo", r.Path)
+	}
+	return seen, nil
+}
+
+// allFailed is the crawl's error when every scope it tried failed: then
+// the cause is most likely not one repo but the credentials or the
+// platform, and the crawl has failed rather than partly succeeded.
+func (s *summary) allFailed() error {
+	first := s.firstFailure.Load()
+	if first == nil {
+		return nil
+	}
+	switch {
+	case s.reposFailed.Load() > 0 && s.reposRead.Load() == 0:
+		return fmt.Errorf("every repo's reads failed (%d); the first: %w", s.reposFailed.Load(), *first)
+	case s.historiesFailed.Load() > 0 && s.historyReads.Load() == 0:
+		return fmt.Errorf("every tag history read failed (%d); the first: %w", s.historiesFailed.Load(), *first)
 	}
 	return nil
 }
@@ -365,9 +440,25 @@ func (c *Crawler) listRepos(ctx context.Context, s *summary) ([]store.Repo, erro
 				}
 				batch := make([]store.Repo, 0, len(page))
 				for _, r := range page {
-					if c.wanted(r.Name) {
-						batch = append(batch, storeRepo(r))
+					if !c.wanted(r.Name) {
+						c.paths.learn(r.UID, r.Name)
+						continue
 					}
+					sr, err := c.storeRepo(ctx, r)
+					if scopeFailed(ctx, err) {
+						// Its path is unknown, so its history cannot be read:
+						// it fails alone, and is not mistaken for deleted.
+						s.reposFailed.Add(1)
+						s.fail(err)
+						if _, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "repo", UID: r.UID, RepoUID: r.UID, Path: r.Name}, err); rerr != nil {
+							return rerr
+						}
+						continue
+					}
+					if err != nil {
+						return err
+					}
+					batch = append(batch, sr)
 				}
 				n, err := c.store.ApplyRepos(finish(ctx), batch)
 				if err != nil {
@@ -422,11 +513,11 @@ func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) (m
 		err := c.listTags(ctx, repo, seen, s)
 		var restarted *platform.ListRestartedError
 		if errors.As(err, &restarted) && attempt < 3 {
-			c.log.Warn("tag listing restarted under us; listing again", "repo", repo.Name, "err", err)
+			c.log.Warn("tag listing restarted under us; listing again", "repo", repo.Path, "err", err)
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("crawl repo %s: %w", repo.Name, err)
+			return nil, fmt.Errorf("crawl repo %s: %w", repo.Path, err)
 		}
 		return seen, nil
 	}
@@ -444,9 +535,9 @@ func (c *Crawler) listTags(ctx context.Context, repo store.Repo, seen map[string
 	// where reads started together would each fetch one.
 	first := true
 	listErr := func() error {
-		for page, err := range c.client.Tags(platform.ListQuery{ChildrenOf: repo.UID}).Pages(gctx) {
+		for page, err := range c.client.Tags(c.cfg.Families.tagQuery(platform.ListQuery{ChildrenOf: repo.UID})).Pages(gctx) {
 			if err != nil {
-				return err
+				return readErr(err)
 			}
 			tags := make([]store.Tag, len(page))
 			for i, t := range page {
@@ -495,15 +586,33 @@ func (c *Crawler) listTags(ctx context.Context, repo store.Repo, seen map[string
 // syncHistory reads a tag's history from its bookmark and hands it to the
 // store, which records one tag.moved per new record. read is called when
 // the requests are done, before the commit.
+//
+// A read that fails fails only its tag: it is recorded in crawl_failures and
+// the tag's bookmark stays, so the next run reads it again.
 func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary, read func()) error {
-	recs, err := c.client.HistorySince(ctx, c.client.PrivateImage(ref.Repo), ref.Name, ref.Bookmark.LastTime)
+	if f, held := c.failed.heldBack(ref.UID, c.cfg.Now()); held {
+		read()
+		s.fail(fmt.Errorf("tag %s:%s: held back until %s after %d failed attempts: %s", ref.Path, ref.Name, f.NextAttempt.UTC().Format(time.RFC3339), f.Attempts, f.Error))
+		return nil
+	}
+	recs, err := c.client.HistorySince(ctx, c.client.PrivateImage(ref.Path), ref.Name, ref.Bookmark.LastTime)
 	read()
 	var unwalkable *platform.UnwalkableError
 	if err != nil && !errors.As(err, &unwalkable) {
-		return err
+		if ctx.Err() != nil {
+			return err
+		}
+		s.historiesFailed.Add(1)
+		s.fail(err)
+		f, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "tag", UID: ref.UID, RepoUID: ref.RepoUID, Path: ref.Path, Tag: ref.Name}, err)
+		if rerr != nil {
+			return rerr
+		}
+		c.log.Warn("tag history failed; the rest of the crawl goes on", "repo", ref.Path, "tag", ref.Name, "attempts", f.Attempts, "next_attempt", f.NextAttempt, "err", err)
+		return nil
 	}
 	if unwalkable != nil {
-		c.log.Warn("tag history cannot be read whole; keeping what was read", "repo", ref.Repo, "tag", ref.Name, "err", unwalkable)
+		c.log.Warn("tag history cannot be read whole; keeping what was read", "repo", ref.Path, "tag", ref.Name, "err", unwalkable)
 	}
 	out := make([]store.HistoryRecord, len(recs))
 	for i, r := range recs {
@@ -522,17 +631,27 @@ func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary,
 	s.historyReads.Add(1)
 	s.historyRecords.Add(int64(len(recs)))
 	s.events.Add(int64(n))
+	if ok, err := c.failed.clear(finish(ctx), ref.UID); err != nil {
+		return err
+	} else if ok {
+		c.log.Info("tag history recovered", "repo", ref.Path, "tag", ref.Name)
+	}
 	return nil
 }
 
-func storeRepo(r platform.Repo) store.Repo {
-	return store.Repo{UID: r.UID, Name: r.Name, Description: r.Description, CatalogTier: r.CatalogTier,
-		Aliases: r.Aliases, ActiveTags: r.ActiveTags, Bundles: r.Bundles, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime}
+// storeRepo is r as the store keeps it, with its registry path.
+func (c *Crawler) storeRepo(ctx context.Context, r platform.Repo) (store.Repo, error) {
+	p, err := c.paths.of(ctx, r.UID, r.Name)
+	if err != nil {
+		return store.Repo{}, err
+	}
+	return store.Repo{UID: r.UID, Name: r.Name, Path: p, Description: r.Description, CatalogTier: r.CatalogTier,
+		Aliases: r.Aliases, ActiveTags: r.ActiveTags, Bundles: r.Bundles, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime, Raw: r.Raw}, nil
 }
 
 func storeTag(t platform.Tag) store.Tag {
 	return store.Tag{UID: t.UID, Name: t.Name, Digest: t.Digest, Deprecated: t.Deprecated, Bundles: t.Bundles,
-		CreateTime: t.CreateTime, UpdateTime: t.UpdateTime}
+		CreateTime: t.CreateTime, UpdateTime: t.UpdateTime, Raw: t.Raw}
 }
 
 // cronLogger adapts slog to cron.Logger.
@@ -544,8 +663,10 @@ func (l cronLogger) Error(err error, msg string, kv ...any) {
 }
 
 // outcomeOf names how a job ended, as crawl_runs records it.
-func outcomeOf(ctx context.Context, err error) string {
+func outcomeOf(ctx context.Context, err error, sum Summary) string {
 	switch {
+	case err == nil && sum.Failures > 0:
+		return "partial"
 	case err == nil:
 		return "ok"
 	case ctx.Err() != nil:

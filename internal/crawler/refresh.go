@@ -35,7 +35,10 @@ func (c *Crawler) RefreshRepo(ctx context.Context, repoUID string) error {
 	if !c.inScope(r.UID, r.Name) {
 		return nil
 	}
-	repo := storeRepo(r)
+	repo, err := c.storeRepo(ctx, r)
+	if err != nil {
+		return err
+	}
 	if _, err := c.store.ApplyRepos(finish(ctx), []store.Repo{repo}); err != nil {
 		return err
 	}
@@ -44,8 +47,13 @@ func (c *Crawler) RefreshRepo(ctx context.Context, repoUID string) error {
 }
 
 // RefreshTag re-reads one tag and its history. repo is the repo's uid, or
-// its name when the event carried only that.
+// its registry path (with or without the organization in front) when the
+// event carried that. A tag of a family syncd does not mirror is ignored.
 func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
+	if !c.cfg.Families.Includes(tag) {
+		c.log.Debug("push for a tag of a family not mirrored", "repo", repo, "tag", tag)
+		return nil
+	}
 	r, err := c.resolveRepo(ctx, repo)
 	if err != nil || r == nil {
 		return err
@@ -53,14 +61,17 @@ func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
 	if !c.inScope(r.UID, r.Name) {
 		return nil
 	}
-	sr := storeRepo(*r)
+	sr, err := c.storeRepo(ctx, *r)
+	if err != nil {
+		return err
+	}
 	if _, err := c.store.ApplyRepos(finish(ctx), []store.Repo{sr}); err != nil {
 		return err
 	}
 	var tags []store.Tag
-	for t, err := range c.client.Tags(platform.ListQuery{ChildrenOf: r.UID, Name: tag}).All(ctx) {
+	for t, err := range c.client.Tags(c.cfg.Families.tagQuery(platform.ListQuery{ChildrenOf: r.UID, Name: tag})).All(ctx) {
 		if err != nil {
-			return fmt.Errorf("refresh tag %s:%s: %w", r.Name, tag, err)
+			return fmt.Errorf("refresh tag %s:%s: %w", sr.Path, tag, err)
 		}
 		if t.Name == tag {
 			tags = append(tags, storeTag(t))
@@ -76,32 +87,51 @@ func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
 			return err
 		}
 	}
-	c.log.Debug("refreshed tag", "repo", r.Name, "tag", tag, "history_reads", s.historyReads.Load(), "events", s.events.Load())
+	c.log.Debug("refreshed tag", "repo", sr.Path, "tag", tag, "history_reads", s.historyReads.Load(), "events", s.events.Load())
 	return nil
 }
 
-// resolveRepo finds a repo by uid (uids have a '/': group/repo) or by name
-// within the configured group; nil when it does not exist.
+// resolveRepo finds a repo by uid (below the configured group) or by
+// registry path, which a push may carry with the organization in front
+// ("acme/charts/cert-manager"); nil when it does not exist.
 func (c *Crawler) resolveRepo(ctx context.Context, ref string) (*platform.Repo, error) {
-	if strings.Contains(ref, "/") {
-		r, err := c.client.GetRepo(ctx, ref)
-		if platform.IsNotFound(err) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("get repo %s: %w", ref, err)
-		}
-		return &r, nil
+	if c.cfg.Group != "" && strings.HasPrefix(ref, c.cfg.Group+"/") {
+		return c.getRepo(ctx, ref)
 	}
-	for r, err := range c.client.Repos(platform.ListQuery{DescendantsOf: c.cfg.Group, Name: ref}).All(ctx) {
+	p := strings.TrimPrefix(ref, c.client.Organization()+"/")
+	if known, ok, err := c.store.RepoByPath(ctx, p); err != nil {
+		return nil, err
+	} else if ok {
+		return c.getRepo(ctx, known.UID)
+	}
+	// Not mirrored yet: the repos of that name, one of which has the path.
+	name := p[strings.LastIndexByte(p, '/')+1:]
+	for r, err := range c.client.Repos(platform.ListQuery{DescendantsOf: c.cfg.Group, Name: name}).All(ctx) {
 		if err != nil {
 			return nil, fmt.Errorf("find repo %q: %w", ref, err)
 		}
-		if r.Name == ref {
+		if r.Name != name {
+			continue
+		}
+		if rp, err := c.paths.of(ctx, r.UID, r.Name); err != nil {
+			return nil, err
+		} else if rp == p {
 			return &r, nil
 		}
 	}
 	return nil, nil
+}
+
+// getRepo gets one repo; nil when it does not exist.
+func (c *Crawler) getRepo(ctx context.Context, uid string) (*platform.Repo, error) {
+	r, err := c.client.GetRepo(ctx, uid)
+	if platform.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get repo %s: %w", uid, err)
+	}
+	return &r, nil
 }
 
 // inScope reports whether a repo belongs to what this syncd mirrors: below

@@ -75,7 +75,12 @@ func (c *Crawler) sweepTags(ctx context.Context, repo store.Repo, seen map[strin
 		return err
 	}
 	gone, err := confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
-		_, err := c.client.GetTag(ctx, uid)
+		t, err := c.client.GetTag(ctx, uid)
+		if err == nil && !c.cfg.Families.Includes(t.Name) {
+			// There, but of a family the listing was not asked to show:
+			// not a deletion.
+			return nil
+		}
 		return err
 	})
 	if err != nil || len(gone) == 0 {
@@ -87,7 +92,7 @@ func (c *Crawler) sweepTags(ctx context.Context, repo store.Repo, seen map[strin
 	}
 	s.deleted.Add(int64(len(gone)))
 	s.events.Add(int64(n))
-	c.log.Info("recorded deleted tags", "repo", repo.Name, "count", len(gone))
+	c.log.Info("recorded deleted tags", "repo", repo.Path, "count", len(gone))
 	return nil
 }
 
@@ -102,7 +107,8 @@ func (c *Crawler) advisories(ctx context.Context, s *summary, sweep bool) error 
 		}
 		batch := make([]store.Advisory, len(page))
 		for i, a := range page {
-			batch[i] = store.Advisory{UID: a.UID, AdvisoryID: a.AdvisoryID, ArtifactName: a.ArtifactName, CreateTime: a.CreateTime, UpdateTime: a.UpdateTime}
+			batch[i] = store.Advisory{UID: a.UID, AdvisoryID: a.AdvisoryID, ArtifactName: a.ArtifactName, CreateTime: a.CreateTime,
+				UpdateTime: a.UpdateTime, DeleteTime: a.DeleteTime, Raw: a.Raw}
 			seen[a.UID] = true
 		}
 		n, err := c.store.ApplyAdvisories(finish(ctx), batch)

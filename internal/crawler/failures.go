@@ -1,0 +1,126 @@
+package crawler
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/platform"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// A repo or tag whose reads fail (404, 403, 5xx past the retries) fails
+// only itself: it is recorded in crawl_failures with its error, the rest of
+// the crawl completes, and it is read again on a later run, with backoff.
+// Nothing in a failed scope is deleted, since its listing did not finish.
+
+// readError marks an error of reading the platform for one scope, as
+// opposed to the store failing or the crawl being stopped, which stop the
+// whole crawl.
+type readError struct{ err error }
+
+func (e *readError) Error() string { return e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }
+
+// readErr wraps err, when not nil, as a read error.
+func readErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &readError{err}
+}
+
+// scopeFailed reports whether err fails only the scope it came from.
+func scopeFailed(ctx context.Context, err error) bool {
+	var re *readError
+	return err != nil && ctx.Err() == nil && errors.As(err, &re)
+}
+
+// failureBackoff is how long a scope that failed attempts times in a row
+// waits before it is read again: the next run at first, then doubling
+// from a minute up to an hour.
+func failureBackoff(attempts int) time.Duration {
+	if attempts <= 1 {
+		return 0
+	}
+	d := time.Minute << min(attempts-2, 6)
+	return min(d, time.Hour)
+}
+
+// failures is the crawler's view of crawl_failures, loaded once and kept
+// in step with every record and clear.
+type failures struct {
+	store *store.Store
+
+	mu     sync.Mutex
+	loaded bool
+	known  map[string]store.Failure // by uid
+}
+
+func (f *failures) load(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.loaded {
+		return nil
+	}
+	all, err := f.store.Failures(ctx)
+	if err != nil {
+		return err
+	}
+	f.known = make(map[string]store.Failure, len(all))
+	for _, x := range all {
+		f.known[x.UID] = x
+	}
+	f.loaded = true
+	return nil
+}
+
+// heldBack returns the failure of uid when its next attempt is still to
+// come at now.
+func (f *failures) heldBack(uid string, now time.Time) (store.Failure, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	x, ok := f.known[uid]
+	return x, ok && x.NextAttempt.After(now)
+}
+
+// record notes that reading the scope x failed with err.
+func (f *failures) record(ctx context.Context, x store.Failure, err error) (store.Failure, error) {
+	x.Error = err.Error()
+	var apiErr *platform.Error
+	if errors.As(err, &apiErr) {
+		x.Status = apiErr.Status
+	}
+	var wrong *platform.WrongAudienceError
+	if x.Status == 0 && errors.As(err, &wrong) {
+		x.Status = http.StatusForbidden
+	}
+	rec, rerr := f.store.RecordFailure(ctx, x, failureBackoff)
+	if rerr != nil {
+		return rec, rerr
+	}
+	f.mu.Lock()
+	f.known[rec.UID] = rec
+	f.mu.Unlock()
+	return rec, nil
+}
+
+// clear forgets the failure of uid after a successful read; it reports
+// whether there was one.
+func (f *failures) clear(ctx context.Context, uid string) (bool, error) {
+	f.mu.Lock()
+	_, ok := f.known[uid]
+	f.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	if _, err := f.store.ClearFailure(ctx, uid); err != nil {
+		return false, err
+	}
+	f.mu.Lock()
+	delete(f.known, uid)
+	f.mu.Unlock()
+	return true, nil
+}
