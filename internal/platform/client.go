@@ -225,6 +225,12 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s %s: %w", req.method, req.url.Path, ctx.Err())
 		}
+		if IsAuthError(err) {
+			// Getting the credential failed already, and said why (a
+			// refused /token or exchange, after its own refresh): there is
+			// nothing to refresh or explain again.
+			return err
+		}
 		var apiErr *Error
 		if errors.As(err, &apiErr) {
 			if apiErr.Status == http.StatusUnauthorized && !refreshed && req.refresh != nil {

@@ -49,13 +49,9 @@ const exchangeLifetime = time.Hour
 
 // Token implements TokenSource.
 func (x *ExchangeToken) Token(ctx context.Context) (string, error) {
-	x.mu.Lock()
-	if x.token != "" && x.now().Before(x.renewAt) {
-		tok := x.token
-		x.mu.Unlock()
+	if tok, ok := x.cached(); ok {
 		return tok, nil
 	}
-	x.mu.Unlock()
 	tok, err := shared(ctx, &x.flight, "exchange", x.exchange)
 	if err != nil && ctx.Err() != nil {
 		return "", fmt.Errorf("exchange token for identity %s: %w", x.Identity, err)
@@ -78,8 +74,20 @@ func (x *ExchangeToken) now() time.Time {
 	return time.Now()
 }
 
-// exchange performs one exchange and caches its token.
+// cached returns the token while it is fresh.
+func (x *ExchangeToken) cached() (string, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.token, x.token != "" && x.now().Before(x.renewAt)
+}
+
+// exchange performs one exchange and caches its token. A caller that
+// found the cache empty just before an exchange ended finds the new token
+// here, rather than exchanging again.
 func (x *ExchangeToken) exchange(ctx context.Context) (string, error) {
+	if tok, ok := x.cached(); ok {
+		return tok, nil
+	}
 	x.mu.Lock()
 	gen := x.gen
 	x.mu.Unlock()
