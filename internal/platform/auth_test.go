@@ -69,8 +69,10 @@ func TestClient_UnauthorizedRefreshesOnce(t *testing.T) {
 		if !ok || apiErr.Status != 401 || !platform.IsPermission(err) {
 			t.Fatalf("Ping: %v, want a 401 *Error", err)
 		}
-		if src.invalidates != 1 || src.calls != 2 {
-			t.Errorf("Invalidate called %d times, Token %d; want 1 and 2", src.invalidates, src.calls)
+		// Invalidated for the one refresh, and again once refused for
+		// good, so that the next call fetches afresh; fetched twice.
+		if src.invalidates != 2 || src.calls != 2 {
+			t.Errorf("Invalidate called %d times, Token %d; want 2 and 2", src.invalidates, src.calls)
 		}
 		if got, want := e.requests("GET /ping/v2/ping"), 2; got != want {
 			t.Errorf("%d pings sent, want %d", got, want)
@@ -316,12 +318,12 @@ func TestClient_PlatformRefusalSaysWhatToDo(t *testing.T) {
 		token  platform.TokenSource
 		want   []string
 	}{
-		{"Unauthorized", 401, platform.StaticToken(testToken),
+		{"Unauthorized", 401, &countingToken{tokens: []string{testToken}},
 			[]string{"platform API refused the platform token for audience https://console-api.test (401 Unauthorized)", "set token_command = 'chainctl auth token --audience https://console-api.test'", "Unauthenticated"}},
 		{"RegistryTokenAtTheAPI", 401, platform.StaticToken(jwtFor("cgr.dev", time.Now().Add(time.Hour))),
 			[]string{"the token was issued for audience cgr.dev, not https://console-api.test"}},
 		{"NoToken", 401, nil, []string{"no platform token is configured"}},
-		{"Forbidden", 403, platform.StaticToken(testToken), []string{"(403 Forbidden)", "lacks permission", "bind it a role"}},
+		{"Forbidden", 403, &countingToken{tokens: []string{testToken}}, []string{"(403 Forbidden)", "lacks permission", "bind it a role"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, n := serve(t, tc.status, "application/json", `{"code":16,"message":"Unauthenticated"}`)
@@ -345,6 +347,13 @@ func TestClient_PlatformRefusalSaysWhatToDo(t *testing.T) {
 			// 401: one refresh, then the answer is final; 403: final at once.
 			if want := map[int]int64{401: 2, 403: 1}[tc.status]; n.Load() != want {
 				t.Errorf("%d requests, want %d", n.Load(), want)
+			}
+			// A token refused for good is dropped; one that is only not
+			// allowed to do this is kept.
+			if ct, ok := tc.token.(*countingToken); ok {
+				if want := map[int]int{401: 2, 403: 0}[tc.status]; ct.invalidates != want {
+					t.Errorf("token invalidated %d times, want %d", ct.invalidates, want)
+				}
 			}
 		})
 	}
@@ -376,5 +385,16 @@ func TestClient_ExchangedPlatformToken(t *testing.T) {
 	}
 	if got := exchanges.Load(); got != 2 {
 		t.Errorf("%d exchanges, want 2 (one more after the 401)", got)
+	}
+}
+
+func TestDefaultAudiences(t *testing.T) {
+	if got := platform.DefaultAPIAudience("https://console-api.example.dev/"); got != "https://console-api.example.dev" {
+		t.Errorf("DefaultAPIAudience = %q", got)
+	}
+	for in, want := range map[string]string{"https://cgr.dev": "cgr.dev", "http://127.0.0.1:5000/base": "127.0.0.1:5000", "::": ""} {
+		if got := platform.DefaultRegistryAudience(in); got != want {
+			t.Errorf("DefaultRegistryAudience(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

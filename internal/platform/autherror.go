@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 )
@@ -62,12 +63,11 @@ func DefaultAPIAudience(baseURL string) string { return strings.TrimRight(baseUR
 // Config.RegistryAudience is empty: the registry URL's host[:port]
 // ("cgr.dev"), or "" when registryURL is not a URL.
 func DefaultRegistryAudience(registryURL string) string {
-	_, rest, ok := strings.Cut(registryURL, "://")
-	if !ok {
+	u, err := url.Parse(registryURL)
+	if err != nil {
 		return ""
 	}
-	host, _, _ := strings.Cut(rest, "/")
-	return host
+	return u.Host
 }
 
 // audienceMismatch returns a sentence saying tok was issued for another

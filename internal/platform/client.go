@@ -146,7 +146,7 @@ func New(cfg Config) (*Client, error) {
 		cfg.APIAudience = DefaultAPIAudience(cfg.BaseURL)
 	}
 	if cfg.RegistryAudience == "" {
-		cfg.RegistryAudience = registry.Host
+		cfg.RegistryAudience = DefaultRegistryAudience(registry.String())
 	}
 	lim := rate.NewLimiter(rate.Inf, 1)
 	if cfg.RequestsPerSecond > 0 {
@@ -183,6 +183,10 @@ type request struct {
 	// which credential was refused and what to do; tok is the token that
 	// was presented, for the message to reason about, never to show.
 	authErr func(status int, tok string, err error) error
+	// forget, when set, is told of a final 401 or 403, to drop a refused
+	// credential so that the next call fetches a fresh one rather than
+	// presenting it until it expires (the user may have fixed it meanwhile).
+	forget func(status int)
 	// idempotent requests are retried on network errors and retryable
 	// statuses; the others only where the server surely did not act.
 	idempotent bool
@@ -239,8 +243,13 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 				c.retries.Add(1)
 				continue
 			}
-			if (apiErr.Status == http.StatusUnauthorized || apiErr.Status == http.StatusForbidden) && req.authErr != nil {
-				return req.authErr(apiErr.Status, tok, err)
+			if apiErr.Status == http.StatusUnauthorized || apiErr.Status == http.StatusForbidden {
+				if req.forget != nil {
+					req.forget(apiErr.Status)
+				}
+				if req.authErr != nil {
+					return req.authErr(apiErr.Status, tok, err)
+				}
 			}
 			if apiErr.Status == http.StatusNotFound && maybeApplied && req.method == http.MethodDelete {
 				return nil
@@ -449,6 +458,16 @@ func (c *Client) platformAuth(ctx context.Context) (string, error) {
 	return "Bearer " + tok, nil
 }
 
+// forgetRefusedPlatformToken drops the platform token after a final 401.
+// A 403 says the token is good but may not do this, which a fresh one
+// would not change; dropping it would only cost an exchange or a helper
+// run for every forbidden request.
+func (c *Client) forgetRefusedPlatformToken(status int) {
+	if status == http.StatusUnauthorized {
+		c.cfg.Token.Invalidate()
+	}
+}
+
 func (c *Client) api(method, path string, q url.Values, body any) request {
 	u := *c.base
 	u.Path = strings.TrimRight(u.Path, "/") + path
@@ -456,6 +475,7 @@ func (c *Client) api(method, path string, q url.Values, body any) request {
 	return request{
 		method: method, url: &u, body: body, auth: c.platformAuth,
 		refresh:    func(*Error) { c.cfg.Token.Invalidate() },
+		forget:     c.forgetRefusedPlatformToken,
 		authErr:    c.platformAuthError,
 		idempotent: method == http.MethodGet || method == http.MethodDelete || method == http.MethodPatch,
 	}

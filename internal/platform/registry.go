@@ -165,6 +165,7 @@ func (c *Client) fetchRegistryToken(ctx context.Context, img Image, kind, key st
 	case credPlatform:
 		req.auth = c.platformAuth
 		req.refresh = func(*Error) { c.cfg.Token.Invalidate() }
+		req.forget = c.forgetRefusedPlatformToken
 	case credRegistry:
 		req.auth = func(ctx context.Context) (string, error) {
 			tok, err := c.cfg.PullToken.Token(ctx)
@@ -174,6 +175,7 @@ func (c *Client) fetchRegistryToken(ctx context.Context, img Image, kind, key st
 			return "Basic " + base64.StdEncoding.EncodeToString([]byte("_token:"+tok)), nil
 		}
 		req.refresh = func(*Error) { c.cfg.PullToken.Invalidate() }
+		req.forget = func(int) { c.cfg.PullToken.Invalidate() }
 	}
 	var out struct {
 		Token       string          `json:"token"`
@@ -250,6 +252,14 @@ func (c *Client) pullRequest(img Image) request {
 	req := request{
 		authErr: func(status int, tok string, err error) error {
 			return c.registryAuthError(img, kind, status, tok, err)
+		},
+		// At the registry a 403 mostly means the wrong credential (one for
+		// another audience), so both refusals drop it.
+		forget: func(int) {
+			c.forgetRegistryToken(img, kind)
+			if kind == credRegistry {
+				c.cfg.PullToken.Invalidate()
+			}
 		},
 	}
 	perImage := func(ctx context.Context) (string, error) {

@@ -235,8 +235,10 @@ func TestRegistry_RefusedCredentialSaysWhatToDo(t *testing.T) {
 		if ae.Service != "registry" || ae.Credential != "registry token" || ae.Audience != "cgr.dev" || ae.Status != 401 {
 			t.Errorf("AuthError = %+v", ae)
 		}
-		if src.invalidates != 1 {
-			t.Errorf("credential invalidated %d times, want once before giving up", src.invalidates)
+		// Read for the history bearer, for /token, and once more after
+		// /token's 401; invalidated for that retry and when refused for good.
+		if src.invalidates != 2 || src.calls != 3 {
+			t.Errorf("credential invalidated %d times and read %d; want 2 and 3", src.invalidates, src.calls)
 		}
 		msg := err.Error()
 		if !strings.Contains(msg, "registry_token_command = 'chainctl auth token --audience cgr.dev'") || strings.Contains(msg, "stale-credential") {
@@ -246,11 +248,16 @@ func TestRegistry_RefusedCredentialSaysWhatToDo(t *testing.T) {
 	t.Run("TokenOfAnotherAudience", func(t *testing.T) {
 		f := newFakeRegistry(t, func(f *fakeRegistry) { f.tokenStatus = http.StatusForbidden })
 		jwt := jwtFor("https://console-api.test", time.Now().Add(time.Hour))
-		c := registryClient(t, f, func(cfg *platform.Config) { cfg.PullToken = platform.StaticToken(jwt) })
+		src := &countingToken{tokens: []string{jwt}}
+		c := registryClient(t, f, func(cfg *platform.Config) { cfg.PullToken = src })
 		_, err := c.HistorySince(ctxT(t), c.PrivateImage("nginx"), "latest", time.Time{})
 		var wrong *platform.WrongAudienceError
 		if !errors.As(err, &wrong) || !platform.IsAuthError(err) || !platform.IsPermission(err) {
 			t.Fatalf("err = %v, want a *WrongAudienceError, an AuthError and a permission error", err)
+		}
+		// A 403 is final at once, and the refused credential is dropped.
+		if src.invalidates != 1 {
+			t.Errorf("credential invalidated %d times, want once", src.invalidates)
 		}
 		host := strings.TrimPrefix(f.srv.URL, "http://")
 		msg := err.Error()
