@@ -79,34 +79,116 @@ type CommandToken struct {
 	DefaultTTL time.Duration
 	Now        func() time.Time
 
+	cache tokenCache
+}
+
+// Token implements TokenSource.
+func (c *CommandToken) Token(ctx context.Context) (string, error) {
+	return c.cache.get(c.Now, c.DefaultTTL, func() (string, error) {
+		var stderr bytes.Buffer
+		cmd := exec.CommandContext(ctx, "sh", "-c", c.Command)
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return "", fmt.Errorf("token command failed: %w: %s", err, excerpt(stderr.Bytes(), 200))
+		}
+		tok := strings.TrimSpace(string(out))
+		if tok == "" {
+			return "", fmt.Errorf("token command printed no token")
+		}
+		return tok, nil
+	})
+}
+
+// Invalidate implements TokenSource.
+func (c *CommandToken) Invalidate() { c.cache.invalidate() }
+
+// DockerCredentialHelper gets the token from a Docker credential helper,
+// as `docker login` does: it runs `docker-credential-<Helper> get` (found
+// on PATH) with Host on its standard input and uses the Secret of the JSON
+// it prints ({"ServerURL":…,"Username":…,"Secret":…}). For the vendor's
+// registry the helper is "cgr" and the host "cgr.dev". The secret is cached
+// like CommandToken's output: until the JWT's exp less a minute, or for
+// DefaultTTL (default 5m), or until a refusal invalidates it.
+type DockerCredentialHelper struct {
+	Helper     string
+	Host       string
+	DefaultTTL time.Duration
+	Now        func() time.Time
+
+	cache tokenCache
+}
+
+// Token implements TokenSource.
+func (d *DockerCredentialHelper) Token(ctx context.Context) (string, error) {
+	return d.cache.get(d.Now, d.DefaultTTL, func() (string, error) { return d.run(ctx) })
+}
+
+// Invalidate implements TokenSource.
+func (d *DockerCredentialHelper) Invalidate() { d.cache.invalidate() }
+
+func (d *DockerCredentialHelper) run(ctx context.Context) (string, error) {
+	name := "docker-credential-" + d.Helper
+	// The helper's name becomes a command found on PATH; a separator or a
+	// dot-dot would make it a path instead.
+	if d.Helper == "" || strings.ContainsAny(d.Helper, "/\\ \t") || strings.Contains(d.Helper, "..") {
+		return "", fmt.Errorf("credential helper name %q is not a helper name (it runs docker-credential-<name>)", d.Helper)
+	}
+	if d.Host == "" {
+		return "", fmt.Errorf("credential helper %s: no registry host to ask for", name)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, "get")
+	cmd.Stdin = strings.NewReader(d.Host + "\n")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		msg := excerpt(stderr.Bytes(), 200)
+		// Helpers write their own failures ("credentials not found in
+		// native keychain") to stdout; that is shown, but never anything
+		// that looks like the JSON answer, which would hold the secret.
+		if o := bytes.TrimSpace(out); len(o) > 0 && o[0] != '{' {
+			msg = strings.TrimSpace(excerpt(o, 200) + " " + msg)
+		}
+		return "", fmt.Errorf("credential helper %s get for %s failed: %w: %s", name, d.Host, err, msg)
+	}
+	var answer struct {
+		Secret string `json:"Secret"`
+	}
+	if err := json.Unmarshal(out, &answer); err != nil {
+		return "", fmt.Errorf("credential helper %s get for %s: its answer is not the JSON of the credential-helper protocol", name, d.Host)
+	}
+	tok := strings.TrimSpace(answer.Secret)
+	if tok == "" {
+		return "", fmt.Errorf("credential helper %s get for %s: the answer has no Secret", name, d.Host)
+	}
+	return tok, nil
+}
+
+// tokenCache holds one token from a helper until shortly before it expires.
+type tokenCache struct {
 	mu      sync.Mutex
 	token   string
 	expires time.Time
 }
 
-// Token implements TokenSource.
-func (c *CommandToken) Token(ctx context.Context) (string, error) {
+// get returns the cached token while it is fresh, else the one fetch
+// returns, kept until the JWT's exp less a minute, or for ttl (default 5m)
+// when it is not a JWT.
+func (c *tokenCache) get(nowFn func() time.Time, ttl time.Duration, fetch func() (string, error)) (string, error) {
 	now := time.Now
-	if c.Now != nil {
-		now = c.Now
+	if nowFn != nil {
+		now = nowFn
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.token != "" && now().Before(c.expires) {
 		return c.token, nil
 	}
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "sh", "-c", c.Command)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	tok, err := fetch()
 	if err != nil {
-		return "", fmt.Errorf("token command failed: %w: %s", err, excerpt(stderr.Bytes(), 200))
+		return "", err
 	}
-	tok := strings.TrimSpace(string(out))
-	if tok == "" {
-		return "", fmt.Errorf("token command printed no token")
-	}
-	ttl := c.DefaultTTL
 	if ttl <= 0 {
 		ttl = 5 * time.Minute
 	}
@@ -129,29 +211,58 @@ func (c *CommandToken) Token(ctx context.Context) (string, error) {
 	return tok, nil
 }
 
-// Invalidate implements TokenSource.
-func (c *CommandToken) Invalidate() {
+func (c *tokenCache) invalidate() {
 	c.mu.Lock()
 	c.token = ""
 	c.mu.Unlock()
 }
 
-// jwtExpiry reads the exp claim of a JWT without verifying it: the issuer
-// verifies; syncd only needs to know when to ask again.
-func jwtExpiry(tok string) (time.Time, bool) {
+// claims are the JWT claims syncd reads, unverified: the issuer verifies;
+// syncd only needs to know when to ask again, and which audience a refused
+// token was for.
+type claims struct {
+	Exp int64    `json:"exp"`
+	Aud audience `json:"aud"`
+}
+
+// audience is the aud claim, which is a string or a list of strings.
+type audience []string
+
+func (a *audience) UnmarshalJSON(b []byte) error {
+	var one string
+	if json.Unmarshal(b, &one) == nil {
+		*a = audience{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return err
+	}
+	*a = many
+	return nil
+}
+
+func jwtClaims(tok string) (claims, bool) {
+	var c claims
 	parts := strings.Split(tok, ".")
 	if len(parts) != 3 {
-		return time.Time{}, false
+		return c, false
 	}
 	b, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
+		return c, false
+	}
+	if json.Unmarshal(b, &c) != nil {
+		return claims{}, false
+	}
+	return c, true
+}
+
+// jwtExpiry reads the exp claim of a JWT.
+func jwtExpiry(tok string) (time.Time, bool) {
+	c, ok := jwtClaims(tok)
+	if !ok || c.Exp == 0 {
 		return time.Time{}, false
 	}
-	var claims struct {
-		Exp int64 `json:"exp"`
-	}
-	if json.Unmarshal(b, &claims) != nil || claims.Exp == 0 {
-		return time.Time{}, false
-	}
-	return time.Unix(claims.Exp, 0), true
+	return time.Unix(c.Exp, 0), true
 }

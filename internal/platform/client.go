@@ -6,6 +6,7 @@ package platform
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 )
 
@@ -28,12 +30,21 @@ import (
 type Config struct {
 	BaseURL     string // platform API, e.g. https://console-api.example.com
 	RegistryURL string // registry, e.g. https://cgr.example.com
-	Token       TokenSource
-	// PullToken, when set, supplies the registry bearer token for private
-	// images directly (a credential helper or registry client tool can
-	// issue one) instead of exchanging the platform token at the registry's
-	// /token endpoint.
+	// Token is the platform API credential (audience APIAudience).
+	Token TokenSource
+	// PullToken, when set, is the registry credential (audience
+	// RegistryAudience) for private images: from `chainctl auth token
+	// --audience cgr.dev`, a Docker credential helper, or an exchange. It
+	// is sent as a bearer on history requests; when the registry answers
+	// with a token challenge instead, it is sent as Basic `_token:<token>`
+	// to the challenge's realm for a per-image token, as registry clients
+	// do. Unset, the platform token is presented at the registry's /token,
+	// which a registry that checks audiences refuses (403).
 	PullToken TokenSource
+	// APIAudience and RegistryAudience name the audiences of the two
+	// credentials in error messages; defaults DefaultAPIAudience(BaseURL)
+	// and DefaultRegistryAudience(RegistryURL).
+	APIAudience, RegistryAudience string
 	// Organization is the organization's name in registry paths; PublicOrg
 	// the one free-tier public images live under.
 	Organization, PublicOrg string
@@ -75,6 +86,12 @@ type Client struct {
 
 	regMu     sync.Mutex
 	regTokens map[string]registryToken
+	// regFlight makes concurrent readers of one image share one /token request.
+	regFlight singleflight.Group
+	// challenge is the registry's token challenge, once a 401 has shown
+	// one: from then on private images are read with per-image tokens
+	// from its realm.
+	challenge atomic.Pointer[bearerChallenge]
 }
 
 // New returns a Client for cfg.
@@ -125,6 +142,12 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Token == nil {
 		cfg.Token = StaticToken("")
 	}
+	if cfg.APIAudience == "" {
+		cfg.APIAudience = DefaultAPIAudience(cfg.BaseURL)
+	}
+	if cfg.RegistryAudience == "" {
+		cfg.RegistryAudience = DefaultRegistryAudience(registry.String())
+	}
 	lim := rate.NewLimiter(rate.Inf, 1)
 	if cfg.RequestsPerSecond > 0 {
 		lim = rate.NewLimiter(rate.Limit(cfg.RequestsPerSecond), max(1, int(cfg.RequestsPerSecond)))
@@ -152,9 +175,18 @@ type request struct {
 	body   any
 	// auth returns the Authorization header value; nil for none.
 	auth func(ctx context.Context) (string, error)
-	// refresh is called once after a 401, before the request is sent once
-	// more with fresh credentials; nil means a 401 is final.
-	refresh func()
+	// refresh is called once after a 401 (with that answer), before the
+	// request is sent once more with fresh credentials; nil means a 401
+	// is final.
+	refresh func(*Error)
+	// authErr, when set, turns a final 401 or 403 into an error that says
+	// which credential was refused and what to do; tok is the token that
+	// was presented, for the message to reason about, never to show.
+	authErr func(status int, tok string, err error) error
+	// forget, when set, is told of a final 401 or 403, to drop a refused
+	// credential so that the next call fetches a fresh one rather than
+	// presenting it until it expires (the user may have fixed it meanwhile).
+	forget func(status int)
 	// idempotent requests are retried on network errors and retryable
 	// statuses; the others only where the server surely did not act.
 	idempotent bool
@@ -190,20 +222,34 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 	// server, so a 404 to a repeated DELETE means it was done then.
 	maybeApplied := false
 	for attempt := 1; ; attempt++ {
-		err := c.attempt(ctx, req, out, attempt > 1)
+		tok, err := c.attempt(ctx, req, out, attempt > 1)
 		if err == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s %s: %w", req.method, req.url.Path, ctx.Err())
 		}
+		if IsAuthError(err) {
+			// Getting the credential failed already, and said why (a
+			// refused /token or exchange, after its own refresh): there is
+			// nothing to refresh or explain again.
+			return err
+		}
 		var apiErr *Error
 		if errors.As(err, &apiErr) {
 			if apiErr.Status == http.StatusUnauthorized && !refreshed && req.refresh != nil {
-				req.refresh()
+				req.refresh(apiErr)
 				refreshed = true
 				c.retries.Add(1)
 				continue
+			}
+			if apiErr.Status == http.StatusUnauthorized || apiErr.Status == http.StatusForbidden {
+				if req.forget != nil {
+					req.forget(apiErr.Status)
+				}
+				if req.authErr != nil {
+					return req.authErr(apiErr.Status, tok, err)
+				}
 			}
 			if apiErr.Status == http.StatusNotFound && maybeApplied && req.method == http.MethodDelete {
 				return nil
@@ -236,8 +282,15 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 	}
 }
 
-// attempt sends req once; retry says it is not the first time.
-func (c *Client) attempt(ctx context.Context, req request, out any, retry bool) error {
+// attempt sends req once; retry says it is not the first time. It returns
+// the bearer token it presented, for do to explain a refusal with.
+func (c *Client) attempt(ctx context.Context, req request, out any, retry bool) (tok string, err error) {
+	err = c.send(ctx, req, out, retry, &tok)
+	return tok, err
+}
+
+// send is attempt's body; it sets *tok once the credential is known.
+func (c *Client) send(ctx context.Context, req request, out any, retry bool, tok *string) error {
 	if err := c.limiter.Wait(ctx); err != nil {
 		return fmt.Errorf("%s %s: rate limit: %w", req.method, req.url.Path, err)
 	}
@@ -258,6 +311,7 @@ func (c *Client) attempt(ctx context.Context, req request, out any, retry bool) 
 			return fmt.Errorf("%s %s: %w", req.method, req.url.Path, err)
 		}
 		authz = v
+		*tok = presentedToken(v)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
@@ -297,6 +351,9 @@ func (c *Client) attempt(ctx context.Context, req request, out any, retry bool) 
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		apiErr := decodeError(req.method, req.url.Path, resp.StatusCode, data)
+		if resp.StatusCode == http.StatusUnauthorized {
+			apiErr.challenge = resp.Header.Get("WWW-Authenticate")
+		}
 		switch resp.StatusCode {
 		case http.StatusTooManyRequests:
 			// A rate-limited request was not processed, so it may be
@@ -374,6 +431,21 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	return max(t.Sub(now), 0)
 }
 
+// presentedToken is the token inside an Authorization value: a bearer
+// token, or the password of Basic credentials.
+func presentedToken(authz string) string {
+	scheme, v, _ := strings.Cut(authz, " ")
+	if !strings.EqualFold(scheme, "Basic") {
+		return v
+	}
+	b, err := base64.StdEncoding.DecodeString(v)
+	if err != nil {
+		return ""
+	}
+	_, pass, _ := strings.Cut(string(b), ":")
+	return pass
+}
+
 // platformAuth is the Authorization for platform API requests.
 func (c *Client) platformAuth(ctx context.Context) (string, error) {
 	tok, err := c.cfg.Token.Token(ctx)
@@ -386,13 +458,25 @@ func (c *Client) platformAuth(ctx context.Context) (string, error) {
 	return "Bearer " + tok, nil
 }
 
+// forgetRefusedPlatformToken drops the platform token after a final 401.
+// A 403 says the token is good but may not do this, which a fresh one
+// would not change; dropping it would only cost an exchange or a helper
+// run for every forbidden request.
+func (c *Client) forgetRefusedPlatformToken(status int) {
+	if status == http.StatusUnauthorized {
+		c.cfg.Token.Invalidate()
+	}
+}
+
 func (c *Client) api(method, path string, q url.Values, body any) request {
 	u := *c.base
 	u.Path = strings.TrimRight(u.Path, "/") + path
 	u.RawQuery = q.Encode()
 	return request{
 		method: method, url: &u, body: body, auth: c.platformAuth,
-		refresh:    c.cfg.Token.Invalidate,
+		refresh:    func(*Error) { c.cfg.Token.Invalidate() },
+		forget:     c.forgetRefusedPlatformToken,
+		authErr:    c.platformAuthError,
 		idempotent: method == http.MethodGet || method == http.MethodDelete || method == http.MethodPatch,
 	}
 }

@@ -38,6 +38,10 @@ type Error struct {
 	ResourceInfo map[string]string
 	// Excerpt is the start of a body that was not an AIP-193 error.
 	Excerpt string
+
+	// challenge is a 401's WWW-Authenticate header, for the registry's
+	// token dance.
+	challenge string
 }
 
 // FieldViolation is one entry of a BadRequest detail.

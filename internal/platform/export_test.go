@@ -18,3 +18,9 @@ func DecodeRepoPage(body []byte) (items []Repo, next string, total int64, err er
 
 // RetryAfter exposes Retry-After parsing, which needs no server to test.
 func RetryAfter(h http.Header, now time.Time) time.Duration { return retryAfter(h, now) }
+
+// DecodeTagPage exposes list envelope decoding to the benchmark.
+func DecodeTagPage(body []byte) (items []Tag, next string, total int64, err error) {
+	p, err := decodePage[Tag](body, "tags")
+	return p.items, p.next, p.total, err
+}

@@ -17,123 +17,6 @@ type HistoryRecord struct {
 	Digest          string    `json:"digest"`
 }
 
-// Image names an image in the registry: Org is the caller's organization
-// for private images, the public organization for public ones.
-type Image struct {
-	Org, Name string
-	// Anonymous asks for an anonymous registry token, which the registry
-	// gives only for public images' latest and latest-dev tags.
-	Anonymous bool
-}
-
-func (i Image) scope() string { return "repository:" + i.Org + "/" + i.Name + ":pull" }
-
-// PrivateImage names an image of the configured organization.
-func (c *Client) PrivateImage(name string) Image { return Image{Org: c.cfg.Organization, Name: name} }
-
-// PublicImage names a free-tier public image, read with anonymous tokens.
-func (c *Client) PublicImage(name string) Image {
-	return Image{Org: c.cfg.PublicOrg, Name: name, Anonymous: true}
-}
-
-type registryToken struct {
-	token   string
-	expires time.Time
-}
-
-// registryTokenTTL is how long a registry token is reused when its answer
-// does not say; registry tokens are short-lived.
-const registryTokenTTL = 4 * time.Minute
-
-// RegistryToken returns a pull token for img, from the cache while it is
-// fresh. Private images are asked for with the platform token; public ones
-// anonymously.
-func (c *Client) RegistryToken(ctx context.Context, img Image) (string, error) {
-	key := img.scope()
-	if img.Anonymous {
-		key += "#anon"
-	}
-	c.regMu.Lock()
-	t, ok := c.regTokens[key]
-	c.regMu.Unlock()
-	if ok && c.cfg.Now().Before(t.expires) {
-		return t.token, nil
-	}
-	u := *c.registry
-	u.Path = strings.TrimRight(u.Path, "/") + "/token"
-	u.RawQuery = url.Values{"scope": {img.scope()}}.Encode()
-	req := request{method: http.MethodGet, url: &u, idempotent: true}
-	if !img.Anonymous {
-		req.auth = c.platformAuth
-		req.refresh = c.cfg.Token.Invalidate
-	}
-	var out struct {
-		Token       string `json:"token"`
-		AccessToken string `json:"access_token"`
-		ExpiresIn   int    `json:"expires_in"`
-	}
-	if err := c.do(ctx, req, &out); err != nil {
-		return "", fmt.Errorf("registry token for %s: %w", img.scope(), err)
-	}
-	tok := out.Token
-	if tok == "" {
-		tok = out.AccessToken
-	}
-	if tok == "" {
-		return "", fmt.Errorf("registry token for %s: the answer held no token", img.scope())
-	}
-	ttl := registryTokenTTL
-	if out.ExpiresIn > 0 {
-		ttl = time.Duration(out.ExpiresIn)*time.Second - 10*time.Second
-	}
-	c.regMu.Lock()
-	c.regTokens[key] = registryToken{token: tok, expires: c.cfg.Now().Add(ttl)}
-	c.regMu.Unlock()
-	return tok, nil
-}
-
-func (c *Client) forgetRegistryToken(img Image) {
-	c.regMu.Lock()
-	delete(c.regTokens, img.scope())
-	delete(c.regTokens, img.scope()+"#anon")
-	c.regMu.Unlock()
-}
-
-// WrongAudienceError reports a 403 from the history API: the token was not
-// issued for the registry (or not for this image).
-type WrongAudienceError struct {
-	Image Image
-	Err   error
-}
-
-func (e *WrongAudienceError) Error() string {
-	return fmt.Sprintf("tag history of %s/%s: the registry refused the token (403): it is not a pull token for this image, or it was issued for another audience: %v", e.Image.Org, e.Image.Name, e.Err)
-}
-
-func (e *WrongAudienceError) Unwrap() error { return e.Err }
-
-// pullAuth is the Authorization for the history of img: a pull token from
-// Config.PullToken for private images when one is configured, else a token
-// from the registry's token endpoint.
-func (c *Client) pullAuth(img Image) (auth func(context.Context) (string, error), refresh func()) {
-	if c.cfg.PullToken != nil && !img.Anonymous {
-		return func(ctx context.Context) (string, error) {
-			tok, err := c.cfg.PullToken.Token(ctx)
-			if err != nil {
-				return "", fmt.Errorf("registry pull token: %w", err)
-			}
-			return "Bearer " + tok, nil
-		}, c.cfg.PullToken.Invalidate
-	}
-	return func(ctx context.Context) (string, error) {
-		tok, err := c.RegistryToken(ctx, img)
-		if err != nil {
-			return "", err
-		}
-		return "Bearer " + tok, nil
-	}, func() { c.forgetRegistryToken(img) }
-}
-
 // historyTimeLayout is how the history API writes times: ISO 8601 with
 // milliseconds, in UTC.
 const historyTimeLayout = "2006-01-02T15:04:05.000Z"
@@ -141,11 +24,14 @@ const historyTimeLayout = "2006-01-02T15:04:05.000Z"
 // TagHistory makes one request to the tag history API: at most HistoryLimit
 // records, oldest first, bounded by start and end when they are not zero.
 func (c *Client) TagHistory(ctx context.Context, img Image, tag string, start, end time.Time) ([]HistoryRecord, error) {
-	if img.Org == "" || img.Name == "" || tag == "" {
-		return nil, fmt.Errorf("tag history of %s/%s:%s: organization, image and tag are all required", img.Org, img.Name, tag)
+	if err := img.check(); err != nil {
+		return nil, fmt.Errorf("tag history of %s:%s: %w", img.Path(), tag, err)
+	}
+	if tag == "" || strings.Contains(tag, "/") {
+		return nil, fmt.Errorf("tag history of %s: tag %q is not a tag name", img.Path(), tag)
 	}
 	u := *c.registry
-	u.Path = strings.TrimRight(u.Path, "/") + "/v2/" + img.Org + "/" + img.Name + "/_" + c.cfg.Vendor + "/history/" + tag
+	u.Path = strings.TrimRight(u.Path, "/") + "/v2/" + img.Path() + "/_" + c.cfg.Vendor + "/history/" + tag
 	q := url.Values{}
 	if !start.IsZero() {
 		q.Set("start", start.UTC().Format(historyTimeLayout))
@@ -154,8 +40,8 @@ func (c *Client) TagHistory(ctx context.Context, img Image, tag string, start, e
 		q.Set("end", end.UTC().Format(historyTimeLayout))
 	}
 	u.RawQuery = q.Encode()
-	auth, refresh := c.pullAuth(img)
-	req := request{method: http.MethodGet, url: &u, idempotent: true, auth: auth, refresh: refresh}
+	req := c.pullRequest(img)
+	req.method, req.url, req.idempotent = http.MethodGet, &u, true
 	var out struct {
 		History []HistoryRecord `json:"history"`
 	}
@@ -164,7 +50,7 @@ func (c *Client) TagHistory(ctx context.Context, img Image, tag string, start, e
 		if errors.As(err, &apiErr) && apiErr.Status == http.StatusForbidden {
 			return nil, &WrongAudienceError{Image: img, Err: err}
 		}
-		return nil, fmt.Errorf("tag history of %s/%s:%s: %w", img.Org, img.Name, tag, err)
+		return nil, fmt.Errorf("tag history of %s:%s: %w", img.Path(), tag, err)
 	}
 	return out.History, nil
 }
@@ -232,8 +118,8 @@ func (c *Client) HistorySince(ctx context.Context, img Image, tag string, since 
 			return append(out, recs...), nil
 		}
 		if len(recs) == 0 {
-			return out, fmt.Errorf("tag history of %s/%s:%s: a full window from %s held only older records: the server does not honour start",
-				img.Org, img.Name, tag, start.UTC().Format(historyTimeLayout))
+			return out, fmt.Errorf("tag history of %s:%s: a full window from %s held only older records: the server does not honour start",
+				img.Path(), tag, start.UTC().Format(historyTimeLayout))
 		}
 		last := recs[len(recs)-1].UpdateTimestamp
 		if recs[0].UpdateTimestamp.Equal(last) {

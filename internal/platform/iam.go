@@ -161,3 +161,29 @@ func (c *Client) DeleteSubscription(ctx context.Context, uid string) error {
 	}
 	return nil
 }
+
+// Group is an IAM group: an organization (a root group) or a folder below
+// one. Repos below a folder have the folder's name in their registry path.
+type Group struct {
+	UID         string    `json:"uid"`
+	Name        string    `json:"name"`
+	Description string    `json:"description,omitempty"`
+	Verified    bool      `json:"verified,omitempty"`
+	CreateTime  time.Time `json:"createTime,omitzero"`
+	UpdateTime  time.Time `json:"updateTime,omitzero"`
+}
+
+// Groups lists groups; q.DescendantsOf or q.ChildrenOf a group uid for the
+// folders below it.
+func (c *Client) Groups(q ListQuery) *Lister[Group] {
+	return &Lister[Group]{c: c, path: "/iam/v2/groups", q: q, key: "groups", uid: func(g Group) string { return g.UID }}
+}
+
+// GetGroup fetches one group.
+func (c *Client) GetGroup(ctx context.Context, uid string) (Group, error) {
+	var out Group
+	if err := c.call(ctx, http.MethodGet, "/iam/v2/groups", uid, nil, &out); err != nil {
+		return out, fmt.Errorf("get group %s: %w", uid, err)
+	}
+	return out, nil
+}

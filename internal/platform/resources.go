@@ -1,6 +1,7 @@
 package platform
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,12 @@ import (
 	"time"
 )
 
+// The resources below model the fields syncd uses. The gateway writes
+// protojson: fields at their zero value may be absent, timestamps carry 0,
+// 3, 6 or 9 fractional digits, and fields are added without a version
+// change; each resource keeps its JSON as received in Raw, so that nothing
+// is lost for the fields not modelled here.
+
 // Repo is a container repository (platform API v2).
 type Repo struct {
 	UID         string    `json:"uid"`
@@ -25,6 +32,8 @@ type Repo struct {
 	Bundles     []string  `json:"bundles,omitempty"`
 	CreateTime  time.Time `json:"createTime,omitzero"`
 	UpdateTime  time.Time `json:"updateTime,omitzero"`
+	// Raw is the repo's JSON as received, set by listings and GetRepo.
+	Raw json.RawMessage `json:"-"`
 }
 
 // Tag is a tag of a repo.
@@ -34,18 +43,50 @@ type Tag struct {
 	Digest     string    `json:"digest"`
 	Deprecated bool      `json:"deprecated"`
 	Bundles    []string  `json:"bundles,omitempty"`
-	CreateTime time.Time `json:"createTime,omitzero"`
+	CreateTime time.Time `json:"createTime,omitzero"` // the v2 Tag has none; kept for older servers
 	UpdateTime time.Time `json:"updateTime,omitzero"`
+	// Raw is the tag's JSON as received, set by listings and GetTag.
+	Raw json.RawMessage `json:"-"`
 }
 
-// Advisory is a vulnerability advisory.
+// Advisory is a vulnerability advisory. Its lifecycle (events: detection,
+// fixed, false positive, ...) is not modelled yet; Raw holds it.
 type Advisory struct {
 	UID          string    `json:"uid"`
 	AdvisoryID   string    `json:"advisoryId"`
 	ArtifactName string    `json:"artifactName"`
 	CreateTime   time.Time `json:"createTime,omitzero"`
 	UpdateTime   time.Time `json:"updateTime,omitzero"`
+	// DeleteTime is set on a withdrawn advisory.
+	DeleteTime           time.Time  `json:"deleteTime,omitzero"`
+	Author               string     `json:"author,omitempty"`
+	ArtifactType         string     `json:"artifactType,omitempty"`
+	ArtifactArchitecture string     `json:"artifactArchitecture,omitempty"`
+	ComponentName        string     `json:"componentName,omitempty"`
+	ComponentLocation    string     `json:"componentLocation,omitempty"`
+	ComponentType        string     `json:"componentType,omitempty"`
+	Aliases              []string   `json:"aliases,omitempty"` // CVE and GHSA ids
+	LegacyAdvisoryID     string     `json:"legacyAdvisoryId,omitempty"`
+	Severities           []Severity `json:"severities,omitempty"`
+	// Raw is the advisory's JSON as received, set by listings and GetAdvisory.
+	Raw json.RawMessage `json:"-"`
 }
+
+// Withdrawn reports whether the advisory was withdrawn (has a deleteTime).
+func (a Advisory) Withdrawn() bool { return !a.DeleteTime.IsZero() }
+
+// Severity is one scored severity of an advisory.
+type Severity struct {
+	Type  string `json:"type"` // TYPE_CVSS_V2, TYPE_CVSS_V3, TYPE_CVSS_V4
+	Score string `json:"score"`
+}
+
+// rawKeeper is a resource that keeps its JSON as received.
+type rawKeeper interface{ keepRaw(json.RawMessage) }
+
+func (r *Repo) keepRaw(b json.RawMessage)     { r.Raw = b }
+func (t *Tag) keepRaw(b json.RawMessage)      { t.Raw = b }
+func (a *Advisory) keepRaw(b json.RawMessage) { a.Raw = b }
 
 // ListQuery holds the parameters shared by every List endpoint.
 type ListQuery struct {
@@ -56,7 +97,16 @@ type ListQuery struct {
 	// uid ascending, which is also what restart detection relies on.
 	OrderBy  string
 	PageSize int // default 200, the maximum
-	Extra    url.Values
+	// The tag list hides three tag families unless asked: referrers
+	// ("sha256-*": signatures, attestations), dates ("*-20yymmdd") and
+	// epochs ("*-r<N>"). Each is sent only when true.
+	IncludeReferrers, IncludeDates, IncludeEpochs bool
+	// UpdatedSince, when not zero, lists only what was updated after it
+	// (tags).
+	UpdatedSince time.Time
+	// Digest, when set, lists only the tags pointing at it.
+	Digest string
+	Extra  url.Values
 }
 
 func (q ListQuery) values() url.Values {
@@ -75,6 +125,17 @@ func (q ListQuery) values() url.Values {
 	}
 	if q.OrderBy != "" {
 		v.Set("order_by", q.OrderBy)
+	}
+	for name, on := range map[string]bool{"include_referrers": q.IncludeReferrers, "include_dates": q.IncludeDates, "include_epochs": q.IncludeEpochs} {
+		if on {
+			v.Set(name, "true")
+		}
+	}
+	if !q.UpdatedSince.IsZero() {
+		v.Set("updated_since", q.UpdatedSince.UTC().Format(time.RFC3339Nano))
+	}
+	if q.Digest != "" {
+		v.Set("digest", q.Digest)
 	}
 	size := q.PageSize
 	if size <= 0 || size > 200 {
@@ -124,7 +185,7 @@ func decodePage[T any](body []byte, key string) (page[T], error) {
 	if env == nil {
 		return p, fmt.Errorf("decode list envelope: not an object (body starts %q)", excerpt(body, 80))
 	}
-	if err := decodeMember(env, key, &p.items); err != nil {
+	if err := decodeItems(env, key, &p.items); err != nil {
 		return p, err
 	}
 	if err := decodeMember(env, "nextPageToken", &p.next); err != nil {
@@ -268,7 +329,7 @@ func (c *Client) Advisories(q ListQuery) *Lister[Advisory] {
 // GetRepo fetches one repo.
 func (c *Client) GetRepo(ctx context.Context, uid string) (Repo, error) {
 	var r Repo
-	if err := c.call(ctx, http.MethodGet, "/registry/v2/repos", uid, nil, &r); err != nil {
+	if err := c.get(ctx, "/registry/v2/repos", uid, &r); err != nil {
 		return r, fmt.Errorf("get repo %s: %w", uid, err)
 	}
 	return r, nil
@@ -277,7 +338,7 @@ func (c *Client) GetRepo(ctx context.Context, uid string) (Repo, error) {
 // GetTag fetches one tag.
 func (c *Client) GetTag(ctx context.Context, uid string) (Tag, error) {
 	var t Tag
-	if err := c.call(ctx, http.MethodGet, "/registry/v2/tags", uid, nil, &t); err != nil {
+	if err := c.get(ctx, "/registry/v2/tags", uid, &t); err != nil {
 		return t, fmt.Errorf("get tag %s: %w", uid, err)
 	}
 	return t, nil
@@ -286,10 +347,58 @@ func (c *Client) GetTag(ctx context.Context, uid string) (Tag, error) {
 // GetAdvisory fetches one advisory.
 func (c *Client) GetAdvisory(ctx context.Context, uid string) (Advisory, error) {
 	var a Advisory
-	if err := c.call(ctx, http.MethodGet, "/vulnerabilities/v2/advisories", uid, nil, &a); err != nil {
+	if err := c.get(ctx, "/vulnerabilities/v2/advisories", uid, &a); err != nil {
 		return a, fmt.Errorf("get advisory %s: %w", uid, err)
 	}
 	return a, nil
+}
+
+// get fetches the resource uid of collection into out, keeping its JSON
+// as received when out keeps it.
+func (c *Client) get(ctx context.Context, collection, uid string, out any) error {
+	var raw json.RawMessage
+	if err := c.call(ctx, http.MethodGet, collection, uid, nil, &raw); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	if k, ok := out.(rawKeeper); ok {
+		k.keepRaw(raw)
+	}
+	return nil
+}
+
+// decodeItems decodes the list env[key] into *items, giving each item
+// that keeps its JSON (rawKeeper) its own element of the list: a slice of
+// the envelope's copy, so keeping it costs no allocation. One decoder
+// walks the list, so its state is reused from item to item.
+func decodeItems[T any](env map[string]json.RawMessage, key string, items *[]T) error {
+	var zero T
+	if _, keeps := any(&zero).(rawKeeper); !keeps {
+		return decodeMember(env, key, items)
+	}
+	raw, ok := env[key]
+	if !ok || string(raw) == "null" {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		return fmt.Errorf("decode %q: not a list (starts %q)", key, excerpt(raw, 20))
+	}
+	var out []T
+	for dec.More() {
+		start := dec.InputOffset()
+		out = append(out, zero)
+		it := &out[len(out)-1]
+		if err := dec.Decode(it); err != nil {
+			return fmt.Errorf("decode %q, item %d: %w", key, len(out)-1, err)
+		}
+		e := bytes.TrimLeft(raw[start:dec.InputOffset()], " \t\r\n,")
+		any(it).(rawKeeper).keepRaw(e[:len(e):len(e)])
+	}
+	*items = out
+	return nil
 }
 
 // decodeMember decodes env[key] into v; an absent member leaves v alone.

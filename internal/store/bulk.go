@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -39,18 +40,23 @@ const (
 func (b bulk) statement() (head, tail string, width int) {
 	switch b {
 	case bulkRepos:
-		return `INSERT INTO repos (uid, name, description, catalog_tier, aliases, active_tags, bundles, create_time, update_time, first_seen_time)`,
-			`ON CONFLICT(uid) DO UPDATE SET name=excluded.name, description=excluded.description, catalog_tier=excluded.catalog_tier,
+		// raw is kept when a write has none (a caller that did not receive it).
+		return `INSERT INTO repos (uid, name, path, description, catalog_tier, aliases, active_tags, bundles, create_time, update_time, first_seen_time, raw)`,
+			`ON CONFLICT(uid) DO UPDATE SET name=excluded.name, path=excluded.path, description=excluded.description, catalog_tier=excluded.catalog_tier,
 				aliases=excluded.aliases, active_tags=excluded.active_tags, bundles=excluded.bundles, create_time=excluded.create_time,
-				update_time=excluded.update_time, deleted_time=NULL`, repoColumns
+				update_time=excluded.update_time, deleted_time=NULL, raw=COALESCE(excluded.raw, raw)`, repoColumns
 	case bulkTags:
-		return `INSERT INTO tags (uid, repo_uid, name, digest, deprecated, bundles, create_time, update_time, first_seen_time, baseline)`,
+		return `INSERT INTO tags (uid, repo_uid, name, digest, deprecated, bundles, create_time, update_time, first_seen_time, baseline, raw)`,
 			`ON CONFLICT(uid) DO UPDATE SET repo_uid=excluded.repo_uid, name=excluded.name, digest=excluded.digest, deprecated=excluded.deprecated,
-				bundles=excluded.bundles, create_time=excluded.create_time, update_time=excluded.update_time, deleted_time=NULL`, tagColumns
+				bundles=excluded.bundles, create_time=excluded.create_time, update_time=excluded.update_time, deleted_time=NULL,
+				raw=COALESCE(excluded.raw, raw)`, tagColumns
 	case bulkAdvisories:
-		return `INSERT INTO advisories (uid, advisory_id, artifact_name, create_time, update_time, first_seen_time)`,
+		// An advisory written with a deleteTime is a tombstone; one that
+		// was live counts a withdrawal. SET sees the row as it was.
+		return `INSERT INTO advisories (uid, advisory_id, artifact_name, create_time, update_time, first_seen_time, raw, deleted_time)`,
 			`ON CONFLICT(uid) DO UPDATE SET advisory_id=excluded.advisory_id, artifact_name=excluded.artifact_name,
-				create_time=excluded.create_time, update_time=excluded.update_time, deleted_time=NULL`, advisoryColumns
+				create_time=excluded.create_time, update_time=excluded.update_time, raw=COALESCE(excluded.raw, raw),
+				deletions=deletions + (excluded.deleted_time IS NOT NULL AND deleted_time IS NULL), deleted_time=excluded.deleted_time`, advisoryColumns
 	case bulkHistory:
 		return `INSERT INTO tag_history (tag_uid, seq, update_time, digest)`, "", historyColumns
 	case bulkEvents:
@@ -190,6 +196,27 @@ func lastByUID[T any](items []T, uid func(T) string) []T {
 		}
 	}
 	return out
+}
+
+// rawJSON is how a resource's raw JSON is stored: compacted, since the
+// platform's encoder varies its whitespace and a byte-for-byte comparison
+// must not see that as a change; nil (SQL NULL) when there is none.
+func rawJSON(raw json.RawMessage) (any, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return nil, fmt.Errorf("raw JSON: %w", err)
+	}
+	return b.String(), nil
+}
+
+// rawChanged reports whether raw (from rawJSON) differs from the stored
+// value; no raw is never a change, since the write keeps the stored one.
+func rawChanged(stored string, raw any) bool {
+	s, ok := raw.(string)
+	return ok && s != stored
 }
 
 func jsonList(v []string) string {

@@ -84,7 +84,7 @@ func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, 
 }
 
 // applyStreamEvent applies one event's state and returns the event's scope
-// (repo or artifact name).
+// (the repo's path, or the artifact name), as the leader recorded it.
 func (s *Store) applyStreamEvent(ctx context.Context, tx *sql.Tx, e StreamEvent, now string) (string, error) {
 	resource, _, _ := strings.Cut(e.Type, ".")
 	switch resource {
@@ -94,15 +94,15 @@ func (s *Store) applyStreamEvent(ctx context.Context, tx *sql.Tx, e StreamEvent,
 			return "", fmt.Errorf("decode data: %w", err)
 		}
 		if d.After != nil {
-			return d.After.Name, upsertRepo(ctx, tx, *d.After, now)
+			return repoPath(*d.After), s.upsertRepo(ctx, tx, *d.After, now)
 		}
 		if d.Before == nil {
 			return "", errors.New("data has neither before nor after")
 		}
-		if err := upsertRepo(ctx, tx, *d.Before, now); err != nil {
+		if err := s.upsertRepo(ctx, tx, *d.Before, now); err != nil {
 			return "", err
 		}
-		return d.Before.Name, tombstone(ctx, tx, "repos", FormatTime(e.Time), []string{d.Before.UID})
+		return repoPath(*d.Before), tombstone(ctx, tx, "repos", FormatTime(e.Time), []string{d.Before.UID})
 	case "tag":
 		var d struct{ Before, After *Tag }
 		if err := json.Unmarshal(e.Data, &d); err != nil {
@@ -112,30 +112,30 @@ func (s *Store) applyStreamEvent(ctx context.Context, tx *sql.Tx, e StreamEvent,
 			if d.Before == nil {
 				return "", errors.New("data has neither before nor after")
 			}
-			if err := upsertTag(ctx, tx, *d.Before, now); err != nil {
+			if err := s.upsertTag(ctx, tx, *d.Before, now); err != nil {
 				return "", err
 			}
-			return d.Before.Repo, tombstone(ctx, tx, "tags", FormatTime(e.Time), []string{d.Before.UID})
+			return scopeOf(d.Before.Path, d.Before.Repo), tombstone(ctx, tx, "tags", FormatTime(e.Time), []string{d.Before.UID})
 		}
-		if err := upsertTag(ctx, tx, *d.After, now); err != nil {
+		if err := s.upsertTag(ctx, tx, *d.After, now); err != nil {
 			return "", err
 		}
 		if e.Type == TagMoved {
-			return d.After.Repo, s.appendFollowedMove(ctx, tx, e.ID, *d.After)
+			return scopeOf(d.After.Path, d.After.Repo), s.appendFollowedMove(ctx, tx, e.ID, *d.After)
 		}
-		return d.After.Repo, nil
+		return scopeOf(d.After.Path, d.After.Repo), nil
 	case "advisory":
 		var d struct{ Before, After *Advisory }
 		if err := json.Unmarshal(e.Data, &d); err != nil {
 			return "", fmt.Errorf("decode data: %w", err)
 		}
 		if d.After != nil {
-			return d.After.ArtifactName, upsertAdvisory(ctx, tx, *d.After, now)
+			return d.After.ArtifactName, s.upsertAdvisory(ctx, tx, *d.After, now)
 		}
 		if d.Before == nil {
 			return "", errors.New("data has neither before nor after")
 		}
-		if err := upsertAdvisory(ctx, tx, *d.Before, now); err != nil {
+		if err := s.upsertAdvisory(ctx, tx, *d.Before, now); err != nil {
 			return "", err
 		}
 		return d.Before.ArtifactName, tombstone(ctx, tx, "advisories", FormatTime(e.Time), []string{d.Before.UID})
@@ -143,17 +143,12 @@ func (s *Store) applyStreamEvent(ctx context.Context, tx *sql.Tx, e StreamEvent,
 	return "", fmt.Errorf("unknown resource %q", resource)
 }
 
-// upsertRepo writes r as live; it revives a tombstone, keeping its count of
-// deletions, which the ids of later deletions depend on.
-func upsertRepo(ctx context.Context, tx *sql.Tx, r Repo, now string) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO repos (uid, name, description, catalog_tier, aliases, active_tags, bundles, create_time, update_time, first_seen_time)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT(uid) DO UPDATE SET name=excluded.name, description=excluded.description, catalog_tier=excluded.catalog_tier,
-			aliases=excluded.aliases, active_tags=excluded.active_tags, bundles=excluded.bundles, create_time=excluded.create_time,
-			update_time=excluded.update_time, deleted_time=NULL`,
-		r.UID, r.Name, r.Description, r.CatalogTier, jsonList(r.Aliases), jsonList(r.ActiveTags), jsonList(r.Bundles),
-		nullTime(r.CreateTime), nullTime(r.UpdateTime), now)
-	if err != nil {
+// upsertRepo writes r as live, with its path (its name, from a leader that
+// did not know paths); it revives a tombstone, keeping its count of
+// deletions, which the ids of later deletions depend on. Events carry no
+// raw JSON, so a raw the row has is kept.
+func (s *Store) upsertRepo(ctx context.Context, tx *sql.Tx, r Repo, now string) error {
+	if _, err := s.insertRows(ctx, tx, bulkRepos, repoRow(r, nil, now)); err != nil {
 		return fmt.Errorf("upsert repo %s: %w", r.UID, err)
 	}
 	return nil
@@ -167,30 +162,22 @@ func upsertRepo(ctx context.Context, tx *sql.Tx, r Repo, now string) error {
 // stream does not say how many history records the leader holds for it (a
 // snapshot carries the tag, not its history), which ResolveHistory settles
 // if this replica becomes the leader.
-func upsertTag(ctx context.Context, tx *sql.Tx, t Tag, now string) error {
-	if _, err := tx.ExecContext(ctx, `INSERT INTO repos (uid, name, first_seen_time) VALUES (?, ?, ?) ON CONFLICT(uid) DO NOTHING`,
-		t.RepoUID, t.Repo, now); err != nil {
+func (s *Store) upsertTag(ctx context.Context, tx *sql.Tx, t Tag, now string) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO repos (uid, name, path, first_seen_time) VALUES (?, ?, ?, ?) ON CONFLICT(uid) DO NOTHING`,
+		t.RepoUID, t.Repo, scopeOf(t.Path, t.Repo), now); err != nil {
 		return fmt.Errorf("placeholder repo %s: %w", t.RepoUID, err)
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO tags (uid, repo_uid, name, digest, deprecated, bundles, create_time, update_time, first_seen_time, baseline)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)
-		ON CONFLICT(uid) DO UPDATE SET repo_uid=excluded.repo_uid, name=excluded.name, digest=excluded.digest, deprecated=excluded.deprecated,
-			bundles=excluded.bundles, create_time=excluded.create_time, update_time=excluded.update_time, deleted_time=NULL`,
-		t.UID, t.RepoUID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles), nullTime(t.CreateTime), nullTime(t.UpdateTime), now)
-	if err != nil {
+	row := []any{t.UID, t.RepoUID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles), nullTime(t.CreateTime), nullTime(t.UpdateTime), now, true, nil}
+	if _, err := s.insertRows(ctx, tx, bulkTags, row); err != nil {
 		return fmt.Errorf("upsert tag %s: %w", t.UID, err)
 	}
 	return nil
 }
 
 // upsertAdvisory writes a as live, reviving a tombstone.
-func upsertAdvisory(ctx context.Context, tx *sql.Tx, a Advisory, now string) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO advisories (uid, advisory_id, artifact_name, create_time, update_time, first_seen_time)
-		VALUES (?, ?, ?, ?, ?, ?)
-		ON CONFLICT(uid) DO UPDATE SET advisory_id=excluded.advisory_id, artifact_name=excluded.artifact_name,
-			create_time=excluded.create_time, update_time=excluded.update_time, deleted_time=NULL`,
-		a.UID, a.AdvisoryID, a.ArtifactName, nullTime(a.CreateTime), nullTime(a.UpdateTime), now)
-	if err != nil {
+func (s *Store) upsertAdvisory(ctx context.Context, tx *sql.Tx, a Advisory, now string) error {
+	a.DeleteTime = time.Time{} // a withdrawal is the event's, applied after
+	if _, err := s.insertRows(ctx, tx, bulkAdvisories, advisoryRow(a, nil, now)); err != nil {
 		return fmt.Errorf("upsert advisory %s: %w", a.UID, err)
 	}
 	return nil
@@ -260,7 +247,7 @@ func movePosition(id, tag, at, digest string, hint int) (int, bool) {
 // no move since. ResolveHistory settles them when the replica becomes the
 // leader.
 func (s *Store) UnresolvedTags(ctx context.Context) ([]TagRef, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT t.uid, t.repo_uid, r.name, t.name, COALESCE(t.update_time,'')
+	rows, err := s.r.QueryContext(ctx, `SELECT t.uid, t.repo_uid, r.name, r.path, t.name, COALESCE(t.update_time,'')
 		FROM tags t JOIN repos r ON r.uid = t.repo_uid
 		WHERE t.baseline = 1 AND t.history_count = 0 AND t.deleted_time IS NULL AND r.deleted_time IS NULL ORDER BY t.uid`)
 	if err != nil {
@@ -271,9 +258,10 @@ func (s *Store) UnresolvedTags(ctx context.Context) ([]TagRef, error) {
 	for rows.Next() {
 		var ref TagRef
 		var ut string
-		if err := rows.Scan(&ref.UID, &ref.RepoUID, &ref.Repo, &ref.Name, &ut); err != nil {
+		if err := rows.Scan(&ref.UID, &ref.RepoUID, &ref.Repo, &ref.Path, &ref.Name, &ut); err != nil {
 			return nil, err
 		}
+		ref.Path = scopeOf(ref.Path, ref.Repo)
 		if ref.UpdateTime, err = ParseTime(ut); err != nil {
 			return nil, err
 		}

@@ -100,7 +100,7 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 	for i, u := range ups {
 		uids[i] = u.Ref.UID
 	}
-	old, err := loadTags(ctx, tx, `t.uid IN (%s)`, uids)
+	old, err := loadTags(ctx, tx, `t.uid IN (%s)`, uids, false)
 	if err != nil {
 		return 0, err
 	}
@@ -120,7 +120,7 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 			return 0, fmt.Errorf("apply %d history records of tag %s:%s: read bookmark: tag %s is not in the mirror", len(u.Records), ref.Repo, ref.Name, ref.UID)
 		}
 		b, cur := st.bookmark, st.Tag
-		cur.RepoUID, cur.Repo = ref.RepoUID, ref.Repo
+		cur.RepoUID, cur.Repo, cur.Path = ref.RepoUID, ref.Repo, scopeOf(st.Path, ref.Path)
 		fresh := newRecords(storedPrecision(u.Records), b)
 		// A tag's first history read during the baseline, or for a tag the
 		// baseline found, is the starting point: its past moves are not news.
@@ -132,7 +132,7 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 				before, after := cur, cur
 				before.Digest, after.Digest = prev, r.Digest
 				after.UpdateTime = r.Time
-				cs = append(cs, change{typ: TagMoved, scope: ref.Repo, subject: ref.UID,
+				cs = append(cs, change{typ: TagMoved, scope: cur.Path, subject: ref.UID,
 					disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after})
 			}
 			prev = r.Digest

@@ -56,6 +56,11 @@ func (s *Store) DeferIndexes(ctx context.Context) error {
 // endBaseline records that the baseline is over, if it was not already, and
 // builds the deferred indexes in the same transaction: a mirror past its
 // baseline always has them.
+//
+// The repos whose crawl failed (a repo failure in crawl_failures) keep
+// their baseline pending: their tags were not all listed, and those listed
+// once the repo recovers are the starting point, not news. ClearFailure
+// ends it.
 func (s *Store) endBaseline(ctx context.Context, tx *sql.Tx, now string) error {
 	res, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('baseline_time', ?) ON CONFLICT(key) DO NOTHING`, now)
 	if err != nil {
@@ -63,6 +68,10 @@ func (s *Store) endBaseline(ctx context.Context, tx *sql.Tx, now string) error {
 	}
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
 		return err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE repos SET baseline_pending = 1
+		WHERE uid IN (SELECT repo_uid FROM crawl_failures WHERE kind = 'repo')`); err != nil {
+		return fmt.Errorf("mark repos whose baseline is pending: %w", err)
 	}
 	return s.buildIndexes(ctx, tx)
 }

@@ -62,6 +62,9 @@ func createAtVersion(t *testing.T, path string, files []string, n int) {
 	}
 	exec(`INSERT INTO meta (key, value) VALUES ('baseline_time', '2025-01-01T00:00:00.000Z')`)
 	exec(`INSERT INTO repos (uid, name, first_seen_time) VALUES ('g1/r1', 'nginx', '2025-01-01T00:00:00.000Z')`)
+	if n >= 6 {
+		exec(`UPDATE repos SET path = name`) // as syncd writes it from version 6 on
+	}
 	exec(`INSERT INTO tags (uid, repo_uid, name, digest, first_seen_time, history_last_time, history_last_count, history_count, history_last_digest)
 		VALUES ('g1/r1/t1', 'g1/r1', 'latest', ?, '2025-01-01T00:00:00.000Z', '2025-01-02T00:00:00.000Z', 1, 2, ?)`, digest(2), digest(2))
 	exec(`INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES ('g1/r1/t1', 0, '2025-01-01T00:00:00.000Z', ?), ('g1/r1/t1', 1, '2025-01-02T00:00:00.000Z', ?)`,
@@ -139,6 +142,38 @@ func TestMigrate_UpgradesEveryEarlierVersion(t *testing.T) {
 			subs, err := st.Subscriptions(ctx)
 			if err != nil || len(subs) != 1 {
 				t.Fatalf("subscriptions=%v err=%v, want the old one", subs, err)
+			}
+			// Version 6: an old repo's path is its name, in the table and the
+			// views; raw JSON is unknown; old runs count no failures.
+			if got, want := queryString(t, db, `SELECT path FROM repos WHERE uid = 'g1/r1'`), "nginx"; got != want {
+				t.Fatalf("path of an old repo=%q, want its name %q", got, want)
+			}
+			if got, want := queryString(t, db, `SELECT path FROM tag_moves WHERE tag = 'latest'`), "nginx"; got != want {
+				t.Fatalf("tag_moves.path=%q, want %q", got, want)
+			}
+			if got, want := queryString(t, db, `SELECT path FROM repo_moves WHERE repo = 'nginx'`), "nginx"; got != want {
+				t.Fatalf("repo_moves.path=%q, want %q", got, want)
+			}
+			if got := queryInt(t, db, `SELECT COUNT(*) FROM repos WHERE raw IS NOT NULL`); got != 0 {
+				t.Fatalf("repos with raw JSON after the upgrade=%d, want 0", got)
+			}
+			if got, want := queryString(t, db, `SELECT outcome || '/' || failures FROM crawl_runs`), "ok/0"; got != want {
+				t.Fatalf("old run=%q, want %q", got, want)
+			}
+			if r, ok, err := st.RepoByPath(ctx, "nginx"); err != nil || !ok || r.UID != "g1/r1" {
+				t.Fatalf("RepoByPath(nginx)=%+v, %v, %v; want g1/r1", r, ok, err)
+			}
+			if _, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureRepo, UID: "g1/r1", Error: "boom"}, nil); err != nil {
+				t.Fatalf("record a failure after the upgrade: %v", err)
+			}
+			// A page of tags of the old repo is scoped by its path.
+			newTag := store.Tag{UID: "g1/r1/t2", Name: "stable", Digest: digest(3)}
+			if _, n, err := st.ApplyTags(ctx, store.Repo{UID: "g1/r1", Name: "nginx"}, []store.Tag{newTag}); err != nil || n != 1 {
+				t.Fatalf("apply a tag of an old repo: events=%d err=%v, want 1 and nil", n, err)
+			}
+			evs = allEvents(t, st)
+			if e := evs[len(evs)-1]; e.Scope != "nginx" {
+				t.Fatalf("scope of a tag event of an old repo=%q, want nginx", e.Scope)
 			}
 		})
 	}

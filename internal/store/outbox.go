@@ -273,39 +273,6 @@ func (s *Store) PruneEvents(ctx context.Context, cutoff time.Time) (int64, error
 	return n, nil
 }
 
-// Run is one crawl job's row in crawl_runs.
-type Run struct {
-	ID       int64
-	Job      string
-	Requests int64
-	Changes  int
-}
-
-// StartRun records the start of a crawl job.
-func (s *Store) StartRun(ctx context.Context, job string) (*Run, error) {
-	res, err := s.w.ExecContext(ctx, `INSERT INTO crawl_runs (job, started_time) VALUES (?, ?)`, job, FormatTime(s.now()))
-	if err != nil {
-		return nil, fmt.Errorf("record crawl start: %w", err)
-	}
-	id, _ := res.LastInsertId()
-	return &Run{ID: id, Job: job}, nil
-}
-
-// FinishRun records the end of a crawl job with its outcome.
-func (s *Store) FinishRun(ctx context.Context, r *Run, runErr error) error {
-	outcome, msg := "ok", sql.NullString{}
-	if runErr != nil {
-		outcome, msg = "failed", sql.NullString{String: runErr.Error(), Valid: true}
-		if ctx.Err() != nil {
-			outcome = "canceled"
-		}
-	}
-	// The run's context may be canceled already; the record must still land.
-	_, err := s.w.ExecContext(context.WithoutCancel(ctx), `UPDATE crawl_runs SET finished_time = ?, outcome = ?, requests = ?, changes = ?, error = ? WHERE id = ?`,
-		FormatTime(s.now()), outcome, r.Requests, r.Changes, msg, r.ID)
-	return err
-}
-
 // Age is how long ago the event was committed to the outbox (zero when
 // unknown).
 func (e Event) Age() time.Duration {

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -10,8 +11,13 @@ import (
 
 // Repo is a repository as the mirror keeps it.
 type Repo struct {
-	UID         string    `json:"uid"`
-	Name        string    `json:"name"`
+	UID  string `json:"uid"`
+	Name string `json:"name"`
+	// Path is the repo's registry path below the organization: the names
+	// of its uid's segments below the root group joined by '/', e.g.
+	// charts/cert-manager. Empty means the name (a repo directly under the
+	// root group); the store fills it in.
+	Path        string    `json:"path"`
 	Description string    `json:"description"`
 	CatalogTier string    `json:"catalogTier,omitempty"`
 	Aliases     []string  `json:"aliases,omitempty"`
@@ -19,20 +25,44 @@ type Repo struct {
 	Bundles     []string  `json:"bundles,omitempty"`
 	CreateTime  time.Time `json:"createTime,omitzero"`
 	UpdateTime  time.Time `json:"updateTime,omitzero"`
+	// Raw is the repo as the platform sent it, stored in repos.raw; never
+	// part of an event. Nil leaves what the mirror has.
+	Raw json.RawMessage `json:"-"`
+}
+
+// repoPath is r's registry path: its Path, or its name when it has none.
+func repoPath(r Repo) string { return scopeOf(r.Path, r.Name) }
+
+// scopeOf returns path, or name for a repo (or a record of one) without a
+// path, such as an event from a syncd that did not know paths.
+func scopeOf(path, name string) string {
+	if path == "" {
+		return name
+	}
+	return path
 }
 
 type storedRepo struct {
 	Repo
+	raw       string // repos.raw, "" for none
 	deleted   bool
 	deletions int
 }
 
 // repoColumns is how many values one repos row takes in ApplyRepos.
-const repoColumns = 10
+const repoColumns = 12
+
+// repoRow is the values of r's row for bulkRepos.
+func repoRow(r Repo, raw any, now string) []any {
+	return []any{r.UID, r.Name, repoPath(r), r.Description, r.CatalogTier, jsonList(r.Aliases), jsonList(r.ActiveTags), jsonList(r.Bundles),
+		nullTime(r.CreateTime), nullTime(r.UpdateTime), now, raw}
+}
 
 // ApplyRepos upserts one page of repos and records repo.created (also for a
 // repo that comes back after a deletion, whose tombstone it clears) and
-// repo.updated events, all in one transaction. It returns how many events it
+// repo.updated events (a new path is an update), all in one transaction.
+// A repo whose raw JSON alone changed is rewritten without an event, and
+// an unchanged one is not written at all. It returns how many events it
 // recorded.
 func (s *Store) ApplyRepos(ctx context.Context, repos []Repo) (int, error) {
 	repos = lastByUID(repos, func(r Repo) string { return r.UID })
@@ -45,7 +75,7 @@ func (s *Store) ApplyRepos(ctx context.Context, repos []Repo) (int, error) {
 		for i, r := range repos {
 			uids[i] = r.UID
 		}
-		old, err := loadRepos(ctx, tx, `uid IN (%s)`, uids)
+		old, err := loadRepos(ctx, tx, `r.uid IN (%s)`, uids)
 		if err != nil {
 			return 0, err
 		}
@@ -53,11 +83,16 @@ func (s *Store) ApplyRepos(ctx context.Context, repos []Repo) (int, error) {
 		var cs []change
 		args := make([]any, 0, repoColumns*len(repos))
 		for _, r := range repos {
+			r.Path = repoPath(r)
+			raw, err := rawJSON(r.Raw)
+			if err != nil {
+				return 0, fmt.Errorf("repo %s: %w", r.UID, err)
+			}
 			o, seen := old[r.UID]
 			switch {
 			case !seen || o.deleted:
 				if s.announce(baseline) {
-					cs = append(cs, change{typ: RepoCreated, scope: r.Name, subject: r.UID, disc: createdDisc(r.CreateTime, r.UpdateTime, o.deletions),
+					cs = append(cs, change{typ: RepoCreated, scope: r.Path, subject: r.UID, disc: createdDisc(r.CreateTime, r.UpdateTime, o.deletions),
 						time: eventTime(r.CreateTime, s.now()), after: r})
 				}
 			case !sameRepo(o.Repo, r):
@@ -65,12 +100,12 @@ func (s *Store) ApplyRepos(ctx context.Context, repos []Repo) (int, error) {
 				if err != nil {
 					return 0, err
 				}
-				cs = append(cs, change{typ: RepoUpdated, scope: r.Name, subject: r.UID, disc: disc, time: eventTime(r.UpdateTime, s.now()), before: o.Repo, after: r})
+				cs = append(cs, change{typ: RepoUpdated, scope: r.Path, subject: r.UID, disc: disc, time: eventTime(r.UpdateTime, s.now()), before: o.Repo, after: r})
+			case rawChanged(o.raw, raw):
 			default:
 				continue
 			}
-			args = append(args, r.UID, r.Name, r.Description, r.CatalogTier, jsonList(r.Aliases), jsonList(r.ActiveTags), jsonList(r.Bundles),
-				nullTime(r.CreateTime), nullTime(r.UpdateTime), now)
+			args = append(args, repoRow(r, raw, now)...)
 		}
 		if _, err := s.insertRows(ctx, tx, bulkRepos, args); err != nil {
 			return 0, fmt.Errorf("upsert repos: %w", err)
@@ -83,32 +118,44 @@ func (s *Store) ApplyRepos(ctx context.Context, repos []Repo) (int, error) {
 	return n, nil
 }
 
-// loadRepos reads the repos matching where ("%s" stands for the list of
-// uids), deleted ones included.
+// repoSelect are the columns scanRepo reads, of repos r.
+const repoSelect = `r.uid, r.name, r.path, r.description, r.catalog_tier, r.aliases, r.active_tags, r.bundles,
+	COALESCE(r.create_time,''), COALESCE(r.update_time,''), COALESCE(r.raw,''), r.deleted_time IS NOT NULL, r.deletions`
+
+// scanRepo reads a row of repoSelect.
+func scanRepo(rows *sql.Rows) (storedRepo, error) {
+	var r storedRepo
+	var aliases, active, bundles, ct, ut string
+	if err := rows.Scan(&r.UID, &r.Name, &r.Path, &r.Description, &r.CatalogTier, &aliases, &active, &bundles, &ct, &ut, &r.raw,
+		&r.deleted, &r.deletions); err != nil {
+		return r, err
+	}
+	r.Path = repoPath(r.Repo)
+	var err error
+	if r.Aliases, err = parseList(aliases); err != nil {
+		return r, err
+	}
+	if r.ActiveTags, err = parseList(active); err != nil {
+		return r, err
+	}
+	if r.Bundles, err = parseList(bundles); err != nil {
+		return r, err
+	}
+	if r.CreateTime, err = ParseTime(ct); err != nil {
+		return r, err
+	}
+	r.UpdateTime, err = ParseTime(ut)
+	return r, err
+}
+
+// loadRepos reads the repos matching where (on alias r, "%s" standing for
+// the list of uids), deleted ones included.
 func loadRepos(ctx context.Context, tx *sql.Tx, where string, uids []string) (map[string]storedRepo, error) {
 	old := make(map[string]storedRepo, len(uids))
-	err := queryByUIDs(ctx, tx, `SELECT uid, name, description, catalog_tier, aliases, active_tags, bundles,
-		COALESCE(create_time,''), COALESCE(update_time,''), deleted_time IS NOT NULL, deletions FROM repos WHERE `+where, uids,
+	err := queryByUIDs(ctx, tx, `SELECT `+repoSelect+` FROM repos r WHERE `+where, uids,
 		func(rows *sql.Rows) error {
-			var r storedRepo
-			var aliases, active, bundles, ct, ut string
-			if err := rows.Scan(&r.UID, &r.Name, &r.Description, &r.CatalogTier, &aliases, &active, &bundles, &ct, &ut, &r.deleted, &r.deletions); err != nil {
-				return err
-			}
-			var err error
-			if r.Aliases, err = parseList(aliases); err != nil {
-				return err
-			}
-			if r.ActiveTags, err = parseList(active); err != nil {
-				return err
-			}
-			if r.Bundles, err = parseList(bundles); err != nil {
-				return err
-			}
-			if r.CreateTime, err = ParseTime(ct); err != nil {
-				return err
-			}
-			if r.UpdateTime, err = ParseTime(ut); err != nil {
+			r, err := scanRepo(rows)
+			if err != nil {
 				return err
 			}
 			old[r.UID] = r
@@ -120,8 +167,33 @@ func loadRepos(ctx context.Context, tx *sql.Tx, where string, uids []string) (ma
 	return old, nil
 }
 
+// RepoByPath returns the live repo whose registry path is path (for a repo
+// directly under the root group, its name), with its raw JSON, and whether
+// there is one. A push names its repository by path; this resolves it
+// without asking the platform.
+func (s *Store) RepoByPath(ctx context.Context, path string) (Repo, bool, error) {
+	var found *storedRepo
+	err := queryRows(ctx, s.r, `SELECT `+repoSelect+` FROM repos r WHERE r.path = ? AND r.deleted_time IS NULL ORDER BY r.uid LIMIT 1`,
+		[]any{path}, func(rows *sql.Rows) error {
+			r, err := scanRepo(rows)
+			found = &r
+			return err
+		})
+	if err != nil {
+		return Repo{}, false, fmt.Errorf("find repo at path %q: %w", path, err)
+	}
+	if found == nil {
+		return Repo{}, false, nil
+	}
+	r := found.Repo
+	if found.raw != "" {
+		r.Raw = json.RawMessage(found.raw)
+	}
+	return r, true, nil
+}
+
 func sameRepo(a, b Repo) bool {
-	return a.Name == b.Name && a.Description == b.Description && a.CatalogTier == b.CatalogTier &&
+	return a.Name == b.Name && repoPath(a) == repoPath(b) && a.Description == b.Description && a.CatalogTier == b.CatalogTier &&
 		slices.Equal(a.Aliases, b.Aliases) && slices.Equal(a.ActiveTags, b.ActiveTags) && slices.Equal(a.Bundles, b.Bundles) &&
 		sameTime(a.CreateTime, b.CreateTime) && sameTime(a.UpdateTime, b.UpdateTime)
 }

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"os"
 	"regexp"
 	"strings"
@@ -42,13 +43,18 @@ func populate(t *testing.T) *store.Store {
 	hex := func(c string) string { return "sha256:" + strings.Repeat(c, 64) }
 	nginx, redis := nginx(), store.Repo{UID: "g1/r2", Name: "redis", ActiveTags: []string{"latest", "7"}}
 	nginx.ActiveTags = []string{"latest", "1.27"}
+	nginx.Raw = json.RawMessage(`{"uid": "g1/r1", "name": "nginx", "catalogTier": "APPLICATION",
+		"syncConfig": {"source": "cgr.dev/chainguard/nginx", "expiration": "2027-01-01T00:00:00Z"}}`)
 	gone := store.Repo{UID: "g1/r3", Name: "kafka"}
+	// A repo below the subgroup charts (g1/g2).
+	certManager := store.Repo{UID: "g1/g2/r4", Name: "cert-manager", Path: "charts/cert-manager",
+		Raw: json.RawMessage(`{"uid": "g1/g2/r4", "name": "cert-manager", "catalogTier": "BASE"}`)}
 
 	run, err := st.StartRun(ctx, "crawl")
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustApplyRepos(t, st, nginx, redis, gone)
+	mustApplyRepos(t, st, nginx, redis, gone, certManager)
 	at := func(d, digest string) store.Tag {
 		return store.Tag{Name: d, Digest: digest, CreateTime: ts("2025-06-01T00:00:00Z"), UpdateTime: ts("2025-12-20T00:00:00Z")}
 	}
@@ -58,12 +64,14 @@ func populate(t *testing.T) *store.Store {
 	}
 	redisLatest := at("latest", hex("a"))
 	redisLatest.UID = redis.UID + "/tlatest"
+	cmLatest := at("v1.16", hex("c"))
+	cmLatest.UID, cmLatest.Raw = certManager.UID+"/tv1.16", json.RawMessage(`{"name": "v1.16", "bundles": ["charts"]}`)
 	history := map[string][]store.HistoryRecord{}
-	for _, tg := range append(nginxTags, redisLatest) {
+	for _, tg := range append(nginxTags, redisLatest, cmLatest) {
 		history[tg.UID] = []store.HistoryRecord{{Time: ts("2025-12-20T00:00:00Z"), Digest: tg.Digest}}
 	}
 	mustApplyTags(t, st, gone, store.Tag{UID: gone.UID + "/tlatest", Name: "latest", Digest: hex("9")})
-	for repo, tags := range map[*store.Repo][]store.Tag{&nginx: nginxTags, &redis: {redisLatest}} {
+	for repo, tags := range map[*store.Repo][]store.Tag{&nginx: nginxTags, &redis: {redisLatest}, &certManager: {cmLatest}} {
 		for _, ref := range mustApplyTags(t, st, *repo, tags...) {
 			if _, err := st.ApplyHistory(ctx, ref, history[ref.UID], true); err != nil {
 				t.Fatal(err)
@@ -105,9 +113,11 @@ func populate(t *testing.T) *store.Store {
 		t.Fatal(err)
 	}
 	advs := []store.Advisory{
-		{UID: "g1/a1", AdvisoryID: "CGA-1111", ArtifactName: "openssl", CreateTime: ts("2026-01-03T00:00:00Z"), UpdateTime: ts("2026-01-03T00:00:00Z")},
+		{UID: "g1/a1", AdvisoryID: "CGA-1111", ArtifactName: "openssl", CreateTime: ts("2026-01-03T00:00:00Z"), UpdateTime: ts("2026-01-03T00:00:00Z"),
+			Raw: json.RawMessage(`{"advisoryId": "CGA-1111", "aliases": ["CVE-2026-0001", "GHSA-aaaa-bbbb-cccc"]}`)},
 		{UID: "g1/a2", AdvisoryID: "CGA-2222", ArtifactName: "openssl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z")},
 		{UID: "g1/a3", AdvisoryID: "CGA-3333", ArtifactName: "curl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z")},
+		{UID: "g1/a4", AdvisoryID: "CGA-4444", ArtifactName: "curl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z")},
 	}
 	if _, err := st.ApplyAdvisories(ctx, advs); err != nil {
 		t.Fatal(err)
@@ -115,6 +125,20 @@ func populate(t *testing.T) *store.Store {
 	if _, err := st.MarkAdvisoriesWithdrawn(ctx, []string{"g1/a2"}); err != nil {
 		t.Fatal(err)
 	}
+	// The platform withdraws CGA-4444 by setting its deleteTime.
+	withdrawn := advs[3]
+	withdrawn.DeleteTime = ts("2026-01-06T00:00:00Z")
+	withdrawn.Raw = json.RawMessage(`{"advisoryId": "CGA-4444", "deleteTime": "2026-01-06T00:00:00Z"}`)
+	if _, err := st.ApplyAdvisories(ctx, []store.Advisory{withdrawn}); err != nil {
+		t.Fatal(err)
+	}
+	// The history of cert-manager's tag answers 404 in this crawl.
+	if _, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureTag, UID: cmLatest.UID, RepoUID: certManager.UID,
+		Path: certManager.Path, Tag: cmLatest.Name, Status: 404, Error: "read history: 404 Not Found"},
+		func(int) time.Duration { return time.Hour }); err != nil {
+		t.Fatal(err)
+	}
+	run.Failures = 1
 	if err := st.UpsertSubscription(ctx, store.Subscription{UID: "g1/s1", GroupUID: "g1", Sink: "https://syncd.example/hook", CreateTime: clk.Now()}); err != nil {
 		t.Fatal(err)
 	}
@@ -188,6 +212,19 @@ func TestSchemaDoc_ExamplesRun(t *testing.T) {
 		}
 		if got, want := queryInt(t, db, `SELECT COUNT(*) FROM events WHERE type = 'tag.moved'`), 3; got != want {
 			t.Fatalf("tag.moved events=%d, want %d", got, want)
+		}
+		if got, want := queryString(t, db, `SELECT tag FROM current_tags WHERE path = 'charts/cert-manager'`), "v1.16"; got != want {
+			t.Fatalf("tag of charts/cert-manager=%q, want %q", got, want)
+		}
+		if got, want := queryString(t, db, `SELECT json_extract(raw, '$.syncConfig.source') FROM repos WHERE path = 'nginx'`), "cgr.dev/chainguard/nginx"; got != want {
+			t.Fatalf("nginx sync source from raw=%q, want %q", got, want)
+		}
+		if got, want := queryString(t, db, `SELECT group_concat(advisory_id || '@' || deleted_time, ' ') FROM advisories WHERE deleted_time IS NOT NULL AND raw IS NOT NULL`),
+			"CGA-4444@2026-01-06T00:00:00.000Z"; got != want {
+			t.Fatalf("withdrawn by deleteTime=%q, want %q", got, want)
+		}
+		if got, want := queryString(t, db, `SELECT outcome || '/' || failures FROM crawl_runs ORDER BY id DESC LIMIT 1`), "partial/1"; got != want {
+			t.Fatalf("last run=%q, want %q", got, want)
 		}
 	})
 }

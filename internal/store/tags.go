@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -13,20 +15,26 @@ type Tag struct {
 	UID        string    `json:"uid"`
 	RepoUID    string    `json:"repoUid"`
 	Repo       string    `json:"repo"` // repo name, filled in by the store
+	Path       string    `json:"path"` // repo's registry path, filled in by the store
 	Name       string    `json:"name"`
 	Digest     string    `json:"digest"`
 	Deprecated bool      `json:"deprecated"`
 	Bundles    []string  `json:"bundles,omitempty"`
 	CreateTime time.Time `json:"createTime,omitzero"`
 	UpdateTime time.Time `json:"updateTime,omitzero"`
+	// Raw is the tag as the platform sent it, stored in tags.raw; never
+	// part of an event. Nil leaves what the mirror has.
+	Raw json.RawMessage `json:"-"`
 }
 
 // TagRef names a tag whose history needs reading, with the bookmark to start
 // from.
 type TagRef struct {
-	UID        string
-	RepoUID    string
-	Repo       string
+	UID     string
+	RepoUID string
+	Repo    string // the repo's name
+	// Path is the repo's registry path, where the tag's history is read.
+	Path       string
 	Name       string
 	UpdateTime time.Time
 	Bookmark   Bookmark
@@ -34,6 +42,7 @@ type TagRef struct {
 
 type storedTag struct {
 	Tag
+	raw               string // tags.raw, "" for none or not read
 	deleted           bool
 	deletions         int
 	baseline          bool // first seen by the baseline crawl
@@ -43,14 +52,19 @@ type storedTag struct {
 }
 
 // tagColumns is how many values one tags row takes in ApplyTags.
-const tagColumns = 10
+const tagColumns = 11
 
 // ApplyTags upserts one page of tags of repo and records tag.created (also
 // for a tag that comes back after a deletion, whose tombstone it clears) and
 // tag.deprecated events, all in one transaction. Digest changes are not
 // events here: they come from the tag history, one per move, through
-// ApplyHistory. It returns the tags whose history needs reading, because
-// their digest or update time differs from what the history walk last saw.
+// ApplyHistory. A tag whose raw JSON alone changed is rewritten without an
+// event. It returns the tags whose history needs reading, because their
+// digest or update time differs from what the history walk last saw.
+//
+// The tags of a repo the baseline did not finish (repos.baseline_pending)
+// are taken as the baseline would have taken them: not news, and their
+// past moves the starting point.
 func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []TagRef, events int, err error) {
 	tags = lastByUID(tags, func(t Tag) string { return t.UID })
 	events, err = s.commit(ctx, func(tx *sql.Tx) (int, error) {
@@ -59,11 +73,16 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 		if err != nil {
 			return 0, err
 		}
+		path, pending, err := repoState(ctx, tx, repo)
+		if err != nil {
+			return 0, err
+		}
+		baseline = baseline || pending
 		uids := make([]string, len(tags))
 		for i, t := range tags {
 			uids[i] = t.UID
 		}
-		old, err := loadTags(ctx, tx, `t.uid IN (%s)`, uids)
+		old, err := loadTags(ctx, tx, `t.uid IN (%s)`, uids, true)
 		if err != nil {
 			return 0, err
 		}
@@ -71,29 +90,33 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 		var cs []change
 		args := make([]any, 0, tagColumns*len(tags))
 		for _, t := range tags {
-			t.Repo, t.RepoUID = repo.Name, repo.UID
+			t.Repo, t.RepoUID, t.Path = repo.Name, repo.UID, path
+			raw, err := rawJSON(t.Raw)
+			if err != nil {
+				return 0, fmt.Errorf("tag %s: %w", t.UID, err)
+			}
 			o, seen := old[t.UID]
 			changed := true
 			switch {
 			case !seen || o.deleted:
 				if s.announce(baseline) {
-					cs = append(cs, change{typ: TagCreated, scope: repo.Name, subject: t.UID, disc: createdDisc(t.CreateTime, t.UpdateTime, o.deletions),
+					cs = append(cs, change{typ: TagCreated, scope: path, subject: t.UID, disc: createdDisc(t.CreateTime, t.UpdateTime, o.deletions),
 						time: eventTime(t.CreateTime, s.now()), after: t})
 				}
 			case t.Deprecated && !o.Deprecated:
 				before := o.Tag
-				before.Repo = repo.Name
-				cs = append(cs, change{typ: TagDeprecated, scope: repo.Name, subject: t.UID, disc: FormatTime(t.UpdateTime),
+				before.Repo, before.Path = repo.Name, path
+				cs = append(cs, change{typ: TagDeprecated, scope: path, subject: t.UID, disc: FormatTime(t.UpdateTime),
 					time: eventTime(t.UpdateTime, s.now()), before: before, after: t})
 			default:
-				changed = !sameTag(o.Tag, t)
+				changed = !sameTag(o.Tag, t) || rawChanged(o.raw, raw)
 			}
 			if changed {
 				args = append(args, t.UID, repo.UID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles),
-					nullTime(t.CreateTime), nullTime(t.UpdateTime), now, baseline)
+					nullTime(t.CreateTime), nullTime(t.UpdateTime), now, baseline, raw)
 			}
 			if !seen || o.historyUpdateTime != FormatTime(t.UpdateTime) || o.historyLastDigest != t.Digest {
-				need = append(need, TagRef{UID: t.UID, RepoUID: repo.UID, Repo: repo.Name, Name: t.Name, UpdateTime: t.UpdateTime, Bookmark: o.bookmark})
+				need = append(need, TagRef{UID: t.UID, RepoUID: repo.UID, Repo: repo.Name, Path: path, Name: t.Name, UpdateTime: t.UpdateTime, Bookmark: o.bookmark})
 			}
 		}
 		if _, err := s.insertRows(ctx, tx, bulkTags, args); err != nil {
@@ -102,9 +125,21 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 		return s.appendEvents(ctx, tx, cs)
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("apply %d tags of repo %s: %w", len(tags), repo.Name, err)
+		return nil, 0, fmt.Errorf("apply %d tags of repo %s: %w", len(tags), repoPath(repo), err)
 	}
 	return need, events, nil
+}
+
+// repoState returns the registry path of repo as the mirror has it (the
+// caller's when it gives one, which its ApplyRepos stored) and whether the
+// repo's baseline is pending.
+func repoState(ctx context.Context, tx *sql.Tx, repo Repo) (path string, pending bool, err error) {
+	var stored string
+	err = tx.QueryRowContext(ctx, `SELECT path, baseline_pending FROM repos WHERE uid = ?`, repo.UID).Scan(&stored, &pending)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", false, fmt.Errorf("read repo %s: %w", repo.UID, err)
+	}
+	return scopeOf(repo.Path, scopeOf(stored, repo.Name)), pending, nil
 }
 
 func sameTag(a, b Tag) bool {
@@ -113,20 +148,27 @@ func sameTag(a, b Tag) bool {
 }
 
 // loadTags reads the tags matching where (on alias t, "%s" standing for the
-// list of uids), deleted ones included, with their repo's name.
-func loadTags(ctx context.Context, tx *sql.Tx, where string, uids []string) (map[string]storedTag, error) {
+// list of uids), deleted ones included, with their repo's name and path,
+// and their raw JSON if withRaw: the history's writes, which are most of
+// ingest, have no use for it.
+func loadTags(ctx context.Context, tx *sql.Tx, where string, uids []string, withRaw bool) (map[string]storedTag, error) {
 	old := make(map[string]storedTag, len(uids))
-	err := queryByUIDs(ctx, tx, `SELECT t.uid, t.repo_uid, COALESCE(r.name,''), t.name, t.digest, t.deprecated, t.bundles,
+	raw := `''`
+	if withRaw {
+		raw = `COALESCE(t.raw,'')`
+	}
+	err := queryByUIDs(ctx, tx, `SELECT t.uid, t.repo_uid, COALESCE(r.name,''), COALESCE(r.path,''), t.name, t.digest, t.deprecated, t.bundles,
 		COALESCE(t.create_time,''), COALESCE(t.update_time,''), t.deleted_time IS NOT NULL, t.deletions,
-		COALESCE(t.history_update_time,''), t.history_last_digest, COALESCE(t.history_last_time,''), t.history_last_count, t.history_count, t.baseline
-		FROM tags t LEFT JOIN repos r ON r.uid = t.repo_uid WHERE `+where, uids,
+		COALESCE(t.history_update_time,''), t.history_last_digest, COALESCE(t.history_last_time,''), t.history_last_count, t.history_count, t.baseline,
+		`+raw+` FROM tags t LEFT JOIN repos r ON r.uid = t.repo_uid WHERE `+where, uids,
 		func(rows *sql.Rows) error {
 			var t storedTag
 			var bundles, ct, ut, lt string
-			if err := rows.Scan(&t.UID, &t.RepoUID, &t.Repo, &t.Name, &t.Digest, &t.Deprecated, &bundles, &ct, &ut, &t.deleted, &t.deletions,
-				&t.historyUpdateTime, &t.historyLastDigest, &lt, &t.bookmark.LastCount, &t.bookmark.Count, &t.baseline); err != nil {
+			if err := rows.Scan(&t.UID, &t.RepoUID, &t.Repo, &t.Path, &t.Name, &t.Digest, &t.Deprecated, &bundles, &ct, &ut, &t.deleted, &t.deletions,
+				&t.historyUpdateTime, &t.historyLastDigest, &lt, &t.bookmark.LastCount, &t.bookmark.Count, &t.baseline, &t.raw); err != nil {
 				return err
 			}
+			t.Path = scopeOf(t.Path, t.Repo)
 			var err error
 			if t.Bundles, err = parseList(bundles); err != nil {
 				return err

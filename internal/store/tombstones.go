@@ -26,12 +26,12 @@ func (s *Store) MarkReposDeleted(ctx context.Context, uids []string) (int, error
 		if err != nil {
 			return 0, err
 		}
-		repos, err := loadRepos(ctx, tx, `deleted_time IS NULL AND uid IN (%s)`, uids)
+		repos, err := loadRepos(ctx, tx, `r.deleted_time IS NULL AND r.uid IN (%s)`, uids)
 		if err != nil {
 			return 0, err
 		}
 		live := sortedKeys(repos)
-		tags, err := loadTags(ctx, tx, `t.deleted_time IS NULL AND t.repo_uid IN (%s)`, live)
+		tags, err := loadTags(ctx, tx, `t.deleted_time IS NULL AND t.repo_uid IN (%s)`, live, false)
 		if err != nil {
 			return 0, err
 		}
@@ -43,7 +43,7 @@ func (s *Store) MarkReposDeleted(ctx context.Context, uids []string) (int, error
 		}
 		for _, uid := range live {
 			r := repos[uid]
-			cs = append(cs, change{typ: RepoDeleted, scope: r.Name, subject: uid, disc: deletedDisc(r.deletions + 1), time: now, before: r.Repo})
+			cs = append(cs, change{typ: RepoDeleted, scope: r.Path, subject: uid, disc: deletedDisc(r.deletions + 1), time: now, before: r.Repo})
 		}
 		if err := tombstone(ctx, tx, "tags", FormatTime(now), tagUIDs); err != nil {
 			return 0, err
@@ -71,7 +71,7 @@ func (s *Store) MarkTagsDeleted(ctx context.Context, uids []string) (int, error)
 		if err != nil {
 			return 0, err
 		}
-		tags, err := loadTags(ctx, tx, `t.deleted_time IS NULL AND t.uid IN (%s)`, uids)
+		tags, err := loadTags(ctx, tx, `t.deleted_time IS NULL AND t.uid IN (%s)`, uids, false)
 		if err != nil {
 			return 0, err
 		}
@@ -131,7 +131,7 @@ func (s *Store) MarkAdvisoriesWithdrawn(ctx context.Context, uids []string) (int
 }
 
 func tagDeleted(t storedTag, now time.Time) change {
-	return change{typ: TagDeleted, scope: t.Repo, subject: t.UID, disc: deletedDisc(t.deletions + 1), time: now, before: t.Tag}
+	return change{typ: TagDeleted, scope: t.Path, subject: t.UID, disc: deletedDisc(t.deletions + 1), time: now, before: t.Tag}
 }
 
 // tombstone sets deleted_time on the live rows of table with these uids.
