@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"text/tabwriter"
 
-	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 

@@ -513,3 +513,6 @@ func (c *Client) Ping(ctx context.Context) error {
 
 // RegistryURL returns the registry's address.
 func (c *Client) RegistryURL() string { return c.registry.String() }
+
+// Organization returns the organization's name in registry paths.
+func (c *Client) Organization() string { return c.cfg.Organization }
