@@ -1,41 +1,12 @@
 package platformsim
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
 	"time"
 )
-
-// MintToken issues a platform bearer token. An empty identityUID gives a
-// token with the organization's root-group scope; otherwise the token acts
-// as that identity, scoped to the identity's parent group.
-func (s *Sim) MintToken(identityUID string) (string, error) {
-	var b [24]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	tok := "simtok_" + hex.EncodeToString(b[:])
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := mintedToken{group: s.opts.RootGroup, subject: "sim-admin"}
-	if identityUID != "" {
-		id, ok := s.identities[identityUID]
-		if !ok {
-			return "", errNoIdentity(identityUID)
-		}
-		m = mintedToken{group: parentOf(id.uid), identity: id.uid, subject: id.subject}
-	}
-	s.minted[tok] = m
-	return tok, nil
-}
-
-type errNoIdentity string
-
-func (e errNoIdentity) Error() string { return "no identity " + string(e) }
 
 // serveControl serves the /_sim/ control API. It needs no token: it exists
 // for tests and demos on loopback.

@@ -139,33 +139,6 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
-// platformToken resolves a platform token to the group it is scoped to.
-func (s *Sim) platformToken(tok string) (mintedToken, bool) {
-	if tok == "" {
-		return mintedToken{}, false
-	}
-	for _, t := range s.opts.Tokens {
-		if t == tok {
-			return mintedToken{group: s.opts.RootGroup, subject: "configured-token"}, true
-		}
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	m, ok := s.minted[tok]
-	return m, ok
-}
-
-func (s *Sim) authenticate(r *http.Request) *apiError {
-	tok := bearer(r)
-	if tok == "" {
-		return s.errUnauthenticated("missing bearer token in the Authorization header")
-	}
-	if _, ok := s.platformToken(tok); !ok {
-		return s.errUnauthenticated("the bearer token is not valid for this API")
-	}
-	return nil
-}
-
 // match routes a request. Uids contain slashes, so routing is by prefix and
 // by known suffixes rather than by path segments.
 func (s *Sim) match(method, path string) (route, bool) {
