@@ -121,6 +121,21 @@ func (s *Sim) serveRegistryToken(w http.ResponseWriter, r *http.Request, _ route
 	})
 }
 
+// registryImage is the image a registry request is for ("<org>/<path>"):
+// the history path's, or the /token scope's; "" for other requests.
+func (s *Sim) registryImage(r *http.Request) string {
+	if r.URL.Path == "/token" {
+		img, _ := scopeImage(r.URL.Query().Get("scope"))
+		return img
+	}
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/v2/"); ok {
+		if img, _, ok := strings.Cut(rest, "/_"+s.opts.Vendor+"/history/"); ok {
+			return img
+		}
+	}
+	return ""
+}
+
 // scopeImage reads the image of a "repository:<org>/<path>:pull" scope.
 func scopeImage(scope string) (string, bool) {
 	repoPart, ok := strings.CutPrefix(scope, "repository:")
