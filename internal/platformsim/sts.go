@@ -187,8 +187,8 @@ func (s *Sim) checkExternalToken(r *http.Request, raw string, c jwtClaims, id id
 		return s.errPermissionDenied(fmt.Sprintf("the token's subject %q does not match the claimMatch subject %q of identity %s",
 			c.Subject, id.subject, id.uid))
 	}
-	if err := s.verifySignature(r, raw, c.Issuer); err != nil {
-		return s.errUnauthenticated(fmt.Sprintf("the token's signature does not verify with the keys of issuer %q: %v", c.Issuer, err))
+	if e := s.verifySignature(r, raw, c.Issuer); e != nil {
+		return e
 	}
 	now := s.now()
 	if c.Expiry == 0 {
@@ -215,15 +215,15 @@ func (s *Sim) checkExternalToken(r *http.Request, raw string, c jwtClaims, id id
 // publishes, discovered at <issuer>/.well-known/openid-configuration with a
 // real HTTP fetch, as upstream does for any issuer. Expiry is checked by the
 // caller in simulator time.
-func (s *Sim) verifySignature(r *http.Request, raw, issuer string) error {
+func (s *Sim) verifySignature(r *http.Request, raw, issuer string) *apiError {
 	ctx := oidc.ClientContext(r.Context(), s.opts.IssuerClient)
 	p, err := oidc.NewProvider(ctx, issuer)
 	if err != nil {
-		return fmt.Errorf("discover issuer: %w", err)
+		return s.errUnauthenticated(fmt.Sprintf("cannot discover issuer %q to verify the token: %v", issuer, err))
 	}
 	v := p.VerifierContext(ctx, &oidc.Config{SkipClientIDCheck: true, SkipExpiryCheck: true})
 	if _, err := v.Verify(ctx, raw); err != nil {
-		return err
+		return s.errUnauthenticated(fmt.Sprintf("the token's signature does not verify with the keys of issuer %q: %v", issuer, err))
 	}
 	return nil
 }
