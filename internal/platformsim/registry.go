@@ -92,16 +92,16 @@ func (s *Sim) serveRegistryToken(w http.ResponseWriter, r *http.Request, _ route
 			s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "credential not recognized", scope)
 			return
 		}
+		if m.expired(claims.Issued) {
+			s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "credential expired at "+fmtMs(m.expiresMs), scope)
+			return
+		}
 		if m.aud&audRegistry == 0 && s.opts.EnforceAudiences {
 			s.registryError(w, http.StatusForbidden, "DENIED", s.wrongAudience(m), scope)
 			return
 		}
 		if e := s.registryAccess(m, org); e != "" {
-			status := http.StatusForbidden
-			if m.expired(claims.Issued) {
-				status = http.StatusUnauthorized
-			}
-			s.registryError(w, status, registryCode(status), e, scope)
+			s.registryError(w, http.StatusForbidden, "DENIED", e, scope)
 			return
 		}
 		// A per-image token does not outlive the credential it came from.
@@ -172,12 +172,10 @@ func (s *Sim) wrongAudience(m mintedToken) string {
 		s.audienceNames(m.aud), s.RegistryAudience())
 }
 
-// registryAccess decides whether a credential may read an organization's
-// images; "" means yes, anything else is the reason it may not.
+// registryAccess decides whether an unexpired credential may read an
+// organization's images; "" means yes, anything else is the reason it may
+// not.
 func (s *Sim) registryAccess(m mintedToken, org string) string {
-	if m.expired(s.nowMs()) {
-		return "credential expired at " + fmtMs(m.expiresMs)
-	}
 	switch org {
 	case s.opts.OrgName:
 		// Only identities of the root group reach the organization's
