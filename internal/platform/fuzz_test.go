@@ -92,6 +92,10 @@ func FuzzDecodePage(f *testing.F) {
 			t.Fatalf("accepted invalid JSON %q", body)
 		}
 		_ = next
-		_ = items
+		for i, it := range items {
+			if !json.Valid(it.Raw) {
+				t.Fatalf("item %d kept raw %q, which is not JSON", i, it.Raw)
+			}
+		}
 	})
 }

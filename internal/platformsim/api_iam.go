@@ -87,22 +87,22 @@ func getMap[T any](s *Sim, w http.ResponseWriter, r *http.Request, m map[string]
 
 // ---- groups
 
-func renderGroup(g *group) map[string]any {
-	return map[string]any{"uid": g.uid, "name": g.name, "description": g.description,
-		"createTime": fmtMs(g.createMs), "updateTime": fmtMs(g.updateMs)}
+func (s *Sim) renderGroup(g *group) map[string]any {
+	return s.wire("group", g.uid, map[string]any{"uid": g.uid, "name": g.name, "description": g.description,
+		"createTime": fmtMs(g.createMs), "updateTime": fmtMs(g.updateMs)})
 }
 
-func groupLister() lister[*group] {
+func (s *Sim) groupLister() lister[*group] {
 	return simpleLister("groups", func(g *group) string { return g.uid }, func(g *group) string { return g.name },
-		func(g *group) int64 { return g.createMs }, func(g *group) int64 { return g.updateMs }, renderGroup)
+		func(g *group) int64 { return g.createMs }, func(g *group) int64 { return g.updateMs }, s.renderGroup)
 }
 
 func (s *Sim) listGroups(w http.ResponseWriter, r *http.Request, _ route) {
-	listMap(s, w, r, s.groups, groupLister(), func(g *group) string { return g.name }, nil)
+	listMap(s, w, r, s.groups, s.groupLister(), func(g *group) string { return g.name }, nil)
 }
 
 func (s *Sim) getGroup(w http.ResponseWriter, r *http.Request, rt route) {
-	getMap(s, w, r, s.groups, rt.uid, "group", renderGroup, nil)
+	getMap(s, w, r, s.groups, rt.uid, "group", s.renderGroup, nil)
 }
 
 func groupFields(g *group) fieldSet {
@@ -135,7 +135,7 @@ func (s *Sim) createGroup(w http.ResponseWriter, r *http.Request, rt route) {
 	g := &ng
 	g.uid, g.createMs, g.updateMs = s.newUIDLocked(rt.uid), now, now
 	s.groups[g.uid] = g
-	resp := renderGroup(g)
+	resp := s.renderGroup(g)
 	s.emitLocked(s.eventType("api.iam.group.created"), g.uid, resp)
 	writeJSON(w, http.StatusOK, resp)
 }
@@ -166,7 +166,7 @@ func (s *Sim) patchGroup(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	ng.updateMs = s.nowLocked().UnixMilli()
 	*g = ng
-	resp := renderGroup(g)
+	resp := s.renderGroup(g)
 	s.emitLocked(s.eventType("api.iam.group.updated"), g.uid, resp)
 	writeJSON(w, http.StatusOK, resp)
 }
@@ -211,45 +211,50 @@ func (s *Sim) deleteGroup(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 	delete(s.groups, g.uid)
-	s.emitLocked(s.eventType("api.iam.group.deleted"), g.uid, renderGroup(g))
+	s.emitLocked(s.eventType("api.iam.group.deleted"), g.uid, s.renderGroup(g))
 	writeEmpty(w)
 }
 
 // ---- identities
 
-func renderIdentity(id *identity) map[string]any {
-	return map[string]any{"uid": id.uid, "name": id.name, "description": id.description,
-		"claimMatch":   map[string]any{"issuer": id.issuer, "subject": id.subject},
+func (s *Sim) renderIdentity(id *identity) map[string]any {
+	cm := map[string]any{"issuer": id.issuer, "subject": id.subject}
+	if id.audience != "" {
+		cm["audience"] = id.audience
+	}
+	return s.wire("identity", id.uid, map[string]any{"uid": id.uid, "name": id.name, "description": id.description,
+		"claimMatch":   cm,
 		"lastSeenTime": fmtMs(id.lastSeenMs),
-		"createTime":   fmtMs(id.createMs), "updateTime": fmtMs(id.updateMs)}
+		"createTime":   fmtMs(id.createMs), "updateTime": fmtMs(id.updateMs)})
 }
 
-func identityLister() lister[*identity] {
+func (s *Sim) identityLister() lister[*identity] {
 	return simpleLister("identities", func(i *identity) string { return i.uid }, func(i *identity) string { return i.name },
-		func(i *identity) int64 { return i.createMs }, func(i *identity) int64 { return i.updateMs }, renderIdentity)
+		func(i *identity) int64 { return i.createMs }, func(i *identity) int64 { return i.updateMs }, s.renderIdentity)
 }
 
 func (s *Sim) listIdentities(w http.ResponseWriter, r *http.Request, _ route) {
-	listMap(s, w, r, s.identities, identityLister(), func(i *identity) string { return i.name }, nil)
+	listMap(s, w, r, s.identities, s.identityLister(), func(i *identity) string { return i.name }, nil)
 }
 
 func (s *Sim) getIdentity(w http.ResponseWriter, r *http.Request, rt route) {
-	getMap(s, w, r, s.identities, rt.uid, "identity", renderIdentity, nil)
+	getMap(s, w, r, s.identities, rt.uid, "identity", s.renderIdentity, nil)
 }
 
 // claimMatchField decodes the nested claimMatch object.
 func claimMatchField(id *identity) func(json.RawMessage) error {
 	return func(raw json.RawMessage) error {
 		var cm struct {
-			Issuer  string `json:"issuer"`
-			Subject string `json:"subject"`
+			Issuer   string `json:"issuer"`
+			Subject  string `json:"subject"`
+			Audience string `json:"audience"`
 		}
 		if raw != nil {
 			if err := json.Unmarshal(raw, &cm); err != nil {
 				return err
 			}
 		}
-		id.issuer, id.subject = cm.Issuer, cm.Subject
+		id.issuer, id.subject, id.audience = cm.Issuer, cm.Subject, cm.Audience
 		return nil
 	}
 }
@@ -295,7 +300,7 @@ func (s *Sim) createIdentity(w http.ResponseWriter, r *http.Request, rt route) {
 	id := &nid
 	id.uid, id.createMs, id.updateMs, id.lastSeenMs = s.newUIDLocked(rt.uid), now, now, now
 	s.identities[id.uid] = id
-	resp := renderIdentity(id)
+	resp := s.renderIdentity(id)
 	s.emitLocked(s.eventType("api.iam.identity.created"), id.uid, resp)
 	writeJSON(w, http.StatusOK, resp)
 }
@@ -326,7 +331,7 @@ func (s *Sim) patchIdentity(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	nid.updateMs = s.nowLocked().UnixMilli()
 	*id = nid
-	resp := renderIdentity(id)
+	resp := s.renderIdentity(id)
 	s.emitLocked(s.eventType("api.iam.identity.updated"), id.uid, resp)
 	writeJSON(w, http.StatusOK, resp)
 }
@@ -352,16 +357,16 @@ func (s *Sim) deleteIdentity(w http.ResponseWriter, r *http.Request, rt route) {
 			delete(s.minted, k)
 		}
 	}
-	s.emitLocked(s.eventType("api.iam.identity.deleted"), id.uid, renderIdentity(id))
+	s.emitLocked(s.eventType("api.iam.identity.deleted"), id.uid, s.renderIdentity(id))
 	writeEmpty(w)
 }
 
 // ---- roles
 
-func renderRole(ro *role) map[string]any {
-	return map[string]any{"uid": ro.uid, "name": ro.name, "description": ro.description,
+func (s *Sim) renderRole(ro *role) map[string]any {
+	return s.wire("role", ro.uid, map[string]any{"uid": ro.uid, "name": ro.name, "description": ro.description,
 		"capabilities": nonNil(ro.capabilities),
-		"createTime":   fmtMs(ro.createMs), "updateTime": fmtMs(ro.updateMs)}
+		"createTime":   fmtMs(ro.createMs), "updateTime": fmtMs(ro.updateMs)})
 }
 
 // builtin reports whether a role is predefined: it applies in every group,
@@ -370,12 +375,12 @@ func builtin(ro *role) bool { return !strings.Contains(ro.uid, "/") }
 
 func (s *Sim) listRoles(w http.ResponseWriter, r *http.Request, _ route) {
 	l := simpleLister("roles", func(ro *role) string { return ro.uid }, func(ro *role) string { return ro.name },
-		func(ro *role) int64 { return ro.createMs }, func(ro *role) int64 { return ro.updateMs }, renderRole)
+		func(ro *role) int64 { return ro.createMs }, func(ro *role) int64 { return ro.updateMs }, s.renderRole)
 	listMap(s, w, r, s.roles, l, func(ro *role) string { return ro.name }, builtin)
 }
 
 func (s *Sim) getRole(w http.ResponseWriter, r *http.Request, rt route) {
-	getMap(s, w, r, s.roles, rt.uid, "role", renderRole, builtin)
+	getMap(s, w, r, s.roles, rt.uid, "role", s.renderRole, builtin)
 }
 
 // ---- role bindings
@@ -393,7 +398,7 @@ func (s *Sim) renderBindingLocked(b *roleBinding) map[string]any {
 	if ro, ok := s.roles[b.roleUID]; ok {
 		out["role"] = map[string]any{"uid": ro.uid, "name": ro.name, "description": ro.description}
 	}
-	return out
+	return s.wire("roleBinding", b.uid, out)
 }
 
 func (s *Sim) listBindings(w http.ResponseWriter, r *http.Request, _ route) {
@@ -467,19 +472,19 @@ func (s *Sim) deleteBinding(w http.ResponseWriter, r *http.Request, rt route) {
 
 // ---- subscriptions
 
-func renderSubscription(sub *subscription) map[string]any {
-	return map[string]any{"uid": sub.uid, "sink": sub.sink,
-		"createTime": fmtMs(sub.createMs), "updateTime": fmtMs(sub.updateMs)}
+func (s *Sim) renderSubscription(sub *subscription) map[string]any {
+	return s.wire("subscription", sub.uid, map[string]any{"uid": sub.uid, "sink": sub.sink,
+		"createTime": fmtMs(sub.createMs), "updateTime": fmtMs(sub.updateMs)})
 }
 
 func (s *Sim) listSubscriptions(w http.ResponseWriter, r *http.Request, _ route) {
 	l := simpleLister("subscriptions", func(v *subscription) string { return v.uid }, func(v *subscription) string { return v.sink },
-		func(v *subscription) int64 { return v.createMs }, func(v *subscription) int64 { return v.updateMs }, renderSubscription)
+		func(v *subscription) int64 { return v.createMs }, func(v *subscription) int64 { return v.updateMs }, s.renderSubscription)
 	listMap(s, w, r, s.subscriptions, l, func(v *subscription) string { return v.sink }, nil)
 }
 
 func (s *Sim) getSubscription(w http.ResponseWriter, r *http.Request, rt route) {
-	getMap(s, w, r, s.subscriptions, rt.uid, "subscription", renderSubscription, nil)
+	getMap(s, w, r, s.subscriptions, rt.uid, "subscription", s.renderSubscription, nil)
 }
 
 func (s *Sim) createSubscription(w http.ResponseWriter, r *http.Request, rt route) {
@@ -509,7 +514,7 @@ func (s *Sim) createSubscription(w http.ResponseWriter, r *http.Request, rt rout
 	now := s.nowLocked().UnixMilli()
 	sub := &subscription{uid: s.newUIDLocked(rt.uid), sink: sink, createMs: now, updateMs: now}
 	s.subscriptions[sub.uid] = sub
-	resp := renderSubscription(sub)
+	resp := s.renderSubscription(sub)
 	s.emitLocked(s.eventType("api.events.subscription.created"), sub.uid, resp)
 	writeJSON(w, http.StatusOK, resp)
 }
@@ -524,7 +529,7 @@ func (s *Sim) deleteSubscription(w http.ResponseWriter, r *http.Request, rt rout
 		return
 	}
 	// The deletion event still reaches the subscription being deleted.
-	resp := renderSubscription(sub)
+	resp := s.renderSubscription(sub)
 	s.emitLocked(s.eventType("api.events.subscription.deleted"), sub.uid, resp)
 	delete(s.subscriptions, sub.uid)
 	writeEmpty(w)

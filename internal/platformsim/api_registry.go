@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // Sort fields accepted in order_by, by spelling.
@@ -32,8 +33,8 @@ func (s *Sim) resourceRoutes() []resourceRoute {
 	}
 }
 
-func renderRepo(r *repo) map[string]any {
-	return map[string]any{
+func (s *Sim) renderRepo(r *repo) map[string]any {
+	return s.wire("repo", r.uid, map[string]any{
 		"uid":         r.uid,
 		"name":        r.name,
 		"description": r.description,
@@ -43,11 +44,11 @@ func renderRepo(r *repo) map[string]any {
 		"bundles":     nonNil(r.bundles),
 		"createTime":  fmtMs(r.createMs),
 		"updateTime":  fmtMs(r.updateMs),
-	}
+	})
 }
 
-func renderTag(t *tag) map[string]any {
-	return map[string]any{
+func (s *Sim) renderTag(t *tag) map[string]any {
+	return s.wire("tag", t.uid, map[string]any{
 		"uid":        t.uid,
 		"name":       t.name,
 		"digest":     fmtDigest(t.digest),
@@ -55,7 +56,7 @@ func renderTag(t *tag) map[string]any {
 		"bundles":    nonNil(t.bundles),
 		"createTime": fmtMs(t.createMs),
 		"updateTime": fmtMs(t.updateMs),
-	}
+	})
 }
 
 // nonNil keeps empty lists as [] in JSON, never null.
@@ -66,7 +67,7 @@ func nonNil(v []string) []string {
 	return v
 }
 
-func repoLister() lister[*repo] {
+func (s *Sim) repoLister() lister[*repo] {
 	return lister[*repo]{
 		plural: "repos",
 		uid:    func(r *repo) string { return r.uid },
@@ -76,11 +77,11 @@ func repoLister() lister[*repo] {
 			"create_time": func(r *repo) string { return msKey(r.createMs) },
 			"update_time": func(r *repo) string { return msKey(r.updateMs) },
 		},
-		render: func(r *repo) any { return renderRepo(r) },
+		render: func(r *repo) any { return s.renderRepo(r) },
 	}
 }
 
-func tagLister() lister[*tag] {
+func (s *Sim) tagLister() lister[*tag] {
 	return lister[*tag]{
 		plural: "tags",
 		uid:    func(t *tag) string { return t.uid },
@@ -90,14 +91,14 @@ func tagLister() lister[*tag] {
 			"create_time": func(t *tag) string { return msKey(t.createMs) },
 			"update_time": func(t *tag) string { return msKey(t.updateMs) },
 		},
-		render: func(t *tag) any { return renderTag(t) },
+		render: func(t *tag) any { return s.renderTag(t) },
 	}
 }
 
 // scope returns the group a request's token may see; requests reaching a
 // handler have been authenticated already.
 func (s *Sim) scope(r *http.Request) string {
-	m, _ := s.platformToken(bearer(r))
+	m, _ := s.credential(bearer(r))
 	return m.group
 }
 
@@ -120,7 +121,7 @@ func (s *Sim) listRepos(w http.ResponseWriter, r *http.Request, _ route) {
 			items = append(items, rp)
 		}
 	}
-	resp, e := paginate(s, p, items, repoLister())
+	resp, e := paginate(s, p, items, s.repoLister())
 	s.mu.RUnlock()
 	writeResult(w, resp, e)
 }
@@ -139,7 +140,7 @@ func (s *Sim) getRepo(w http.ResponseWriter, r *http.Request, rt route) {
 	rp, ok := s.repos[rt.uid]
 	var resp map[string]any
 	if ok && visible(rp.uid, scope) {
-		resp = renderRepo(rp)
+		resp = s.renderRepo(rp)
 	}
 	s.mu.RUnlock()
 	if resp == nil {
@@ -173,6 +174,21 @@ func (s *Sim) listTags(w http.ResponseWriter, r *http.Request, _ route) {
 			return
 		}
 		since = ms
+		if s.opts.UpdatedSinceExclusive {
+			since++ // the proto: tags updated after the timestamp
+		}
+	}
+	fam := familyFilter{hide: s.opts.HideTagFamilies}
+	for _, f := range []struct {
+		name string
+		p    *bool
+	}{{"include_referrers", &fam.referrers}, {"include_dates", &fam.dates}, {"include_epochs", &fam.epochs}} {
+		v, err := p.q.flag(f.name)
+		if err != nil {
+			writeError(w, s.errInvalid(f.name, "must be true or false"))
+			return
+		}
+		*f.p = v
 	}
 	scope := s.scope(r)
 	s.mu.RLock()
@@ -190,12 +206,12 @@ func (s *Sim) listTags(w http.ResponseWriter, r *http.Request, _ route) {
 		if !visible(t.uid, scope) || !p.scopeMatches(t.uid) {
 			continue
 		}
-		if (p.name != "" && t.name != p.name) || (wantDigest != "" && t.digest != digest) || t.updateMs < since {
+		if (p.name != "" && t.name != p.name) || (wantDigest != "" && t.digest != digest) || t.updateMs < since || !fam.shows(t.name) {
 			continue
 		}
 		items = append(items, t)
 	}
-	resp, e := paginate(s, p, items, tagLister())
+	resp, e := paginate(s, p, items, s.tagLister())
 	s.mu.RUnlock()
 	writeResult(w, resp, e)
 }
@@ -206,7 +222,7 @@ func (s *Sim) getTag(w http.ResponseWriter, r *http.Request, rt route) {
 	t, ok := s.tags[rt.uid]
 	var resp map[string]any
 	if ok && visible(t.uid, scope) {
-		resp = renderTag(t)
+		resp = s.renderTag(t)
 	}
 	s.mu.RUnlock()
 	if resp == nil {
@@ -238,10 +254,23 @@ func repoFields(rp *repo) fieldSet {
 	return fieldSet{
 		"name":        stringField(&rp.name),
 		"description": stringField(&rp.description),
-		"catalogTier": stringField(&rp.catalogTier),
+		"catalogTier": catalogTierField(&rp.catalogTier),
 		"aliases":     listField(&rp.aliases),
 		"activeTags":  listField(&rp.activeTags),
 		"bundles":     listField(&rp.bundles),
+	}
+}
+
+// catalogTierField accepts the tier by its short name (APPLICATION) or, as
+// protojson spells enums, in full (CATALOG_TIER_APPLICATION).
+func catalogTierField(p *string) func(json.RawMessage) error {
+	set := stringField(p)
+	return func(raw json.RawMessage) error {
+		if err := set(raw); err != nil {
+			return err
+		}
+		*p = strings.TrimPrefix(*p, "CATALOG_TIER_")
+		return nil
 	}
 }
 
@@ -273,7 +302,7 @@ func (s *Sim) createRepo(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 	rp := s.addRepoLocked(rt.uid, nr)
-	resp := renderRepo(rp)
+	resp := s.renderRepo(rp)
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, resp)
 }
@@ -296,7 +325,7 @@ func (s *Sim) addRepoLocked(parent string, fields repo) *repo {
 	rp.tags = map[string]*tag{}
 	s.repos[rp.uid] = rp
 	s.indexRepoLocked(rp)
-	s.emitLocked(s.platformEvent("registry.repo.created"), rp.uid, renderRepo(rp))
+	s.emitLocked(s.platformEvent("registry.repo.created"), rp.uid, s.renderRepo(rp))
 	return rp
 }
 
@@ -337,7 +366,7 @@ func (s *Sim) patchRepo(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	nr.updateMs = s.nowLocked().UnixMilli()
 	*rp = nr
-	resp := renderRepo(rp)
+	resp := s.renderRepo(rp)
 	s.emitLocked(s.platformEvent("registry.repo.updated"), rp.uid, resp)
 	writeJSON(w, http.StatusOK, resp)
 }
@@ -364,7 +393,7 @@ func (s *Sim) removeRepoLocked(rp *repo) {
 	}
 	delete(s.repos, rp.uid)
 	s.unindexRepoLocked(rp)
-	s.emitLocked(s.platformEvent("registry.repo.deleted"), rp.uid, renderRepo(rp))
+	s.emitLocked(s.platformEvent("registry.repo.deleted"), rp.uid, s.renderRepo(rp))
 }
 
 // writeEmpty answers a successful delete: the spec's empty body.
@@ -417,7 +446,7 @@ func (s *Sim) createTag(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	t := s.addTagLocked(rp, nt.name, d, nt.deprecated)
 	t.bundles = nt.bundles
-	resp := renderTag(t)
+	resp := s.renderTag(t)
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, resp)
 }
@@ -432,7 +461,7 @@ func (s *Sim) addTagLocked(rp *repo, name string, d [32]byte, deprecated bool) *
 	rp.tags[t.uid] = t
 	s.tags[t.uid] = t
 	s.indexTagLocked(t)
-	s.emitLocked(s.platformEvent("registry.tag.created"), t.uid, renderTag(t))
+	s.emitLocked(s.platformEvent("registry.tag.created"), t.uid, s.renderTag(t))
 	s.emitPushLocked(rp, t, [32]byte{})
 	return t
 }
@@ -457,7 +486,7 @@ func (s *Sim) removeTagLocked(t *tag) {
 	}
 	delete(s.tags, t.uid)
 	s.unindexTagLocked(t)
-	s.emitLocked(s.platformEvent("registry.tag.deleted"), t.uid, renderTag(t))
+	s.emitLocked(s.platformEvent("registry.tag.deleted"), t.uid, s.renderTag(t))
 }
 
 // imageOf finds a digest among the history of a repo's tags: the set of

@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-func advisoryLister() lister[*advisory] {
+func (s *Sim) advisoryLister() lister[*advisory] {
 	return lister[*advisory]{
 		plural: "advisories",
 		uid:    func(a *advisory) string { return a.uid },
@@ -16,18 +16,23 @@ func advisoryLister() lister[*advisory] {
 			"create_time":   func(a *advisory) string { return msKey(a.createMs) },
 			"update_time":   func(a *advisory) string { return msKey(a.updateMs) },
 		},
-		render: func(a *advisory) any { return renderAdvisory(a) },
+		render: func(a *advisory) any { return s.renderAdvisory(a) },
 	}
 }
 
-func renderAdvisory(a *advisory) map[string]any {
-	return map[string]any{
+func (s *Sim) renderAdvisory(a *advisory) map[string]any {
+	m := map[string]any{
 		"uid":          a.uid,
 		"advisoryId":   a.advisoryID,
 		"artifactName": a.artifactName,
 		"createTime":   fmtMs(a.createMs),
 		"updateTime":   fmtMs(a.updateMs),
 	}
+	// A withdrawn advisory stays listed, with its deleteTime set.
+	if a.deleteMs != 0 {
+		m["deleteTime"] = fmtMs(a.deleteMs)
+	}
+	return s.wire("advisory", a.uid, m)
 }
 
 func (s *Sim) listAdvisories(w http.ResponseWriter, r *http.Request, _ route) {
@@ -54,7 +59,7 @@ func (s *Sim) listAdvisories(w http.ResponseWriter, r *http.Request, _ route) {
 		}
 		items = append(items, a)
 	}
-	resp, e := paginate(s, p, items, advisoryLister())
+	resp, e := paginate(s, p, items, s.advisoryLister())
 	s.mu.RUnlock()
 	writeResult(w, resp, e)
 }
@@ -64,7 +69,7 @@ func (s *Sim) getAdvisory(w http.ResponseWriter, _ *http.Request, rt route) {
 	a, ok := s.advisories[rt.uid]
 	var resp map[string]any
 	if ok {
-		resp = renderAdvisory(a)
+		resp = s.renderAdvisory(a)
 	}
 	s.mu.RUnlock()
 	if !ok {

@@ -1,8 +1,6 @@
 package platformsim
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,36 +8,12 @@ import (
 	"time"
 )
 
-// MintToken issues a platform bearer token. An empty identityUID gives a
-// token with the organization's root-group scope; otherwise the token acts
-// as that identity, scoped to the identity's parent group.
-func (s *Sim) MintToken(identityUID string) (string, error) {
-	var b [24]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	tok := "simtok_" + hex.EncodeToString(b[:])
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := mintedToken{group: s.opts.RootGroup, subject: "sim-admin"}
-	if identityUID != "" {
-		id, ok := s.identities[identityUID]
-		if !ok {
-			return "", errNoIdentity(identityUID)
-		}
-		m = mintedToken{group: parentOf(id.uid), identity: id.uid, subject: id.subject}
-	}
-	s.minted[tok] = m
-	return tok, nil
-}
-
-type errNoIdentity string
-
-func (e errNoIdentity) Error() string { return "no identity " + string(e) }
-
 // serveControl serves the /_sim/ control API. It needs no token: it exists
 // for tests and demos on loopback.
 func (s *Sim) serveControl(w http.ResponseWriter, r *http.Request) {
+	if s.serveExternal(w, r) {
+		return
+	}
 	switch r.Method + " " + r.URL.Path {
 	case "GET /_sim/clock":
 		writeJSON(w, http.StatusOK, map[string]any{"now": s.now().UTC().Format(timeLayout)})
@@ -88,11 +62,41 @@ func (s *Sim) serveControl(w http.ResponseWriter, r *http.Request) {
 	case "POST /_sim/tokens":
 		var req struct {
 			Identity string `json:"identity"`
+			Audience string `json:"audience"`
 		}
 		_ = json.NewDecoder(r.Body).Decode(&req)
-		tok, err := s.MintToken(req.Identity)
+		if req.Audience != "" && req.Audience != AudienceAPI && req.Audience != AudienceRegistry {
+			writeError(w, s.errInvalid("audience", `must be "api" or "registry"`))
+			return
+		}
+		tok, err := s.MintTokenFor(req.Identity, req.Audience)
 		if err != nil {
 			writeError(w, s.errNotFound("identity", req.Identity))
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"token": tok})
+	case "POST /_sim/external-token":
+		var req struct {
+			Subject  string `json:"subject"`
+			Audience string `json:"audience"`
+			TTL      string `json:"ttl"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			writeError(w, s.errInvalid("body", `must be {"subject": ..., "audience": ..., "ttl": "10m"}: `+err.Error()))
+			return
+		}
+		var ttl time.Duration
+		if req.TTL != "" {
+			d, err := time.ParseDuration(req.TTL)
+			if err != nil {
+				writeError(w, s.errInvalid("ttl", "must be a Go duration such as 10m"))
+				return
+			}
+			ttl = d
+		}
+		tok, err := s.ExternalToken(req.Subject, req.Audience, ttl)
+		if err != nil {
+			writeError(w, s.errInvalid("subject", err.Error()))
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"token": tok})
@@ -110,26 +114,23 @@ func (s *Sim) serveControl(w http.ResponseWriter, r *http.Request) {
 			out = append(out, toFaultJSON(f))
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"faults": out})
-	case "PUT /_sim/faults":
-		var req struct {
-			Faults []faultJSON `json:"faults"`
-		}
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-			writeError(w, s.errInvalid("body", "must be {\"faults\": [...]}: "+err.Error()))
+	case "PUT /_sim/faults", "POST /_sim/faults":
+		faults, e := s.readFaults(r)
+		if e != nil {
+			writeError(w, e)
 			return
 		}
-		faults := make([]Fault, 0, len(req.Faults))
-		for i, fj := range req.Faults {
-			f, err := fj.fault()
-			if err != nil {
-				writeError(w, s.errInvalid("faults["+strconv.Itoa(i)+"]", err.Error()))
-				return
-			}
-			faults = append(faults, f)
+		if r.Method == http.MethodPut {
+			s.SetFaults(faults...)
+		} else {
+			s.AddFaults(faults...)
 		}
-		s.SetFaults(faults...)
 		writeEmpty(w)
 	case "DELETE /_sim/faults":
+		if name := r.URL.Query().Get("name"); name != "" {
+			writeJSON(w, http.StatusOK, map[string]any{"removed": s.RemoveFaults(name)})
+			return
+		}
 		s.SetFaults()
 		writeEmpty(w)
 	case "PUT /_sim/delivery-faults":
@@ -167,10 +168,33 @@ func (s *Sim) serveControl(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// readFaults decodes {"faults": [...]} of the control API.
+func (s *Sim) readFaults(r *http.Request) ([]Fault, *apiError) {
+	var req struct {
+		Faults []faultJSON `json:"faults"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		return nil, s.errInvalid("body", "must be {\"faults\": [...]}: "+err.Error())
+	}
+	faults := make([]Fault, 0, len(req.Faults))
+	for i, fj := range req.Faults {
+		f, err := fj.fault()
+		if err != nil {
+			return nil, s.errInvalid("faults["+strconv.Itoa(i)+"]", err.Error())
+		}
+		faults = append(faults, f)
+	}
+	return faults, nil
+}
+
 // faultJSON is Fault on the control API, with durations as Go duration
 // strings ("250ms").
 type faultJSON struct {
-	Pattern            string  `json:"pattern"`
+	Name               string  `json:"name,omitempty"`
+	Pattern            string  `json:"pattern,omitempty"`
+	Path               string  `json:"path,omitempty"`
+	Image              string  `json:"image,omitempty"`
+	Status             int     `json:"status,omitempty"`
 	Latency            string  `json:"latency,omitempty"`
 	LatencyJitter      string  `json:"latencyJitter,omitempty"`
 	LatencyExpMean     string  `json:"latencyExpMean,omitempty"`
@@ -187,12 +211,16 @@ type faultJSON struct {
 }
 
 func (fj faultJSON) fault() (Fault, error) {
-	f := Fault{Pattern: fj.Pattern, ErrorRate: fj.ErrorRate, ErrorStatuses: fj.ErrorStatuses,
+	f := Fault{Name: fj.Name, Pattern: fj.Pattern, Path: fj.Path, Image: fj.Image, Status: fj.Status,
+		ErrorRate: fj.ErrorRate, ErrorStatuses: fj.ErrorStatuses,
 		RateLimitRate: fj.RateLimitRate, RetryAfterHTTPDate: fj.RetryAfterHTTPDate,
 		ResetRate: fj.ResetRate, TruncateRate: fj.TruncateRate, StallRate: fj.StallRate,
 		Remaining: fj.Remaining}
-	if f.Pattern == "" {
-		return f, fmt.Errorf("pattern is required (\"*\" matches every endpoint)")
+	if f.Pattern == "" && f.Path == "" && f.Image == "" {
+		return f, fmt.Errorf("pattern, path or image is required (pattern \"*\" matches every endpoint)")
+	}
+	if f.Status != 0 && (f.Status < 400 || f.Status > 599) {
+		return f, fmt.Errorf("status %d is not an HTTP error status", f.Status)
 	}
 	for _, d := range []struct {
 		name string
@@ -222,7 +250,7 @@ func toFaultJSON(f Fault) faultJSON {
 		}
 		return d.String()
 	}
-	return faultJSON{Pattern: f.Pattern, Latency: dur(f.Latency), LatencyJitter: dur(f.LatencyJitter),
+	return faultJSON{Name: f.Name, Pattern: f.Pattern, Path: f.Path, Image: f.Image, Status: f.Status, Latency: dur(f.Latency), LatencyJitter: dur(f.LatencyJitter),
 		LatencyExpMean: dur(f.LatencyExpMean), ErrorRate: f.ErrorRate, ErrorStatuses: f.ErrorStatuses,
 		RateLimitRate: f.RateLimitRate, RetryAfter: dur(f.RetryAfter), RetryAfterHTTPDate: f.RetryAfterHTTPDate,
 		ResetRate: f.ResetRate, TruncateRate: f.TruncateRate, StallRate: f.StallRate, Stall: dur(f.Stall),

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"time"
 )
 
 // event is one CloudEvent addressed to one subscription's sink.
@@ -52,16 +53,29 @@ func (s *Sim) emitLocked(typ, subject string, body any) {
 	}
 }
 
+// civilLayout is a push event's `when` upstream: a date-time with no zone.
+const civilLayout = "2006-01-02T15:04:05.000"
+
 // emitPushLocked sends the registry push event of a tag moving to a new
 // digest (or being created, with a zero previous digest).
 func (s *Sim) emitPushLocked(rp *repo, t *tag, prev [32]byte) {
+	// The registry names the repository by its request path; upstream has
+	// sent the uid there too.
+	repository, ok := s.pathLocked(rp.uid)
+	if !ok || s.opts.PushRepositoryUID {
+		repository = rp.uid
+	}
+	when := fmtMs(t.updateMs)
+	if s.opts.CivilPushTime {
+		when = time.UnixMilli(t.updateMs).UTC().Format(civilLayout)
+	}
 	body := map[string]any{
-		"repository":     rp.name,
+		"repository":     repository,
 		"repo_id":        rp.uid,
 		"tag":            t.name,
 		"digest":         fmtDigest(t.digest),
 		"type":           "manifest",
-		"when":           fmtMs(t.updateMs),
+		"when":           when,
 		"location":       "US",
 		"remote_address": "192.0.2.10",
 		"user_agent":     "platformsim/1",

@@ -17,10 +17,25 @@ import (
 // Rates are probabilities per request; at most one of the error outcomes
 // (in field order) happens per request, latency adds to any of them.
 type Fault struct {
+	// Name identifies the fault for RemoveFaults; optional.
+	Name string
 	// Pattern is an endpoint pattern as reported by Stats, for example
 	// "GET /registry/v2/tags" or "GET /registry/v2/repos/{uid}"; a trailing
 	// "*" matches any pattern with that prefix, and "*" alone matches all.
+	// Empty matches every endpoint when Path or Image narrows the fault,
+	// and nothing otherwise.
 	Pattern string
+	// Path narrows the fault to requests for this URL path (a trailing "*"
+	// matches any path with that prefix), such as one repo's tag history
+	// "/v2/acme/charts/cert-manager/_chainguard/history/*".
+	Path string
+	// Image narrows the fault to registry requests for one image,
+	// "<org>/<path>": its tag history and its /token scope.
+	Image string
+	// Status, when set, answers every matching request with this status and
+	// an error body in the endpoint's format (OCI for the registry, AIP-193
+	// for the platform API), without a random draw.
+	Status int
 	// Latency is added to every matching request; LatencyJitter adds a
 	// uniform extra in [0, LatencyJitter); LatencyExpMean adds an
 	// exponentially distributed extra with that mean.
@@ -102,6 +117,52 @@ func (s *Sim) Faults() []Fault {
 	return out
 }
 
+// request is what faults match a request on.
+type request struct {
+	pattern, path, image string
+}
+
+func (f *Fault) matches(q request) bool {
+	if f.Pattern == "" && f.Path == "" && f.Image == "" {
+		return false
+	}
+	if f.Pattern != "" && !patternMatches(f.Pattern, q.pattern) {
+		return false
+	}
+	if f.Path != "" && !patternMatches(f.Path, q.path) {
+		return false
+	}
+	return f.Image == "" || f.Image == q.image
+}
+
+// AddFaults adds faults to the active ones, keeping the generator's state.
+func (s *Sim) AddFaults(faults ...Fault) {
+	fs := &s.faults
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for _, f := range faults {
+		f := f
+		fs.faults = append(fs.faults, &f)
+	}
+}
+
+// RemoveFaults removes the active faults called name and returns how many
+// there were.
+func (s *Sim) RemoveFaults(name string) int {
+	fs := &s.faults
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	kept := fs.faults[:0]
+	for _, f := range fs.faults {
+		if f.Name != name {
+			kept = append(kept, f)
+		}
+	}
+	n := len(fs.faults) - len(kept)
+	fs.faults = kept
+	return n
+}
+
 func patternMatches(p, pattern string) bool {
 	if p == "*" || p == pattern {
 		return true
@@ -110,14 +171,14 @@ func patternMatches(p, pattern string) bool {
 	return ok && strings.HasPrefix(pattern, prefix)
 }
 
-// decide draws what happens to one request of the given endpoint pattern.
-func (fs *faultSet) decide(pattern string) faultDecision {
+// decide draws what happens to one request.
+func (fs *faultSet) decide(q request) faultDecision {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	var d faultDecision
 	kept := fs.faults[:0]
 	for _, f := range fs.faults {
-		if !patternMatches(f.Pattern, pattern) {
+		if !f.matches(q) {
 			kept = append(kept, f)
 			continue
 		}
@@ -127,6 +188,9 @@ func (fs *faultSet) decide(pattern string) faultDecision {
 		}
 		if f.LatencyExpMean > 0 {
 			d.latency += time.Duration(fs.rng.ExpFloat64() * float64(f.LatencyExpMean))
+		}
+		if d.outcome == outcomeNone && f.Status != 0 {
+			d.outcome, d.status = outcomeError, f.Status
 		}
 		if d.outcome == outcomeNone {
 			u := fs.rng.Float64()
@@ -185,7 +249,8 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 
 // serveWithFaults runs serve and delivers its answer, perturbed as decided.
 func (s *Sim) serveWithFaults(w http.ResponseWriter, r *http.Request, pattern string, serve func(http.ResponseWriter, *http.Request)) {
-	d := s.faults.decide(pattern)
+	image := s.registryImage(r)
+	d := s.faults.decide(request{pattern: pattern, path: r.URL.Path, image: image})
 	if d.latency > 0 && !sleepCtx(r.Context(), d.latency) {
 		return
 	}
@@ -194,7 +259,7 @@ func (s *Sim) serveWithFaults(w http.ResponseWriter, r *http.Request, pattern st
 		serve(w, r)
 		return
 	case outcomeError:
-		s.writeServerError(w, d.status)
+		s.writeInjectedError(w, d.status, isRegistry(pattern))
 		return
 	case outcomeRateLimit:
 		if d.httpDate {
@@ -234,20 +299,57 @@ func (s *Sim) serveWithFaults(w http.ResponseWriter, r *http.Request, pattern st
 	// the connection: the client sees an unexpected EOF.
 }
 
-func (s *Sim) writeServerError(w http.ResponseWriter, status int) {
-	switch status {
-	case http.StatusBadGateway, http.StatusGatewayTimeout:
+// isRegistry reports whether an endpoint pattern is the registry's, which
+// answers errors in the OCI format.
+func isRegistry(pattern string) bool {
+	return pattern == "GET /token" || strings.HasPrefix(pattern, "GET /v2/")
+}
+
+// writeInjectedError answers an injected failure the way the endpoint
+// would: gateways' HTML for 502 and 504, otherwise the registry's OCI body
+// or the platform's AIP-193 body with the code matching the status.
+func (s *Sim) writeInjectedError(w http.ResponseWriter, status int, registry bool) {
+	switch {
+	case status == http.StatusBadGateway || status == http.StatusGatewayTimeout:
 		// Gateways in front of the API answer in HTML, not AIP-193.
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.WriteHeader(status)
 		_, _ = w.Write([]byte("<html><body><h1>" + strconv.Itoa(status) + " " + http.StatusText(status) + "</h1></body></html>\n"))
-	case http.StatusServiceUnavailable:
+	case registry:
+		s.registryError(w, status, registryCode(status), "injected failure: "+http.StatusText(status), "")
+	case status == http.StatusServiceUnavailable:
 		writeError(w, s.newError(codeUnavailable, "Unavailable: the service is temporarily unavailable"))
 	default:
-		e := s.newError(codeInternal, "Internal: injected failure")
+		code := codeOfStatus(status)
+		e := s.newError(code, reasonText(code)+": injected failure")
 		e.status = status
 		writeError(w, e)
 	}
+}
+
+// codeOfStatus is the gRPC code a gateway status stands for.
+func codeOfStatus(status int) int {
+	switch status {
+	case http.StatusBadRequest:
+		return codeInvalidArgument
+	case http.StatusUnauthorized:
+		return codeUnauthenticated
+	case http.StatusForbidden:
+		return codePermissionDenied
+	case http.StatusNotFound:
+		return codeNotFound
+	case http.StatusConflict:
+		return codeAlreadyExists
+	case http.StatusTooManyRequests:
+		return codeResourceExhausted
+	}
+	return codeInternal
+}
+
+// reasonText spells a code the way messages begin ("Not found: ...").
+func reasonText(code int) string {
+	r := strings.ReplaceAll(strings.ToLower(reasonOf(code)), "_", " ")
+	return strings.ToUpper(r[:1]) + r[1:]
 }
 
 // resetConn drops the connection under the response, with an RST where the

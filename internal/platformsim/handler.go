@@ -11,12 +11,21 @@ import (
 type Stats struct {
 	Total      int            `json:"total"`
 	ByEndpoint map[string]int `json:"byEndpoint"`
+	// Exchanges counts successful token exchanges at /sts/exchange.
+	Exchanges int `json:"exchanges"`
 }
 
 type stats struct {
-	mu    sync.Mutex
-	total int
-	by    map[string]int
+	mu        sync.Mutex
+	total     int
+	by        map[string]int
+	exchanges int
+}
+
+func (st *stats) exchanged() {
+	st.mu.Lock()
+	st.exchanges++
+	st.mu.Unlock()
 }
 
 func (st *stats) count(pattern string) {
@@ -34,7 +43,7 @@ func (st *stats) count(pattern string) {
 func (s *Sim) Stats() Stats {
 	s.stats.mu.Lock()
 	defer s.stats.mu.Unlock()
-	out := Stats{Total: s.stats.total, ByEndpoint: make(map[string]int, len(s.stats.by))}
+	out := Stats{Total: s.stats.total, ByEndpoint: make(map[string]int, len(s.stats.by)), Exchanges: s.stats.exchanges}
 	for k, v := range s.stats.by {
 		out.ByEndpoint[k] = v
 	}
@@ -44,7 +53,7 @@ func (s *Sim) Stats() Stats {
 // ResetStats zeroes the request counters.
 func (s *Sim) ResetStats() {
 	s.stats.mu.Lock()
-	s.stats.total, s.stats.by = 0, nil
+	s.stats.total, s.stats.by, s.stats.exchanges = 0, nil, 0
 	s.stats.mu.Unlock()
 }
 
@@ -139,33 +148,6 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
-// platformToken resolves a platform token to the group it is scoped to.
-func (s *Sim) platformToken(tok string) (mintedToken, bool) {
-	if tok == "" {
-		return mintedToken{}, false
-	}
-	for _, t := range s.opts.Tokens {
-		if t == tok {
-			return mintedToken{group: s.opts.RootGroup, subject: "configured-token"}, true
-		}
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	m, ok := s.minted[tok]
-	return m, ok
-}
-
-func (s *Sim) authenticate(r *http.Request) *apiError {
-	tok := bearer(r)
-	if tok == "" {
-		return s.errUnauthenticated("missing bearer token in the Authorization header")
-	}
-	if _, ok := s.platformToken(tok); !ok {
-		return s.errUnauthenticated("the bearer token is not valid for this API")
-	}
-	return nil
-}
-
 // match routes a request. Uids contain slashes, so routing is by prefix and
 // by known suffixes rather than by path segments.
 func (s *Sim) match(method, path string) (route, bool) {
@@ -184,6 +166,8 @@ func (s *Sim) match(method, path string) (route, bool) {
 			return route{pattern: "GET /v2/", serve: s.serveRegistryBase}, true
 		}
 		return route{pattern: "GET /v2/{image}/_" + s.opts.Vendor + "/history/{tag}", serve: s.serveHistory}, true
+	case path == "/sts/exchange" && (method == http.MethodPost || method == http.MethodGet):
+		return route{pattern: method + " /sts/exchange", serve: s.serveExchange}, true
 	case path == "/.well-known/openid-configuration" && method == http.MethodGet:
 		return route{pattern: "GET /.well-known/openid-configuration", serve: s.serveDiscovery}, true
 	case path == "/.well-known/jwks.json" && method == http.MethodGet:

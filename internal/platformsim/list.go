@@ -35,6 +35,12 @@ func canonicalParam(name string) string {
 		return "uidp.descendants_of"
 	case "updatedSince":
 		return "updated_since"
+	case "includeReferrers":
+		return "include_referrers"
+	case "includeDates":
+		return "include_dates"
+	case "includeEpochs":
+		return "include_epochs"
 	case "artifact_names":
 		return "artifactNames"
 	case "advisory_ids":
@@ -53,6 +59,15 @@ func canonicalQuery(q url.Values) query {
 		out[c] = append(out[c], vs...)
 	}
 	return out
+}
+
+// flag reads a boolean parameter (absent: false).
+func (q query) flag(name string) (bool, error) {
+	v := q.get(name)
+	if v == "" {
+		return false, nil
+	}
+	return strconv.ParseBool(v)
 }
 
 func (q query) get(name string) string {
@@ -315,7 +330,7 @@ func paginate[T any](s *Sim, p listParams, items []T, l lister[T]) (map[string]a
 		resp["nextPageToken"] = encodeCursor(cursor{Order: ord, Filter: p.filterHash,
 			Keys: last.keys, UID: last.uid, Issued: now})
 	}
-	return resp, nil
+	return s.wireEnvelope(resp), nil
 }
 
 // boundedHeap keeps the limit smallest items offered: a max-heap whose root

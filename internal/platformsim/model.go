@@ -45,11 +45,14 @@ type tag struct {
 type advisory struct {
 	uid, advisoryID, artifactName string
 	createMs, updateMs            int64
+	deleteMs                      int64 // withdrawn at; 0 while live
+	idx                           int   // position in Sim.advList
 }
 
 type identity struct {
 	uid, name, description string
 	issuer, subject        string
+	audience               string // claimMatch.audience; "" for the default
 	lastSeenMs             int64
 	createMs, updateMs     int64
 }

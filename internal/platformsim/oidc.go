@@ -24,8 +24,8 @@ type oidcKey struct {
 	err  error
 }
 
-func (s *Sim) signingKey() (*rsa.PrivateKey, string, error) {
-	k := &s.oidcKey
+// get returns the key, generating it on first use.
+func (k *oidcKey) get() (*rsa.PrivateKey, string, error) {
 	k.once.Do(func() {
 		k.key, k.err = rsa.GenerateKey(rand.Reader, 2048)
 		if k.err != nil {
@@ -38,9 +38,14 @@ func (s *Sim) signingKey() (*rsa.PrivateKey, string, error) {
 	return k.key, k.kid, k.err
 }
 
+func (s *Sim) signingKey() (*rsa.PrivateKey, string, error) { return s.oidcKey.get() }
+
 // signJWT makes an RS256 JSON Web Token from the issuer's key.
-func (s *Sim) signJWT(claims map[string]any) (string, error) {
-	key, kid, err := s.signingKey()
+func (s *Sim) signJWT(claims map[string]any) (string, error) { return signJWTWith(&s.oidcKey, claims) }
+
+// signJWTWith makes an RS256 JSON Web Token signed by k.
+func signJWTWith(k *oidcKey, claims map[string]any) (string, error) {
+	key, kid, err := k.get()
 	if err != nil {
 		return "", err
 	}
@@ -82,10 +87,18 @@ func (s *Sim) isOIDCToken(tok string) bool {
 func (s *Sim) Issuer() string { return s.baseURL() }
 
 func (s *Sim) serveDiscovery(w http.ResponseWriter, _ *http.Request, _ route) {
-	iss := s.baseURL()
+	writeDiscovery(w, s.baseURL(), s.baseURL()+"/.well-known/jwks.json")
+}
+
+func (s *Sim) serveJWKS(w http.ResponseWriter, _ *http.Request, _ route) {
+	s.writeJWKS(w, &s.oidcKey)
+}
+
+// writeDiscovery answers an OpenID Provider configuration document.
+func writeDiscovery(w http.ResponseWriter, issuer, jwksURI string) {
 	writeJSON(w, http.StatusOK, map[string]any{
-		"issuer":                                iss,
-		"jwks_uri":                              iss + "/.well-known/jwks.json",
+		"issuer":                                issuer,
+		"jwks_uri":                              jwksURI,
 		"response_types_supported":              []string{"id_token"},
 		"subject_types_supported":               []string{"public"},
 		"id_token_signing_alg_values_supported": []string{"RS256"},
@@ -93,8 +106,9 @@ func (s *Sim) serveDiscovery(w http.ResponseWriter, _ *http.Request, _ route) {
 	})
 }
 
-func (s *Sim) serveJWKS(w http.ResponseWriter, _ *http.Request, _ route) {
-	key, kid, err := s.signingKey()
+// writeJWKS answers the JSON Web Key Set holding k's public key.
+func (s *Sim) writeJWKS(w http.ResponseWriter, k *oidcKey) {
+	key, kid, err := k.get()
 	if err != nil {
 		writeError(w, s.newError(codeInternal, "Internal: "+err.Error()))
 		return

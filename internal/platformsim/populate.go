@@ -82,7 +82,7 @@ func tagNames(n int) []string {
 }
 
 // Populate generates a deterministic organization from Options.Seed: repos
-// under the root group, their tags with history (oldest first, each tag's
+// under the root group (Scale.NestedRepos of them below subgroups), their tags with history (oldest first, each tag's
 // digest being its last record's), advisories, and public images. Data is
 // stamped in the past relative to the simulator's current time. No events
 // are sent for generated data.
@@ -101,18 +101,34 @@ func (s *Sim) Populate(sc Scale) {
 	heavyLeft := sc.HeavyTags
 	names := tagNames(sc.TagsPerRepo)
 	tagIndex := 0
+	nestedFrom := sc.Repos - max(sc.NestedRepos, 0)
 	for i := range sc.Repos {
 		name := words[i%len(words)]
 		if i >= len(words) {
 			name = fmt.Sprintf("%s-%d", name, i/len(words))
 		}
-		for s.repoByNameLocked(s.opts.RootGroup, name) != nil {
+		parent := s.opts.RootGroup
+		if i >= nestedFrom {
+			parent = s.subgroupLocked(rng, i-nestedFrom, now)
+		}
+		for s.repoByNameLocked(parent, name) != nil {
 			name += "-x"
 		}
-		rp := &repo{uid: s.newSegmentUIDLocked(rng, s.opts.RootGroup), name: name,
+		rp := &repo{uid: s.newSegmentUIDLocked(rng, parent), name: name,
 			description: "Minimal image for " + name, catalogTier: catalogTier(i),
 			tags: make(map[string]*tag, sc.TagsPerRepo)}
 		first := now
+		addTag := func(tn string, records int) *tag {
+			t := &tag{uid: s.newSegmentUIDLocked(rng, rp.uid), repoUID: rp.uid, name: tn}
+			t.history = genHistory(rng, now, max(records, 1))
+			last := t.history[len(t.history)-1]
+			t.digest, t.createMs, t.updateMs = last.digest, t.history[0].ms, last.ms
+			first = min(first, t.createMs)
+			rp.tags[t.uid] = t
+			s.tags[t.uid] = t
+			s.indexTagLocked(t)
+			return t
+		}
 		for _, tn := range names {
 			records := sc.HistoryPerTag
 			if heavyEvery > 0 && heavyLeft > 0 && tagIndex%heavyEvery == 0 {
@@ -120,18 +136,16 @@ func (s *Sim) Populate(sc Scale) {
 				heavyLeft--
 			}
 			tagIndex++
-			t := &tag{uid: s.newSegmentUIDLocked(rng, rp.uid), repoUID: rp.uid, name: tn}
-			t.history = genHistory(rng, now, max(records, 1))
-			last := t.history[len(t.history)-1]
-			t.digest, t.createMs, t.updateMs = last.digest, t.history[0].ms, last.ms
+			t := addTag(tn, records)
 			t.deprecated = tn != "latest" && tn != "latest-dev" && rng.IntN(20) == 0
-			first = min(first, t.createMs)
-			rp.tags[t.uid] = t
-			s.tags[t.uid] = t
-			s.indexTagLocked(t)
 			if !t.deprecated && len(rp.activeTags) < 5 {
 				rp.activeTags = append(rp.activeTags, tn)
 			}
+		}
+		// The families the tag list hides come after, so a scale without
+		// them draws exactly what it drew before they existed.
+		for _, tn := range familyTagNames(rng, sc, now) {
+			addTag(tn, sc.HistoryPerTag)
 		}
 		rp.createMs = first - int64(rng.IntN(30*24))*int64(time.Hour/time.Millisecond) - 1
 		rp.updateMs = rp.createMs + int64(rng.Int64N(now-rp.createMs+1))
@@ -144,8 +158,7 @@ func (s *Sim) Populate(sc Scale) {
 			artifactName: words[rng.IntN(len(words))]}
 		a.createMs = now - rng.Int64N(365*24*int64(time.Hour/time.Millisecond))
 		a.updateMs = a.createMs + rng.Int64N(now-a.createMs+1)
-		s.advisories[a.uid] = a
-		s.advList = append(s.advList, a)
+		s.addAdvisoryLocked(a)
 	}
 	pub := sc.PublicImages
 	if pub == 0 {
@@ -162,6 +175,58 @@ func (s *Sim) Populate(sc Scale) {
 		}
 		s.public[pi.name] = pi
 	}
+}
+
+// familyTagNames names one repo's tags of the hidden families: dates
+// (latest-20250301, a day apart back from now), epochs (2.0.<k>-r<k%3>) and
+// referrers (sha256-<hex>.sig or .att).
+func familyTagNames(rng *rand.Rand, sc Scale, now int64) []string {
+	var out []string
+	day := time.UnixMilli(now).UTC()
+	for k := range sc.DateTags {
+		out = append(out, "latest-"+day.AddDate(0, 0, -k).Format("20060102"))
+	}
+	for k := range sc.EpochTags {
+		out = append(out, fmt.Sprintf("2.0.%d-r%d", k, k%3))
+	}
+	for k := range sc.ReferrerTags {
+		suffix := ".sig"
+		if k%2 == 1 {
+			suffix = ".att"
+		}
+		d := randDigest(rng)
+		out = append(out, "sha256-"+hex.EncodeToString(d[:])+suffix)
+	}
+	return out
+}
+
+// subgroupNames are the first-level subgroups nested repos live in; each
+// has a second-level subgroup "stable".
+var subgroupNames = [...]string{"charts", "tools", "platform"}
+
+// subgroupLocked returns the group the j-th nested repo goes into:
+// alternately a first-level subgroup and its "stable" child, creating them
+// on first use.
+func (s *Sim) subgroupLocked(rng *rand.Rand, j int, now int64) string {
+	g := s.childGroupLocked(rng, s.opts.RootGroup, subgroupNames[(j/2)%len(subgroupNames)], now)
+	if j%2 == 1 {
+		g = s.childGroupLocked(rng, g, "stable", now)
+	}
+	return g
+}
+
+// childGroupLocked finds or creates the group called name under parent.
+func (s *Sim) childGroupLocked(rng *rand.Rand, parent, name string, now int64) string {
+	for uid, g := range s.groups {
+		if g.name == name && parentOf(uid) == parent {
+			return uid
+		}
+	}
+	created := now - 400*24*int64(time.Hour/time.Millisecond)
+	g := &group{uid: s.newSegmentUIDLocked(rng, parent), name: name,
+		description: "Subgroup " + name, createMs: created, updateMs: created}
+	s.groups[g.uid] = g
+	return g.uid
 }
 
 // newSegmentUIDLocked is newUIDLocked drawing from a given generator, so

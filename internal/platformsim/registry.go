@@ -68,65 +68,45 @@ func (s *Sim) registryError(w http.ResponseWriter, status int, code, msg, scope 
 	writeJSON(w, status, map[string]any{"errors": []map[string]any{{"code": code, "message": msg}}})
 }
 
-func registryHost(base string) string {
-	_, h, ok := strings.Cut(base, "://")
-	if !ok {
-		return base
-	}
-	return h
-}
-
-// platformCredential finds a platform token sent either as a bearer token or
-// as the password of Basic auth, the form docker credential helpers use.
-func platformCredential(r *http.Request) string {
-	if t := bearer(r); t != "" {
-		return t
-	}
-	if _, pw, ok := r.BasicAuth(); ok {
-		return pw
-	}
-	return ""
-}
-
 func (s *Sim) serveRegistryToken(w http.ResponseWriter, r *http.Request, _ route) {
 	scope := r.URL.Query().Get("scope")
-	repoPart, ok := strings.CutPrefix(scope, "repository:")
+	image, ok := scopeImage(scope)
 	if !ok {
 		s.registryError(w, http.StatusBadRequest, "UNSUPPORTED", "scope must be repository:<org>/<image>:pull", "")
 		return
 	}
-	i := strings.LastIndexByte(repoPart, ':')
-	if i < 0 || !strings.Contains(strings.Split(repoPart[i+1:], ",")[0], "pull") {
-		s.registryError(w, http.StatusBadRequest, "UNSUPPORTED", "scope must request pull", "")
-		return
-	}
-	image := repoPart[:i]
 	org, name, ok := strings.Cut(image, "/")
 	if !ok || name == "" {
 		s.registryError(w, http.StatusBadRequest, "NAME_INVALID", "scope must name <org>/<image>", "")
 		return
 	}
-	cred := platformCredential(r)
+	cred := registryCredential(r)
 	claims := registryClaims{Audience: registryAudience, Image: image, Issued: s.nowMs()}
 	if s.opts.RegistryTokenTTL > 0 {
 		claims.Expires = claims.Issued + s.opts.RegistryTokenTTL.Milliseconds()
 	}
 	switch {
 	case cred != "":
-		m, ok := s.platformToken(cred)
+		m, ok := s.credential(cred)
 		if !ok {
 			s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "credential not recognized", scope)
 			return
 		}
-		// Only identities of the root group reach the organization's
-		// registry (authentication rule 3).
-		if org == s.opts.OrgName && m.group != s.opts.RootGroup {
-			s.registryError(w, http.StatusForbidden, "DENIED", "identity is not scoped to the organization's root group", scope)
+		if m.expired(claims.Issued) {
+			s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "credential expired at "+fmtMs(m.expiresMs), scope)
 			return
 		}
-		if org != s.opts.OrgName && org != s.opts.PublicOrg {
-			s.registryError(w, http.StatusForbidden, "DENIED", "no access to organization "+org, scope)
+		if m.aud&audRegistry == 0 && s.opts.EnforceAudiences {
+			s.registryError(w, http.StatusForbidden, "DENIED", s.wrongAudience(m), scope)
 			return
+		}
+		if e := s.registryAccess(m, org); e != "" {
+			s.registryError(w, http.StatusForbidden, "DENIED", e, scope)
+			return
+		}
+		// A per-image token does not outlive the credential it came from.
+		if m.expiresMs != 0 && (claims.Expires == 0 || m.expiresMs < claims.Expires) {
+			claims.Expires = m.expiresMs
 		}
 	case org == s.opts.PublicOrg:
 		claims.Anon = true
@@ -141,8 +121,82 @@ func (s *Sim) serveRegistryToken(w http.ResponseWriter, r *http.Request, _ route
 	})
 }
 
+// registryImage is the image a registry request is for ("<org>/<path>"):
+// the history path's, or the /token scope's; "" for other requests.
+func (s *Sim) registryImage(r *http.Request) string {
+	if r.URL.Path == "/token" {
+		img, _ := scopeImage(r.URL.Query().Get("scope"))
+		return img
+	}
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/v2/"); ok {
+		if img, _, ok := strings.Cut(rest, "/_"+s.opts.Vendor+"/history/"); ok {
+			return img
+		}
+	}
+	return ""
+}
+
+// scopeImage reads the image of a "repository:<org>/<path>:pull" scope.
+func scopeImage(scope string) (string, bool) {
+	repoPart, ok := strings.CutPrefix(scope, "repository:")
+	if !ok {
+		return "", false
+	}
+	i := strings.LastIndexByte(repoPart, ':')
+	if i < 0 || !strings.Contains(strings.Split(repoPart[i+1:], ",")[0], "pull") {
+		return "", false
+	}
+	return repoPart[:i], true
+}
+
+func registryCode(status int) string {
+	switch status {
+	case http.StatusUnauthorized:
+		return "UNAUTHORIZED"
+	case http.StatusNotFound:
+		return "NAME_UNKNOWN"
+	case http.StatusTooManyRequests:
+		return "TOOMANYREQUESTS"
+	case http.StatusForbidden:
+		return "DENIED"
+	case http.StatusBadRequest:
+		return "UNSUPPORTED"
+	}
+	return "UNAVAILABLE"
+}
+
+// wrongAudience explains the refusal of a credential that is not for the
+// registry, naming both audiences.
+func (s *Sim) wrongAudience(m mintedToken) string {
+	return fmt.Sprintf("token audience %s is not the registry's audience %q: a platform API token was given where a registry token is needed",
+		s.audienceNames(m.aud), s.RegistryAudience())
+}
+
+// registryAccess decides whether an unexpired credential may read an
+// organization's images; "" means yes, anything else is the reason it may
+// not.
+func (s *Sim) registryAccess(m mintedToken, org string) string {
+	switch org {
+	case s.opts.OrgName:
+		// Only identities of the root group reach the organization's
+		// registry (authentication rule 3).
+		if m.group != s.opts.RootGroup {
+			return "identity is not scoped to the organization's root group"
+		}
+	case s.opts.PublicOrg:
+	default:
+		return "no access to organization " + org
+	}
+	return ""
+}
+
 func (s *Sim) serveRegistryBase(w http.ResponseWriter, r *http.Request, _ route) {
-	if _, ok := s.verifyRegistryToken(bearer(r)); !ok {
+	tok := bearer(r)
+	_, ok := s.verifyRegistryToken(tok)
+	if m, isCred := s.credential(tok); isCred && m.aud&audRegistry != 0 && !m.expired(s.nowMs()) {
+		ok = true
+	}
+	if !ok {
 		s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "authentication required", "")
 		return
 	}
@@ -161,37 +215,7 @@ func (s *Sim) serveHistory(w http.ResponseWriter, r *http.Request, _ route) {
 	}
 	org, image, _ := strings.Cut(imagePath, "/")
 	scope := "repository:" + imagePath + ":pull"
-	tok := bearer(r)
-	if tok == "" {
-		s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "authentication required", scope)
-		return
-	}
-	c, ok := s.verifyRegistryToken(tok)
-	if !ok {
-		// A platform token is a valid token for another audience: 403, as
-		// the spec requires; anything else is simply not a credential.
-		if _, isPlatform := s.platformToken(tok); isPlatform || s.isOIDCToken(tok) {
-			s.registryError(w, http.StatusForbidden, "DENIED", "token audience is not the registry", scope)
-			return
-		}
-		s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "invalid token", scope)
-		return
-	}
-	now := s.nowMs()
-	if c.Expires != 0 && now >= c.Expires {
-		s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "token expired", scope)
-		return
-	}
-	if c.Audience != registryAudience {
-		s.registryError(w, http.StatusForbidden, "DENIED", "token audience is not the registry", scope)
-		return
-	}
-	if c.Image != imagePath {
-		s.registryError(w, http.StatusForbidden, "DENIED", "token is not valid for "+imagePath, scope)
-		return
-	}
-	if c.Anon && tagName != "latest" && tagName != "latest-dev" {
-		s.registryError(w, http.StatusForbidden, "DENIED", "anonymous access is limited to latest and latest-dev", scope)
+	if !s.authorizeHistory(w, r, org, imagePath, tagName, scope) {
 		return
 	}
 	q := r.URL.Query()
@@ -215,9 +239,10 @@ func (s *Sim) serveHistory(w http.ResponseWriter, r *http.Request, _ route) {
 	}
 
 	s.mu.RLock()
-	hist, found := s.historyLocked(org, image, tagName)
-	var out []map[string]string
-	if found {
+	t, known := s.historyLocked(org, image, tagName)
+	var resp map[string]any
+	if t != nil {
+		hist := t.history
 		lo, hi := 0, len(hist)
 		if hasStart {
 			lo = sort.Search(len(hist), func(i int) bool {
@@ -245,40 +270,91 @@ func (s *Sim) serveHistory(w http.ResponseWriter, r *http.Request, _ route) {
 				hi = lo + maxHistory
 			}
 		}
-		out = make([]map[string]string, 0, hi-lo)
-		for _, h := range hist[lo:hi] {
-			out = append(out, map[string]string{"updateTimestamp": fmtMs(h.ms), "digest": fmtDigest(h.digest)})
-		}
+		resp = s.renderHistory(t, hist[lo:hi])
 	}
 	s.mu.RUnlock()
-	if !found {
+	switch {
+	case !known:
+		s.registryError(w, http.StatusNotFound, "NAME_UNKNOWN", "repository "+imagePath+" is not known to the registry", "")
+	case t == nil:
 		s.registryError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", "unknown tag "+tagName+" of "+imagePath, "")
-		return
+	default:
+		writeJSON(w, http.StatusOK, resp)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"history": out})
 }
 
-// historyLocked finds a tag's history by registry path: the org's own repos
-// by name, or the public catalog.
-func (s *Sim) historyLocked(org, image, tagName string) ([]histRec, bool) {
+// authorizeHistory admits a history request carrying either a per-image
+// token from /token or a registry-audience credential; it answers the
+// refusal itself.
+func (s *Sim) authorizeHistory(w http.ResponseWriter, r *http.Request, org, imagePath, tagName, scope string) bool {
+	tok := bearer(r)
+	if tok == "" {
+		s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "authentication required", scope)
+		return false
+	}
+	if m, ok := s.credential(tok); ok {
+		if m.expired(s.nowMs()) {
+			s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "credential expired at "+fmtMs(m.expiresMs), scope)
+			return false
+		}
+		// A platform token is a valid token for another audience: 403, as
+		// the spec requires.
+		if m.aud&audRegistry == 0 {
+			s.registryError(w, http.StatusForbidden, "DENIED", s.wrongAudience(m), scope)
+			return false
+		}
+		if e := s.registryAccess(m, org); e != "" {
+			s.registryError(w, http.StatusForbidden, "DENIED", e, scope)
+			return false
+		}
+		return true
+	}
+	c, ok := s.verifyRegistryToken(tok)
+	if !ok {
+		if s.isOIDCToken(tok) {
+			s.registryError(w, http.StatusForbidden, "DENIED", "token audience is not the registry", scope)
+			return false
+		}
+		s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "invalid token", scope)
+		return false
+	}
+	if c.Expires != 0 && s.nowMs() >= c.Expires {
+		s.registryError(w, http.StatusUnauthorized, "UNAUTHORIZED", "token expired", scope)
+		return false
+	}
+	if c.Audience != registryAudience {
+		s.registryError(w, http.StatusForbidden, "DENIED", "token audience is not the registry", scope)
+		return false
+	}
+	if c.Image != imagePath {
+		s.registryError(w, http.StatusForbidden, "DENIED", "token is not valid for "+imagePath, scope)
+		return false
+	}
+	if c.Anon && tagName != "latest" && tagName != "latest-dev" {
+		s.registryError(w, http.StatusForbidden, "DENIED", "anonymous access is limited to latest and latest-dev", scope)
+		return false
+	}
+	return true
+}
+
+// historyLocked finds a tag by registry path: the org's own repos by their
+// name-chain path, or the public catalog. known reports whether the image
+// exists at all (NAME_UNKNOWN otherwise, MANIFEST_UNKNOWN for a missing tag).
+func (s *Sim) historyLocked(org, image, tagName string) (t *tag, known bool) {
 	if org == s.opts.OrgName {
-		for _, rp := range s.repos {
-			if rp.name != image || !visible(rp.uid, s.opts.RootGroup) {
-				continue
-			}
+		if rp := s.repoByPathLocked(image); rp != nil {
+			known = true
 			for _, t := range rp.tags {
 				if t.name == tagName {
-					return t.history, true
+					return t, true
 				}
 			}
 		}
 	}
 	if org == s.opts.PublicOrg {
 		if pi, ok := s.public[image]; ok {
-			if t, ok := pi.tags[tagName]; ok {
-				return t.history, true
-			}
+			return pi.tags[tagName], true
 		}
 	}
-	return nil, false
+	return nil, known
 }

@@ -27,6 +27,19 @@ func (s *Sim) unindexTagLocked(t *tag) {
 	s.tagList = s.tagList[:len(s.tagList)-1]
 }
 
+func (s *Sim) addAdvisoryLocked(a *advisory) {
+	s.advisories[a.uid] = a
+	a.idx = len(s.advList)
+	s.advList = append(s.advList, a)
+}
+
+func (s *Sim) removeAdvisoryLocked(a *advisory) {
+	delete(s.advisories, a.uid)
+	last := s.advList[len(s.advList)-1]
+	s.advList[a.idx], last.idx = last, a.idx
+	s.advList = s.advList[:len(s.advList)-1]
+}
+
 // MutationKind names a change the scenario engine can make.
 type MutationKind string
 
@@ -41,6 +54,12 @@ const (
 	AdvisoryCreated MutationKind = "advisory.created"
 	AdvisoryUpdated MutationKind = "advisory.updated"
 	RepoDescribed   MutationKind = "repo.updated"
+	// AdvisoryWithdrawn sets an advisory's deleteTime: it stays listed and
+	// gettable, as upstream keeps withdrawn advisories.
+	AdvisoryWithdrawn MutationKind = "advisory.withdrawn"
+	// AdvisoryDeleted removes an advisory outright, so it is neither listed
+	// nor found any more.
+	AdvisoryDeleted MutationKind = "advisory.deleted"
 )
 
 // Mutation is one applied change, as returned by Step and accepted by Apply.
@@ -49,7 +68,8 @@ type Mutation struct {
 	// UID is the changed resource (for TagCreated and RepoCreated, the new
 	// one; Apply ignores it for creations).
 	UID string `json:"uid,omitempty"`
-	// RepoUID is the tag's repo; for Apply(TagCreated) the repo to create in.
+	// RepoUID is the tag's repo; for Apply(TagCreated) the repo to create
+	// in; for Apply(RepoCreated) the parent group (default the root group).
 	RepoUID string `json:"repoUid,omitempty"`
 	// Name of a created repo or tag, or the description of RepoDescribed.
 	Name string `json:"name,omitempty"`
@@ -70,12 +90,24 @@ type Rates struct {
 	UpdateRepo     float64 `json:"updateRepo"`
 	CreateAdvisory float64 `json:"createAdvisory"`
 	UpdateAdvisory float64 `json:"updateAdvisory"`
+	// WithdrawAdvisory and DeleteAdvisory are 0 in DefaultRates, so the
+	// mix of existing scenarios is unchanged.
+	WithdrawAdvisory float64 `json:"withdrawAdvisory"`
+	DeleteAdvisory   float64 `json:"deleteAdvisory"`
 }
 
 // DefaultRates is mostly tag moves, with a little of everything else.
 func DefaultRates() Rates {
 	return Rates{MoveTag: 70, Deprecate: 5, CreateTag: 5, DeleteTag: 2,
 		CreateRepo: 2, DeleteRepo: 1, UpdateRepo: 2, CreateAdvisory: 7, UpdateAdvisory: 6}
+}
+
+// StrictRates is DefaultRates with advisory withdrawals, the default of a
+// Strict simulator.
+func StrictRates() Rates {
+	r := DefaultRates()
+	r.WithdrawAdvisory = 2
+	return r
 }
 
 // SetRates changes the mix of mutations Step applies.
@@ -108,6 +140,7 @@ func (s *Sim) pickKindLocked() MutationKind {
 		{TagMoved, r.MoveTag}, {TagDeprecated, r.Deprecate}, {TagCreated, r.CreateTag},
 		{TagDeleted, r.DeleteTag}, {RepoCreated, r.CreateRepo}, {RepoDeleted, r.DeleteRepo},
 		{RepoDescribed, r.UpdateRepo}, {AdvisoryCreated, r.CreateAdvisory}, {AdvisoryUpdated, r.UpdateAdvisory},
+		{AdvisoryWithdrawn, r.WithdrawAdvisory}, {AdvisoryDeleted, r.DeleteAdvisory},
 	}
 	var total float64
 	for _, c := range choices {
@@ -179,6 +212,20 @@ func (s *Sim) randomMutationLocked() (Mutation, bool) {
 	case AdvisoryCreated:
 		words := imageWords()
 		m.Name = words[s.rng.IntN(len(words))]
+	case AdvisoryWithdrawn:
+		for range 8 {
+			if len(s.advList) == 0 {
+				break
+			}
+			if a := s.advList[s.rng.IntN(len(s.advList))]; a.deleteMs == 0 {
+				m.UID = a.uid
+				break
+			}
+		}
+	case AdvisoryDeleted:
+		if len(s.advList) > 0 {
+			m.UID = s.advList[s.rng.IntN(len(s.advList))].uid
+		}
 	}
 	if m.UID == "" && m.RepoUID == "" && m.Name == "" {
 		words := imageWords()
@@ -263,6 +310,9 @@ func (s *Sim) applyLocked(m Mutation) (Mutation, error) {
 		if parent == "" {
 			parent = s.opts.RootGroup
 		}
+		if _, ok := s.groups[parent]; !ok {
+			return m, fmt.Errorf("create repo %s: no group %s", m.Name, parent)
+		}
 		if s.repoByNameLocked(parent, m.Name) != nil {
 			return m, fmt.Errorf("create repo %s: exists", m.Name)
 		}
@@ -280,12 +330,11 @@ func (s *Sim) applyLocked(m Mutation) (Mutation, error) {
 			return m, fmt.Errorf("update repo %s: no such repo", m.UID)
 		}
 		rp.description, rp.updateMs = m.Name, ms
-		s.emitLocked(s.platformEvent("registry.repo.updated"), rp.uid, renderRepo(rp))
+		s.emitLocked(s.platformEvent("registry.repo.updated"), rp.uid, s.renderRepo(rp))
 	case AdvisoryCreated:
 		a := &advisory{uid: newSegmentFrom(s.rng) + newSegmentFrom(s.rng), advisoryID: advisoryID(s.rng),
 			artifactName: m.Name, createMs: ms, updateMs: ms}
-		s.advisories[a.uid] = a
-		s.advList = append(s.advList, a)
+		s.addAdvisoryLocked(a)
 		m.UID, m.Name = a.uid, a.artifactName
 	case AdvisoryUpdated:
 		a, ok := s.advisories[m.UID]
@@ -293,6 +342,23 @@ func (s *Sim) applyLocked(m Mutation) (Mutation, error) {
 			return m, fmt.Errorf("update advisory %s: no such advisory", m.UID)
 		}
 		a.updateMs = ms
+		m.Name = a.artifactName
+	case AdvisoryWithdrawn:
+		a, ok := s.advisories[m.UID]
+		if !ok {
+			return m, fmt.Errorf("withdraw advisory %s: no such advisory", m.UID)
+		}
+		if a.deleteMs != 0 {
+			return m, fmt.Errorf("withdraw advisory %s: withdrawn already at %s", m.UID, fmtMs(a.deleteMs))
+		}
+		a.deleteMs, a.updateMs = ms, ms
+		m.Name = a.artifactName
+	case AdvisoryDeleted:
+		a, ok := s.advisories[m.UID]
+		if !ok {
+			return m, fmt.Errorf("delete advisory %s: no such advisory", m.UID)
+		}
+		s.removeAdvisoryLocked(a)
 		m.Name = a.artifactName
 	default:
 		return m, fmt.Errorf("unknown mutation kind %q", m.Kind)

@@ -72,8 +72,60 @@ type Options struct {
 	// DeliveryClient sends events to sinks (default: a client with a 10s
 	// timeout).
 	DeliveryClient *http.Client
-	// Rates weights the kinds of mutation Step applies (default DefaultRates()).
+	// Rates weights the kinds of mutation Step applies (default DefaultRates(),
+	// or StrictRates() with Strict).
 	Rates Rates
+
+	// Strict turns on every rule of the real service that would change what
+	// existing users of the simulator see: EnforceAudiences, HideTagFamilies,
+	// UpdatedSinceExclusive, ProtoJSON and CivilPushTime. The finer options
+	// below can also be set one by one.
+	Strict bool
+	// EnforceAudiences refuses a platform-audience token at the registry's
+	// /token with 403, as the real registry does; without it /token accepts
+	// platform tokens too. Registry-audience tokens are refused by the
+	// platform API (401) and platform tokens by the tag history endpoint
+	// (403) in either case.
+	EnforceAudiences bool
+	// HideTagFamilies leaves tags named sha256-* (referrers), *-20yymmdd
+	// (dates) and *-r<N> (epochs) out of GET /registry/v2/tags unless
+	// include_referrers, include_dates or include_epochs is true.
+	HideTagFamilies bool
+	// UpdatedSinceExclusive makes the tag list's updated_since keep only tags
+	// updated strictly after the timestamp, the proto's wording; without it
+	// a tag updated exactly at the timestamp is kept too.
+	UpdatedSinceExclusive bool
+	// ProtoJSON renders platform resources as the real gateway's protojson
+	// does: fields at their zero value omitted, timestamps with 0, 3, 6 or 9
+	// fractional digits, enum names in full, and fields no client knows yet
+	// added to resources, list envelopes and tag history.
+	ProtoJSON bool
+	// CivilPushTime renders a push event's `when` as a civil date-time
+	// without a zone, as upstream does.
+	CivilPushTime bool
+	// PushRepositoryUID puts the repo's uid in a push event's `repository`
+	// instead of its registry path (upstream once switched to uids).
+	PushRepositoryUID bool
+
+	// RegistryTokens lists registry-audience credentials with the
+	// organization's access (what `chainctl auth token --audience <registry>`
+	// or the Docker credential helper gives), in addition to minted ones.
+	RegistryTokens []string
+	// APIAudience is the audience of platform API tokens (default the base
+	// URL); RegistryAudience that of registry credentials (default the base
+	// URL's host[:port]). Token exchange mints tokens for these.
+	APIAudience      string
+	RegistryAudience string
+	// ExchangeTokenTTL is the lifetime, in simulator time, of tokens minted
+	// by POST /sts/exchange (default 1h).
+	ExchangeTokenTTL time.Duration
+	// ExternalTokenAudience is the audience an external token must carry to
+	// be exchanged when the identity's claimMatch names none (default the
+	// simulator issuer's host name, as upstream defaults to its issuer's).
+	ExternalTokenAudience string
+	// IssuerClient fetches external issuers' discovery documents and keys
+	// during token exchange (default: a client with a 10s timeout).
+	IssuerClient *http.Client
 }
 
 // Scale sizes a generated organization.
@@ -86,6 +138,16 @@ type Scale struct {
 	// PublicImages is the number of public-organization images, each with
 	// tags latest, latest-dev and a version tag (default 3; -1 for none).
 	PublicImages int
+	// DateTags, EpochTags and ReferrerTags add per repo that many tags of
+	// the families the tag list hides by default (named like
+	// latest-20250301, 1.0.3-r3 and sha256-<hex>.sig), each with
+	// HistoryPerTag records.
+	DateTags, EpochTags, ReferrerTags int
+	// NestedRepos puts that many of the Repos below subgroups of the root
+	// group (charts, tools, platform), alternately one and two levels down
+	// (charts/cert-manager, charts/stable/etcd), so their registry paths
+	// are chains of names.
+	NestedRepos int
 }
 
 // ScaleScenario is the organization of the scale benchmark: 1,000 repos,
@@ -117,7 +179,7 @@ type Sim struct {
 	bindings      map[string]*roleBinding
 	subscriptions map[string]*subscription
 	public        map[string]*publicImage
-	minted        map[string]mintedToken // platform tokens minted by the sim
+	minted        map[string]mintedToken // tokens minted by the sim, any audience
 
 	// Ordered indexes, so the seeded scenario picks the same resources on
 	// every run (map iteration order is random).
@@ -125,16 +187,11 @@ type Sim struct {
 	tagList  []*tag
 	advList  []*advisory
 
-	stats   stats
-	faults  faultSet
-	oidcKey oidcKey
-	events  delivery
-}
-
-type mintedToken struct {
-	group    string // scope of the token: the identity's parent group
-	identity string // "" for an organization admin token
-	subject  string
+	stats       stats
+	faults      faultSet
+	oidcKey     oidcKey
+	externalKey oidcKey // the built-in external issuer's, a separate key
+	events      delivery
 }
 
 // New returns an empty simulator holding only the organization's root group
@@ -173,8 +230,21 @@ func New(opts Options) *Sim {
 	if opts.DeliveryClient == nil {
 		opts.DeliveryClient = &http.Client{Timeout: 10 * time.Second}
 	}
+	if opts.Strict {
+		opts.EnforceAudiences, opts.HideTagFamilies, opts.UpdatedSinceExclusive = true, true, true
+		opts.ProtoJSON, opts.CivilPushTime = true, true
+	}
 	if opts.Rates == (Rates{}) {
 		opts.Rates = DefaultRates()
+		if opts.Strict {
+			opts.Rates = StrictRates()
+		}
+	}
+	if opts.ExchangeTokenTTL == 0 {
+		opts.ExchangeTokenTTL = time.Hour
+	}
+	if opts.IssuerClient == nil {
+		opts.IssuerClient = &http.Client{Timeout: 10 * time.Second}
 	}
 	s := &Sim{
 		opts:          opts,

@@ -8,6 +8,8 @@ import (
 // Truth is a deep copy of the simulator's data, for tests to compare a
 // mirror against. Slices are sorted by uid.
 type Truth struct {
+	// Groups are the organization's groups, the root group included.
+	Groups     []TruthGroup             `json:"groups"`
 	Repos      []TruthRepo              `json:"repos"`
 	Tags       []TruthTag               `json:"tags"`
 	History    map[string][]TruthRecord `json:"history"` // by tag uid, oldest first
@@ -17,10 +19,20 @@ type Truth struct {
 	PublicTags []TruthPublicTag `json:"publicTags"`
 }
 
+// TruthGroup is a group of the organization.
+type TruthGroup struct {
+	UID  string `json:"uid"`
+	Name string `json:"name"`
+}
+
 // TruthRepo is a repo of the organization.
 type TruthRepo struct {
-	UID         string    `json:"uid"`
-	Name        string    `json:"name"`
+	UID  string `json:"uid"`
+	Name string `json:"name"`
+	// Path is the repo's registry path below the organization: the names
+	// of its uid's segments below the root group, joined by "/" (equal to
+	// Name for a repo directly under the root group).
+	Path        string    `json:"path"`
 	Description string    `json:"description"`
 	CreateTime  time.Time `json:"createTime"`
 	UpdateTime  time.Time `json:"updateTime"`
@@ -34,6 +46,9 @@ type TruthTag struct {
 	Digest     string    `json:"digest"`
 	Deprecated bool      `json:"deprecated"`
 	UpdateTime time.Time `json:"updateTime"`
+	// Family is the hidden tag family of the name (FamilyDates,
+	// FamilyEpochs, FamilyReferrers), "" for an ordinary tag.
+	Family string `json:"family,omitempty"`
 }
 
 // TruthRecord is one tag history record.
@@ -48,6 +63,8 @@ type TruthAdvisory struct {
 	AdvisoryID   string    `json:"advisoryId"`
 	ArtifactName string    `json:"artifactName"`
 	UpdateTime   time.Time `json:"updateTime"`
+	// DeleteTime is when the advisory was withdrawn; nil while it is live.
+	DeleteTime *time.Time `json:"deleteTime,omitempty"`
 }
 
 // TruthPublicTag is a tag of a public image with its history.
@@ -73,18 +90,28 @@ func (s *Sim) Truth() Truth {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	t := Truth{History: make(map[string][]TruthRecord, len(s.tags))}
+	for _, g := range s.groups {
+		t.Groups = append(t.Groups, TruthGroup{UID: g.uid, Name: g.name})
+	}
 	for _, r := range s.repos {
-		t.Repos = append(t.Repos, TruthRepo{UID: r.uid, Name: r.name, Description: r.description,
+		path, _ := s.pathLocked(r.uid)
+		t.Repos = append(t.Repos, TruthRepo{UID: r.uid, Name: r.name, Path: path, Description: r.description,
 			CreateTime: msTime(r.createMs), UpdateTime: msTime(r.updateMs)})
 	}
 	for _, tg := range s.tags {
 		t.Tags = append(t.Tags, TruthTag{UID: tg.uid, RepoUID: tg.repoUID, Name: tg.name,
-			Digest: fmtDigest(tg.digest), Deprecated: tg.deprecated, UpdateTime: msTime(tg.updateMs)})
+			Digest: fmtDigest(tg.digest), Deprecated: tg.deprecated, UpdateTime: msTime(tg.updateMs),
+			Family: TagFamily(tg.name)})
 		t.History[tg.uid] = truthHistory(tg.history)
 	}
 	for _, a := range s.advisories {
-		t.Advisories = append(t.Advisories, TruthAdvisory{UID: a.uid, AdvisoryID: a.advisoryID,
-			ArtifactName: a.artifactName, UpdateTime: msTime(a.updateMs)})
+		ta := TruthAdvisory{UID: a.uid, AdvisoryID: a.advisoryID,
+			ArtifactName: a.artifactName, UpdateTime: msTime(a.updateMs)}
+		if a.deleteMs != 0 {
+			d := msTime(a.deleteMs)
+			ta.DeleteTime = &d
+		}
+		t.Advisories = append(t.Advisories, ta)
 	}
 	for _, pi := range s.public {
 		for _, tg := range pi.tags {
@@ -92,6 +119,7 @@ func (s *Sim) Truth() Truth {
 				Digest: fmtDigest(tg.digest), History: truthHistory(tg.history)})
 		}
 	}
+	sort.Slice(t.Groups, func(i, j int) bool { return t.Groups[i].UID < t.Groups[j].UID })
 	sort.Slice(t.Repos, func(i, j int) bool { return t.Repos[i].UID < t.Repos[j].UID })
 	sort.Slice(t.Tags, func(i, j int) bool { return t.Tags[i].UID < t.Tags[j].UID })
 	sort.Slice(t.Advisories, func(i, j int) bool { return t.Advisories[i].UID < t.Advisories[j].UID })
