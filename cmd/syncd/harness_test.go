@@ -22,6 +22,9 @@ type testConfig struct {
 	adminListen string
 	// initialEvents is [store] initial_events; empty: the default.
 	initialEvents string
+	// credentials replaces the [platform] token line, for tests of other
+	// credentials (an identity to assume, a registry token).
+	credentials string
 }
 
 func (c testConfig) write(t *testing.T) string {
@@ -33,11 +36,14 @@ func (c testConfig) write(t *testing.T) string {
 	if c.initialEvents != "" {
 		store = fmt.Sprintf("initial_events = %q", c.initialEvents)
 	}
+	if c.credentials == "" {
+		c.credentials = fmt.Sprintf("token = %q", e2eToken)
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `[platform]
 base_url = %[1]q
 registry_url = %[1]q
-token = %[2]q
+%[2]s
 group = "org1"
 organization = "acme"
 timeout = "2s"
@@ -58,7 +64,7 @@ listen = %[6]q
 [log]
 level = "debug"
 format = "json"
-`, c.simURL, e2eToken, c.crawl, c.natsURL, c.dbPath, c.adminListen, store)
+`, c.simURL, c.credentials, c.crawl, c.natsURL, c.dbPath, c.adminListen, store)
 	if c.events != "" {
 		fmt.Fprintf(&b, "\n[events]\n%s\n", c.events)
 	}

@@ -190,7 +190,7 @@ func mirrorDiff(db *sql.DB, truth platformsim.Truth) string {
 		}
 	}
 	repos := map[string]string{}
-	rows, err := db.Query(`SELECT uid, name FROM repos WHERE deleted_time IS NULL AND uid LIKE 'org1/%'`)
+	rows, err := db.Query(`SELECT uid, name || ' at ' || path FROM repos WHERE deleted_time IS NULL AND uid LIKE 'org1/%'`)
 	if err != nil {
 		return err.Error()
 	}
@@ -201,8 +201,8 @@ func mirrorDiff(db *sql.DB, truth platformsim.Truth) string {
 	}
 	rows.Close()
 	for _, r := range truth.Repos {
-		if repos[r.UID] != r.Name {
-			add("repo %s: mirror %q, truth %q", r.UID, repos[r.UID], r.Name)
+		if want := r.Name + " at " + r.Path; repos[r.UID] != want {
+			add("repo %s: mirror %q, truth %q", r.UID, repos[r.UID], want)
 		}
 		delete(repos, r.UID)
 	}
@@ -245,10 +245,25 @@ func mirrorDiff(db *sql.DB, truth platformsim.Truth) string {
 	for uid := range tags {
 		add("tag %s live in the mirror, gone upstream", uid)
 	}
-	var advisories int
-	db.QueryRow(`SELECT count(*) FROM advisories WHERE deleted_time IS NULL`).Scan(&advisories)
-	if advisories != len(truth.Advisories) {
-		add("advisories: mirror %d, truth %d", advisories, len(truth.Advisories))
+	advisories := map[string]bool{}
+	rows, err = db.Query(`SELECT uid FROM advisories WHERE deleted_time IS NULL`)
+	if err != nil {
+		return err.Error()
+	}
+	for rows.Next() {
+		var uid string
+		rows.Scan(&uid)
+		advisories[uid] = true
+	}
+	rows.Close()
+	for _, a := range truth.Advisories {
+		if live := a.DeleteTime == nil; advisories[a.UID] != live {
+			add("advisory %s: live in the mirror %v, upstream %v", a.UID, advisories[a.UID], live)
+		}
+		delete(advisories, a.UID)
+	}
+	for uid := range advisories {
+		add("advisory %s live in the mirror, gone upstream", uid)
 	}
 	return strings.Join(diffs, "\n")
 }
@@ -258,7 +273,9 @@ type received struct {
 	mu     sync.Mutex
 	ids    map[string]int // id -> deliveries
 	moves  map[string][]string
-	byType map[string]int
+	// subjects is the NATS subject of each tag's latest tag.moved, by uid.
+	subjects map[string]string
+	byType   map[string]int
 	total  int
 }
 
@@ -266,7 +283,7 @@ type received struct {
 // would, until ctx is done.
 func consume(ctx context.Context, t *testing.T, natsURL string) *received {
 	t.Helper()
-	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, byType: map[string]int{}}
+	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, subjects: map[string]string{}, byType: map[string]int{}}
 	js := connectJS(t, natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	var stream jetstream.Stream
 	var err error
@@ -296,6 +313,7 @@ func consume(ctx context.Context, t *testing.T, natsURL string) *received {
 					rcv.byType[ev.Type]++
 					if ev.Type == "dev.syncd.tag.moved" {
 						rcv.moves[ev.Subject] = append(rcv.moves[ev.Subject], ev.Data.After.Digest)
+						rcv.subjects[ev.Subject] = m.Subject()
 					}
 				}
 				rcv.mu.Unlock()

@@ -91,7 +91,7 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 	}
 	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(cfg.Concurrency)),
 		committing: semaphore.NewWeighted(int64(8 * cfg.Concurrency)), commits: &historyCommitter{store: st, maxBatch: 256},
-		paths: newPaths(cfg.Group, client), failed: &failures{store: st}}
+		paths: newPaths(cfg.Group, client), failed: &failures{store: st, now: cfg.Now}}
 }
 
 // Summary is what one crawl did.
@@ -250,7 +250,8 @@ type summary struct {
 	advisories, deleted                               atomic.Int64
 	reposTotal                                        atomic.Int64
 	reposDone                                         atomic.Int64
-	// failures counts scopes that failed; reposRead and historiesFailed
+	// failures counts scopes that failed. reposFailed and historiesFailed
+	// count the scopes that had not failed before and failed now, which
 	// tell a crawl where some scopes failed from one where all did.
 	failures, reposRead, reposFailed, historiesFailed atomic.Int64
 	firstFailure                                      atomic.Pointer[error]
@@ -361,7 +362,9 @@ func (c *Crawler) crawlScope(ctx context.Context, r store.Repo, s *summary) (map
 	}
 	seen, err := c.crawlRepo(ctx, r, s)
 	if scopeFailed(ctx, err) {
-		s.reposFailed.Add(1)
+		if !c.failed.has(r.UID) {
+			s.reposFailed.Add(1)
+		}
 		s.fail(err)
 		f, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "repo", UID: r.UID, RepoUID: r.UID, Path: r.Path}, err)
 		if rerr != nil {
@@ -392,9 +395,9 @@ func (s *summary) allFailed() error {
 	}
 	switch {
 	case s.reposFailed.Load() > 0 && s.reposRead.Load() == 0:
-		return fmt.Errorf("every repo's reads failed (%d); the first: %w", s.reposFailed.Load(), *first)
+		return fmt.Errorf("every repo's reads failed (%d newly); the first: %w", s.reposFailed.Load(), *first)
 	case s.historiesFailed.Load() > 0 && s.historyReads.Load() == 0:
-		return fmt.Errorf("every tag history read failed (%d); the first: %w", s.historiesFailed.Load(), *first)
+		return fmt.Errorf("every tag history read failed (%d newly); the first: %w", s.historiesFailed.Load(), *first)
 	}
 	return nil
 }
@@ -448,7 +451,6 @@ func (c *Crawler) listRepos(ctx context.Context, s *summary) ([]store.Repo, erro
 					if scopeFailed(ctx, err) {
 						// Its path is unknown, so its history cannot be read:
 						// it fails alone, and is not mistaken for deleted.
-						s.reposFailed.Add(1)
 						s.fail(err)
 						if _, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "repo", UID: r.UID, RepoUID: r.UID, Path: r.Name}, err); rerr != nil {
 							return rerr
@@ -602,7 +604,9 @@ func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary,
 		if ctx.Err() != nil {
 			return err
 		}
-		s.historiesFailed.Add(1)
+		if !c.failed.has(ref.UID) {
+			s.historiesFailed.Add(1)
+		}
 		s.fail(err)
 		f, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "tag", UID: ref.UID, RepoUID: ref.RepoUID, Path: ref.Path, Tag: ref.Name}, err)
 		if rerr != nil {

@@ -39,20 +39,20 @@ func scopeFailed(ctx context.Context, err error) bool {
 }
 
 // failureBackoff is how long a scope that failed attempts times in a row
-// waits before it is read again: the next run at first, then doubling
-// from a minute up to an hour.
+// waits before it is read again: the next two runs try it again (a blip
+// heals at once), then it waits a minute, doubling up to an hour.
 func failureBackoff(attempts int) time.Duration {
-	if attempts <= 1 {
+	if attempts <= 2 {
 		return 0
 	}
-	d := time.Minute << min(attempts-2, 6)
-	return min(d, time.Hour)
+	return min(time.Minute<<min(attempts-3, 6), time.Hour)
 }
 
 // failures is the crawler's view of crawl_failures, loaded once and kept
 // in step with every record and clear.
 type failures struct {
 	store *store.Store
+	now   func() time.Time
 
 	mu     sync.Mutex
 	loaded bool
@@ -86,6 +86,14 @@ func (f *failures) heldBack(uid string, now time.Time) (store.Failure, bool) {
 	return x, ok && x.NextAttempt.After(now)
 }
 
+// has reports whether uid has a recorded failure.
+func (f *failures) has(uid string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.known[uid]
+	return ok
+}
+
 // record notes that reading the scope x failed with err.
 func (f *failures) record(ctx context.Context, x store.Failure, err error) (store.Failure, error) {
 	x.Error = err.Error()
@@ -97,6 +105,7 @@ func (f *failures) record(ctx context.Context, x store.Failure, err error) (stor
 	if x.Status == 0 && errors.As(err, &wrong) {
 		x.Status = http.StatusForbidden
 	}
+	x.LastFailed = f.now()
 	rec, rerr := f.store.RecordFailure(ctx, x, failureBackoff)
 	if rerr != nil {
 		return rec, rerr

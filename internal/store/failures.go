@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -63,7 +64,9 @@ func (s *Store) RecordFailure(ctx context.Context, f Failure, backoff func(attem
 		f.RepoUID = f.UID
 	}
 	f.Error = truncateUTF8(f.Error, maxFailureError)
-	now := s.now().UTC().Truncate(time.Millisecond)
+	// The caller's time of the failure wins over the store's clock, so that
+	// the caller's schedule and the next attempt are on one clock.
+	now := cmp.Or(f.LastFailed, s.now()).UTC().Truncate(time.Millisecond)
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		var first string
 		err := tx.QueryRowContext(ctx, `SELECT attempts, first_failed_time FROM crawl_failures WHERE uid = ?`, f.UID).Scan(&f.Attempts, &first)

@@ -1,0 +1,169 @@
+package crawler_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// fakeClock is a clock the test moves by hand.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// TestCrawl_FailingReposFailAlone breaks one repo's history (404) and
+// another's (403): the crawl finishes every other repo, ends its baseline,
+// records their changes, and is partial; the failing tags are recorded,
+// read again on the next runs, held back with backoff once they keep
+// failing, and recovered once they answer, with nothing deleted and their
+// history taken as the baseline it is.
+func TestCrawl_FailingReposFailAlone(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)}
+	h := newHarnessWith(t, platformsim.Scale{Repos: 5, TagsPerRepo: 3, HistoryPerTag: 4, Advisories: 2}, func(c *crawler.Config) { c.Now = clock.Now })
+	ctx := context.Background()
+	truth := h.sim.Truth()
+	gone, denied, healthy := truth.Repos[0], truth.Repos[1], truth.Repos[2]
+	h.sim.AddFaults(
+		platformsim.Fault{Name: "broken", Image: "acme/" + gone.Path, Status: 404},
+		platformsim.Fault{Name: "broken", Image: "acme/" + denied.Path, Status: 403},
+	)
+	runs := func(outcome string) int {
+		return h.count(t, `SELECT count(*) FROM crawl_runs WHERE job = 'crawl' AND outcome = ?`, outcome)
+	}
+	failures := func() map[string]store.Failure {
+		fs, err := h.store.Failures(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]store.Failure{}
+		for _, f := range fs {
+			m[f.UID] = f
+		}
+		return m
+	}
+
+	sum, err := h.crawler.Sync(ctx)
+	if err != nil {
+		t.Fatalf("a crawl with two failing repos failed as a whole: %v", err)
+	}
+	if got, want := sum.Failures, int64(6); got != want {
+		t.Errorf("failures=%d, want %d (the 3 tags of each failing repo)", got, want)
+	}
+	if runs("partial") != 1 {
+		t.Errorf("the crawl is not recorded as partial")
+	}
+	if n := h.count(t, `SELECT count(*) FROM meta WHERE key = 'baseline_time'`); n != 1 {
+		t.Errorf("the baseline did not end")
+	}
+	fs := failures()
+	if len(fs) != 6 {
+		t.Fatalf("crawl_failures has %d rows, want 6: %v", len(fs), fs)
+	}
+	for _, f := range fs {
+		want := map[string]int{gone.UID: 404, denied.UID: 403}[f.RepoUID]
+		if f.Kind != "tag" || f.Status != want || f.Attempts != 1 || f.Path == "" || f.Error == "" {
+			t.Errorf("failure %+v: want a tag failure with status %d, attempt 1, path and error", f, want)
+		}
+	}
+	// Every other repo's history is mirrored.
+	if n := h.count(t, `SELECT count(*) FROM tags WHERE repo_uid NOT IN (?, ?) AND history_count = 0`, gone.UID, denied.UID); n != 0 {
+		t.Errorf("%d tags of healthy repos have no history", n)
+	}
+
+	// A move in a healthy repo is news while the others still fail.
+	var moving string
+	for _, tg := range truth.Tags {
+		if tg.RepoUID == healthy.UID {
+			moving = tg.UID
+			break
+		}
+	}
+	if err := h.sim.MoveTag(moving, fmt.Sprintf("sha256:%064x", 0xfeed)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.crawler.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'tag.moved' AND subject = ?`, moving); n != 1 {
+		t.Errorf("tag.moved events for the healthy repo's tag = %d, want 1", n)
+	}
+	if _, err := h.crawler.Sync(ctx); err != nil { // the third failure in a row
+		t.Fatal(err)
+	}
+	for uid, f := range failures() {
+		if f.Attempts != 3 || !f.NextAttempt.After(clock.Now()) {
+			t.Errorf("failure of %s after three runs: attempts %d, next attempt %s; want 3 and held back", uid, f.Attempts, f.NextAttempt)
+		}
+	}
+	// Held back: the next run does not ask, so the attempts stay.
+	h.sim.RemoveFaults("broken")
+	sum, err = h.crawler.Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Failures != 6 || len(failures()) != 6 {
+		t.Errorf("a held-back run: %d failures, %d recorded; want both 6", sum.Failures, len(failures()))
+	}
+	for uid, f := range failures() {
+		if f.Attempts != 3 {
+			t.Errorf("failure of %s was retried while held back (attempts %d)", uid, f.Attempts)
+		}
+	}
+
+	// Once due, they are read again, and recover.
+	clock.Advance(2 * time.Minute)
+	sum, err = h.crawler.Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Failures != 0 || len(failures()) != 0 || runs("ok") != 1 {
+		t.Errorf("after recovery: %d failures, %d recorded, %d ok runs; want 0, 0, 1", sum.Failures, len(failures()), runs("ok"))
+	}
+	if n := h.count(t, `SELECT count(*) FROM tags WHERE repo_uid IN (?, ?) AND history_count = 4`, gone.UID, denied.UID); n != 6 {
+		t.Errorf("%d of the recovered repos' 6 tags have their history", n)
+	}
+	// Their history was the starting point, not news; nothing was deleted.
+	if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'tag.moved' AND subject LIKE ? || '/%' OR subject LIKE ? || '/%'`, gone.UID, denied.UID); n != 0 {
+		t.Errorf("%d tag.moved events for the recovered repos' baseline history", n)
+	}
+	if n := h.count(t, `SELECT count(*) FROM events WHERE action = 'deleted'`); n != 0 {
+		t.Errorf("%d deletions recorded", n)
+	}
+}
+
+// TestCrawl_EveryHistoryFailing fails the crawl rather than calling it
+// partial: when no history read succeeds, the credential or the registry is
+// at fault, not one repo, and the baseline must not end.
+func TestCrawl_EveryHistoryFailing(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2})
+	h.sim.AddFaults(platformsim.Fault{Name: "down", Path: "/v2/*", Status: 403})
+	_, err := h.crawler.Sync(context.Background())
+	if err == nil {
+		t.Fatal("a crawl whose every history read failed succeeded")
+	}
+	if n := h.count(t, `SELECT count(*) FROM meta WHERE key = 'baseline_time'`); n != 0 {
+		t.Errorf("the baseline ended although no history was read")
+	}
+	if n := h.count(t, `SELECT count(*) FROM crawl_runs WHERE outcome = 'failed'`); n != 1 {
+		t.Errorf("the run is not recorded as failed")
+	}
+}
