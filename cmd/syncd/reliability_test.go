@@ -270,13 +270,13 @@ func mirrorDiff(db *sql.DB, truth platformsim.Truth) string {
 
 // received is what a JetStream consumer saw.
 type received struct {
-	mu     sync.Mutex
-	ids    map[string]int // id -> deliveries
-	moves  map[string][]string
+	mu    sync.Mutex
+	ids   map[string]int // id -> deliveries
+	moves map[string][]string
 	// subjects is the NATS subject of each tag's latest tag.moved, by uid.
 	subjects map[string]string
 	byType   map[string]int
-	total  int
+	total    int
 }
 
 // consume reads the whole stream from the start, as a downstream service
