@@ -176,3 +176,63 @@ func TestRun_StrictPlatform(t *testing.T) {
 		t.Errorf("a token reached the log")
 	}
 }
+
+// TestRun_FailingReposShown breaks one repo's history (404) and another's
+// (403): the daemon finishes the crawl and its baseline, publishes every
+// other event, and shows the failing tags in /metrics and "syncd status";
+// once they answer, the next run recovers them.
+func TestRun_FailingReposShown(t *testing.T) {
+	sim, simURL := startSim(t, 41, platformsim.Scale{Repos: 4, TagsPerRepo: 2, HistoryPerTag: 3, Advisories: 2})
+	truth := sim.Truth()
+	gone, denied := truth.Repos[0], truth.Repos[1]
+	sim.AddFaults(
+		platformsim.Fault{Name: "broken", Image: "acme/" + gone.Path, Status: http.StatusNotFound},
+		platformsim.Fault{Name: "broken", Image: "acme/" + denied.Path, Status: http.StatusForbidden},
+	)
+	ns := startNATS(t)
+	dbPath := filepath.Join(t.TempDir(), "syncd.db")
+	adminAddr := freeAddr(t)
+	cfg := testConfig{simURL: simURL, natsURL: ns.ClientURL(), dbPath: dbPath, adminListen: adminAddr, initialEvents: "snapshot",
+		crawl: "schedule = \"@every 1h\"\njitter = \"0s\"\nrequests_per_second = 0.0"}.write(t)
+	d := startDaemon(t, cfg)
+	waitBaseline(t, dbPath)
+	var body string
+	waitFor(t, 20*time.Second, "every event published and the failures shown", func() bool {
+		_, body = httpGet(t, "http://"+adminAddr+"/metrics")
+		created, _ := metricValue(body, `syncd_events_published_total{type="tag.created"}`)
+		failing, _ := metricValue(body, `syncd_crawl_failures{kind="tag"}`)
+		return created == float64(len(truth.Tags)) && failing == 4
+	})
+	if v, _ := metricValue(body, `syncd_crawl_runs_total{crawl_job="crawl",outcome="partial"}`); v != 1 {
+		t.Errorf("partial crawl runs = %v, want 1", v)
+	}
+	if v, ok := metricValue(body, `syncd_crawl_failures{kind="repo"}`); !ok || v != 0 {
+		t.Errorf("repo failures = %v (found %v), want 0: the repos' listings worked", v, ok)
+	}
+	d.stop(t)
+
+	code, out, stderr := runMain(context.Background(), "status", "--config", cfg)
+	if code != exitOK {
+		t.Fatalf("status exited %d: %s", code, stderr)
+	}
+	for _, want := range []string{"failing tag", gone.Path + ":", denied.Path + ":", "404", "403", "partial"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not say %q:\n%s", want, out)
+		}
+	}
+
+	sim.RemoveFaults("broken")
+	if code, _, stderr := runMain(context.Background(), "sync", "--once", "--config", cfg); code != exitOK {
+		t.Fatalf("sync --once exited %d: %s", code, stderr)
+	}
+	_, out, _ = runMain(context.Background(), "status", "--json", "--config", cfg)
+	var rep struct {
+		Failures []json.RawMessage `json:"failures"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Failures) != 0 {
+		t.Errorf("after recovery status --json has %d failures (err %v):\n%s", len(rep.Failures), err, out)
+	}
+	if diff := mirrorDiff(openReader(t, dbPath), sim.Truth()); diff != "" {
+		t.Errorf("the mirror differs from the truth after recovery:\n%s", diff)
+	}
+}
