@@ -1,19 +1,20 @@
 // Package events is syncd's fast path: it registers a subscription with the
 // platform so that changes are pushed to syncd, verifies each pushed
 // CloudEvent, and maps it to the crawler job that refreshes what changed.
+//
+// A delivery goes through two stages. verify (verify.go) decides whether the
+// platform sent it: the token, the body it signs, and headers that agree
+// with that body. accept (accept.go) decides whether it is new: one
+// delivery per token, one piece of work per Ce-Id, and one queued job per
+// resource.
 package events
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +34,9 @@ type Jobs interface {
 }
 
 // Deliveries remembers which event ids were accepted, across restarts, so a
-// redelivered event is acknowledged without doing its work twice.
+// redelivered event is acknowledged without doing its work twice. The
+// receiver also records there the tokens it accepted (as ids beginning with
+// "token:"), so that a token replayed after a restart is still refused.
 type Deliveries interface {
 	// FirstDelivery records id and reports whether it is new.
 	FirstDelivery(ctx context.Context, id string) (bool, error)
@@ -61,7 +64,15 @@ type Config struct {
 	// deliveries get 503 so the sender retries. Default 1024.
 	QueueSize int
 	// Workers run queued jobs; default 2.
-	Workers    int
+	Workers int
+	// MaxTokenAge refuses tokens issued (iat) longer ago than this, whatever
+	// their exp says, so that a captured delivery is useless soon after it
+	// was sent. The platform signs a fresh token for every attempt, so its
+	// retries are not affected. Default 10 minutes.
+	MaxTokenAge time.Duration
+	// ClockSkew is how far the issuer's clock may be from ours when
+	// checking iat; default 1 minute.
+	ClockSkew  time.Duration
 	HTTPClient *http.Client // for discovery and JWKS
 	Now        func() time.Time
 	Logger     *slog.Logger
@@ -69,9 +80,15 @@ type Config struct {
 
 // Stats counts what the receiver did, by outcome.
 type Stats struct {
+	// Accepted counts deliveries answered 202 whose work was queued, or
+	// merged into the same work already queued (those also count in
+	// Coalesced).
 	Accepted, Duplicate, Ignored, Unknown atomic.Int64
-	Rejected                              sync.Map // reason -> *atomic.Int64
-	Done, Failed                          atomic.Int64
+	// Coalesced counts accepted deliveries that asked for a refresh
+	// already waiting in the queue, so they added no work.
+	Coalesced    atomic.Int64
+	Rejected     sync.Map // reason -> *atomic.Int64
+	Done, Failed atomic.Int64
 }
 
 func (s *Stats) reject(reason string) {
@@ -93,15 +110,24 @@ type Receiver struct {
 	jobs       Jobs
 	deliveries Deliveries
 	log        *slog.Logger
-	queue      chan job
 	groups     map[string]bool
+	tokens     *usedTokens
 	Stats      Stats
 
 	mu       sync.Mutex
 	verifier *oidc.IDTokenVerifier
+
+	// queue holds jobs for the workers; pending holds the keys of the jobs
+	// in it, so that a second job for one resource is not queued.
+	queueMu sync.Mutex
+	queue   chan job
+	pending map[string]bool
 }
 
+// job is a refresh a delivery asked for.
 type job struct {
+	// key names what the job refreshes; two jobs with one key do the same.
+	key     string
 	id, typ string
 	run     func(ctx context.Context) error
 }
@@ -123,6 +149,12 @@ func NewReceiver(cfg Config, jobs Jobs, deliveries Deliveries) *Receiver {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 2
 	}
+	if cfg.MaxTokenAge <= 0 {
+		cfg.MaxTokenAge = 10 * time.Minute
+	}
+	if cfg.ClockSkew <= 0 {
+		cfg.ClockSkew = time.Minute
+	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
 	}
@@ -136,7 +168,8 @@ func NewReceiver(cfg Config, jobs Jobs, deliveries Deliveries) *Receiver {
 	for _, g := range cfg.Groups {
 		groups[g] = true
 	}
-	return &Receiver{cfg: cfg, jobs: jobs, deliveries: deliveries, log: cfg.Logger, queue: make(chan job, cfg.QueueSize), groups: groups}
+	return &Receiver{cfg: cfg, jobs: jobs, deliveries: deliveries, log: cfg.Logger, groups: groups,
+		tokens: newUsedTokens(), queue: make(chan job, cfg.QueueSize), pending: map[string]bool{}}
 }
 
 // Run works the queue until ctx is done. It discovers the issuer at once
@@ -156,6 +189,7 @@ func (r *Receiver) Run(ctx context.Context) error {
 				case <-ctx.Done():
 					return
 				case j := <-r.queue:
+					r.started(j)
 					if err := j.run(ctx); err != nil {
 						if ctx.Err() != nil {
 							return
@@ -202,111 +236,62 @@ const (
 	ReasonMalformed    = "malformed"
 	ReasonQueueFull    = "queue_full"
 	ReasonUnavailable  = "issuer_unavailable"
+	// ReasonExpiredToken: the token is past its exp (403).
+	ReasonExpiredToken = "token_expired"
+	// ReasonTokenTooOld: the token was issued longer ago than
+	// Config.MaxTokenAge allows (403).
+	ReasonTokenTooOld = "token_too_old"
+	// ReasonReplayed: the token already carried another delivery (409).
+	ReasonReplayed = "replayed_token"
+	// ReasonTypeMismatch: Ce-Type names a kind of event whose body is not
+	// the signed body's kind (403).
+	ReasonTypeMismatch = "type_body_mismatch"
+	// ReasonSubjectMismatch: Ce-Subject names another resource than the
+	// signed body (403).
+	ReasonSubjectMismatch = "subject_body_mismatch"
 )
 
 // RejectReasons lists every rejection reason, for metrics.
 func RejectReasons() []string {
 	return []string{ReasonMethod, ReasonNoToken, ReasonBadToken, ReasonWrongSubject, ReasonBadDigest,
-		ReasonTooLarge, ReasonMalformed, ReasonQueueFull, ReasonUnavailable}
+		ReasonTooLarge, ReasonMalformed, ReasonQueueFull, ReasonUnavailable, ReasonExpiredToken,
+		ReasonTokenTooOld, ReasonReplayed, ReasonTypeMismatch, ReasonSubjectMismatch}
 }
 
-func (r *Receiver) fail(w http.ResponseWriter, status int, reason, msg string) {
-	r.Stats.reject(reason)
-	r.log.Info("rejected pushed event", "status", status, "reason", reason, "detail", msg)
+// rejection is why a delivery is refused: the status to answer, the reason
+// counted in Stats, and a message for whoever reads the answer.
+type rejection struct {
+	status      int
+	reason, msg string
+}
+
+func refusal(status int, reason, format string, args ...any) *rejection {
+	return &rejection{status: status, reason: reason, msg: fmt.Sprintf(format, args...)}
+}
+
+func (r *Receiver) refuse(w http.ResponseWriter, rej *rejection) {
+	r.Stats.reject(rej.reason)
+	r.log.Info("rejected pushed event", "status", rej.status, "reason", rej.reason, "detail", rej.msg)
 	w.Header().Set("Content-Type", "application/json")
-	if status == http.StatusServiceUnavailable {
+	if rej.status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]string{"error": reason, "message": msg})
+	w.WriteHeader(rej.status)
+	json.NewEncoder(w).Encode(map[string]string{"error": rej.reason, "message": rej.msg})
 }
 
 // ServeHTTP verifies a delivery, and queues the work it asks for. It answers
 // within milliseconds: the work itself happens on the queue.
 func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	if req.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		r.fail(w, http.StatusMethodNotAllowed, ReasonMethod, "deliveries are POSTs")
+	d, rej := r.verify(w, req)
+	if rej != nil {
+		r.refuse(w, rej)
 		return
 	}
-	raw, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
-	if !ok || strings.TrimSpace(raw) == "" {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="syncd"`)
-		r.fail(w, http.StatusUnauthorized, ReasonNoToken, "a bearer token is required")
+	status, rej := r.accept(req.Context(), d)
+	if rej != nil {
+		r.refuse(w, rej)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			r.fail(w, http.StatusRequestEntityTooLarge, ReasonTooLarge, fmt.Sprintf("the body exceeds %d bytes", r.cfg.MaxBody))
-			return
-		}
-		r.fail(w, http.StatusBadRequest, ReasonMalformed, "could not read the body")
-		return
-	}
-	verifier, err := r.getVerifier(req.Context())
-	if err != nil {
-		r.log.Warn("cannot verify pushed events", "err", err)
-		r.fail(w, http.StatusServiceUnavailable, ReasonUnavailable, "the token issuer cannot be reached; retry later")
-		return
-	}
-	tok, err := verifier.Verify(req.Context(), raw)
-	if err != nil {
-		r.fail(w, http.StatusForbidden, ReasonBadToken, "the token did not verify")
-		r.log.Debug("token verification failed", "err", err)
-		return
-	}
-	group, ok := strings.CutPrefix(tok.Subject, "webhook:")
-	if !ok || !r.groups[group] {
-		r.fail(w, http.StatusForbidden, ReasonWrongSubject, "the token's subject is not a subscribed group")
-		return
-	}
-	var claims struct {
-		Webhook struct {
-			Digest string `json:"digest"`
-		} `json:"webhook"`
-	}
-	sum := sha256.Sum256(body)
-	if err := tok.Claims(&claims); err != nil || claims.Webhook.Digest != "sha256:"+hex.EncodeToString(sum[:]) {
-		r.fail(w, http.StatusForbidden, ReasonBadDigest, "the token's webhook digest does not match the body")
-		return
-	}
-	id, typ := req.Header.Get("Ce-Id"), req.Header.Get("Ce-Type")
-	if id == "" || typ == "" || req.Header.Get("Ce-Specversion") == "" {
-		r.fail(w, http.StatusBadRequest, ReasonMalformed, "Ce-Id, Ce-Type and Ce-Specversion headers are required (CloudEvents binary mode)")
-		return
-	}
-	j, err := r.mapEvent(id, typ, req.Header.Get("Ce-Subject"), body)
-	if err != nil {
-		r.fail(w, http.StatusBadRequest, ReasonMalformed, err.Error())
-		return
-	}
-	fresh, err := r.deliveries.FirstDelivery(req.Context(), id)
-	if err != nil {
-		r.log.Warn("cannot record delivery", "id", id, "err", err)
-		r.fail(w, http.StatusServiceUnavailable, ReasonUnavailable, "cannot record the delivery; retry later")
-		return
-	}
-	if !fresh {
-		r.Stats.Duplicate.Add(1)
-		w.WriteHeader(http.StatusOK)
-		return
-	}
-	if j == nil {
-		w.WriteHeader(http.StatusAccepted)
-		return
-	}
-	select {
-	case r.queue <- *j:
-		r.Stats.Accepted.Add(1)
-		w.WriteHeader(http.StatusAccepted)
-	default:
-		// The id is recorded but the work is not queued: forget it so the
-		// sender's retry is taken as new.
-		if err := r.deliveries.ForgetDelivery(context.WithoutCancel(req.Context()), id); err != nil {
-			r.log.Warn("cannot forget delivery", "id", id, "err", err)
-		}
-		r.fail(w, http.StatusServiceUnavailable, ReasonQueueFull, "too much work queued; retry later")
-	}
+	w.WriteHeader(status)
 }

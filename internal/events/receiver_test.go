@@ -3,9 +3,8 @@ package events_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/rsa"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -43,21 +42,25 @@ func (c *capture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusAccepted)
 }
 
-func (c *capture) first(t *testing.T, typ string) delivery {
+// nth waits for the n-th delivery (from 1) of type typ.
+func (c *capture) nth(t *testing.T, typ string, n int) delivery {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		c.mu.Lock()
+		seen := 0
 		for _, d := range c.got {
 			if strings.HasSuffix(d.header.Get("Ce-Type"), typ) {
-				c.mu.Unlock()
-				return d
+				if seen++; seen == n {
+					c.mu.Unlock()
+					return d
+				}
 			}
 		}
 		c.mu.Unlock()
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("no %s delivery arrived", typ)
+	t.Fatalf("no %d. %s delivery arrived", n, typ)
 	return delivery{}
 }
 
@@ -116,6 +119,8 @@ func (m *memDeliveries) ForgetDelivery(_ context.Context, id string) error {
 type fixture struct {
 	sim     *platformsim.Sim
 	simURL  string
+	sink    *capture
+	pushes  int // push deliveries captured so far
 	pushed  delivery
 	tagUID  string
 	repoUID string
@@ -150,11 +155,20 @@ func newFixture(t *testing.T, opts platformsim.Options) *fixture {
 		t.Fatalf("create subscription: %d", resp.StatusCode)
 	}
 	tag := sim.Truth().Tags[0]
-	if err := sim.MoveTag(tag.UID, "sha256:"+strings.Repeat("ab", 32)); err != nil {
+	f := &fixture{sim: sim, simURL: srv.URL, sink: sink, tagUID: tag.UID, repoUID: tag.RepoUID, tagName: tag.Name}
+	f.pushed = f.push(t, tag)
+	return f
+}
+
+// push moves tag to a new digest and returns the push delivery the
+// simulator signed for it.
+func (f *fixture) push(t *testing.T, tag platformsim.TruthTag) delivery {
+	t.Helper()
+	f.pushes++
+	if err := f.sim.MoveTag(tag.UID, fmt.Sprintf("sha256:%064x", f.pushes)); err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{sim: sim, simURL: srv.URL, pushed: sink.first(t, "registry.push.v1"), tagUID: tag.UID, repoUID: tag.RepoUID, tagName: tag.Name}
-	return f
+	return f.sink.nth(t, "registry.push.v1", f.pushes)
 }
 
 func (f *fixture) receiver(t *testing.T, mod func(*events.Config)) (*events.Receiver, *recordedJobs, string) {
@@ -163,8 +177,15 @@ func (f *fixture) receiver(t *testing.T, mod func(*events.Config)) (*events.Rece
 	if mod != nil {
 		mod(&cfg)
 	}
+	return serveReceiver(t, cfg, &memDeliveries{})
+}
+
+// serveReceiver serves a receiver on a loopback port; its queue runs only
+// once the test calls runQueue.
+func serveReceiver(t *testing.T, cfg events.Config, deliveries events.Deliveries) (*events.Receiver, *recordedJobs, string) {
+	t.Helper()
 	jobs := &recordedJobs{}
-	rcv := events.NewReceiver(cfg, jobs, &memDeliveries{})
+	rcv := events.NewReceiver(cfg, jobs, deliveries)
 	srv := httptest.NewServer(rcv)
 	t.Cleanup(srv.Close)
 	return rcv, jobs, srv.URL
@@ -242,14 +263,7 @@ func TestReceiver_AcceptsSignedPushAndDeduplicates(t *testing.T) {
 // forge signs claims with a key the issuer never published.
 func forge(t *testing.T, claims map[string]any) string {
 	t.Helper()
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", "forged"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, signer := newSigner(t, "forged")
 	tok, err := jwt.Signed(signer).Claims(claims).Serialize()
 	if err != nil {
 		t.Fatal(err)
@@ -288,6 +302,8 @@ func TestReceiver_RejectsForgeries(t *testing.T) {
 	big := append(bytes.Repeat([]byte(" "), 2<<20), f.pushed.body...)
 	noID := f.pushed.header.Clone()
 	noID.Del("Ce-Id")
+	reservedID := f.pushed.header.Clone()
+	reservedID.Set("Ce-Id", "token:jti:x")
 
 	for _, tc := range []struct {
 		name   string
@@ -302,11 +318,12 @@ func TestReceiver_RejectsForgeries(t *testing.T) {
 		{"Forged", f, nil, withAuth(f.pushed.header, "Bearer "+forge(t, claims)), f.pushed.body, 403, events.ReasonBadToken},
 		{"Garbage", f, nil, withAuth(f.pushed.header, "Bearer not.a.jwt"), f.pushed.body, 403, events.ReasonBadToken},
 		{"TamperedBody", f, nil, f.pushed.header, tampered, 403, events.ReasonBadDigest},
-		{"Expired", f, func(c *events.Config) { c.Now = func() time.Time { return f.sim.Now().Add(time.Hour) } }, f.pushed.header, f.pushed.body, 403, events.ReasonBadToken},
+		{"Expired", f, func(c *events.Config) { c.Now = func() time.Time { return f.sim.Now().Add(time.Hour) } }, f.pushed.header, f.pushed.body, 403, events.ReasonExpiredToken},
 		{"WrongAudience", wrongAud, nil, wrongAud.pushed.header, wrongAud.pushed.body, 403, events.ReasonBadToken},
 		{"WrongSubject", f, func(c *events.Config) { c.Groups = []string{"another-group"} }, f.pushed.header, f.pushed.body, 403, events.ReasonWrongSubject},
 		{"TooLarge", f, nil, f.pushed.header, big, 413, events.ReasonTooLarge},
 		{"NoCloudEventID", f, nil, noID, f.pushed.body, 400, events.ReasonMalformed},
+		{"ReservedCloudEventID", f, nil, reservedID, f.pushed.body, 400, events.ReasonMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rcv, jobs, url := tc.fix.receiver(t, tc.mod)
@@ -330,15 +347,15 @@ func TestReceiver_RejectsForgeries(t *testing.T) {
 
 func TestReceiver_QueueFullAnswers503(t *testing.T) {
 	f := newFixture(t, platformsim.Options{})
+	// A push of another tag: work that cannot join the first.
+	other := f.push(t, f.sim.Truth().Tags[2])
 	rcv, jobs, url := f.receiver(t, func(c *events.Config) { c.QueueSize = 1 })
 	// No worker runs: the first delivery fills the queue.
-	h2 := f.pushed.header.Clone()
-	h2.Set("Ce-Id", f.pushed.header.Get("Ce-Id")+"-2")
 	if code, body := post(t, url, f.pushed.header, f.pushed.body); code != 202 {
 		t.Fatalf("first: %d %s", code, body)
 	}
-	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(f.pushed.body))
-	req.Header = h2
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(other.body))
+	req.Header = other.header.Clone()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -347,13 +364,14 @@ func TestReceiver_QueueFullAnswers503(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("second: status=%d Retry-After=%q, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
-	// Once the queue drains, the sender's retry of the refused delivery is
-	// accepted as new.
+	// Once the queue drains, the sender's retry of the refused delivery
+	// (here the very same request: its token was not used up) is accepted
+	// as new.
 	runQueue(t, rcv)
 	waitJobs(t, jobs, 1)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		code, _ := post(t, url, h2, f.pushed.body)
+		code, _ := post(t, url, other.header, other.body)
 		if code == http.StatusAccepted {
 			break
 		}
