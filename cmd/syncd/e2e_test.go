@@ -172,15 +172,26 @@ func freeAddr(t *testing.T) string {
 // TestRun_PushReachesNATS: syncd registers its subscription, and a tag
 // moved upstream reaches a JetStream consumer through the push alone: the
 // crawl schedule is hourly, and no crawl runs in between.
-func TestRun_PushReachesNATS(t *testing.T) { pushScenario(t, "@every 1h", false) }
+func TestRun_PushReachesNATS(t *testing.T) { pushScenario(t, "@every 1h", false, false) }
 
 // TestRun_DroppedPushCaughtByCrawl: when the platform never delivers the
 // push, the next scheduled crawl publishes the move.
-func TestRun_DroppedPushCaughtByCrawl(t *testing.T) { pushScenario(t, "@every 2s", true) }
+func TestRun_DroppedPushCaughtByCrawl(t *testing.T) { pushScenario(t, "@every 2s", true, false) }
 
-func pushScenario(t *testing.T, schedule string, dropPushes bool) {
-	sim := platformsim.New(platformsim.Options{Seed: 21, Tokens: []string{e2eToken}, AllowHTTPSinks: true})
-	sim.Populate(platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 4})
+// TestRun_StrictPushOfNestedDateTag pushes a move of a date-stamped tag in
+// a repo below subgroups, from the simulator in its strict mode (the push
+// names the repo by its registry path), to syncd holding a static platform
+// token and a registry token: it reaches NATS through the push alone.
+func TestRun_StrictPushOfNestedDateTag(t *testing.T) { pushScenario(t, "@every 1h", false, true) }
+
+func pushScenario(t *testing.T, schedule string, dropPushes, strict bool) {
+	const registryToken = "e2e-registry-token-77aa"
+	sim := platformsim.New(platformsim.Options{Seed: 21, Tokens: []string{e2eToken}, AllowHTTPSinks: true, Strict: strict, RegistryTokens: []string{registryToken}})
+	sc := platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 4}
+	if strict {
+		sc.DateTags, sc.NestedRepos = 1, 2
+	}
+	sim.Populate(sc)
 	srv := httptest.NewServer(sim.Handler())
 	defer srv.Close()
 	defer sim.Close()
@@ -189,8 +200,9 @@ func pushScenario(t *testing.T, schedule string, dropPushes bool) {
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
 	addr := freeAddr(t)
 	cfg := testConfig{simURL: srv.URL, natsURL: ns.ClientURL(), dbPath: dbPath,
-		crawl:  fmt.Sprintf("schedule = %q\nsweep_schedule = \"\"\nadvisories_schedule = \"\"\nsubscriptions_schedule = \"@every 1h\"\njitter = \"0s\"", schedule),
-		events: fmt.Sprintf("listen = %q\nsink_url = \"http://%s/events\"\nissuer = %q", addr, addr, srv.URL),
+		crawl:       fmt.Sprintf("schedule = %q\nsweep_schedule = \"\"\nadvisories_schedule = \"\"\nsubscriptions_schedule = \"@every 1h\"\njitter = \"0s\"", schedule),
+		events:      fmt.Sprintf("listen = %q\nsink_url = \"http://%s/events\"\nissuer = %q", addr, addr, srv.URL),
+		credentials: fmt.Sprintf("token = %q\nregistry_token = %q", e2eToken, registryToken),
 	}.write(t)
 	ctx := context.Background()
 	d := startDaemon(t, cfg)
@@ -208,7 +220,18 @@ func pushScenario(t *testing.T, schedule string, dropPushes bool) {
 	if dropPushes {
 		sim.SetDeliveryFaults(platformsim.DeliveryFaults{DropRate: 1})
 	}
-	tag := sim.Truth().Tags[4]
+	truth := sim.Truth()
+	tag := truth.Tags[4]
+	if strict {
+		for _, tg := range truth.Tags {
+			if p, _ := sim.RegistryPath(tg.RepoUID); strings.Contains(p, "/") && tg.Family == platformsim.FamilyDates {
+				tag = tg
+			}
+		}
+		if tag.Family != platformsim.FamilyDates {
+			t.Fatal("no date-stamped tag in a nested repo")
+		}
+	}
 	digest := "sha256:" + strings.Repeat("7", 64)
 	sim.Advance(time.Second)
 	pushed := time.Now()

@@ -278,8 +278,12 @@ func pruneLoop(ctx context.Context, st *store.Store, retention time.Duration, lo
 	}
 }
 
-// demoToken is the platform token the demo simulator accepts.
-const demoToken = "demo-token"
+// demoToken and demoRegistryToken are the credentials the demo simulator
+// accepts: like the real platform, it wants one per audience.
+const (
+	demoToken         = "demo-token"
+	demoRegistryToken = "demo-registry-token"
+)
 
 // startDemo starts the simulator on a loopback port with data that changes
 // every few seconds, and points cfg at it and at an embedded NATS server.
@@ -287,8 +291,11 @@ func startDemo(ctx context.Context, g *errgroup.Group, cfg *config.Config, log *
 	if err := resetDemoMirror(ctx, cfg.Store.Path); err != nil {
 		return err
 	}
-	sim := platformsim.New(platformsim.Options{Seed: time.Now().UnixNano(), Tokens: []string{demoToken}, AllowHTTPSinks: true})
-	sim.Populate(platformsim.Scale{Repos: 12, TagsPerRepo: 4, HistoryPerTag: 20, Advisories: 30})
+	// Strict: the simulator behaves as the vendor's service does (audiences,
+	// hidden tag families, repos below subgroups, protojson on the wire).
+	sim := platformsim.New(platformsim.Options{Seed: time.Now().UnixNano(), Strict: true, Tokens: []string{demoToken},
+		RegistryTokens: []string{demoRegistryToken}, AllowHTTPSinks: true})
+	sim.Populate(platformsim.Scale{Repos: 12, TagsPerRepo: 4, HistoryPerTag: 20, Advisories: 30, NestedRepos: 4, DateTags: 1, EpochTags: 1})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fmt.Errorf("demo simulator: %w", err)
@@ -313,6 +320,8 @@ func startDemo(ctx context.Context, g *errgroup.Group, cfg *config.Config, log *
 	def := config.Default()
 	cfg.Platform.BaseURL, cfg.Platform.RegistryURL = url, url
 	cfg.Platform.Token, cfg.Platform.TokenFile, cfg.Platform.TokenCommand = demoToken, "", ""
+	cfg.Platform.RegistryToken, cfg.Platform.RegistryTokenFile, cfg.Platform.RegistryTokenCommand, cfg.Platform.RegistryCredentialHelper = demoRegistryToken, "", "", ""
+	cfg.Platform.Identity, cfg.Platform.IdentityTokenFile = "", ""
 	cfg.Platform.Group, cfg.Platform.Organization = "org1", "acme"
 	if cfg.NATS.URL == "" && cfg.NATS.Listen == "" {
 		cfg.NATS.Listen = "127.0.0.1:4222"

@@ -20,6 +20,8 @@ type simCommand struct {
 	addr     string
 	seed     int64
 	token    string
+	regToken string
+	strict   bool
 	scale    platformsim.Scale
 	every    time.Duration
 	perStep  int
@@ -33,6 +35,11 @@ func (c *simCommand) ParseFlags(args []string) error {
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "`host:port` to serve the platform API and the registry on")
 	fs.Int64Var(&c.seed, "seed", 1, "seed of the generated organization and of its changes")
 	fs.StringVar(&c.token, "token", "sim-token", "platform bearer `token` the simulator accepts")
+	fs.StringVar(&c.regToken, "registry-token", "sim-registry-token", "registry `token` (the registry's audience) the simulator accepts")
+	fs.BoolVar(&c.strict, "strict", false, "behave as the vendor's service does: a platform token is refused at the registry, tag families hidden unless asked, protojson on the wire")
+	fs.IntVar(&c.scale.NestedRepos, "nested-repos", 0, "repos placed below subgroups (their registry path is charts/<name> and the like)")
+	fs.IntVar(&c.scale.DateTags, "date-tags", 0, "date-stamped tags (<version>-20yymmdd) per repo")
+	fs.IntVar(&c.scale.EpochTags, "epoch-tags", 0, "epoch tags (<version>-r<N>) per repo")
 	fs.IntVar(&c.scale.Repos, "repos", 20, "repos to generate")
 	fs.IntVar(&c.scale.TagsPerRepo, "tags-per-repo", 5, "tags per repo")
 	fs.IntVar(&c.scale.HistoryPerTag, "history-per-tag", 20, "history records per tag")
@@ -54,10 +61,11 @@ the tag history path.
 
 Examples:
   syncd sim --addr 127.0.0.1:8080 --token sim-token
+  syncd sim --strict --nested-repos 3 --date-tags 1   # as the vendor's service behaves
   curl -H 'Authorization: Bearer sim-token' 'http://127.0.0.1:8080/registry/v2/repos?page_size=2'
   # syncd against it:
   SYNCD_PLATFORM_BASE_URL=http://127.0.0.1:8080 SYNCD_PLATFORM_REGISTRY_URL=http://127.0.0.1:8080 \
-  SYNCD_PLATFORM_TOKEN=sim-token SYNCD_PLATFORM_GROUP=org1 SYNCD_PLATFORM_ORGANIZATION=acme \
+  SYNCD_PLATFORM_TOKEN=sim-token SYNCD_PLATFORM_REGISTRY_TOKEN=sim-registry-token SYNCD_PLATFORM_GROUP=org1 SYNCD_PLATFORM_ORGANIZATION=acme \
   syncd sync --once
 
 Flags:
@@ -73,7 +81,7 @@ func (c *simCommand) Run(ctx context.Context) error {
 		return err
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	sim := platformsim.New(platformsim.Options{Seed: c.seed, Tokens: []string{c.token}, StartInclusive: c.inclusiv,
+	sim := platformsim.New(platformsim.Options{Seed: c.seed, Tokens: []string{c.token}, RegistryTokens: []string{c.regToken}, Strict: c.strict, StartInclusive: c.inclusiv,
 		Vendor: cfg.Platform.Vendor, PublicOrg: cfg.Platform.PublicOrg})
 	sim.Populate(c.scale)
 	ln, err := net.Listen("tcp", c.addr)

@@ -3,6 +3,7 @@ package crawler_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -165,5 +166,56 @@ func TestCrawl_EveryHistoryFailing(t *testing.T) {
 	}
 	if n := h.count(t, `SELECT count(*) FROM crawl_runs WHERE outcome = 'failed'`); n != 1 {
 		t.Errorf("the run is not recorded as failed")
+	}
+}
+
+// TestRefreshTag_ByRegistryPath resolves a push's repository given as the
+// registry path of a repo below subgroups, with and without the
+// organization in front, before and after the repo is mirrored, and
+// ignores tags of a family syncd does not mirror.
+func TestRefreshTag_ByRegistryPath(t *testing.T) {
+	h := newHarnessWith(t, platformsim.Scale{Repos: 3, TagsPerRepo: 1, HistoryPerTag: 2, NestedRepos: 2, EpochTags: 1},
+		func(c *crawler.Config) { c.Families = crawler.ParseFamilies([]string{"dates"}) })
+	ctx := context.Background()
+	truth := h.sim.Truth()
+	var plain, epoch platformsim.TruthTag
+	var path string
+	for _, tg := range truth.Tags {
+		p, _ := h.sim.RegistryPath(tg.RepoUID)
+		if strings.Count(p, "/") < 1 {
+			continue
+		}
+		switch tg.Family {
+		case "":
+			plain, path = tg, p
+		case platformsim.FamilyEpochs:
+			epoch = tg
+		}
+	}
+	if plain.UID == "" || epoch.UID == "" {
+		t.Fatalf("no plain and epoch tags in a nested repo: %+v", truth.Tags)
+	}
+	// Not mirrored yet: found by listing the repos of that name.
+	if err := h.crawler.RefreshTag(ctx, "acme/"+path, plain.Name); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM tags t JOIN repos r ON r.uid = t.repo_uid WHERE t.uid = ? AND r.path = ? AND t.history_count = 2`, plain.UID, path); n != 1 {
+		t.Fatalf("the tag pushed by path %s is not mirrored with its history", path)
+	}
+	// Mirrored: found by its path in the store.
+	if err := h.sim.MoveTag(plain.UID, fmt.Sprintf("sha256:%064x", 0xbeef)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.crawler.RefreshTag(ctx, path, plain.Name); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT history_count FROM tags WHERE uid = ?`, plain.UID); n != 3 {
+		t.Errorf("after a move pushed by path, the tag has %d history records, want 3", n)
+	}
+	if err := h.crawler.RefreshTag(ctx, path, epoch.Name); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM tags WHERE uid = ?`, epoch.UID); n != 0 {
+		t.Errorf("a tag of the epochs family was mirrored, though only dates are configured")
 	}
 }
