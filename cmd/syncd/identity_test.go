@@ -125,7 +125,7 @@ func TestIdentityCreate(t *testing.T) {
 			t.Errorf("binding group=%+v role=%+v, want org1 (acme) and viewer", b.Group, b.Role)
 		}
 		// The printed binding is the platform's hydrated one.
-		for _, want := range []string{b.UID, "syncd prod (" + uid + ")", "acme (org1)", "viewer (" + b.Role.UID + ")", `group = "org1"`} {
+		for _, want := range []string{b.UID, "syncd prod (" + uid + ")", "acme (org1)", "viewer (" + b.Role.UID + ")", `group = "org1"`, `identity = "` + uid + `"`, "identity_token_file = "} {
 			if !strings.Contains(stdout, want) {
 				t.Errorf("stdout lacks %q:\n%s", want, stdout)
 			}
