@@ -155,3 +155,114 @@ func TestEventIDs(t *testing.T) {
 		}
 	})
 }
+
+// TestBaseline_FailedRepos: the baseline ends although some repos failed.
+// What the recovered repos hold when their tags are first listed, in full
+// or in part, is the starting point as the baseline would have taken it;
+// once a repo's failure is cleared, its changes are news again.
+func TestBaseline_FailedRepos(t *testing.T) {
+	ctx := context.Background()
+	twoRecords := []store.HistoryRecord{{Time: ts("2025-01-01T00:00:00Z"), Digest: digest(1)}, {Time: ts("2025-01-02T00:00:00Z"), Digest: digest(2)}}
+	failRepo := func(t *testing.T, st *store.Store, r store.Repo) {
+		t.Helper()
+		if _, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureRepo, UID: r.UID, Path: r.Name, Status: 403, Error: "forbidden"}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// listAndRead applies tags of r and their two-record histories, and
+	// returns the events recorded.
+	listAndRead := func(t *testing.T, st *store.Store, r store.Repo, tags ...store.Tag) int {
+		t.Helper()
+		need, total, err := st.ApplyTags(ctx, r, tags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ref := range need {
+			n, err := st.ApplyHistory(ctx, ref, twoRecords, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			total += n
+		}
+		return total
+	}
+	ok := store.Repo{UID: "g1/ok", Name: "ok"}
+	unlisted := store.Repo{UID: "g1/unlisted", Name: "unlisted"}
+	halfListed := store.Repo{UID: "g1/half", Name: "half"}
+	setup := func(t *testing.T, opts store.Options) *store.Store {
+		t.Helper()
+		st, _ := openTemp(t, newClock(), true, opts)
+		mustApplyRepos(t, st, ok, unlisted, halfListed)
+		listAndRead(t, st, ok, tag("g1/ok/t1", "latest", 2))
+		// unlisted's tag listing failed; half's failed after its first page.
+		failRepo(t, st, unlisted)
+		listAndRead(t, st, halfListed, tag("g1/half/t1", "page1", 2))
+		failRepo(t, st, halfListed)
+		if err := st.EndBaseline(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+
+	t.Run("RecoveredReposAreNotNews", func(t *testing.T) {
+		st := setup(t, store.Options{})
+		if got, want := queryString(t, st.Reader(), `SELECT group_concat(name || '=' || baseline_pending, ' ') FROM (SELECT * FROM repos ORDER BY name)`),
+			"half=1 ok=0 unlisted=1"; got != want {
+			t.Fatalf("baseline_pending=%s, want %s", got, want)
+		}
+		// Next crawl: both repos answer. Their tags and past moves are
+		// the starting point.
+		if got := listAndRead(t, st, unlisted, tag("g1/unlisted/t1", "latest", 2), tag("g1/unlisted/t2", "dev", 2)); got != 0 {
+			t.Fatalf("events for the first listing of a repo the baseline missed=%d, want 0", got)
+		}
+		if got := listAndRead(t, st, halfListed, tag("g1/half/t2", "page2", 2)); got != 0 {
+			t.Fatalf("events for the rest of a half-listed repo=%d, want 0", got)
+		}
+		// A repo that was fine: a new tag is news, with its past moves.
+		if got, want := listAndRead(t, st, ok, tag("g1/ok/t2", "new", 2)), 2; got != want {
+			t.Fatalf("events for a new tag of a complete repo=%d, want %d (tag.created, tag.moved)", got, want)
+		}
+		for _, r := range []store.Repo{unlisted, halfListed} {
+			if ok, err := st.ClearFailure(ctx, r.UID); err != nil || !ok {
+				t.Fatalf("ClearFailure(%s)=%v, %v", r.UID, ok, err)
+			}
+		}
+		if got := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM repos WHERE baseline_pending = 1`); got != 0 {
+			t.Fatalf("repos pending after recovery=%d, want 0", got)
+		}
+		// From now on the recovered repos are like any other.
+		if got, want := listAndRead(t, st, unlisted, tag("g1/unlisted/t3", "newer", 2)), 2; got != want {
+			t.Fatalf("events for a new tag after recovery=%d, want %d", got, want)
+		}
+		ref := store.TagRef{UID: "g1/unlisted/t1", RepoUID: unlisted.UID, Repo: unlisted.Name, Name: "latest", UpdateTime: ts("2025-03-01T00:00:00Z")}
+		moved := append(twoRecords, store.HistoryRecord{Time: ts("2025-03-01T00:00:00Z"), Digest: digest(3)})
+		if n, err := st.ApplyHistory(ctx, ref, moved, true); err != nil || n != 1 {
+			t.Fatalf("events for a move after recovery=%d err=%v, want 1", n, err)
+		}
+		got := types(allEvents(t, st))
+		want := []string{store.TagCreated, store.TagMoved, store.TagCreated, store.TagMoved, store.TagMoved}
+		if !slices.Equal(got, want) {
+			t.Fatalf("types=%v, want %v", got, want)
+		}
+	})
+	t.Run("SnapshotAnnouncesThemAsTheBaselineWould", func(t *testing.T) {
+		st := setup(t, store.Options{InitialEvents: "snapshot"})
+		before := len(allEvents(t, st))
+		// One tag.created each, as in the snapshot; their past moves are not news.
+		if got, want := listAndRead(t, st, unlisted, tag("g1/unlisted/t1", "latest", 2)), 1; got != want {
+			t.Fatalf("events=%d, want %d", got, want)
+		}
+		if got := types(allEvents(t, st)[before:]); !slices.Equal(got, []string{store.TagCreated}) {
+			t.Fatalf("types=%v, want one tag.created", got)
+		}
+	})
+	t.Run("FailureAfterTheBaselineIsNotPending", func(t *testing.T) {
+		st := setup(t, store.Options{})
+		late := store.Repo{UID: "g1/late", Name: "late"}
+		mustApplyRepos(t, st, late)
+		failRepo(t, st, late)
+		if got, want := listAndRead(t, st, late, tag("g1/late/t1", "latest", 2)), 2; got != want {
+			t.Fatalf("events for a repo created after the baseline=%d, want %d", got, want)
+		}
+	})
+}
