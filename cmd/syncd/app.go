@@ -175,17 +175,11 @@ func (a *app) registerGauges() {
 	for _, kind := range []string{"repo", "tag"} {
 		m.GaugeFuncWith("syncd_crawl_failures", "Repos and tags whose reads failed and are retried with backoff (syncd status lists them).",
 			prometheus.Labels{"kind": kind}, func() float64 {
-				fs, err := a.store.Failures(context.Background())
+				counts, err := a.store.FailureCounts(context.Background())
 				if err != nil {
 					return -1
 				}
-				n := 0
-				for _, f := range fs {
-					if f.Kind == kind {
-						n++
-					}
-				}
-				return float64(n)
+				return float64(counts[kind])
 			})
 	}
 	m.GaugeFunc("syncd_nats_connected", "1 while the NATS connection is up.", func() float64 {

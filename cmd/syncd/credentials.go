@@ -2,7 +2,6 @@ package main
 
 import (
 	"log/slog"
-	"strings"
 
 	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/platform"
@@ -46,7 +45,7 @@ func apiAudience(p config.Platform) string {
 	if p.APIAudience != "" {
 		return p.APIAudience
 	}
-	return strings.TrimRight(p.BaseURL, "/")
+	return platform.DefaultAPIAudience(p.BaseURL)
 }
 
 // registryAudience is the registry's audience: registry_audience, or the
@@ -55,7 +54,7 @@ func registryAudience(p config.Platform) string {
 	if p.RegistryAudience != "" {
 		return p.RegistryAudience
 	}
-	return p.RegistryHost()
+	return platform.DefaultRegistryAudience(p.RegistryURL)
 }
 
 // newClient is the platform client every command uses, built from cfg.

@@ -49,6 +49,10 @@ type Config struct {
 	Now    func() time.Time
 	// ProgressEvery is how often a long crawl logs its progress; default 10s.
 	ProgressEvery time.Duration
+	// UpdatedSinceMargin is how far before the newest tag update the mirror
+	// holds an incremental crawl asks from (updated_since): room for the
+	// upstream's clock and for updates committed out of order. Default 5m.
+	UpdatedSinceMargin time.Duration
 	// OnRun, when set, is told of every finished job (for metrics and
 	// readiness): its outcome (ok, partial, failed, canceled), duration and
 	// counts.
@@ -73,6 +77,9 @@ type Crawler struct {
 	advisoriesListed atomic.Int64
 	paths            *paths
 	failed           *failures
+	// skipped holds the uids of repos the include and exclude patterns
+	// leave out, as the repo listing found them.
+	skipped sync.Map
 }
 
 // New returns a Crawler.
@@ -89,9 +96,12 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = 10 * time.Second
 	}
+	if cfg.UpdatedSinceMargin <= 0 {
+		cfg.UpdatedSinceMargin = 5 * time.Minute
+	}
 	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(cfg.Concurrency)),
 		committing: semaphore.NewWeighted(int64(8 * cfg.Concurrency)), commits: &historyCommitter{store: st, maxBatch: 256},
-		paths: newPaths(cfg.Group, client), failed: &failures{store: st, now: cfg.Now}}
+		paths: newPaths(cfg.Group, client), failed: newFailures(st, cfg.Now)}
 }
 
 // Summary is what one crawl did.
@@ -248,8 +258,7 @@ func (c *Crawler) recordRun(ctx context.Context, job string, fn func(*summary) e
 type summary struct {
 	repos, tags, historyReads, historyRecords, events atomic.Int64
 	advisories, deleted                               atomic.Int64
-	reposTotal                                        atomic.Int64
-	reposDone                                         atomic.Int64
+	reposTotal, tagsTotal                             atomic.Int64
 	// failures counts scopes that failed. reposFailed and historiesFailed
 	// count the scopes that had not failed before and failed now, which
 	// tell a crawl where some scopes failed from one where all did.
@@ -316,19 +325,7 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 	} else {
 		advisories <- nil
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(c.cfg.Concurrency)
-	for _, r := range repos {
-		g.Go(func() error {
-			defer s.reposDone.Add(1)
-			seen, err := c.crawlScope(gctx, r, s)
-			if err != nil || seen == nil || !sweep {
-				return err
-			}
-			return c.sweepTags(gctx, r, seen, s)
-		})
-	}
-	err = g.Wait()
+	err = c.crawlTags(ctx, repos, baseline, sweep, s)
 	if err == nil {
 		err = s.allFailed()
 	}
@@ -349,6 +346,61 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 		return c.store.EndBaseline(ctx)
 	}
 	return nil
+}
+
+// crawlTags lists the organization's tags and reads the histories that
+// changed: everything in a baseline or a sweep, else only the tags updated
+// since the newest update the mirror holds (less the margin), and the
+// histories an earlier run failed to read. A sweep then records the
+// deletions of each repo's tags.
+func (c *Crawler) crawlTags(ctx context.Context, repos []store.Repo, baseline, sweep bool, s *summary) error {
+	l := &tagListing{repos: make(map[string]store.Repo, len(repos)), unknown: make(map[string]bool)}
+	for _, r := range repos {
+		l.repos[r.UID] = r
+	}
+	if sweep {
+		l.seen = make(map[string]map[string]bool, len(repos))
+	}
+	q := platform.ListQuery{DescendantsOf: c.cfg.Group}
+	if !baseline && !sweep {
+		newest, err := c.store.NewestTagUpdate(ctx, c.cfg.Group)
+		if err != nil {
+			return err
+		}
+		if !newest.IsZero() {
+			q.UpdatedSince = newest.Add(-c.cfg.UpdatedSinceMargin)
+		}
+	}
+	if err := c.listAllTags(ctx, l, q, s); err != nil {
+		return err
+	}
+	if !q.UpdatedSince.IsZero() {
+		if err := c.readPending(ctx, l, s); err != nil {
+			return err
+		}
+	}
+	if err := c.crawlUnknown(ctx, l, s); err != nil {
+		return err
+	}
+	// A repo that failed before (its path could not be resolved) and is
+	// back: an updated_since listing would not show its older tags, so it
+	// is listed whole, which also ends its failure.
+	for _, r := range repos {
+		if c.failed.has(r.UID) {
+			if _, err := c.crawlScope(ctx, r, s); err != nil {
+				return err
+			}
+		}
+	}
+	if !sweep {
+		return nil
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(c.cfg.Concurrency)
+	for _, r := range repos {
+		g.Go(func() error { return c.sweepTags(gctx, r, l.seen[r.UID], s) })
+	}
+	return g.Wait()
 }
 
 // crawlScope crawls one repo as crawlRepo does, unless an earlier failure
@@ -394,9 +446,11 @@ func (s *summary) allFailed() error {
 		return nil
 	}
 	switch {
-	case s.reposFailed.Load() > 0 && s.reposRead.Load() == 0:
+	// One scope failing alone says nothing of the others; several, with
+	// none read, point at a common cause.
+	case s.reposFailed.Load() > 1 && s.reposRead.Load() == 0:
 		return fmt.Errorf("every repo's reads failed (%d newly); the first: %w", s.reposFailed.Load(), *first)
-	case s.historiesFailed.Load() > 0 && s.historyReads.Load() == 0:
+	case s.historiesFailed.Load() > 1 && s.historyReads.Load() == 0:
 		return fmt.Errorf("every tag history read failed (%d newly); the first: %w", s.historiesFailed.Load(), *first)
 	}
 	return nil
@@ -417,12 +471,12 @@ func (c *Crawler) progress(ctx context.Context, s *summary) func() {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				n, total := s.reposDone.Load(), s.reposTotal.Load()
+				n, total := s.tags.Load(), s.tagsTotal.Load()
 				var eta time.Duration
-				if n > 0 {
+				if n > 0 && total > n {
 					eta = time.Duration(float64(c.cfg.Now().Sub(start)) / float64(n) * float64(total-n))
 				}
-				c.log.Info("crawling", "repos_done", n, "repos_total", total, "tags", s.tags.Load(),
+				c.log.Info("crawling", "repos", s.reposTotal.Load(), "tags_listed", n, "tags_total", total,
 					"history_reads", s.historyReads.Load(), "events", s.events.Load(), "eta", eta.Round(time.Second).String())
 			}
 		}
@@ -445,14 +499,18 @@ func (c *Crawler) listRepos(ctx context.Context, s *summary) ([]store.Repo, erro
 				for _, r := range page {
 					if !c.wanted(r.Name) {
 						c.paths.learn(r.UID, r.Name)
+						c.skipped.Store(r.UID, true)
 						continue
 					}
 					sr, err := c.storeRepo(ctx, r)
 					if scopeFailed(ctx, err) {
 						// Its path is unknown, so its history cannot be read:
 						// it fails alone, and is not mistaken for deleted.
+						if !c.failed.has(r.UID) {
+							s.reposFailed.Add(1)
+						}
 						s.fail(err)
-						if _, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "repo", UID: r.UID, RepoUID: r.UID, Path: r.Name}, err); rerr != nil {
+						if _, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "repo", UID: r.UID, RepoUID: r.UID, Path: r.UID}, err); rerr != nil {
 							return rerr
 						}
 						continue
@@ -483,6 +541,12 @@ func (c *Crawler) listRepos(ctx context.Context, s *summary) ([]store.Repo, erro
 		s.repos.Store(int64(len(repos)))
 		return repos, nil
 	}
+}
+
+// excluded reports whether the repo uid is left out by the patterns.
+func (c *Crawler) excluded(uid string) bool {
+	_, ok := c.skipped.Load(uid)
+	return ok
 }
 
 func (c *Crawler) wanted(name string) bool {
@@ -601,7 +665,7 @@ func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary,
 	read()
 	var unwalkable *platform.UnwalkableError
 	if err != nil && !errors.As(err, &unwalkable) {
-		if ctx.Err() != nil {
+		if !scopeFailed(ctx, readErr(err)) {
 			return err
 		}
 		if !c.failed.has(ref.UID) {

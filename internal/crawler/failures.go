@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,10 +25,23 @@ type readError struct{ err error }
 func (e *readError) Error() string { return e.err.Error() }
 func (e *readError) Unwrap() error { return e.err }
 
-// readErr wraps err, when not nil, as a read error.
+// readErr wraps err as a read error when it is one scope's: the platform
+// or registry answered the scope's own request with an error status (404,
+// 403, 5xx past the retries). Errors of getting a credential (an STS that
+// refuses or cannot be reached, a token command that fails) and of the
+// network are everyone's, and stay errors of the crawl: recording them as
+// failures of every tag would hold the whole mirror back once they pass.
 func readErr(err error) error {
 	if err == nil {
 		return nil
+	}
+	var ae *platform.AuthError
+	if errors.As(err, &ae) && strings.HasPrefix(ae.Service, "STS") {
+		return err
+	}
+	var apiErr *platform.Error
+	if !errors.As(err, &apiErr) {
+		return err
 	}
 	return &readError{err}
 }
@@ -56,7 +70,11 @@ type failures struct {
 
 	mu     sync.Mutex
 	loaded bool
-	known  map[string]store.Failure // by uid
+	known  map[string]store.Failure // by uid; what load found, and since
+}
+
+func newFailures(st *store.Store, now func() time.Time) *failures {
+	return &failures{store: st, now: now, known: make(map[string]store.Failure)}
 }
 
 func (f *failures) load(ctx context.Context) error {
@@ -69,9 +87,10 @@ func (f *failures) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	f.known = make(map[string]store.Failure, len(all))
 	for _, x := range all {
-		f.known[x.UID] = x
+		if _, ok := f.known[x.UID]; !ok {
+			f.known[x.UID] = x
+		}
 	}
 	f.loaded = true
 	return nil
@@ -114,6 +133,16 @@ func (f *failures) record(ctx context.Context, x store.Failure, err error) (stor
 	f.known[rec.UID] = rec
 	f.mu.Unlock()
 	return rec, nil
+}
+
+// forget drops failures of scopes that are gone (deleted upstream); the
+// store dropped their rows with the deletion.
+func (f *failures) forget(uids []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, uid := range uids {
+		delete(f.known, uid)
+	}
 }
 
 // clear forgets the failure of uid after a successful read; it reports

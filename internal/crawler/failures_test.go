@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/store"
 )
@@ -143,7 +144,7 @@ func TestCrawl_FailingReposFailAlone(t *testing.T) {
 		t.Errorf("%d of the recovered repos' 6 tags have their history", n)
 	}
 	// Their history was the starting point, not news; nothing was deleted.
-	if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'tag.moved' AND subject LIKE ? || '/%' OR subject LIKE ? || '/%'`, gone.UID, denied.UID); n != 0 {
+	if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'tag.moved' AND (subject LIKE ? || '/%' OR subject LIKE ? || '/%')`, gone.UID, denied.UID); n != 0 {
 		t.Errorf("%d tag.moved events for the recovered repos' baseline history", n)
 	}
 	if n := h.count(t, `SELECT count(*) FROM events WHERE action = 'deleted'`); n != 0 {
@@ -217,5 +218,81 @@ func TestRefreshTag_ByRegistryPath(t *testing.T) {
 	}
 	if n := h.count(t, `SELECT count(*) FROM tags WHERE uid = ?`, epoch.UID); n != 0 {
 		t.Errorf("a tag of the epochs family was mirrored, though only dates are configured")
+	}
+}
+
+// TestCrawl_CredentialFailureIsNotAScopeFailure: an STS that cannot be
+// reached fails the crawl, and records no failure of any tag, so nothing
+// is held back once it answers again. A push before any crawl whose read
+// fails is recorded like any other.
+func TestCrawl_CredentialFailureIsNotAScopeFailure(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2})
+	ctx := context.Background()
+	client, err := platform.New(platform.Config{BaseURL: h.client.RegistryURL(), RegistryURL: h.client.RegistryURL(), Token: platform.StaticToken(token),
+		PullToken:    &platform.ExchangeToken{STSURL: "http://127.0.0.1:1", Identity: "org1/x", Audience: "registry", ExternalToken: platform.StaticToken("ext")},
+		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", MaxRetryTime: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := crawler.New(client, h.store, crawler.Config{Group: "org1"})
+	if _, err := c.Sync(ctx); err == nil || !strings.Contains(err.Error(), "STS") {
+		t.Fatalf("crawl with the STS down: %v, want an error naming the STS", err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM crawl_failures`); n != 0 {
+		t.Errorf("%d scope failures recorded for a credential that could not be had", n)
+	}
+
+	// A push before the first crawl of a fresh crawler, whose read fails.
+	truth := h.sim.Truth()
+	h.sim.AddFaults(platformsim.Fault{Name: "gone", Image: "acme/" + truth.Repos[0].Path, Status: 404})
+	fresh := crawler.New(h.client, h.store, crawler.Config{Group: "org1"})
+	var tag platformsim.TruthTag
+	for _, tg := range truth.Tags {
+		if tg.RepoUID == truth.Repos[0].UID {
+			tag = tg
+		}
+	}
+	if err := fresh.RefreshTag(ctx, truth.Repos[0].UID, tag.Name); err != nil {
+		t.Fatalf("refresh with a failing history: %v", err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM crawl_failures WHERE uid = ? AND status = 404`, tag.UID); n != 1 {
+		t.Errorf("the failing pushed tag is not recorded")
+	}
+}
+
+// TestSweep_DeletedScopeForgetsItsFailure: a tag whose history answered
+// 404 because it was being deleted leaves crawl_failures with its deletion.
+func TestSweep_DeletedScopeForgetsItsFailure(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2})
+	ctx := context.Background()
+	if _, err := h.crawler.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	truth := h.sim.Truth()
+	tag := truth.Tags[0]
+	var path string
+	for _, r := range truth.Repos {
+		if r.UID == tag.RepoUID {
+			path = r.Path
+		}
+	}
+	h.sim.AddFaults(platformsim.Fault{Name: "gone", Image: "acme/" + path, Status: 404})
+	if err := h.sim.MoveTag(tag.UID, fmt.Sprintf("sha256:%064x", 0xd1e)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.crawler.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM crawl_failures WHERE uid = ?`, tag.UID); n != 1 {
+		t.Fatalf("the failing tag is not recorded")
+	}
+	if _, err := h.sim.Apply(platformsim.Mutation{Kind: platformsim.TagDeleted, UID: tag.UID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.crawler.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM crawl_failures WHERE uid = ?`, tag.UID); n != 0 {
+		t.Errorf("the deleted tag's failure is still recorded")
 	}
 }

@@ -24,9 +24,23 @@ func (c *Crawler) publicImages(ctx context.Context, s *summary) error {
 			return err
 		}
 		for _, tag := range publicTags {
-			if err := c.publicTag(ctx, repo, img, tag, s); err != nil {
-				return err
+			err := c.publicTag(ctx, repo, img, tag, s)
+			if !scopeFailed(ctx, err) {
+				if err != nil {
+					return err
+				}
+				if _, err := c.failed.clear(finish(ctx), repo.UID+"/"+tag); err != nil {
+					return err
+				}
+				continue
 			}
+			// One public image failing fails only itself.
+			s.fail(err)
+			f, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "tag", UID: repo.UID + "/" + tag, RepoUID: repo.UID, Path: repo.Name, Tag: tag}, err)
+			if rerr != nil {
+				return rerr
+			}
+			c.log.Warn("public image failed; the rest of the crawl goes on", "image", repo.Name, "tag", tag, "attempts", f.Attempts, "err", err)
 		}
 	}
 	return nil
@@ -49,7 +63,7 @@ func (c *Crawler) publicTag(ctx context.Context, repo store.Repo, img, tag strin
 	case errors.As(err, &unwalkable):
 		c.log.Warn("tag history cannot be read whole; keeping what was read", "repo", repo.Name, "tag", tag, "err", err)
 	case err != nil:
-		return fmt.Errorf("public image %s:%s: %w", repo.Name, tag, err)
+		return readErr(fmt.Errorf("public image %s:%s: %w", repo.Name, tag, err))
 	}
 	s.historyReads.Add(1)
 	if len(recs) == 0 {

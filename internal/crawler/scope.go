@@ -2,6 +2,7 @@ package crawler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -87,6 +88,8 @@ func (p *paths) learn(uid, name string) {
 
 // of returns the registry path of the repo uid named name.
 func (p *paths) of(ctx context.Context, uid, name string) (string, error) {
+	// Learnt first: repos may be nested below this one.
+	p.learn(uid, name)
 	parent := uid[:max(strings.LastIndexByte(uid, '/'), 0)]
 	if parent == p.root || p.root == "" {
 		return name, nil // the common case asks for nothing
@@ -94,7 +97,6 @@ func (p *paths) of(ctx context.Context, uid, name string) (string, error) {
 	if !strings.HasPrefix(uid, p.root+"/") {
 		return "", fmt.Errorf("repo %s is not below the root group %s: its registry path is unknown", uid, p.root)
 	}
-	p.learn(uid, name)
 	// Ancestors' names, nearest the root first.
 	segs := strings.Split(strings.TrimPrefix(uid, p.root+"/"), "/")
 	at := p.root
@@ -103,13 +105,31 @@ func (p *paths) of(ctx context.Context, uid, name string) (string, error) {
 		if _, ok := p.name(at); ok {
 			continue
 		}
-		g, err := p.client.GetGroup(ctx, at)
+		// A segment is a group or, where repos nest, a repo.
+		name, err := p.segmentName(ctx, at)
 		if err != nil {
-			return "", readErr(fmt.Errorf("registry path of repo %s: name of its group %s: %w", uid, at, err))
+			return "", readErr(fmt.Errorf("registry path of repo %s: name of %s above it: %w", uid, at, err))
 		}
-		p.learn(at, g.Name)
+		p.learn(at, name)
 	}
 	return platform.RegistryPath(p.root, uid, p.name)
+}
+
+// segmentName asks for the name of the group, or failing that the repo,
+// whose uid is uid.
+func (p *paths) segmentName(ctx context.Context, uid string) (string, error) {
+	g, err := p.client.GetGroup(ctx, uid)
+	if err == nil {
+		return g.Name, nil
+	}
+	if !platform.IsNotFound(err) {
+		return "", err
+	}
+	r, rerr := p.client.GetRepo(ctx, uid)
+	if rerr != nil {
+		return "", errors.Join(err, rerr)
+	}
+	return r.Name, nil
 }
 
 func (p *paths) name(uid string) (string, bool) {

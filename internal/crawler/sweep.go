@@ -8,15 +8,19 @@ import (
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
-// confirmGone keeps the candidates for which get answers 404. Any other
-// error stops the sweep: an unconfirmed deletion is never recorded.
-func confirmGone(ctx context.Context, candidates []string, get func(context.Context, string) error) ([]string, error) {
+// confirmGone keeps the candidates for which get answers 404: an
+// unconfirmed deletion is never recorded. A candidate whose Get fails
+// otherwise (403, 5xx) stays as it is until a later sweep; any other error
+// (the network, a credential) stops the sweep.
+func (c *Crawler) confirmGone(ctx context.Context, candidates []string, get func(context.Context, string) error) ([]string, error) {
 	var gone []string
 	for _, uid := range candidates {
 		err := get(ctx, uid)
 		switch {
 		case platform.IsNotFound(err):
 			gone = append(gone, uid)
+		case scopeFailed(ctx, readErr(err)):
+			c.log.Warn("could not confirm a deletion; the next sweep asks again", "uid", uid, "err", err)
 		case err != nil:
 			return nil, fmt.Errorf("confirm deletion of %s: %w", uid, err)
 		}
@@ -46,7 +50,7 @@ func (c *Crawler) sweepRepos(ctx context.Context, listed []store.Repo, s *summar
 	if err != nil {
 		return err
 	}
-	gone, err := confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
+	gone, err := c.confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
 		r, err := c.client.GetRepo(ctx, uid)
 		if err == nil && !c.wanted(r.Name) {
 			// Still there, but now excluded: not a deletion.
@@ -61,6 +65,7 @@ func (c *Crawler) sweepRepos(ctx context.Context, listed []store.Repo, s *summar
 	if err != nil {
 		return err
 	}
+	c.failed.forget(gone)
 	s.deleted.Add(int64(len(gone)))
 	s.events.Add(int64(n))
 	c.log.Info("recorded deleted repos", "count", len(gone))
@@ -74,13 +79,10 @@ func (c *Crawler) sweepTags(ctx context.Context, repo store.Repo, seen map[strin
 	if err != nil {
 		return err
 	}
-	gone, err := confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
-		t, err := c.client.GetTag(ctx, uid)
-		if err == nil && !c.cfg.Families.Includes(t.Name) {
-			// There, but of a family the listing was not asked to show:
-			// not a deletion.
-			return nil
-		}
+	// A tag of a family the listing was not asked to show (the families
+	// were narrowed) is still there: its Get answers, and it is kept.
+	gone, err := c.confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
+		_, err := c.client.GetTag(ctx, uid)
 		return err
 	})
 	if err != nil || len(gone) == 0 {
@@ -90,6 +92,7 @@ func (c *Crawler) sweepTags(ctx context.Context, repo store.Repo, seen map[strin
 	if err != nil {
 		return err
 	}
+	c.failed.forget(gone)
 	s.deleted.Add(int64(len(gone)))
 	s.events.Add(int64(n))
 	c.log.Info("recorded deleted tags", "repo", repo.Path, "count", len(gone))
@@ -125,7 +128,7 @@ func (c *Crawler) advisories(ctx context.Context, s *summary, sweep bool) error 
 	if err != nil {
 		return err
 	}
-	gone, err := confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
+	gone, err := c.confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
 		_, err := c.client.GetAdvisory(ctx, uid)
 		return err
 	})

@@ -147,7 +147,9 @@ func (d *DockerCredentialHelper) run(ctx context.Context) (string, error) {
 		// Helpers write their own failures ("credentials not found in
 		// native keychain") to stdout; that is shown, but never anything
 		// that looks like the JSON answer, which would hold the secret.
-		if o := bytes.TrimSpace(out); len(o) > 0 && o[0] != '{' {
+		// A single word could be a token printed before the failure, so
+		// only a message (words with spaces between them) is shown.
+		if o := bytes.TrimSpace(out); len(o) > 0 && o[0] != '{' && bytes.ContainsAny(o, " \t") {
 			msg = strings.TrimSpace(excerpt(o, 200) + " " + msg)
 		}
 		return "", fmt.Errorf("credential helper %s get for %s failed: %w: %s", name, d.Host, err, msg)

@@ -175,7 +175,11 @@ func (c *Client) fetchRegistryToken(ctx context.Context, img Image, kind, key st
 			return "Basic " + base64.StdEncoding.EncodeToString([]byte("_token:"+tok)), nil
 		}
 		req.refresh = func(*Error) { c.cfg.PullToken.Invalidate() }
-		req.forget = func(int) { c.cfg.PullToken.Invalidate() }
+		req.forget = func(status int) {
+			if status == http.StatusUnauthorized {
+				c.cfg.PullToken.Invalidate()
+			}
+		}
 	}
 	var out struct {
 		Token       string          `json:"token"`
@@ -253,11 +257,14 @@ func (c *Client) pullRequest(img Image) request {
 		authErr: func(status int, tok string, err error) error {
 			return c.registryAuthError(img, kind, status, tok, err)
 		},
-		// At the registry a 403 mostly means the wrong credential (one for
-		// another audience), so both refusals drop it.
-		forget: func(int) {
+		// A 401 drops the credential (it expired, or was rotated); a 403
+		// drops only the image's token: it is as likely this image's
+		// permission as the credential, and dropping a shared credential
+		// for every forbidden image would cost an exchange or a helper run
+		// each, and cut the reads of every other image short.
+		forget: func(status int) {
 			c.forgetRegistryToken(img, kind)
-			if kind == credRegistry {
+			if kind == credRegistry && status == http.StatusUnauthorized {
 				c.cfg.PullToken.Invalidate()
 			}
 		},

@@ -34,7 +34,7 @@ type ExchangeToken struct {
 	// ExternalToken supplies the token presented to the STS; it is
 	// invalidated and read again before every exchange.
 	ExternalToken TokenSource
-	HTTPClient    *http.Client     // default: one with a 30s timeout
+	HTTPClient    *http.Client     // default: one with a 30s timeout that follows no redirect
 	Now           func() time.Time // default: time.Now
 
 	mu      sync.Mutex
@@ -108,9 +108,16 @@ func (x *ExchangeToken) exchange(ctx context.Context) (string, error) {
 		expiry = now.Add(exchangeLifetime)
 	}
 	margin := max(min(time.Minute, expiry.Sub(now)/10), 0)
+	// An expiry already past (the STS's clock ahead of ours) must not make
+	// every call exchange again: the token is used for a few seconds, and
+	// a refusal invalidates it sooner.
+	renewAt := expiry.Add(-margin)
+	if floor := now.Add(5 * time.Second); renewAt.Before(floor) {
+		renewAt = floor
+	}
 	x.mu.Lock()
 	if x.gen == gen {
-		x.token, x.renewAt = tok, expiry.Add(-margin)
+		x.token, x.renewAt = tok, renewAt
 	}
 	x.mu.Unlock()
 	return tok, nil
@@ -130,7 +137,9 @@ func (x *ExchangeToken) post(ctx context.Context, ext string) (string, time.Time
 	form := url.Values{"aud": {x.Audience}, "identity": {x.Identity}}.Encode()
 	hc := x.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Timeout: 30 * time.Second}
+		// A redirect is answered, not followed, as the vendor's SDK does:
+		// the external token goes to the STS and nowhere else.
+		hc = &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	var lastErr error
 	for attempt := range exchangeAttempts {

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -176,6 +177,12 @@ func TestExchangeToken_ConcurrentCallersShareOneExchange(t *testing.T) {
 			defer wg.Done()
 			got[i], errs[i] = x.Token(ctxT(t))
 		}()
+	}
+	// The exchange is held until it has reached the STS, so the callers
+	// started meanwhile find it in flight rather than cached.
+	deadline := time.Now().Add(10 * time.Second)
+	for f.count() == 0 && time.Now().Before(deadline) {
+		runtime.Gosched()
 	}
 	close(release)
 	wg.Wait()

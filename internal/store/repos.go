@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -95,6 +96,9 @@ func (s *Store) ApplyRepos(ctx context.Context, repos []Repo) (int, error) {
 					cs = append(cs, change{typ: RepoCreated, scope: r.Path, subject: r.UID, disc: createdDisc(r.CreateTime, r.UpdateTime, o.deletions),
 						time: eventTime(r.CreateTime, s.now()), after: r})
 				}
+			case pathLearnt(o.Repo, r) && sameRepo(withPath(o.Repo, r.Path), r):
+				// Schema 6 filled in every path with the name; the nested
+				// repo's real path, learnt now, is no change upstream.
 			case !sameRepo(o.Repo, r):
 				disc, err := updatedDisc(r.UpdateTime, o.Repo, r)
 				if err != nil {
@@ -190,6 +194,19 @@ func (s *Store) RepoByPath(ctx context.Context, path string) (Repo, bool, error)
 		r.Raw = json.RawMessage(found.raw)
 	}
 	return r, true, nil
+}
+
+// pathLearnt reports whether r's path replaces the name that stood for it
+// in old (as the migration to schema 6 wrote it): a repo's path changes
+// with its uid otherwise, or when a group above it is renamed, and neither
+// makes a path that was the bare name.
+func pathLearnt(old, r Repo) bool {
+	return old.Path == old.Name && r.Path != old.Path && strings.HasSuffix(r.Path, "/"+r.Name)
+}
+
+func withPath(r Repo, path string) Repo {
+	r.Path = path
+	return r
 }
 
 func sameRepo(a, b Repo) bool {

@@ -141,6 +141,13 @@ func tombstone(ctx context.Context, tx *sql.Tx, table, now string, uids []string
 	if err != nil {
 		return fmt.Errorf("tombstone %s: %w", table, err)
 	}
+	// A scope that is gone no longer fails: its failure (a 404 was often
+	// the deletion seen early) goes with it.
+	if table == "repos" || table == "tags" {
+		if err := execByUIDs(ctx, tx, `DELETE FROM crawl_failures WHERE uid IN (%s)`, nil, uids); err != nil {
+			return fmt.Errorf("forget failures of deleted %s: %w", table, err)
+		}
+	}
 	return nil
 }
 

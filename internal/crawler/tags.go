@@ -1,0 +1,179 @@
+package crawler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/syncd-dev/syncd/internal/platform"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// A crawl lists the tags of the whole organization in one listing
+// (uidp.descendants_of the group, 200 a page), not repo by repo: a repo
+// with three tags would otherwise cost a request of its own. The
+// incremental crawl asks only for tags updated since the newest update
+// time the mirror holds, less UpdatedSinceMargin, so an idle crawl costs
+// the repo listing and one tag page. Tags that listing cannot see (a
+// deprecation that did not move updateTime, a tag created with an old
+// time) are the sweep's to find: it lists everything.
+
+// tagListing is one pass over the organization's tags.
+type tagListing struct {
+	repos map[string]store.Repo // the repos to mirror, by uid
+	// seen collects, per repo uid, the tag uids the listing showed; nil
+	// when nobody needs them (only the sweep does).
+	seen map[string]map[string]bool
+	// unknown are repos whose tags came but that the repo listing did not
+	// show (created in between): they are crawled on their own after.
+	unknown map[string]bool
+	// read are the tags whose history this crawl read or tried.
+	read sync.Map
+}
+
+// listAllTags lists the organization's tags (those updated at or after
+// since, when since is not zero) into the store, and reads the history of
+// every tag the store says changed, in the crawler's pool of history reads.
+// It returns when the listing and every read it started are done.
+func (c *Crawler) listAllTags(ctx context.Context, l *tagListing, q platform.ListQuery, s *summary) error {
+	for attempt := 1; ; attempt++ {
+		err := c.listTagsOnce(ctx, l, q, s)
+		var restarted *platform.ListRestartedError
+		if errors.As(err, &restarted) && attempt < 3 {
+			c.log.Warn("tag listing restarted under us; listing again", "err", err)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("list tags of group %s: %w", c.cfg.Group, err)
+		}
+		return nil
+	}
+}
+
+func (c *Crawler) listTagsOnce(ctx context.Context, l *tagListing, q platform.ListQuery, s *summary) error {
+	g, gctx := errgroup.WithContext(ctx)
+	lister := c.client.Tags(c.cfg.Families.tagQuery(q))
+	listErr := func() error {
+		for page, err := range lister.Pages(gctx) {
+			if err != nil {
+				return err
+			}
+			s.tagsTotal.Store(lister.Total())
+			s.tags.Add(int64(len(page)))
+			for repoUID, tags := range byRepo(page) {
+				repo, ok := l.repos[repoUID]
+				if !ok {
+					if !c.failed.has(repoUID) && !c.excluded(repoUID) {
+						l.unknown[repoUID] = true
+					}
+					continue
+				}
+				if l.seen != nil {
+					seen := l.seen[repoUID]
+					if seen == nil {
+						seen = make(map[string]bool)
+						l.seen[repoUID] = seen
+					}
+					for _, t := range tags {
+						seen[t.UID] = true
+					}
+				}
+				need, n, err := c.store.ApplyTags(finish(gctx), repo, tags)
+				if err != nil {
+					return err
+				}
+				s.events.Add(int64(n))
+				if err := c.readHistories(gctx, g, l, need, s); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}()
+	// A failed history read cancels gctx, which stops the listing with a
+	// context error: report the read's error, the cause.
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return listErr
+}
+
+// readHistories starts a history read of each ref in g, each taking a slot
+// of the crawler's pool of history reads.
+func (c *Crawler) readHistories(ctx context.Context, g *errgroup.Group, l *tagListing, refs []store.TagRef, s *summary) error {
+	for _, ref := range refs {
+		if _, dup := l.read.LoadOrStore(ref.UID, true); dup {
+			continue
+		}
+		if err := c.histories.Acquire(ctx, 1); err != nil {
+			return err
+		}
+		// The read's slot is given back as soon as the request is done,
+		// not after its commit: the next request need not wait for the
+		// writer.
+		release := sync.OnceFunc(func() { c.histories.Release(1) })
+		g.Go(func() error {
+			defer release()
+			return c.syncHistory(ctx, ref, s, release)
+		})
+	}
+	return nil
+}
+
+// readPending reads the histories the store holds as behind their
+// listing and that this crawl has not tried: after an updated_since
+// listing, the ones an earlier run failed to read.
+func (c *Crawler) readPending(ctx context.Context, l *tagListing, s *summary) error {
+	refs, err := c.store.PendingHistories(ctx, c.cfg.Group)
+	if err != nil || len(refs) == 0 {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	err = c.readHistories(gctx, g, l, refs, s)
+	return errors.Join(err, g.Wait())
+}
+
+// crawlUnknown crawls, repo by repo, the repos whose tags the listing
+// showed but the repo listing did not: created between the two.
+func (c *Crawler) crawlUnknown(ctx context.Context, l *tagListing, s *summary) error {
+	for uid := range l.unknown {
+		r, err := c.getRepo(ctx, uid)
+		if err != nil || r == nil || !c.wanted(r.Name) {
+			if scopeFailed(ctx, readErr(err)) {
+				c.log.Warn("a repo created during the crawl could not be read; the next crawl will", "repo", uid, "err", err)
+				continue
+			}
+			return err
+		}
+		repo, err := c.storeRepo(ctx, *r)
+		if err != nil {
+			return err
+		}
+		n, err := c.store.ApplyRepos(finish(ctx), []store.Repo{repo})
+		if err != nil {
+			return err
+		}
+		s.events.Add(int64(n))
+		if _, err := c.crawlScope(ctx, repo, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// byRepo groups a page of tags by their repo's uid: the parent of the tag's.
+func byRepo(page []platform.Tag) map[string][]store.Tag {
+	out := make(map[string][]store.Tag)
+	for _, t := range page {
+		i := strings.LastIndexByte(t.UID, '/')
+		if i < 0 {
+			continue
+		}
+		out[t.UID[:i]] = append(out[t.UID[:i]], storeTag(t))
+	}
+	return out
+}
