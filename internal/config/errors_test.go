@@ -104,3 +104,24 @@ func TestRequirePlatform_AllMissing(t *testing.T) {
 		t.Fatalf("missing keys %q, want %q", got, want)
 	}
 }
+
+// TestLoadForPlatform checks that missing platform keys and invalid
+// values come in one list.
+func TestLoadForPlatform(t *testing.T) {
+	p := writeConfig(t, "[platform]\nbase_url = \"https://api.example.com\"\ngroup = \"org1\"\n\n[crawl]\nconcurrency = 100\n")
+	_, err := config.LoadForPlatform(p, nil)
+	var all config.Errors
+	if !errors.As(err, &all) {
+		t.Fatalf("err=%v, want Errors", err)
+	}
+	var keys []string
+	for _, e := range all {
+		keys = append(keys, e.Key)
+	}
+	if got, want := strings.Join(keys, " "), "crawl.concurrency platform.registry_url platform.organization platform.token"; got != want {
+		t.Fatalf("keys %q, want %q:\n%v", got, want, err)
+	}
+	if _, err := config.Load(p, nil); err == nil || strings.Contains(err.Error(), "registry_url") {
+		t.Fatalf("Load: %v, want only the invalid value", err)
+	}
+}

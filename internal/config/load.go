@@ -20,6 +20,17 @@ import (
 // unknown keys, bad environment overrides and invalid values are all
 // reported together.
 func Load(path string, environ []string) (Config, error) {
+	return load(path, environ, false)
+}
+
+// LoadForPlatform is Load followed by RequirePlatform, with the problems
+// of both in one list: what a command that talks to a real platform (not
+// the demo) checks before anything else.
+func LoadForPlatform(path string, environ []string) (Config, error) {
+	return load(path, environ, true)
+}
+
+func load(path string, environ []string, requirePlatform bool) (Config, error) {
 	cfg := Default()
 	var src []byte
 	var found Errors
@@ -36,9 +47,12 @@ func Load(path string, environ []string) (Config, error) {
 	}
 	fromEnv, envErrs := applyEnv(&cfg, environ)
 	found = append(found, envErrs...)
-	var invalid Errors
+	var invalid, missing Errors
 	if errors.As(cfg.Validate(), &invalid) {
 		found = append(found, invalid...)
+	}
+	if requirePlatform && errors.As(cfg.RequirePlatform(), &missing) {
+		found = append(found, missing...)
 	}
 	if len(found) > 0 {
 		found.locate(path, src, fromEnv)
