@@ -78,6 +78,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		cmd = &subscriptionsCommand{m: m}
 	case "identity":
 		cmd = &identityCommand{m: m}
+	case "check":
+		cmd = &checkCommand{m: m}
 	case "version":
 		fmt.Fprintln(m.Stdout, "syncd", version())
 		return exitOK

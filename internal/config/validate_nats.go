@@ -1,0 +1,106 @@
+package config
+
+import (
+	"net/url"
+	"strings"
+)
+
+func (n *NATS) validate(p *problems) {
+	if n.URL != "" {
+		for _, u := range strings.Split(n.URL, ",") {
+			pu, err := url.Parse(strings.TrimSpace(u))
+			if err != nil || pu.Host == "" || !strings.HasPrefix(pu.Scheme, "nats") && !strings.HasPrefix(pu.Scheme, "tls") && !strings.HasPrefix(pu.Scheme, "ws") {
+				p.addf("nats.url", "not a NATS URL (want nats://host:port): %q", u)
+			}
+		}
+	}
+	checkListen(p, "nats.listen", n.Listen)
+	if !validToken(n.SubjectPrefix) {
+		p.addf("nats.subject_prefix", "must be a non-empty NATS subject without wildcards or spaces: %q", n.SubjectPrefix)
+	}
+	if n.Stream == "" || strings.ContainsAny(n.Stream, ".*> \t/\\") {
+		p.addf("nats.stream", "must be a stream name without '.', '*', '>', '/' or spaces: %q", n.Stream)
+	}
+	if n.DuplicateWindow.Duration <= 0 {
+		p.addf("nats.duplicate_window", "must be positive")
+	}
+	if n.MaxAge.Duration < 0 || (n.MaxAge.Duration > 0 && n.MaxAge.Duration < n.DuplicateWindow.Duration) {
+		p.addf("nats.max_age", "must be 0 (unlimited) or at least duplicate_window")
+	}
+	n.validateConnection(p)
+}
+
+func validToken(subject string) bool {
+	if subject == "" {
+		return false
+	}
+	for _, tok := range strings.Split(subject, ".") {
+		if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
+			return false
+		}
+	}
+	return true
+}
+
+// validateConnection checks the [nats] keys about reaching an external
+// server: replicas, authentication and TLS. Files are opened here so that a
+// wrong path fails at start with the key's name, not at the first reconnect.
+func (n *NATS) validateConnection(p *problems) {
+	if n.Replicas < 1 || n.Replicas > 5 {
+		p.addf("nats.replicas", "must be between 1 and 5 (JetStream's limit), got %d", n.Replicas)
+	}
+	external := []struct{ key, val string }{
+		{"nats.credentials", n.Credentials}, {"nats.nkey_seed", n.NKeySeed}, {"nats.token", n.Token},
+		{"nats.user", n.User}, {"nats.password", n.Password},
+		{"nats.tls_ca", n.TLSCA}, {"nats.tls_cert", n.TLSCert}, {"nats.tls_key", n.TLSKey},
+	}
+	if n.URL == "" {
+		// The embedded server has neither authentication nor TLS: a key set
+		// here most likely means nats.url was forgotten, and the rest of
+		// what is checked below would only repeat that.
+		for _, k := range external {
+			if k.val != "" {
+				p.addf(k.key, "only applies to an external server: set nats.url too")
+			}
+		}
+		if n.Replicas > 1 && n.Replicas <= 5 {
+			p.addf("nats.replicas", "the embedded server is a single node: replicas must be 1 unless nats.url names a cluster")
+		}
+		return
+	}
+	// Pairs name the key that is set, so the error can point at its line.
+	if n.User != "" && n.Password == "" {
+		p.addf("nats.user", "set nats.password too: user and password come together")
+	}
+	if n.Password != "" && n.User == "" {
+		p.addf("nats.password", "set nats.user too: user and password come together")
+	}
+	var methods []string
+	for _, m := range []struct{ key, val string }{
+		{"nats.credentials", n.Credentials}, {"nats.nkey_seed", n.NKeySeed}, {"nats.token", n.Token}, {"nats.user", n.User},
+	} {
+		if m.val != "" {
+			methods = append(methods, m.key)
+		}
+	}
+	if len(methods) > 1 {
+		p.addf(methods[1], "set only one way to authenticate: %s", strings.Join(methods, " and "))
+	}
+	if n.TLSCert != "" && n.TLSKey == "" {
+		p.addf("nats.tls_cert", "set nats.tls_key too: the client certificate and its key come together")
+	}
+	if n.TLSKey != "" && n.TLSCert == "" {
+		p.addf("nats.tls_key", "set nats.tls_cert too: the client certificate and its key come together")
+	}
+	for _, f := range []struct{ key, path string }{
+		{"nats.credentials", n.Credentials}, {"nats.nkey_seed", n.NKeySeed},
+		{"nats.tls_ca", n.TLSCA}, {"nats.tls_cert", n.TLSCert}, {"nats.tls_key", n.TLSKey},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if err := readable(f.path); err != nil {
+			p.addf(f.key, "%v", err)
+		}
+	}
+}
