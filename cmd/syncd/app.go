@@ -131,7 +131,8 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 	a.crawler = crawler.New(a.client, a.store, crawler.Config{
 		Group: cfg.Platform.Group, Include: cfg.Crawl.Include, Exclude: cfg.Crawl.Exclude,
 		PublicImages: cfg.Crawl.PublicImages, PublicOrg: cfg.Platform.PublicOrg, Families: crawler.ParseFamilies(cfg.Crawl.TagFamilies),
-		Concurrency: cfg.Crawl.Concurrency, Schedule: sched, SweepSchedule: sweep, AdvisoriesSchedule: advisories,
+		UpdatedSinceMargin: cfg.Crawl.UpdatedSinceMargin.Duration,
+		Concurrency:        cfg.Crawl.Concurrency, Schedule: sched, SweepSchedule: sweep, AdvisoriesSchedule: advisories,
 		Jitter: cfg.Crawl.Jitter.Duration, Logger: log.With("part", "crawler"),
 		OnRun: func(job, outcome string, sum crawler.Summary, finished time.Time) {
 			a.metrics.ObserveRun(job, outcome, sum.Duration, finished, map[string]int64{

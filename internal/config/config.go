@@ -101,6 +101,9 @@ type Crawl struct {
 	// TagFamilies are the tag families the v2 tag list hides unless asked:
 	// "dates" (*-20yymmdd), "epochs" (*-r<N>), "referrers" (sha256-*).
 	TagFamilies []string `toml:"tag_families"`
+	// UpdatedSinceMargin is how far before the newest tag update the
+	// mirror holds the incremental crawl asks for changes from.
+	UpdatedSinceMargin Duration `toml:"updated_since_margin"`
 }
 
 // Events configures the receiver of the platform's pushed events.
@@ -186,6 +189,7 @@ func Default() Config {
 			Concurrency:           4,
 			RequestsPerSecond:     20,
 			TagFamilies:           []string{"dates", "epochs"},
+			UpdatedSinceMargin:    Duration{2 * time.Minute},
 		},
 		Events: Events{
 			Audience:  "customer",

@@ -23,6 +23,9 @@ func (c *Crawl) validate(p *problems) {
 	if c.Schedule == "" {
 		p.addf("crawl.schedule", "required: the incremental crawl cannot be turned off")
 	}
+	if c.UpdatedSinceMargin.Duration <= 0 {
+		p.addf("crawl.updated_since_margin", "must be positive: the upstream's clock and commits out of order need room")
+	}
 	if c.Jitter.Duration < 0 {
 		p.addf("crawl.jitter", "must not be negative")
 	}

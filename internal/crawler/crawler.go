@@ -51,7 +51,7 @@ type Config struct {
 	ProgressEvery time.Duration
 	// UpdatedSinceMargin is how far before the newest tag update the mirror
 	// holds an incremental crawl asks from (updated_since): room for the
-	// upstream's clock and for updates committed out of order. Default 5m.
+	// upstream's clock and for updates committed out of order. Default 2m.
 	UpdatedSinceMargin time.Duration
 	// OnRun, when set, is told of every finished job (for metrics and
 	// readiness): its outcome (ok, partial, failed, canceled), duration and
@@ -97,7 +97,7 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 		cfg.ProgressEvery = 10 * time.Second
 	}
 	if cfg.UpdatedSinceMargin <= 0 {
-		cfg.UpdatedSinceMargin = 5 * time.Minute
+		cfg.UpdatedSinceMargin = 2 * time.Minute
 	}
 	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(cfg.Concurrency)),
 		committing: semaphore.NewWeighted(int64(8 * cfg.Concurrency)), commits: &historyCommitter{store: st, maxBatch: 256},
