@@ -193,12 +193,15 @@ func (m *mirror) count(ctx context.Context, table string) (int64, error) {
 
 // syncResult is what one sync cost.
 type syncResult struct {
-	Wall            time.Duration `json:"wall_ns"`
-	WallSeconds     float64       `json:"wall_s"`
-	Requests        int           `json:"requests"`
-	HistoryRequests int           `json:"history_requests"`
-	HistoryRows     int64         `json:"history_rows"` // rows added to tag_history
-	Events          int64         `json:"events"`
+	Wall        time.Duration `json:"wall_ns"`
+	WallSeconds float64       `json:"wall_s"`
+	// Requests are the crawl job's; AdvisoryRequests the advisories job's,
+	// which runs on its own schedule (and has no updated_since to use).
+	Requests         int   `json:"requests"`
+	AdvisoryRequests int   `json:"advisory_requests"`
+	HistoryRequests  int   `json:"history_requests"`
+	HistoryRows      int64 `json:"history_rows"` // rows added to tag_history
+	Events           int64 `json:"events"`
 }
 
 // syncOnce runs the crawl and the advisories job, as a start of syncd
@@ -214,6 +217,7 @@ func syncOnce(ctx context.Context, o *org, m *mirror) (syncResult, error) {
 	if err != nil {
 		return syncResult{}, fmt.Errorf("sync: %w", err)
 	}
+	crawled := o.sim.Stats()
 	// As at a start of syncd, the advisories job lists them unless the
 	// crawl (a baseline) just did.
 	var adv crawler.Summary
@@ -228,6 +232,7 @@ func syncOnce(ctx context.Context, o *org, m *mirror) (syncResult, error) {
 	if err != nil {
 		return syncResult{}, err
 	}
-	return syncResult{Wall: wall, WallSeconds: wall.Seconds(), Requests: st.Total, HistoryRequests: st.ByEndpoint[historyEndpoint],
-		HistoryRows: after - before, Events: crawl.Events + adv.Events}, nil
+	return syncResult{Wall: wall, WallSeconds: wall.Seconds(), Requests: crawled.Total, AdvisoryRequests: st.Total - crawled.Total,
+		HistoryRequests: st.ByEndpoint[historyEndpoint],
+		HistoryRows:     after - before, Events: crawl.Events + adv.Events}, nil
 }

@@ -56,50 +56,74 @@ func (c *Crawler) listAllTags(ctx context.Context, l *tagListing, q platform.Lis
 
 func (c *Crawler) listTagsOnce(ctx context.Context, l *tagListing, q platform.ListQuery, s *summary) error {
 	g, gctx := errgroup.WithContext(ctx)
+	// Pages go to one applier through a short queue, so the next page is
+	// asked for while the writer takes the last: the listing's requests do
+	// not wait for commits, and the history reads are fed without pause.
+	pages := make(chan []platform.Tag, 8)
+	g.Go(func() error {
+		for page := range pages {
+			if err := c.applyTagPage(gctx, g, l, page, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	lister := c.client.Tags(c.cfg.Families.tagQuery(q))
 	listErr := func() error {
+		defer close(pages)
 		for page, err := range lister.Pages(gctx) {
 			if err != nil {
 				return err
 			}
 			s.tagsTotal.Store(lister.Total())
 			s.tags.Add(int64(len(page)))
-			for repoUID, tags := range byRepo(page) {
-				repo, ok := l.repos[repoUID]
-				if !ok {
-					if !c.failed.has(repoUID) && !c.excluded(repoUID) {
-						l.unknown[repoUID] = true
-					}
-					continue
-				}
-				if l.seen != nil {
-					seen := l.seen[repoUID]
-					if seen == nil {
-						seen = make(map[string]bool)
-						l.seen[repoUID] = seen
-					}
-					for _, t := range tags {
-						seen[t.UID] = true
-					}
-				}
-				need, n, err := c.store.ApplyTags(finish(gctx), repo, tags)
-				if err != nil {
-					return err
-				}
-				s.events.Add(int64(n))
-				if err := c.readHistories(gctx, g, l, need, s); err != nil {
-					return err
-				}
+			select {
+			case pages <- page:
+			case <-gctx.Done():
+				return gctx.Err()
 			}
 		}
 		return nil
 	}()
-	// A failed history read cancels gctx, which stops the listing with a
-	// context error: report the read's error, the cause.
+	// A failed history read or apply cancels gctx, which stops the listing
+	// with a context error: report the cause.
 	if err := g.Wait(); err != nil {
 		return err
 	}
 	return listErr
+}
+
+// applyTagPage applies one page of the listing, repo by repo, and starts
+// the history reads the store asks for.
+func (c *Crawler) applyTagPage(ctx context.Context, g *errgroup.Group, l *tagListing, page []platform.Tag, s *summary) error {
+	for repoUID, tags := range byRepo(page) {
+		repo, ok := l.repos[repoUID]
+		if !ok {
+			if !c.failed.has(repoUID) && !c.excluded(repoUID) {
+				l.unknown[repoUID] = true
+			}
+			continue
+		}
+		if l.seen != nil {
+			seen := l.seen[repoUID]
+			if seen == nil {
+				seen = make(map[string]bool)
+				l.seen[repoUID] = seen
+			}
+			for _, t := range tags {
+				seen[t.UID] = true
+			}
+		}
+		need, n, err := c.store.ApplyTags(finish(ctx), repo, tags)
+		if err != nil {
+			return err
+		}
+		s.events.Add(int64(n))
+		if err := c.readHistories(ctx, g, l, need, s); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // readHistories starts a history read of each ref in g, each taking a slot

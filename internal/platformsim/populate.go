@@ -284,8 +284,11 @@ func genHistory(rng *rand.Rand, now int64, n int) []histRec {
 		}
 		recs[i] = histRec{ms: t, digest: randDigest(rng)}
 	}
-	// Keep the newest record in the past even after random spacing.
+	// Keep the newest record in the past even after random spacing, at a
+	// random distance from now: pinning every such tag to now-1ms would
+	// make half the organization look updated in the same millisecond.
 	if over := recs[n-1].ms - (now - 1); over > 0 {
+		over += rng.Int64N(spacing/2 + 1)
 		for i := range recs {
 			recs[i].ms -= over
 		}
