@@ -59,6 +59,10 @@ type results struct {
 	Memory       []memResult `json:"memory"`
 	MemoryGrowth float64     `json:"memory_growth_1x_to_4x"`
 
+	// Realistic is the same set of measures on an organization shaped
+	// like a real one (platformsim.RealisticScenario).
+	Realistic realisticResult `json:"realistic"`
+
 	Targets []target `json:"targets"`
 	Total   float64  `json:"total_s"`
 }
@@ -220,6 +224,9 @@ func BenchmarkSyncd(b *testing.B) {
 		r.Memory = append(r.Memory, m)
 	}
 	r.MemoryGrowth = r.Memory[2].PeakMB/r.Memory[0].PeakMB - 1
+	if r.Realistic, err = measureRealistic(ctx, p, filepath.Join(dir, "realistic"), progress); err != nil {
+		b.Fatal(err)
+	}
 	r.Total = time.Since(began).Seconds()
 	r.Targets = targets(r)
 
@@ -295,6 +302,11 @@ func targets(r results) []target {
 		{"push-to-NATS p99 (ms)", r.Push.P99ms, "<= 50", r.Push.P99ms <= 50},
 		{"peak memory at 1x (MB)", r.Memory[0].PeakMB, "<= 200", r.Memory[0].PeakMB <= 200},
 		{"peak memory growth 1x -> 4x", r.MemoryGrowth, "< 0.15", r.MemoryGrowth < 0.15},
+		{"realistic: requests / minimum", r.Realistic.RequestRatio, "<= 1.01", r.Realistic.RequestRatio <= 1.01},
+		{"realistic: idle requests", float64(r.Realistic.Idle.Requests), fmt.Sprintf("<= %d", r.Realistic.IdleLimit), r.Realistic.Idle.Requests <= r.Realistic.IdleLimit},
+		{"realistic: incremental / minimum", r.Realistic.IncrementalRatio, "<= 1.02", r.Realistic.IncrementalRatio <= 1.02},
+		{"realistic: latency-bound / floor", r.Realistic.LatencyRatio, "<= 1.05", r.Realistic.LatencyRatio <= 1.05},
+		{"realistic: peak memory (MB)", r.Realistic.Memory.PeakMB, "<= 200", r.Realistic.Memory.PeakMB <= 200},
 	}
 }
 
@@ -337,6 +349,15 @@ func printTable(w io.Writer, r results) {
 		}
 		row(f("peak RSS at %gx (%d history rows)", m.Factor, m.HistoryRows), f("%.0f MB", m.PeakMB), f("sync %.0f s", m.WallSeconds), "", st)
 	}
+	rr := r.Realistic
+	row("", "", "", "", "")
+	row(f("realistic org: %d repos, %d tags, %d history records", rr.Repos, rr.Tags, rr.HistoryRecords), "", "", "", "")
+	row("  full sync: requests", f("%d", rr.FullSync.Requests), f("minimum %d", rr.MinimumTotal), f("%.3f", rr.RequestRatio), status["realistic: requests / minimum"])
+	row("  full sync: wall, peak RSS", f("%.1f s, %.0f MB", rr.FullSync.WallSeconds, rr.Memory.PeakMB), "", "", status["realistic: peak memory (MB)"])
+	row(f("  latency sync (%s/req): wall", r.Params.Latency), f("%.1f s", rr.LatencySync.WallSeconds), f("floor %.1f s", rr.LatencyFloor), f("%.2f", rr.LatencyRatio), status["realistic: latency-bound / floor"])
+	row(f("  at requests_per_second %g", rr.RequestsPerSecond), f("%.1f h", rr.RateBoundHours), "minimum / rate", "", "")
+	row("  idle resync: crawl requests", f("%d (history %d)", rr.Idle.Requests, rr.Idle.HistoryRequests), f("limit %d", rr.IdleLimit), "", status["realistic: idle requests"])
+	row(f("  incremental (%d moved): crawl requests", rr.Moved), f("%d (history %d)", rr.Incremental.Requests, rr.Incremental.HistoryRequests), f("minimum %d", rr.IncrementalMinimum), f("%.3f", rr.IncrementalRatio), status["realistic: incremental / minimum"])
 	tw.Flush()
 	fmt.Fprintf(w, "\ntotal %.0f s\n", r.Total)
 }

@@ -129,8 +129,15 @@ func (s *Sim) Populate(sc Scale) {
 			s.indexTagLocked(t)
 			return t
 		}
-		for _, tn := range names {
+		repoNames, fam := names, sc
+		if sc.Realistic {
+			repoNames, fam = realisticTags(rng, sc)
+		}
+		for _, tn := range repoNames {
 			records := sc.HistoryPerTag
+			if sc.Realistic {
+				records = realisticRecords(rng)
+			}
 			if heavyEvery > 0 && heavyLeft > 0 && tagIndex%heavyEvery == 0 {
 				records = sc.HeavyHistory
 				heavyLeft--
@@ -144,8 +151,12 @@ func (s *Sim) Populate(sc Scale) {
 		}
 		// The families the tag list hides come after, so a scale without
 		// them draws exactly what it drew before they existed.
-		for _, tn := range familyTagNames(rng, sc, now) {
-			addTag(tn, sc.HistoryPerTag)
+		for _, tn := range familyTagNames(rng, fam, now) {
+			records := sc.HistoryPerTag
+			if sc.Realistic {
+				records = realisticRecords(rng)
+			}
+			addTag(tn, records)
 		}
 		rp.createMs = first - int64(rng.IntN(30*24))*int64(time.Hour/time.Millisecond) - 1
 		rp.updateMs = rp.createMs + int64(rng.Int64N(now-rp.createMs+1))

@@ -143,6 +143,12 @@ type Scale struct {
 	// latest-20250301, 1.0.3-r3 and sha256-<hex>.sig), each with
 	// HistoryPerTag records.
 	DateTags, EpochTags, ReferrerTags int
+	// Realistic draws each repo's tag count from a heavy-tailed
+	// distribution whose mean is TagsPerRepo (most repos have a few dozen,
+	// a few have thousands), three in ten of them versions, four dates and
+	// three epochs, and gives most tags one or two history records
+	// (HistoryPerTag is then unused; HeavyTags still apply).
+	Realistic bool `json:"realistic,omitempty"`
 	// NestedRepos puts that many of the Repos below subgroups of the root
 	// group (charts, tools, platform), alternately one and two levels down
 	// (charts/cert-manager, charts/stable/etcd), so their registry paths

@@ -1,0 +1,116 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/platformsim"
+)
+
+// realisticResult is what the benchmark measures on an organization shaped
+// like a real one: many tags a repo, drawn from a heavy tail, most of them
+// date and epoch tags with one or two history records.
+type realisticResult struct {
+	Repos, Tags, HistoryRecords int
+	Minimum                     minimum    `json:"minimum_requests"`
+	MinimumTotal                int        `json:"minimum_requests_total"`
+	FullSync                    syncResult `json:"full_sync"`
+	RequestRatio                float64    `json:"request_ratio"`
+	Memory                      memResult  `json:"memory"`
+	LatencySync                 syncResult `json:"latency_sync"`
+	LatencyFloor                float64    `json:"latency_floor_s"`
+	LatencyRatio                float64    `json:"latency_ratio"`
+	// RequestsPerSecond is [crawl] requests_per_second's default, and
+	// RateBoundHours the full sync's time under it: the minimum requests
+	// divided by the rate, which the client's limiter holds exactly.
+	RequestsPerSecond  float64    `json:"requests_per_second"`
+	RateBoundHours     float64    `json:"rate_bound_hours"`
+	Idle               syncResult `json:"idle_resync"`
+	IdleLimit          int        `json:"idle_limit"`
+	Moved              int        `json:"moved_tags"`
+	Incremental        syncResult `json:"incremental_resync"`
+	IncrementalMinimum int        `json:"incremental_minimum"`
+	IncrementalRatio   float64    `json:"incremental_ratio"`
+}
+
+// realisticScale is platformsim.RealisticScenario times f.
+func realisticScale(f float64) platformsim.Scale {
+	sc := platformsim.RealisticScenario()
+	scale := func(n int) int { return max(1, int(math.Round(float64(n)*f))) }
+	sc.Repos, sc.HeavyTags = scale(sc.Repos), scale(sc.HeavyTags)
+	return sc
+}
+
+func measureRealistic(ctx context.Context, p params, dir string, progress func(string, ...any)) (realisticResult, error) {
+	var r realisticResult
+	sc := realisticScale(p.Scale)
+	progress("realistic organization: generating %d repos with about %d tags each", sc.Repos, sc.TagsPerRepo)
+	o := startOrg(sc)
+	defer o.Close()
+	truth := o.sim.Truth()
+	r.Repos, r.Tags = len(truth.Repos), len(truth.Tags)
+	for _, h := range truth.History {
+		r.HistoryRecords += len(h)
+	}
+	r.Minimum = minimumRequests(truth)
+	r.MinimumTotal = r.Minimum.Total()
+	tags := truth.Tags
+	truth = platformsim.Truth{}
+
+	progress("realistic organization: full sync of %d tags in a child process", r.Tags)
+	mem, full, err := childSync(ctx, p, o, 1, filepath.Join(dir, "a"))
+	if err != nil {
+		return r, err
+	}
+	r.Memory, r.FullSync = mem, full
+	r.RequestRatio = float64(full.Requests) / float64(r.MinimumTotal)
+	r.RequestsPerSecond = config.Default().Crawl.RequestsPerSecond
+	r.RateBoundHours = float64(r.MinimumTotal) / r.RequestsPerSecond / 3600
+
+	a, err := openMirror(ctx, filepath.Join(dir, "a"), o.URL(), p.Concurrency, "none")
+	if err != nil {
+		return r, err
+	}
+	defer a.Close()
+	progress("realistic organization: idle resync")
+	if r.Idle, err = syncOnce(ctx, o, a); err != nil {
+		return r, err
+	}
+	r.IdleLimit = r.Minimum.RepoPages + 2
+	r.Moved = max(1, len(tags)/100)
+	progress("realistic organization: incremental resync after moving %d tags", r.Moved)
+	o.sim.Advance(time.Second)
+	for i := range r.Moved {
+		if err := o.sim.MoveTag(tags[(i*97)%len(tags)].UID, fmt.Sprintf("sha256:%064x", 0xb00+i)); err != nil {
+			return r, err
+		}
+	}
+	if r.Incremental, err = syncOnce(ctx, o, a); err != nil {
+		return r, err
+	}
+	r.IncrementalMinimum = r.Minimum.RepoPages + (r.Moved+199)/200 + r.Moved
+	r.IncrementalRatio = float64(r.Incremental.Requests) / float64(r.IncrementalMinimum)
+
+	progress("realistic organization: latency-bound sync, %s per request, concurrency %d", p.Latency, p.Concurrency)
+	l, err := openMirror(ctx, filepath.Join(dir, "l"), o.URL(), p.Concurrency, "none")
+	if err != nil {
+		return r, err
+	}
+	defer l.Close()
+	o.sim.SetFaults(platformsim.Fault{Pattern: "*", Latency: p.Latency})
+	r.LatencySync, err = syncOnce(ctx, o, l)
+	o.sim.SetFaults()
+	if err != nil {
+		return r, err
+	}
+	// The latency-bound sync is a baseline after the moves: its floor is
+	// the organization's minimum as it is now.
+	floorRequests := minimumRequests(o.sim.Truth()).Total()
+	r.LatencyFloor = float64(floorRequests) * p.Latency.Seconds() / float64(p.Concurrency)
+	r.LatencyRatio = r.LatencySync.WallSeconds / r.LatencyFloor
+	return r, nil
+}
