@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -26,7 +27,7 @@ const (
 type Failure struct {
 	Kind    string `json:"kind"`    // FailureRepo or FailureTag
 	UID     string `json:"uid"`     // the repo's or the tag's uid
-	RepoUID string `json:"repoUid"` // the repo's uid (for a repo, its UID)
+	RepoUID string `json:"repoUid"` // the repo's uid; by default, derived from UID
 	Path    string `json:"path"`    // the repo's registry path
 	Tag     string `json:"tag,omitempty"`
 	// Status is the HTTP status of the failed request, 0 when there was
@@ -60,8 +61,12 @@ func (s *Store) RecordFailure(ctx context.Context, f Failure, backoff func(attem
 	if f.UID == "" {
 		return f, errors.New("record failure: no uid")
 	}
-	if f.RepoUID == "" && f.Kind == FailureRepo {
+	if f.RepoUID == "" {
+		// uids are hierarchical: a tag's repo is its uid's parent.
 		f.RepoUID = f.UID
+		if i := strings.LastIndexByte(f.UID, '/'); f.Kind == FailureTag && i > 0 {
+			f.RepoUID = f.UID[:i]
+		}
 	}
 	f.Error = truncateUTF8(f.Error, maxFailureError)
 	// The caller's time of the failure wins over the store's clock, so that

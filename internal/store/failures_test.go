@@ -98,6 +98,10 @@ func TestFailures(t *testing.T) {
 		if _, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureRepo}, nil); err == nil {
 			t.Fatal("a failure without a uid was recorded")
 		}
+		// A tag's repo is its uid's parent when not given.
+		if f, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureTag, UID: "g1/g2/r4/t9", Error: "x"}, nil); err != nil || f.RepoUID != "g1/g2/r4" {
+			t.Fatalf("repo of a tag failure=%q err=%v, want g1/g2/r4", f.RepoUID, err)
+		}
 		long := tagFail
 		long.Error = strings.Repeat("é", 5000)
 		f, err := st.RecordFailure(ctx, long, nil)
