@@ -80,3 +80,55 @@ func TestPendingHistoriesAndWatermark(t *testing.T) {
 		t.Errorf("failure counts %v, %v; want none", c, err)
 	}
 }
+
+// TestApplyHistory_MoveCarriesThePreviousRecordsTime: a tag.moved event's
+// before is the tag as the previous history record left it, its time
+// included, not the tag's newest time.
+func TestApplyHistory_MoveCarriesThePreviousRecordsTime(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "syncd.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	repo := store.Repo{UID: "org1/r", Name: "nginx"}
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	t1, t2 := t0.Add(time.Hour), t0.Add(2*time.Hour)
+	if _, err := st.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
+		t.Fatal(err)
+	}
+	need, _, err := st.ApplyTags(ctx, repo, []store.Tag{{UID: "org1/r/t", Name: "latest", Digest: "sha256:a0", UpdateTime: t0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.ApplyHistory(ctx, need[0], []store.HistoryRecord{{Time: t0, Digest: "sha256:a0"}}, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	need, _, err = st.ApplyTags(ctx, repo, []store.Tag{{UID: "org1/r/t", Name: "latest", Digest: "sha256:a2", UpdateTime: t2}})
+	if err != nil || len(need) != 1 {
+		t.Fatalf("need %v, %v", need, err)
+	}
+	recs := []store.HistoryRecord{{Time: t0, Digest: "sha256:a0"}, {Time: t1, Digest: "sha256:a1"}, {Time: t2, Digest: "sha256:a2"}}
+	if n, err := st.ApplyHistory(ctx, need[0], recs, true); err != nil || n != 2 {
+		t.Fatalf("moves recorded %d, %v; want 2", n, err)
+	}
+	rows, err := st.Reader().Query(`SELECT json_extract(data, '$.before.updateTime'), json_extract(data, '$.after.updateTime') FROM events WHERE type = 'tag.moved' ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var b, a string
+		rows.Scan(&b, &a)
+		got = append(got, b+" -> "+a)
+	}
+	f := func(t time.Time) string { return t.Format(time.RFC3339Nano) }
+	want := []string{f(t0) + " -> " + f(t1), f(t1) + " -> " + f(t2)}
+	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("moves' times %q, want %q", got, want)
+	}
+}

@@ -125,17 +125,19 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		// A tag's first history read during the baseline, or for a tag the
 		// baseline found, is the starting point: its past moves are not news.
 		silent := baseline || (st.baseline && b.Count == 0)
-		prev := st.historyLastDigest
+		// before is the tag as the previous record left it: its digest and
+		// its time.
+		prev, prevTime := st.historyLastDigest, b.LastTime
 		for i, r := range fresh {
 			seq := b.Count + i
 			if seq > 0 && !silent {
 				before, after := cur, cur
 				before.Digest, after.Digest = prev, r.Digest
-				after.UpdateTime = r.Time
+				before.UpdateTime, after.UpdateTime = prevTime, r.Time
 				cs = append(cs, change{typ: TagMoved, scope: cur.Path, subject: ref.UID,
 					disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after})
 			}
-			prev = r.Digest
+			prev, prevTime = r.Digest, r.Time
 			args = append(args, ref.UID, seq, FormatTime(r.Time), r.Digest)
 		}
 		if len(fresh) > 0 || u.Complete {
