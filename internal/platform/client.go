@@ -83,6 +83,10 @@ type Client struct {
 
 	requests atomic.Int64
 	retries  atomic.Int64
+	// warnRetries limits the warnings about retries to one a minute;
+	// retriesSinceWarn counts the retries each one stands for.
+	warnRetries      rate.Sometimes
+	retriesSinceWarn atomic.Int64
 
 	regMu     sync.Mutex
 	regTokens map[string]registryToken
@@ -152,7 +156,8 @@ func New(cfg Config) (*Client, error) {
 	if cfg.RequestsPerSecond > 0 {
 		lim = rate.NewLimiter(rate.Limit(cfg.RequestsPerSecond), max(1, int(cfg.RequestsPerSecond)))
 	}
-	return &Client{cfg: cfg, base: base, registry: registry, limiter: lim, log: cfg.Logger, regTokens: make(map[string]registryToken)}, nil
+	return &Client{cfg: cfg, base: base, registry: registry, limiter: lim, log: cfg.Logger, regTokens: make(map[string]registryToken),
+		warnRetries: rate.Sometimes{First: 1, Interval: time.Minute}}, nil
 }
 
 // Requests returns how many HTTP requests the client has sent, retries included.
@@ -271,6 +276,15 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 			return fmt.Errorf("giving up after %d attempts: %w", attempt, rt.err)
 		}
 		c.log.Debug("retrying request", "method", req.method, "path", req.url.Path, "attempt", attempt, "wait", wait, "err", rt.err)
+		// An operator sees retries without debug logs, but not one line
+		// per request of a burst: at most one warning every warnEvery,
+		// counting the retries since the last.
+		retried := c.retriesSinceWarn.Add(1)
+		c.warnRetries.Do(func() {
+			c.retriesSinceWarn.Store(0)
+			c.log.Warn("the platform is failing requests; retrying with backoff", "method", req.method, "endpoint", endpointOf(req.method, req.url.Path, c.cfg.Vendor),
+				"attempt", attempt, "next_try_in", wait.Round(time.Millisecond).String(), "retries_since_last_warning", retried, "err", rt.err)
+		})
 		c.retries.Add(1)
 		t := time.NewTimer(wait)
 		select {
