@@ -93,6 +93,8 @@ type app struct {
 	metrics  *admin.Metrics
 	// onRun is told of every finished crawl job, after the metrics.
 	onRun func(job, outcome string, finished time.Time)
+	// onPublished is told of every event JetStream acknowledged.
+	onPublished func(store.Event)
 }
 
 // openApp opens the store, the platform client, NATS and the relay, and the
@@ -123,7 +125,11 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, er
 		a.Close()
 		return nil, err
 	}
-	a.relay = publish.NewRelay(a.nats.JS, a.store, pcfg)
+	a.relay = publish.NewRelay(a.nats.JS, a.store, pcfg, publish.WithOnPublished(func(e store.Event) {
+		if a.onPublished != nil {
+			a.onPublished(e)
+		}
+	}))
 	// Schedules were validated by config.Load.
 	sched, _ := config.ParseSchedule(cfg.Crawl.Schedule)
 	sweep, _ := config.ParseSchedule(cfg.Crawl.SweepSchedule)

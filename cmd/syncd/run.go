@@ -136,7 +136,7 @@ func (c *runCommand) Run(ctx context.Context) error {
 	if c.demo {
 		level = slog.LevelInfo
 	}
-	a.relay.OnPublished = func(e store.Event) {
+	a.onPublished = func(e store.Event) {
 		a.metrics.EventPublished(e.Type, e.Age())
 		log.Log(context.Background(), level, "published event", "type", e.Type,
 			"subject", publish.Subject(cfg.NATS.SubjectPrefix, e.Resource, e.Action, e.Scope), "id", e.ID)

@@ -2,11 +2,9 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -175,7 +173,7 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		if md, err := m.Metadata(); err == nil {
 			pending, known = md.NumPending, true
 		}
-		ev, err := decode(m.Data())
+		ev, err := publish.Decode(m.Data())
 		if err != nil {
 			// Never redelivered: it would fail the same way forever.
 			f.log.Error("not a syncd event; skipping it", "subject", m.Subject(), "err", err)
@@ -216,25 +214,4 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		f.cfg.OnBatch(applied, pending)
 	}
 	return applied, pending, nil
-}
-
-// cloudEvent is the part of a syncd CloudEvent a follower needs.
-type cloudEvent struct {
-	ID      string          `json:"id"`
-	Type    string          `json:"type"`
-	Subject string          `json:"subject"`
-	Time    time.Time       `json:"time"`
-	Data    json.RawMessage `json:"data"`
-}
-
-func decode(b []byte) (store.StreamEvent, error) {
-	var ce cloudEvent
-	if err := json.Unmarshal(b, &ce); err != nil {
-		return store.StreamEvent{}, fmt.Errorf("decode CloudEvent: %w", err)
-	}
-	typ, ok := strings.CutPrefix(ce.Type, publish.TypePrefix)
-	if !ok || ce.ID == "" || ce.Subject == "" || len(ce.Data) == 0 {
-		return store.StreamEvent{}, fmt.Errorf("CloudEvent %q of type %q is not a syncd event", ce.ID, ce.Type)
-	}
-	return store.StreamEvent{ID: ce.ID, Type: typ, Subject: ce.Subject, Time: ce.Time, Data: ce.Data}, nil
 }

@@ -298,14 +298,13 @@ func TestRelay_ServerKilledMidBatch(t *testing.T) {
 		p.updateAll(ctx)
 	}
 
-	relay := publish.NewRelay(conn.JS, st, cfg)
 	acked := make(chan struct{})
 	var n atomic.Int64
-	relay.OnPublished = func(store.Event) {
+	relay := publish.NewRelay(conn.JS, st, cfg, publish.WithOnPublished(func(store.Event) {
 		if n.Add(1) == 1000 {
 			close(acked)
 		}
-	}
+	}))
 	startRelay(t, relay)
 	<-acked
 	srv.stop()
