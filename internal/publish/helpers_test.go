@@ -297,33 +297,17 @@ func consumeAll(tb testing.TB, js jetstream.JetStream, want int) []received {
 	return got
 }
 
-// waitFor polls cond until it holds, failing the test at the deadline with
-// what cond last said.
-func waitFor(tb testing.TB, timeout time.Duration, cond func() (bool, string)) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("not within %s: %s", timeout, why)
-		}
-		<-t.C
-	}
-}
-
-// unpublished is a waitFor condition: the outbox is empty.
-func unpublished(tb testing.TB, st *store.Store) func() (bool, string) {
-	return func() (bool, string) {
+// unpublished is a testutil.Eventually condition: the outbox is empty.
+func unpublished(tb testing.TB, st *store.Store) func() error {
+	return func() error {
 		n, _, err := st.UnpublishedCount(context.Background())
 		if err != nil {
 			tb.Fatalf("count unpublished: %v", err)
 		}
-		return n == 0, fmt.Sprintf("%d events unpublished", n)
+		if n > 0 {
+			return fmt.Errorf("%d events unpublished", n)
+		}
+		return nil
 	}
 }
 
