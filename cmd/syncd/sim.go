@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
-	"strings"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
 )
@@ -84,28 +82,12 @@ func (c *simCommand) Run(ctx context.Context) error {
 	sim := platformsim.New(platformsim.Options{Seed: c.seed, Tokens: []string{c.token}, RegistryTokens: []string{c.regToken}, Strict: c.strict, StartInclusive: c.inclusiv,
 		Vendor: cfg.Platform.Vendor, PublicOrg: cfg.Platform.PublicOrg})
 	sim.Populate(c.scale)
-	ln, err := net.Listen("tcp", c.addr)
+	ln, err := c.m.listen(c.addr)
 	if err != nil {
 		return usageError{fmt.Errorf("--addr: %w", err)}
 	}
-	url := "http://" + ln.Addr().String()
-	if host, _, _ := net.SplitHostPort(c.addr); host == "" || strings.HasPrefix(host, "0.") {
-		url = "http://127.0.0.1:" + fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
-	}
-	sim.SetBaseURL(url)
-	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	if c.every > 0 {
-		go sim.Run(ctx, c.every, c.perStep)
-	}
-	go func() {
-		<-ctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		srv.Shutdown(shut)
-	}()
+	g, gctx := errgroup.WithContext(ctx)
+	url := serveSim(gctx, g, sim, ln, c.every, c.perStep)
 	log.Info("simulator serving", "url", url, "org", "acme", "root_group", "org1", "repos", c.scale.Repos)
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return g.Wait()
 }

@@ -56,17 +56,16 @@ func (c *subscriptionsCommand) Run(ctx context.Context) error {
 		return usageError{fmt.Errorf("events.sink_url: not set, so syncd has no subscriptions to show")}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	st, err := store.Open(ctx, cfg.Store.Path, store.Options{Logger: log})
+	st, err := openStore(ctx, cfg, log, store.Options{})
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer closeStore(st, log)
 	client, err := newClient(cfg, log, nil)
 	if err != nil {
 		return usageError{err}
 	}
-	a := &app{cfg: cfg, log: log, store: st, client: client}
-	reg := a.registrar()
+	reg := newRegistrar(cfg, client, st, log)
 	if c.remove {
 		n, err := reg.Remove(ctx)
 		fmt.Fprintf(c.m.Stdout, "removed %d subscriptions\n", n)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -59,7 +60,7 @@ func (c *syncCommand) Run(ctx context.Context) error {
 		return usageError{err}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	a, err := openApp(ctx, cfg, log)
+	a, err := openApp(ctx, cfg, log, slog.LevelDebug)
 	if err != nil {
 		return err
 	}

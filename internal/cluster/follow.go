@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,9 @@ type FollowerConfig struct {
 	// OnBatch, when set, is called after every fetch with how many events
 	// were applied and how many messages the consumer still has pending.
 	OnBatch func(applied int, pending uint64)
+	// Meta, when set, records the pending count as follow_lag whenever it
+	// changes, where "syncd status" reads it.
+	Meta Meta
 }
 
 // Follower applies the event stream to a mirror through a durable
@@ -50,8 +54,10 @@ type Follower struct {
 	// while fetches succeed.
 	state atomic.Pointer[followState]
 	// cons is created on first use; Run and CatchUp are never called
-	// concurrently, so it needs no lock.
+	// concurrently, so it and recorded need no lock.
 	cons jetstream.Consumer
+	// recorded is the lag last recorded in Meta; -1: none yet.
+	recorded int64
 }
 
 // NewFollower returns a follower of js's stream into mirror.
@@ -65,7 +71,7 @@ func NewFollower(js jetstream.JetStream, mirror Mirror, cfg FollowerConfig) *Fol
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	f := &Follower{js: js, mirror: mirror, cfg: cfg, log: cfg.Logger}
+	f := &Follower{js: js, mirror: mirror, cfg: cfg, log: cfg.Logger, recorded: -1}
 	f.state.Store(&followState{errors.New("not following yet: no fetch has completed")})
 	return f
 }
@@ -210,8 +216,20 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		pending = info.NumPending
 	}
 	f.lag.Store(pending)
+	f.recordLag(pending)
 	if f.cfg.OnBatch != nil {
 		f.cfg.OnBatch(applied, pending)
 	}
 	return applied, pending, nil
+}
+
+// recordLag records the lag in Meta when it changed.
+func (f *Follower) recordLag(pending uint64) {
+	if f.cfg.Meta == nil || int64(pending) == f.recorded {
+		return
+	}
+	f.recorded = int64(pending)
+	if err := f.cfg.Meta.SetMeta(context.Background(), "follow_lag", strconv.FormatUint(pending, 10)); err != nil {
+		f.log.Warn("record follower lag", "err", err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
@@ -80,6 +81,19 @@ func (l *Lease) State() LeaseState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.state
+}
+
+// LeaderOnly answers with h only while this replica leads: a standby's 503
+// makes the platform deliver again, to the leader when the sink address
+// points at whichever replica leads.
+func (l *Lease) LeaderOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if !l.IsLeader() {
+			http.Error(w, "standby: not the leader", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, req)
+	})
 }
 
 // IsLeader reports whether this replica holds the lease.
