@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // TestFollow_WaitsForTheStream: a follower started before its leader has
@@ -22,7 +24,8 @@ import (
 func TestFollow_WaitsForTheStream(t *testing.T) {
 	ns := startNATS(t)
 	followerPath := filepath.Join(t.TempDir(), "follower.db")
-	adminAddr := freeAddr(t)
+	adminLn := testutil.Listen(t)
+	adminAddr := adminLn.Addr().String()
 	cfg := writeFile(t, "follow.toml", fmt.Sprintf(`[nats]
 url = %q
 
@@ -37,7 +40,7 @@ level = "debug"
 format = "json"
 `, ns.ClientURL(), followerPath, adminAddr))
 
-	follower := startCommand(t, "follow", "--config", cfg)
+	follower := startCommand(t, []net.Listener{adminLn}, "follow", "--config", cfg)
 
 	// readyz answers the readiness status and body; 0 until the admin
 	// listener is up.
@@ -52,7 +55,7 @@ format = "json"
 		ready = string(b)
 		return resp.StatusCode
 	}
-	waitFor(t, 10*time.Second, "/readyz to say the stream is missing", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "/readyz to say the stream is missing", func() bool {
 		return readyz() == http.StatusServiceUnavailable && strings.Contains(ready, "does not exist")
 	})
 	if !strings.Contains(ready, `"stream"`) || !strings.Contains(ready, "SYNCD") {
@@ -76,7 +79,7 @@ format = "json"
 		t.Fatal(err)
 	}
 	waitSameMirror(t, 30*time.Second, followerPath, leaderPath)
-	waitFor(t, 10*time.Second, "/readyz to be ready", func() bool { return readyz() == http.StatusOK })
+	testutil.WaitFor(t, 10*time.Second, "/readyz to be ready", func() bool { return readyz() == http.StatusOK })
 
 	leader.stop(t)
 	follower.stop(t)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // strictWorld is a world whose simulator behaves as the vendor's real
@@ -23,17 +23,9 @@ func strictWorld(t *testing.T, natsURL string, opts platformsim.Options, sc plat
 	t.Helper()
 	opts.Strict = true
 	opts.Tokens = []string{e2eToken} // the test's own admin calls only
-	sim := platformsim.New(opts)
-	sim.Populate(sc)
-	w := &world{t: t, sim: sim, natsURL: natsURL, dbPath: filepath.Join(t.TempDir(), "syncd.db"), baseline: map[string]int{}}
-	srv := httptest.NewServer(sim.Handler())
-	t.Cleanup(srv.Close)
-	t.Cleanup(sim.Close)
-	sim.SetBaseURL(srv.URL)
-	w.simURL = srv.URL
-	for uid, h := range sim.Truth().History {
-		w.baseline[uid] = len(h)
-	}
+	w := &world{t: t, natsURL: natsURL, dbPath: filepath.Join(t.TempDir(), "syncd.db")}
+	w.sim, w.simURL = testutil.Sim(t, opts, sc)
+	w.takeBaseline()
 	return w
 }
 
@@ -132,7 +124,7 @@ func TestRun_StrictPlatform(t *testing.T) {
 
 	db := openReader(t, w.dbPath)
 	var mdiff, ediff string
-	waitFor(t, 60*time.Second, "the mirror and the events to match the truth", func() bool {
+	testutil.WaitFor(t, 60*time.Second, "the mirror and the events to match the truth", func() bool {
 		truth := w.sim.Truth()
 		mdiff, ediff = mirrorDiff(db, truth), w.movesDiff(rcv, truth)
 		return mdiff == "" && ediff == ""
@@ -191,13 +183,14 @@ func TestRun_FailingReposShown(t *testing.T) {
 	)
 	ns := startNATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
-	adminAddr := freeAddr(t)
+	adminLn := testutil.Listen(t)
+	adminAddr := adminLn.Addr().String()
 	cfg := testConfig{simURL: simURL, natsURL: ns.ClientURL(), dbPath: dbPath, adminListen: adminAddr, initialEvents: "snapshot",
 		crawl: "schedule = \"@every 1h\"\njitter = \"0s\"\nrequests_per_second = 0.0"}.write(t)
-	d := startDaemon(t, cfg)
+	d := startDaemon(t, cfg, adminLn)
 	waitBaseline(t, dbPath)
 	var body string
-	waitFor(t, 20*time.Second, "every event published and the failures shown", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "every event published and the failures shown", func() bool {
 		_, body = httpGet(t, "http://"+adminAddr+"/metrics")
 		created, _ := metricValue(body, `syncd_events_published_total{type="tag.created"}`)
 		failing, _ := metricValue(body, `syncd_crawl_failures{kind="tag"}`)
