@@ -44,6 +44,19 @@ func (f *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "", "log `level`: debug, info, warn or error (overrides [log] level)")
 }
 
+// flagSet is the flag set of "syncd <name>", with the common flags; its
+// --help prints usage and then the flags.
+func (m *Main) flagSet(name, usage string, common *commonFlags) *flag.FlagSet {
+	fs := flag.NewFlagSet("syncd "+name, flag.ContinueOnError)
+	fs.SetOutput(m.Stderr)
+	common.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
 // loadConfig loads the configuration; its errors exit 2.
 func (m *Main) loadConfig(f commonFlags) (config.Config, error) {
 	cfg, err := config.Load(f.configPath, m.Environ)

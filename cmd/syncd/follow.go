@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
-	"fmt"
 
 	"golang.org/x/sync/errgroup"
 
@@ -22,12 +20,7 @@ type followCommand struct {
 	flags commonFlags
 }
 
-func (c *followCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd follow", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd follow [--config FILE] [--log-level LEVEL]
+const followUsage = `Usage: syncd follow [--config FILE] [--log-level LEVEL]
 
 Keeps a mirror at [store] path from the event stream of a syncd leader
 ([nats] url, stream and subject_prefix), without any request to the
@@ -44,9 +37,10 @@ Examples:
   SYNCD_NATS_URL=nats://nats:4222 SYNCD_STORE_PATH=/srv/mirror.db syncd follow
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
+`
+
+func (c *followCommand) ParseFlags(args []string) error {
+	fs := c.m.flagSet("follow", followUsage, &c.flags)
 	return fs.Parse(args)
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -24,14 +23,7 @@ type runCommand struct {
 	grace time.Duration
 }
 
-func (c *runCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd run", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
-	fs.BoolVar(&c.demo, "demo", false, "run against the built-in simulator, whose data changes every few seconds, with an embedded NATS server on 127.0.0.1:4222; no account or [platform] keys needed")
-	fs.DurationVar(&c.grace, "grace", 4*time.Second, "on SIGINT/SIGTERM, how long to finish the page in flight and publish what is committed; events left unpublished go out at the next start")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd run [--config FILE] [--demo] [--grace DURATION] [--log-level LEVEL]
+const runUsage = `Usage: syncd run [--config FILE] [--demo] [--grace DURATION] [--log-level LEVEL]
 
 Runs the daemon: crawls the platform once at start and then on the [crawl]
 schedules, keeps the SQLite mirror at [store] path, and publishes every change
@@ -50,9 +42,12 @@ Examples:
   SYNCD_NATS_URL=nats://nats:4222 syncd run --config syncd.toml
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
+`
+
+func (c *runCommand) ParseFlags(args []string) error {
+	fs := c.m.flagSet("run", runUsage, &c.flags)
+	fs.BoolVar(&c.demo, "demo", false, "run against the built-in simulator, whose data changes every few seconds, with an embedded NATS server on 127.0.0.1:4222; no account or [platform] keys needed")
+	fs.DurationVar(&c.grace, "grace", 4*time.Second, "on SIGINT/SIGTERM, how long to finish the page in flight and publish what is committed; events left unpublished go out at the next start")
 	return fs.Parse(args)
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"time"
 
@@ -26,27 +25,7 @@ type simCommand struct {
 	inclusiv bool
 }
 
-func (c *simCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd sim", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
-	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "`host:port` to serve the platform API and the registry on")
-	fs.Int64Var(&c.seed, "seed", 1, "seed of the generated organization and of its changes")
-	fs.StringVar(&c.token, "token", "sim-token", "platform bearer `token` the simulator accepts")
-	fs.StringVar(&c.regToken, "registry-token", "sim-registry-token", "registry `token` (the registry's audience) the simulator accepts")
-	fs.BoolVar(&c.strict, "strict", false, "behave as the vendor's service does: a platform token is refused at the registry, tag families hidden unless asked, protojson on the wire")
-	fs.IntVar(&c.scale.NestedRepos, "nested-repos", 0, "repos placed below subgroups (their registry path is charts/<name> and the like)")
-	fs.IntVar(&c.scale.DateTags, "date-tags", 0, "date-stamped tags (<version>-20yymmdd) per repo")
-	fs.IntVar(&c.scale.EpochTags, "epoch-tags", 0, "epoch tags (<version>-r<N>) per repo")
-	fs.IntVar(&c.scale.Repos, "repos", 20, "repos to generate")
-	fs.IntVar(&c.scale.TagsPerRepo, "tags-per-repo", 5, "tags per repo")
-	fs.IntVar(&c.scale.HistoryPerTag, "history-per-tag", 20, "history records per tag")
-	fs.IntVar(&c.scale.Advisories, "advisories", 50, "advisories to generate")
-	fs.DurationVar(&c.every, "change-every", 2*time.Second, "how often the data changes (0: never)")
-	fs.IntVar(&c.perStep, "changes", 2, "changes applied each time")
-	fs.BoolVar(&c.inclusiv, "history-start-inclusive", false, "treat the tag history start bound as inclusive (the spec leaves it open, so clients must cope with both)")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd sim [--addr HOST:PORT] [--seed N] [--token T] [sizes]
+const simUsage = `Usage: syncd sim [--addr HOST:PORT] [--seed N] [--token T] [sizes]
 
 Serves a simulator of the platform API v2 and the registry's tag history API
 on one port, with a generated organization whose tags move over time. Point
@@ -67,9 +46,25 @@ Examples:
   syncd sync --once
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
+`
+
+func (c *simCommand) ParseFlags(args []string) error {
+	fs := c.m.flagSet("sim", simUsage, &c.flags)
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "`host:port` to serve the platform API and the registry on")
+	fs.Int64Var(&c.seed, "seed", 1, "seed of the generated organization and of its changes")
+	fs.StringVar(&c.token, "token", "sim-token", "platform bearer `token` the simulator accepts")
+	fs.StringVar(&c.regToken, "registry-token", "sim-registry-token", "registry `token` (the registry's audience) the simulator accepts")
+	fs.BoolVar(&c.strict, "strict", false, "behave as the vendor's service does: a platform token is refused at the registry, tag families hidden unless asked, protojson on the wire")
+	fs.IntVar(&c.scale.NestedRepos, "nested-repos", 0, "repos placed below subgroups (their registry path is charts/<name> and the like)")
+	fs.IntVar(&c.scale.DateTags, "date-tags", 0, "date-stamped tags (<version>-20yymmdd) per repo")
+	fs.IntVar(&c.scale.EpochTags, "epoch-tags", 0, "epoch tags (<version>-r<N>) per repo")
+	fs.IntVar(&c.scale.Repos, "repos", 20, "repos to generate")
+	fs.IntVar(&c.scale.TagsPerRepo, "tags-per-repo", 5, "tags per repo")
+	fs.IntVar(&c.scale.HistoryPerTag, "history-per-tag", 20, "history records per tag")
+	fs.IntVar(&c.scale.Advisories, "advisories", 50, "advisories to generate")
+	fs.DurationVar(&c.every, "change-every", 2*time.Second, "how often the data changes (0: never)")
+	fs.IntVar(&c.perStep, "changes", 2, "changes applied each time")
+	fs.BoolVar(&c.inclusiv, "history-start-inclusive", false, "treat the tag history start bound as inclusive (the spec leaves it open, so clients must cope with both)")
 	return fs.Parse(args)
 }
 

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -20,13 +19,7 @@ type statusCommand struct {
 	json  bool
 }
 
-func (c *statusCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd status", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
-	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd status [--config FILE] [--json]
+const statusUsage = `Usage: syncd status [--config FILE] [--json]
 
 Reads the mirror directly (whether or not the daemon runs) and shows rows per
 table, the latest crawl and its outcome, and events waiting for JetStream.
@@ -36,9 +29,11 @@ Examples:
   syncd status --json | jq .unpublished_events
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
+`
+
+func (c *statusCommand) ParseFlags(args []string) error {
+	fs := c.m.flagSet("status", statusUsage, &c.flags)
+	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
 	return fs.Parse(args)
 }
 
