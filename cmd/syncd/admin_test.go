@@ -40,11 +40,11 @@ func httpGet(t *testing.T, url string) (int, string) {
 // watches /readyz turn unready while NATS is down and ready once it is back.
 func TestRun_MetricsAndReadiness(t *testing.T) {
 	sim, simURL := startSim(t, 31, platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 3, Advisories: 4})
-	nsOpts, ns := startNATSRestartable(t)
+	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
 	adminLn := testutil.Listen(t)
 	adminAddr := adminLn.Addr().String()
-	cfg := testConfig{simURL: simURL, natsURL: ns.ClientURL(), dbPath: dbPath, adminListen: adminAddr}.write(t)
+	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: dbPath, adminListen: adminAddr}.write(t)
 	d := startDaemon(t, cfg, adminLn)
 	base := "http://" + adminAddr
 	waitBaseline(t, dbPath)
@@ -93,8 +93,7 @@ func TestRun_MetricsAndReadiness(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "/readyz to be ready", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
 
 	// NATS goes away: not ready, and it says why.
-	ns.Shutdown()
-	ns.WaitForShutdown()
+	ns.Stop()
 	var ready string
 	testutil.WaitFor(t, 10*time.Second, "/readyz to fail with NATS down", func() bool {
 		code, b := httpGet(t, base+"/readyz")
@@ -105,7 +104,7 @@ func TestRun_MetricsAndReadiness(t *testing.T) {
 		t.Errorf("/readyz body %s does not name nats", ready)
 	}
 	// NATS is back on the same port and store: ready again.
-	restartNATS(t, nsOpts)
+	ns.Start()
 	testutil.WaitFor(t, 20*time.Second, "/readyz to recover", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
 	d.stop(t)
 }

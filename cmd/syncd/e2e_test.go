@@ -45,9 +45,9 @@ type cloudEvent struct {
 // before and after digests, and the mirror holds the new history.
 func TestRun_EndToEnd(t *testing.T) {
 	sim, simURL := startSim(t, 7, platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 5, Advisories: 2})
-	ns := startNATS(t)
+	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "data", "syncd.db")
-	cfg := e2eConfig(t, simURL, ns.ClientURL(), dbPath, "@every 1s")
+	cfg := e2eConfig(t, simURL, ns.URL(), dbPath, "@every 1s")
 	ctx := context.Background()
 	d := startDaemon(t, cfg)
 	stderr := d.stderr
@@ -58,7 +58,7 @@ func TestRun_EndToEnd(t *testing.T) {
 		t.Fatalf("tags in mirror = %d (%v), want 9", tags, err)
 	}
 
-	js := connectJS(t, ns.ClientURL())
+	js := testutil.JetStream(t, ns.URL())
 	cons, err := js.OrderedConsumer(ctx, "SYNCD", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"syncd.>"}})
 	if err != nil {
 		t.Fatal(err)
@@ -173,11 +173,11 @@ func pushScenario(t *testing.T, schedule string, dropPushes, strict bool) {
 		sc.DateTags, sc.NestedRepos = 1, 2
 	}
 	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 21, Tokens: []string{e2eToken}, AllowHTTPSinks: true, Strict: strict, RegistryTokens: []string{registryToken}}, sc)
-	ns := startNATS(t)
+	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
 	evLn := testutil.Listen(t)
 	addr := evLn.Addr().String()
-	cfg := testConfig{simURL: simURL, natsURL: ns.ClientURL(), dbPath: dbPath,
+	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: dbPath,
 		crawl:       fmt.Sprintf("schedule = %q\nsweep_schedule = \"\"\nadvisories_schedule = \"\"\nsubscriptions_schedule = \"@every 1h\"\njitter = \"0s\"", schedule),
 		events:      fmt.Sprintf("listen = %q\nsink_url = \"http://%s/events\"\nissuer = %q", addr, addr, simURL),
 		credentials: fmt.Sprintf("token = %q\nregistry_token = %q", e2eToken, registryToken),
@@ -190,7 +190,7 @@ func pushScenario(t *testing.T, schedule string, dropPushes, strict bool) {
 	var runsBefore int
 	db.QueryRow(`SELECT count(*) FROM crawl_runs`).Scan(&runsBefore)
 
-	js := connectJS(t, ns.ClientURL())
+	js := testutil.JetStream(t, ns.URL())
 	cons, err := js.OrderedConsumer(ctx, "SYNCD", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"syncd.tag.moved.>"}, DeliverPolicy: jetstream.DeliverNewPolicy})
 	if err != nil {
 		t.Fatal(err)

@@ -288,7 +288,7 @@ type received struct {
 func consume(ctx context.Context, t *testing.T, natsURL string) *received {
 	t.Helper()
 	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, subjects: map[string]string{}, byType: map[string]int{}}
-	js := connectJS(t, natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	js := testutil.JetStream(t, natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	var stream jetstream.Stream
 	var err error
 	testutil.WaitFor(t, 30*time.Second, "the SYNCD stream", func() bool {
@@ -404,8 +404,8 @@ func changesOnly() platformsim.Rates {
 // endpoint at once, while the data changes, the mirror converges to the
 // ground truth and the consumer receives every move exactly once, in order.
 func TestReliability_FaultsWhileDataChanges(t *testing.T) {
-	ns := startNATS(t)
-	w := newWorld(t, 41, platformsim.Scale{Repos: 4, TagsPerRepo: 4, HistoryPerTag: 5, Advisories: 5, PublicImages: -1}, ns.ClientURL())
+	ns := testutil.NATS(t)
+	w := newWorld(t, 41, platformsim.Scale{Repos: 4, TagsPerRepo: 4, HistoryPerTag: 5, Advisories: 5, PublicImages: -1}, ns.URL())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := startDaemon(t, w.config())
@@ -434,8 +434,8 @@ func TestReliability_FaultsWhileDataChanges(t *testing.T) {
 // checks that it converges with nothing lost or duplicated and the
 // database intact.
 func TestReliability_CrashRecovery(t *testing.T) {
-	ns := startNATS(t)
-	w := newWorld(t, 43, platformsim.Scale{Repos: 5, TagsPerRepo: 4, HistoryPerTag: 30, Advisories: 5, PublicImages: -1}, ns.ClientURL())
+	ns := testutil.NATS(t)
+	w := newWorld(t, 43, platformsim.Scale{Repos: 5, TagsPerRepo: 4, HistoryPerTag: 30, Advisories: 5, PublicImages: -1}, ns.URL())
 	cfg := w.config()
 	rng := rand.New(rand.NewPCG(43, 7))
 	start := func() (*exec.Cmd, *syncBuffer) {
@@ -479,23 +479,22 @@ func TestReliability_CrashRecovery(t *testing.T) {
 // TestReliability_NATSOutage stops the NATS server while changes keep
 // coming, restarts it, and checks that nothing was lost.
 func TestReliability_NATSOutage(t *testing.T) {
-	nsOpts, ns := startNATSRestartable(t)
-	w := newWorld(t, 47, platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 5, PublicImages: -1}, ns.ClientURL())
+	ns := testutil.NATS(t)
+	w := newWorld(t, 47, platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 5, PublicImages: -1}, ns.URL())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := startDaemon(t, w.config())
 	waitBaseline(w.t, w.dbPath)
 	w.sim.SetRates(changesOnly())
 	changes := len(w.sim.Step(3))
-	ns.Shutdown()
-	ns.WaitForShutdown()
+	ns.Stop()
 	outage := outageLength()
 	deadline := time.Now().Add(outage)
 	for time.Now().Before(deadline) {
 		changes += len(w.sim.Step(1))
 		time.Sleep(200 * time.Millisecond) // changes keep coming while NATS is down
 	}
-	restartNATS(t, nsOpts)
+	ns.Start()
 	rcv := consume(ctx, t, w.natsURL)
 	w.converge(rcv, 60*time.Second)
 	t.Logf("NATS down %s; %d changes made; %d messages received, %d distinct events", outage, changes, rcv.total, len(rcv.ids))

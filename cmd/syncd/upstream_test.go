@@ -57,8 +57,8 @@ func createIdentity(t *testing.T, simURL, issuer, subject string) string {
 // ground truth row for row, and every move, in nested repos and in
 // date-stamped tags among them, reaches NATS once, in order.
 func TestRun_StrictPlatform(t *testing.T) {
-	ns := startNATS(t)
-	w := strictWorld(t, ns.ClientURL(), platformsim.Options{Seed: 17, ExchangeTokenTTL: 3 * time.Second},
+	ns := testutil.NATS(t)
+	w := strictWorld(t, ns.URL(), platformsim.Options{Seed: 17, ExchangeTokenTTL: 3 * time.Second},
 		platformsim.Scale{Repos: 6, TagsPerRepo: 2, HistoryPerTag: 3, Advisories: 6, DateTags: 1, EpochTags: 1, ReferrerTags: 1, NestedRepos: 4})
 	const subject = "system:serviceaccount:syncd:syncd"
 	identity := createIdentity(t, w.simURL, w.sim.ExternalIssuer(), subject)
@@ -70,13 +70,13 @@ func TestRun_StrictPlatform(t *testing.T) {
 		return tok
 	}
 	tokenFile := writeFile(t, "external-token", rotate())
-	cfg := testConfig{simURL: w.simURL, natsURL: ns.ClientURL(), dbPath: w.dbPath,
+	cfg := testConfig{simURL: w.simURL, natsURL: ns.URL(), dbPath: w.dbPath,
 		credentials: fmt.Sprintf("identity = %q\nidentity_token_file = %q\nsts_url = %q", identity, tokenFile, w.simURL),
 		crawl:       "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0\ntag_families = [\"dates\", \"epochs\", \"referrers\"]"}.write(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := startDaemon(t, cfg)
-	rcv := consume(ctx, t, ns.ClientURL())
+	rcv := consume(ctx, t, ns.URL())
 	waitBaseline(t, w.dbPath)
 
 	truth := w.sim.Truth()
@@ -181,11 +181,11 @@ func TestRun_FailingReposShown(t *testing.T) {
 		platformsim.Fault{Name: "broken", Image: "acme/" + gone.Path, Status: http.StatusNotFound},
 		platformsim.Fault{Name: "broken", Image: "acme/" + denied.Path, Status: http.StatusForbidden},
 	)
-	ns := startNATS(t)
+	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
 	adminLn := testutil.Listen(t)
 	adminAddr := adminLn.Addr().String()
-	cfg := testConfig{simURL: simURL, natsURL: ns.ClientURL(), dbPath: dbPath, adminListen: adminAddr, initialEvents: "snapshot",
+	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: dbPath, adminListen: adminAddr, initialEvents: "snapshot",
 		crawl: "schedule = \"@every 1h\"\njitter = \"0s\"\nrequests_per_second = 0.0"}.write(t)
 	d := startDaemon(t, cfg, adminLn)
 	waitBaseline(t, dbPath)

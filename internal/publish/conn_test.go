@@ -84,7 +84,7 @@ func TestConnect_CheckStreamOnlyNamedAccount(t *testing.T) {
 		o.Accounts = []*server.Account{team}
 		o.Users = []*server.User{{Username: "syncd", Password: "hunter2", Account: team}}
 	})
-	acc, err := srv.ns.LookupAccount("TEAM")
+	acc, err := srv.Server.LookupAccount("TEAM")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,9 +155,9 @@ func TestConnect_Auth(t *testing.T) {
 			}
 			tc.client(&cfg)
 			conn := mustConnect(t, cfg)
-			srv.stop()
+			srv.Stop()
 			testutil.WaitFor(t, 5*time.Second, "the disconnection", func() bool { return !conn.NC.IsConnected() })
-			srv.start()
+			srv.Start()
 			testutil.WaitFor(t, 10*time.Second, "the reconnection", func() bool { return conn.NC.IsConnected() })
 			conn.Close()
 			out := logs.String()

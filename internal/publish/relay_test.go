@@ -256,7 +256,7 @@ func TestRelay_NATSOutage(t *testing.T) {
 	p.addRepos(ctx, "before", 5, 4)
 	testutil.Eventually(t, 10*time.Second, unpublished(t, st))
 
-	srv.stop()
+	srv.Stop()
 	testutil.WaitFor(t, 5*time.Second, "the client to see the disconnection", func() bool { return !conn.NC.IsConnected() })
 	// Changes keep coming during an outage of about three seconds.
 	tagUIDs := []string{p.tags[p.repos[0].UID][0].UID, p.tags[p.repos[1].UID][1].UID}
@@ -271,7 +271,7 @@ func TestRelay_NATSOutage(t *testing.T) {
 	if n, _, _ := st.UnpublishedCount(ctx); n == 0 {
 		t.Fatal("no events waited for the server during the outage")
 	}
-	srv.start()
+	srv.Start()
 
 	testutil.Eventually(t, 30*time.Second, unpublished(t, st))
 	stored := storedEvents(t, st)
@@ -308,13 +308,13 @@ func TestRelay_ServerKilledMidBatch(t *testing.T) {
 	}))
 	startRelay(t, relay)
 	<-acked
-	srv.stop()
+	srv.Stop()
 	// Acknowledgements that were on their way when the server stopped still
 	// count; what matters is that many publishes were cut.
 	if cut, total := n.Load(), len(storedEvents(t, st)); cut >= int64(total)*3/4 {
 		t.Fatalf("%d of %d events acknowledged before the server stopped; the test cut too little", cut, total)
 	}
-	srv.start()
+	srv.Start()
 
 	testutil.Eventually(t, 30*time.Second, unpublished(t, st))
 	stored := storedEvents(t, st)
