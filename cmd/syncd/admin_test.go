@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // metricValue finds a sample in Prometheus text format; series is the name
@@ -39,11 +40,12 @@ func httpGet(t *testing.T, url string) (int, string) {
 // watches /readyz turn unready while NATS is down and ready once it is back.
 func TestRun_MetricsAndReadiness(t *testing.T) {
 	sim, simURL := startSim(t, 31, platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 3, Advisories: 4})
-	nsOpts, ns := startNATSRestartable(t)
+	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
-	adminAddr := freeAddr(t)
-	cfg := testConfig{simURL: simURL, natsURL: ns.ClientURL(), dbPath: dbPath, adminListen: adminAddr}.write(t)
-	d := startDaemon(t, cfg)
+	adminLn := testutil.Listen(t)
+	adminAddr := adminLn.Addr().String()
+	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: dbPath, adminListen: adminAddr}.write(t)
+	d := startDaemon(t, cfg, adminLn)
 	base := "http://" + adminAddr
 	waitBaseline(t, dbPath)
 	tag := sim.Truth().Tags[0]
@@ -52,7 +54,7 @@ func TestRun_MetricsAndReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	var body string
-	waitFor(t, 20*time.Second, "the move to be published", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "the move to be published", func() bool {
 		_, body = httpGet(t, base+"/metrics")
 		v, _ := metricValue(body, `syncd_events_published_total{type="tag.moved"}`)
 		return v >= 1
@@ -88,13 +90,12 @@ func TestRun_MetricsAndReadiness(t *testing.T) {
 	if code, _ := httpGet(t, base+"/healthz"); code != 200 {
 		t.Errorf("/healthz = %d", code)
 	}
-	waitFor(t, 10*time.Second, "/readyz to be ready", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+	testutil.WaitFor(t, 10*time.Second, "/readyz to be ready", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
 
 	// NATS goes away: not ready, and it says why.
-	ns.Shutdown()
-	ns.WaitForShutdown()
+	ns.Stop()
 	var ready string
-	waitFor(t, 10*time.Second, "/readyz to fail with NATS down", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "/readyz to fail with NATS down", func() bool {
 		code, b := httpGet(t, base+"/readyz")
 		ready = b
 		return code == http.StatusServiceUnavailable
@@ -103,7 +104,7 @@ func TestRun_MetricsAndReadiness(t *testing.T) {
 		t.Errorf("/readyz body %s does not name nats", ready)
 	}
 	// NATS is back on the same port and store: ready again.
-	restartNATS(t, nsOpts)
-	waitFor(t, 20*time.Second, "/readyz to recover", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+	ns.Start()
+	testutil.WaitFor(t, 20*time.Second, "/readyz to recover", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
 	d.stop(t)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,16 +9,15 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"sort"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/lmittmann/tint"
 	"github.com/mattn/go-isatty"
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/robfig/cron/v3"
 
 	"github.com/syncd-dev/syncd/internal/admin"
+	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/crawler"
 	"github.com/syncd-dev/syncd/internal/events"
@@ -44,6 +42,19 @@ type commonFlags struct {
 func (f *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.configPath, "config", "", "TOML configuration `file` (every key is in config.example.toml); without it, the defaults. SYNCD_<SECTION>_<KEY> environment variables override either")
 	fs.StringVar(&f.logLevel, "log-level", "", "log `level`: debug, info, warn or error (overrides [log] level)")
+}
+
+// flagSet is the flag set of "syncd <name>", with the common flags; its
+// --help prints usage and then the flags.
+func (m *Main) flagSet(name, usage string, common *commonFlags) *flag.FlagSet {
+	fs := flag.NewFlagSet("syncd "+name, flag.ContinueOnError)
+	fs.SetOutput(m.Stderr)
+	common.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	return fs
 }
 
 // loadConfig loads the configuration; its errors exit 2.
@@ -78,179 +89,193 @@ func newLogger(w io.Writer, c config.Log) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
-// app holds the parts a running syncd is made of, opened in order and
-// closed in reverse.
-type app struct {
-	cfg     config.Config
-	log     *slog.Logger
-	store   *store.Store
-	client  *platform.Client
-	nats    *publish.Conn
-	relay   *publish.Relay
-	crawler *crawler.Crawler
-	// receiver takes pushed events; nil when [events] listen is empty.
-	receiver *events.Receiver
-	metrics  *admin.Metrics
-	// onRun is told of every finished crawl job, after the metrics.
-	onRun func(job, outcome string, finished time.Time)
+// schedules are the jobs' schedules, parsed once from [crawl]; a job whose
+// schedule is empty is off and absent.
+type schedules map[string]cron.Schedule
+
+func parseSchedules(c config.Crawl) (schedules, error) {
+	out := schedules{}
+	for job, spec := range map[string]string{crawler.JobCrawl: c.Schedule, crawler.JobSweep: c.SweepSchedule,
+		crawler.JobAdvisories: c.AdvisoriesSchedule, crawler.JobSubscriptions: c.SubscriptionsSchedule} {
+		sched, err := config.ParseSchedule(spec)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("crawl: %s schedule %q: %w", job, spec, err)}
+		}
+		if sched != nil {
+			out[job] = sched
+		}
+	}
+	return out, nil
 }
 
-// openApp opens the store, the platform client, NATS and the relay, and the
-// crawler.
-func openApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, error) {
+// app is a syncd that crawls and publishes: its parts, opened in order by
+// openApp and closed in reverse, and the observers each part was given.
+type app struct {
+	cfg      config.Config
+	log      *slog.Logger
+	jobs     schedules
+	metrics  *admin.Metrics
+	fresh    *admin.Freshness
+	store    *store.Store
+	client   *platform.Client
+	nats     *publish.Conn
+	relay    *publish.Relay
+	crawler  *crawler.Crawler
+	receiver *events.Receiver // nil when [events] listen is empty
+	// registrar keeps the event subscription; nil when [events] sink_url
+	// is empty (crawl only).
+	registrar *events.Registrar
+}
+
+// openApp opens the parts. published is the level of the line logged for
+// every published event.
+func openApp(ctx context.Context, cfg config.Config, log *slog.Logger, published slog.Level) (*app, error) {
 	a := &app{cfg: cfg, log: log, metrics: admin.NewMetrics(version())}
 	var err error
-	a.store, err = store.Open(ctx, cfg.Store.Path, store.Options{InitialEvents: cfg.Store.InitialEvents, Logger: log.With("part", "store"), OnEvents: a.metrics.EventsRecorded})
-	if err != nil {
-		return nil, fmt.Errorf("open mirror %s: %w", cfg.Store.Path, err)
+	if a.jobs, err = parseSchedules(cfg.Crawl); err != nil {
+		return nil, err
 	}
-	a.client, err = newClient(cfg, log, a.metrics.ObserveRequest)
-	if err != nil {
+	if cfg.Events.SinkURL == "" {
+		delete(a.jobs, crawler.JobSubscriptions)
+	}
+	a.fresh = admin.NewFreshness(a.jobs, cfg.Admin.StaleFactor, nil)
+	if a.store, err = openStore(ctx, cfg, log, store.Options{OnEvents: a.metrics.EventsRecorded}); err != nil {
+		return nil, err
+	}
+	if a.client, err = newClient(cfg, log, a.metrics.ObserveRequest); err != nil {
 		a.Close()
 		return nil, usageError{err}
 	}
-	pcfg := publish.Config{
-		URL: cfg.NATS.URL, Listen: cfg.NATS.Listen, DataDir: filepath.Dir(cfg.Store.Path),
-		Credentials: cfg.NATS.Credentials, NKeySeed: cfg.NATS.NKeySeed, Token: cfg.NATS.Token,
-		User: cfg.NATS.User, Password: cfg.NATS.Password,
-		TLSCA: cfg.NATS.TLSCA, TLSCert: cfg.NATS.TLSCert, TLSKey: cfg.NATS.TLSKey,
-		SubjectPrefix: cfg.NATS.SubjectPrefix, Stream: cfg.NATS.Stream, MaxAge: cfg.NATS.MaxAge.Duration,
-		DuplicateWindow: cfg.NATS.DuplicateWindow.Duration, Replicas: cfg.NATS.Replicas, CheckStreamOnly: !cfg.NATS.ManageStream,
-		Source: eventSource(cfg.Platform), Logger: log.With("part", "publish"),
-	}
-	a.nats, err = publish.Connect(ctx, pcfg)
-	if err != nil {
+	pcfg := natsConfig(cfg, log)
+	if a.nats, err = publish.Connect(ctx, pcfg); err != nil {
 		a.Close()
 		return nil, err
 	}
-	a.relay = publish.NewRelay(a.nats.JS, a.store, pcfg)
-	// Schedules were validated by config.Load.
-	sched, _ := config.ParseSchedule(cfg.Crawl.Schedule)
-	sweep, _ := config.ParseSchedule(cfg.Crawl.SweepSchedule)
-	advisories, _ := config.ParseSchedule(cfg.Crawl.AdvisoriesSchedule)
-	a.crawler = crawler.New(a.client, a.store, crawler.Config{
-		Group: cfg.Platform.Group, Include: cfg.Crawl.Include, Exclude: cfg.Crawl.Exclude,
-		PublicImages: cfg.Crawl.PublicImages, PublicOrg: cfg.Platform.PublicOrg, Families: crawler.ParseFamilies(cfg.Crawl.TagFamilies),
-		UpdatedSinceMargin: cfg.Crawl.UpdatedSinceMargin.Duration,
-		Concurrency:        cfg.Crawl.Concurrency, Schedule: sched, SweepSchedule: sweep, AdvisoriesSchedule: advisories,
-		Jitter: cfg.Crawl.Jitter.Duration, Logger: log.With("part", "crawler"),
-		OnRun: func(job, outcome string, sum crawler.Summary, finished time.Time) {
-			a.metrics.ObserveRun(job, outcome, sum.Duration, finished, map[string]int64{
-				"repos": sum.Repos, "tags": sum.Tags, "tag_history": sum.HistoryRecords, "advisories": sum.Advisories})
-			if a.onRun != nil {
-				a.onRun(job, outcome, finished)
-			}
-		},
-	})
-	if cfg.Events.Listen != "" {
-		prefix := cfg.Events.TypePrefix
-		if prefix == "" {
-			prefix = "dev." + cfg.Platform.Vendor + "."
-		}
-		a.receiver = events.NewReceiver(events.Config{
-			Issuer: cfg.Events.Issuer, Audience: cfg.Events.Audience, Groups: []string{cfg.Platform.Group},
-			TypePrefix: prefix, MaxBody: cfg.Events.MaxBody, QueueSize: cfg.Events.QueueSize,
-			Logger: log.With("part", "events"),
-		}, a.crawler, a.store)
-	}
+	a.relay = publish.NewRelay(a.nats.JS, a.store, pcfg, publish.WithOnPublished(a.observePublished(pcfg.Format(), published)))
+	a.crawler = newCrawler(cfg, a.client, a.store, a.jobs, a.observeRun, log)
+	a.receiver = newReceiver(cfg, a.crawler, a.store, log)
+	a.registrar = newRegistrar(cfg, a.client, a.store, log)
 	return a, nil
 }
 
-// registerGauges adds the series read at scrape time.
-func (a *app) registerGauges() {
-	m := a.metrics
-	m.GaugeFunc("syncd_outbox_unpublished_events", "Events committed but not yet acknowledged by JetStream.", func() float64 {
-		n, _, err := a.store.UnpublishedCount(context.Background())
-		if err != nil {
-			return -1
-		}
-		return float64(n)
-	})
-	m.GaugeFunc("syncd_outbox_oldest_unpublished_age_seconds", "Age of the oldest event waiting for JetStream (0: none).", func() float64 {
-		_, oldest, err := a.store.UnpublishedCount(context.Background())
-		if err != nil || oldest.IsZero() {
-			return 0
-		}
-		return time.Since(oldest).Seconds()
-	})
-	for _, kind := range []string{"repo", "tag"} {
-		m.GaugeFuncWith("syncd_crawl_failures", "Repos and tags whose reads failed and are retried with backoff (syncd status lists them).",
-			prometheus.Labels{"kind": kind}, func() float64 {
-				counts, err := a.store.FailureCounts(context.Background())
-				if err != nil {
-					return -1
-				}
-				return float64(counts[kind])
-			})
-	}
-	m.GaugeFunc("syncd_nats_connected", "1 while the NATS connection is up.", func() float64 {
-		if a.nats.NC.IsConnected() {
-			return 1
-		}
-		return 0
-	})
-	if r := a.receiver; r != nil {
-		for outcome, v := range map[string]*atomic.Int64{"accepted": &r.Stats.Accepted, "duplicate": &r.Stats.Duplicate, "ignored": &r.Stats.Ignored, "unknown": &r.Stats.Unknown} {
-			m.CounterFunc("syncd_webhooks_received_total", "Verified pushed events by outcome.", prometheus.Labels{"outcome": outcome}, func() float64 { return float64(v.Load()) })
-		}
-		for _, reason := range events.RejectReasons() {
-			m.CounterFunc("syncd_webhooks_rejected_total", "Pushed events rejected, by reason.", prometheus.Labels{"reason": reason},
-				func() float64 { return float64(r.Stats.RejectedCount(reason)) })
-		}
+// observeRun is told of every finished crawl job.
+func (a *app) observeRun(job, outcome string, sum crawler.Summary, finished time.Time) {
+	a.metrics.ObserveRun(job, outcome, sum.Duration, finished, map[string]int64{
+		"repos": sum.Repos, "tags": sum.Tags, "tag_history": sum.HistoryRecords, "advisories": sum.Advisories})
+	a.fresh.Observe(job, outcome, finished)
+}
+
+// observePublished counts every event JetStream acknowledged and logs one
+// line for it.
+func (a *app) observePublished(format publish.Format, level slog.Level) func(store.Event) {
+	return func(e store.Event) {
+		a.metrics.EventPublished(e.Type, e.Age())
+		a.log.Log(context.Background(), level, "published event", "type", e.Type, "subject", format.Subject(e), "id", e.ID)
 	}
 }
 
-// readiness are the checks behind /readyz.
-func (a *app) readiness(fresh *admin.Freshness) []admin.Check {
-	return []admin.Check{
-		{Name: "database", Run: a.store.Writable},
-		{Name: "nats", Run: func(context.Context) error {
-			if !a.nats.NC.IsConnected() {
-				return fmt.Errorf("not connected to NATS (%s)", a.nats.NC.Status())
-			}
-			return nil
-		}},
-		{Name: "freshness", Run: func(context.Context) error {
-			if stale := fresh.Stale(); len(stale) > 0 {
-				var parts []string
-				for job, age := range stale {
-					parts = append(parts, fmt.Sprintf("%s last succeeded %s ago", job, age.Round(time.Second)))
-				}
-				sort.Strings(parts)
-				return errors.New(strings.Join(parts, "; "))
-			}
-			return nil
-		}},
-	}
-}
-
-// registrar keeps syncd's event subscription; nil when [events] sink_url
-// is empty (crawl only).
-func (a *app) registrar() *events.Registrar {
-	if a.cfg.Events.SinkURL == "" {
+// extraJobs are the jobs the crawler runs beside its own: reconciling the subscription.
+func (a *app) extraJobs() []crawler.Job {
+	if a.registrar == nil || a.jobs[crawler.JobSubscriptions] == nil {
 		return nil
 	}
-	return &events.Registrar{Client: a.client, Store: a.store, Groups: []string{a.cfg.Platform.Group},
-		Sink: a.cfg.Events.SinkURL, Logger: a.log.With("part", "events")}
+	return []crawler.Job{{Name: crawler.JobSubscriptions, Schedule: a.jobs[crawler.JobSubscriptions], Run: a.registrar.Ensure}}
 }
 
-// eventSource is the CloudEvents source of syncd's events: the platform
-// and group they describe.
-func eventSource(p config.Platform) string {
-	return strings.TrimRight(p.BaseURL, "/") + "/" + p.Group
+// duties are the leader's: the crawler's jobs, the receiver's queue and
+// the relay, shut down within grace; drain as in cluster.Duties.
+func (a *app) duties(grace time.Duration, drain func() bool) *cluster.Duties {
+	jobs := a.extraJobs()
+	work := []func(context.Context) error{func(ctx context.Context) error { return a.crawler.Run(ctx, jobs...) }}
+	if a.receiver != nil {
+		work = append(work, a.receiver.Run)
+	}
+	return &cluster.Duties{Work: work, Relay: a.relay, Outbox: a.store, Grace: grace, Drain: drain, Logger: a.log}
 }
 
 // Close closes what openApp opened, in reverse order, logging each error.
 func (a *app) Close() error {
-	var errs []error
 	if a.nats != nil {
 		a.nats.Close()
 	}
 	if a.store != nil {
-		if err := a.store.Close(); err != nil {
-			a.log.Error("close mirror", "err", err)
-			errs = append(errs, err)
-		}
+		return closeStore(a.store, a.log)
 	}
-	return errors.Join(errs...)
+	return nil
+}
+
+// openStore opens the mirror at [store] path.
+func openStore(ctx context.Context, cfg config.Config, log *slog.Logger, opts store.Options) (*store.Store, error) {
+	opts.InitialEvents, opts.Logger = cfg.Store.InitialEvents, log.With("part", "store")
+	st, err := store.Open(ctx, cfg.Store.Path, opts)
+	if err != nil {
+		return nil, fmt.Errorf("open mirror %s: %w", cfg.Store.Path, err)
+	}
+	return st, nil
+}
+
+func closeStore(st *store.Store, log *slog.Logger) error {
+	err := st.Close()
+	if err != nil {
+		log.Error("close mirror", "err", err)
+	}
+	return err
+}
+
+// natsConfig is where and how events are published.
+func natsConfig(cfg config.Config, log *slog.Logger) publish.Config {
+	n := cfg.NATS
+	return publish.Config{
+		URL: n.URL, Listen: n.Listen, DataDir: filepath.Dir(cfg.Store.Path),
+		Credentials: n.Credentials, NKeySeed: n.NKeySeed, Token: n.Token, User: n.User, Password: n.Password,
+		TLSCA: n.TLSCA, TLSCert: n.TLSCert, TLSKey: n.TLSKey,
+		SubjectPrefix: n.SubjectPrefix, Stream: n.Stream, MaxAge: n.MaxAge.Duration,
+		DuplicateWindow: n.DuplicateWindow.Duration, Replicas: n.Replicas, CheckStreamOnly: !n.ManageStream,
+		// The CloudEvents source: the platform and group the events describe.
+		Source: strings.TrimRight(cfg.Platform.BaseURL, "/") + "/" + cfg.Platform.Group,
+		Logger: log.With("part", "publish"),
+	}
+}
+
+func newCrawler(cfg config.Config, client *platform.Client, st *store.Store, jobs schedules,
+	onRun func(job, outcome string, sum crawler.Summary, finished time.Time), log *slog.Logger) *crawler.Crawler {
+	c := cfg.Crawl
+	return crawler.New(client, st, crawler.Config{
+		Group: cfg.Platform.Group, Include: c.Include, Exclude: c.Exclude,
+		PublicImages: c.PublicImages, PublicOrg: cfg.Platform.PublicOrg, Families: crawler.ParseFamilies(c.TagFamilies),
+		UpdatedSinceMargin: c.UpdatedSinceMargin.Duration, Concurrency: c.Concurrency, Schedule: jobs[crawler.JobCrawl], SweepSchedule: jobs[crawler.JobSweep],
+		AdvisoriesSchedule: jobs[crawler.JobAdvisories], Jitter: c.Jitter.Duration, Logger: log.With("part", "crawler"), OnRun: onRun,
+	})
+}
+
+// newReceiver takes the platform's pushed events; nil when [events] listen
+// is empty.
+func newReceiver(cfg config.Config, jobs events.Jobs, st *store.Store, log *slog.Logger) *events.Receiver {
+	e := cfg.Events
+	if e.Listen == "" {
+		return nil
+	}
+	// The platform's event types begin with dev.<vendor>.
+	prefix := e.TypePrefix
+	if prefix == "" {
+		prefix = "dev." + cfg.Platform.Vendor + "."
+	}
+	return events.NewReceiver(events.Config{Issuer: e.Issuer, Audience: e.Audience, Groups: []string{cfg.Platform.Group},
+		TypePrefix: prefix, MaxBody: e.MaxBody, QueueSize: e.QueueSize, Logger: log.With("part", "events")}, jobs, st)
+}
+
+// newRegistrar keeps syncd's event subscription; nil when [events]
+// sink_url is empty.
+func newRegistrar(cfg config.Config, client *platform.Client, st *store.Store, log *slog.Logger) *events.Registrar {
+	if cfg.Events.SinkURL == "" {
+		return nil
+	}
+	return &events.Registrar{Client: client, Store: st, Groups: []string{cfg.Platform.Group},
+		Sink: cfg.Events.SinkURL, Logger: log.With("part", "events")}
+}
+
+// newFollower follows the stream into st, recording its lag there.
+func newFollower(nc *publish.Conn, st *store.Store, cfg config.Config, node string, log *slog.Logger) *cluster.Follower {
+	return cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
+		Consumer: cfg.Cluster.ConsumerName(node), Meta: st, Logger: log.With("part", "follow")})
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // TestSync_BadDatabaseFails: a damaged mirror, a full disk and an unusable
@@ -52,10 +53,10 @@ func TestSync_BadDatabaseFails(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sim, simURL := startSim(t, 5, platformsim.Scale{Repos: 1, TagsPerRepo: 1, HistoryPerTag: 1})
-			ns := startNATS(t)
+			ns := testutil.NATS(t)
 			path := tc.path(t)
 			before := snapshot(path)
-			cfg := e2eConfig(t, simURL, ns.ClientURL(), path, "@hourly")
+			cfg := e2eConfig(t, simURL, ns.URL(), path, "@hourly")
 			code, _, stderr := runMain(context.Background(), "sync", "--once", "--config", cfg)
 			if code == exitOK {
 				t.Fatal("sync succeeded on a bad database")

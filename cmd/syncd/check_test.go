@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 const checkRegistryToken = "check-registry-token-5e1d"
@@ -66,7 +67,7 @@ func wantVerdict(t *testing.T, lines map[string]string, subject, verdict string,
 
 func TestCheck(t *testing.T) {
 	sim, simURL := checkWorld(t)
-	ns := startNATS(t)
+	ns := testutil.NATS(t)
 	registryAudience := strings.TrimPrefix(simURL, "http://")
 	config := func(t *testing.T, natsURL, credentials string) (path, dbPath string) {
 		dbPath = filepath.Join(t.TempDir(), "syncd.db")
@@ -75,7 +76,7 @@ func TestCheck(t *testing.T) {
 	tokens := fmt.Sprintf("token = %q\nregistry_token = %q", e2eToken, checkRegistryToken)
 
 	t.Run("AllGood", func(t *testing.T) {
-		cfg, dbPath := config(t, ns.ClientURL(), tokens)
+		cfg, dbPath := config(t, ns.URL(), tokens)
 		code, lines, stderr := runCheck(t, cfg)
 		if code != exitOK {
 			t.Fatalf("exit=%d, want 0; lines %q; stderr %s", code, lines, stderr)
@@ -90,7 +91,7 @@ func TestCheck(t *testing.T) {
 	})
 
 	t.Run("WrongRegistryToken", func(t *testing.T) {
-		cfg, _ := config(t, ns.ClientURL(), fmt.Sprintf("token = %q\nregistry_token = \"wrong-registry-token\"", e2eToken))
+		cfg, _ := config(t, ns.URL(), fmt.Sprintf("token = %q\nregistry_token = \"wrong-registry-token\"", e2eToken))
 		code, lines, stderr := runCheck(t, cfg)
 		if code != exitFailure {
 			t.Fatalf("exit=%d, want 1; lines %q; stderr %s", code, lines, stderr)
@@ -105,7 +106,7 @@ func TestCheck(t *testing.T) {
 	})
 
 	t.Run("PlatformTokenAtRegistry", func(t *testing.T) {
-		cfg, _ := config(t, ns.ClientURL(), fmt.Sprintf("token = %q", e2eToken))
+		cfg, _ := config(t, ns.URL(), fmt.Sprintf("token = %q", e2eToken))
 		code, lines, _ := runCheck(t, cfg)
 		if code != exitFailure {
 			t.Fatalf("exit=%d, want 1; lines %q", code, lines)
@@ -114,7 +115,7 @@ func TestCheck(t *testing.T) {
 	})
 
 	t.Run("NATSUnreachable", func(t *testing.T) {
-		cfg, _ := config(t, "nats://"+freeAddr(t), tokens)
+		cfg, _ := config(t, "nats://127.0.0.1:1", tokens)
 		code, lines, stderr := runCheck(t, cfg)
 		if code != exitFailure {
 			t.Fatalf("exit=%d, want 1; lines %q; stderr %s", code, lines, stderr)
@@ -158,7 +159,7 @@ func TestCheck(t *testing.T) {
 	})
 
 	t.Run("PlatformUnreachable", func(t *testing.T) {
-		cfg := testConfig{simURL: "http://" + freeAddr(t), natsURL: ns.ClientURL(), dbPath: filepath.Join(t.TempDir(), "syncd.db"), credentials: tokens}.write(t)
+		cfg := testConfig{simURL: "http://127.0.0.1:1", natsURL: ns.URL(), dbPath: filepath.Join(t.TempDir(), "syncd.db"), credentials: tokens}.write(t)
 		code, lines, _ := runCheck(t, cfg, "--timeout", "1s")
 		if code != exitFailure {
 			t.Fatalf("exit=%d, want 1; lines %q", code, lines)

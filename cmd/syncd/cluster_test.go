@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // clusterTTL is the lease TTL of the cluster tests: short, so that a
@@ -189,26 +190,20 @@ func historyCarried(follower, leader *sql.DB) string {
 func waitSameMirror(t *testing.T, within time.Duration, followerPath, leaderPath string) {
 	t.Helper()
 	fdb, ldb := openReader(t, followerPath), openReader(t, leaderPath)
-	var last string
-	deadline := time.Now().Add(within)
-	for {
+	testutil.Eventually(t, within, func() error {
 		f, ferr := mirrorState(fdb)
 		l, lerr := mirrorState(ldb)
 		switch {
 		case ferr != nil || lerr != nil:
-			last = fmt.Sprintf("read mirrors: %v %v", ferr, lerr)
+			return fmt.Errorf("read mirrors: %v %v", ferr, lerr)
 		case f != l:
-			last = "mirrors differ:\nfollower:\n" + firstLines(f, 5) + "leader:\n" + firstLines(l, 5) + diffLines(f, l)
-		default:
-			if last = historyCarried(fdb, ldb); last == "" {
-				return
-			}
+			return fmt.Errorf("follower %s differs from the leader:\nfollower:\n%sleader:\n%s%s", followerPath, firstLines(f, 5), firstLines(l, 5), diffLines(f, l))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("follower %s never matched the leader after %s:\n%s", followerPath, within, last)
+		if diff := historyCarried(fdb, ldb); diff != "" {
+			return errors.New(diff)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func firstLines(s string, n int) string {
@@ -252,26 +247,21 @@ func TestCluster_Failover(t *testing.T) {
 	natsURL := startNATSProcess(t)
 	nodes := []*node{{name: "a", token: "tok-a-1f3c"}, {name: "b", token: "tok-b-7d2e"}, {name: "c", token: "tok-c-9a4b"}}
 	tokens := []string{nodes[0].token, nodes[1].token, nodes[2].token}
-	sim := platformsim.New(platformsim.Options{Seed: 53, Tokens: tokens})
-	sim.Populate(platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 4, Advisories: 4, PublicImages: -1})
 	counter := &requestCounter{count: map[string]int{}, first: map[string]time.Time{}}
-	srv := httptest.NewServer(counter.wrap(sim.Handler(), tokens))
-	t.Cleanup(srv.Close)
-	t.Cleanup(sim.Close)
-	sim.SetBaseURL(srv.URL)
+	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 53, Tokens: tokens},
+		platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 4, Advisories: 4, PublicImages: -1},
+		func(h http.Handler) http.Handler { return counter.wrap(h, tokens) })
 	dir := t.TempDir()
 	for _, n := range nodes {
 		n.dbPath = filepath.Join(dir, n.name+".db")
-		n.cfg = clusterNodeConfig(t, srv.URL, natsURL, n)
+		n.cfg = clusterNodeConfig(t, simURL, natsURL, n)
 	}
-	w := &world{t: t, sim: sim, simURL: srv.URL, natsURL: natsURL, baseline: map[string]int{}}
-	for uid, h := range sim.Truth().History {
-		w.baseline[uid] = len(h)
-	}
+	w := &world{t: t, sim: sim, simURL: simURL, natsURL: natsURL}
+	w.takeBaseline()
 
 	a, b, c := nodes[0], nodes[1], nodes[2]
 	a.start(t, "run")
-	waitFor(t, 30*time.Second, "a to lead and finish its baseline", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "a to lead and finish its baseline", func() bool {
 		return metaOf(a.dbPath, "role") == "leader" && metaOf(a.dbPath, "baseline_time") != ""
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -280,7 +270,7 @@ func TestCluster_Failover(t *testing.T) {
 	b.start(t, "run")
 	c.start(t, "run")
 	for _, n := range []*node{b, c} {
-		waitFor(t, 30*time.Second, n.name+" to follow as a standby", func() bool {
+		testutil.WaitFor(t, 30*time.Second, n.name+" to follow as a standby", func() bool {
 			return metaOf(n.dbPath, "role") == "standby" && metaOf(n.dbPath, "lease_holder") == "a" && metaOf(n.dbPath, "baseline_time") != ""
 		})
 	}
@@ -299,7 +289,7 @@ func TestCluster_Failover(t *testing.T) {
 	changes += len(sim.Step(3)) // changes while nobody leads
 
 	var leader, standby *node
-	waitFor(t, 4*clusterTTL, "a standby to take over", func() bool {
+	testutil.WaitFor(t, 4*clusterTTL, "a standby to take over", func() bool {
 		for _, n := range []*node{b, c} {
 			if metaOf(n.dbPath, "role") == "leader" {
 				leader = n
@@ -339,7 +329,7 @@ func TestCluster_Failover(t *testing.T) {
 
 	// A follower started late builds its mirror from the stream alone.
 	late := &node{name: "late", token: "no-platform-access", dbPath: filepath.Join(dir, "late.db")}
-	late.cfg = clusterNodeConfig(t, srv.URL, natsURL, late)
+	late.cfg = clusterNodeConfig(t, simURL, natsURL, late)
 	late.start(t, "follow")
 	waitSameMirror(t, 20*time.Second, late.dbPath, leader.dbPath)
 	if got := metaOf(late.dbPath, "role"); got != "follower" {

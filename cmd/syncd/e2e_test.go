@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 const e2eToken = "e2e-secret-token-4f1c"
@@ -21,12 +20,7 @@ const e2eToken = "e2e-secret-token-4f1c"
 // startSim serves a small simulated organization on a loopback port.
 func startSim(t *testing.T, seed int64, sc platformsim.Scale) (*platformsim.Sim, string) {
 	t.Helper()
-	sim := platformsim.New(platformsim.Options{Seed: seed, Tokens: []string{e2eToken}})
-	sim.Populate(sc)
-	srv := httptest.NewServer(sim.Handler())
-	t.Cleanup(srv.Close)
-	sim.SetBaseURL(srv.URL)
-	return sim, srv.URL
+	return testutil.Sim(t, platformsim.Options{Seed: seed, Tokens: []string{e2eToken}}, sc)
 }
 
 type cloudEvent struct {
@@ -51,9 +45,9 @@ type cloudEvent struct {
 // before and after digests, and the mirror holds the new history.
 func TestRun_EndToEnd(t *testing.T) {
 	sim, simURL := startSim(t, 7, platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 5, Advisories: 2})
-	ns := startNATS(t)
+	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "data", "syncd.db")
-	cfg := e2eConfig(t, simURL, ns.ClientURL(), dbPath, "@every 1s")
+	cfg := e2eConfig(t, simURL, ns.URL(), dbPath, "@every 1s")
 	ctx := context.Background()
 	d := startDaemon(t, cfg)
 	stderr := d.stderr
@@ -64,7 +58,7 @@ func TestRun_EndToEnd(t *testing.T) {
 		t.Fatalf("tags in mirror = %d (%v), want 9", tags, err)
 	}
 
-	js := connectJS(t, ns.ClientURL())
+	js := testutil.JetStream(t, ns.URL())
 	cons, err := js.OrderedConsumer(ctx, "SYNCD", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"syncd.>"}})
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +125,7 @@ func TestRun_EndToEnd(t *testing.T) {
 	// The mirror holds the moves: the tag's digest and its whole history.
 	var digest string
 	var history int
-	waitFor(t, 10*time.Second, "the mirror to show the new digest", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the mirror to show the new digest", func() bool {
 		db.QueryRow(`SELECT digest FROM tags WHERE uid = ?`, tag.UID).Scan(&digest)
 		return digest == d2
 	})
@@ -142,7 +136,7 @@ func TestRun_EndToEnd(t *testing.T) {
 		t.Errorf("history rows=%d, want %d", got, want)
 	}
 	var unpublished int
-	waitFor(t, 10*time.Second, "the outbox to drain", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the outbox to drain", func() bool {
 		db.QueryRow(`SELECT count(*) FROM events WHERE published_time IS NULL`).Scan(&unpublished)
 		return unpublished == 0
 	})
@@ -155,18 +149,6 @@ func TestRun_EndToEnd(t *testing.T) {
 	if strings.Contains(stderr.String(), e2eToken) {
 		t.Fatal("the platform token appears in the log")
 	}
-}
-
-// freeAddr returns a loopback address nothing listens on, for a config that
-// must name its listen address and sink URL before syncd starts.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // TestRun_PushReachesNATS: syncd registers its subscription, and a tag
@@ -186,33 +168,29 @@ func TestRun_StrictPushOfNestedDateTag(t *testing.T) { pushScenario(t, "@every 1
 
 func pushScenario(t *testing.T, schedule string, dropPushes, strict bool) {
 	const registryToken = "e2e-registry-token-77aa"
-	sim := platformsim.New(platformsim.Options{Seed: 21, Tokens: []string{e2eToken}, AllowHTTPSinks: true, Strict: strict, RegistryTokens: []string{registryToken}})
 	sc := platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 4}
 	if strict {
 		sc.DateTags, sc.NestedRepos = 1, 2
 	}
-	sim.Populate(sc)
-	srv := httptest.NewServer(sim.Handler())
-	defer srv.Close()
-	defer sim.Close()
-	sim.SetBaseURL(srv.URL)
-	ns := startNATS(t)
+	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 21, Tokens: []string{e2eToken}, AllowHTTPSinks: true, Strict: strict, RegistryTokens: []string{registryToken}}, sc)
+	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
-	addr := freeAddr(t)
-	cfg := testConfig{simURL: srv.URL, natsURL: ns.ClientURL(), dbPath: dbPath,
+	evLn := testutil.Listen(t)
+	addr := evLn.Addr().String()
+	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: dbPath,
 		crawl:       fmt.Sprintf("schedule = %q\nsweep_schedule = \"\"\nadvisories_schedule = \"\"\nsubscriptions_schedule = \"@every 1h\"\njitter = \"0s\"", schedule),
-		events:      fmt.Sprintf("listen = %q\nsink_url = \"http://%s/events\"\nissuer = %q", addr, addr, srv.URL),
+		events:      fmt.Sprintf("listen = %q\nsink_url = \"http://%s/events\"\nissuer = %q", addr, addr, simURL),
 		credentials: fmt.Sprintf("token = %q\nregistry_token = %q", e2eToken, registryToken),
 	}.write(t)
 	ctx := context.Background()
-	d := startDaemon(t, cfg)
+	d := startDaemon(t, cfg, evLn)
 	stderr := d.stderr
 	waitBaseline(t, dbPath, `SELECT count(*) FROM subscriptions WHERE deleted_time IS NULL`)
 	db := openReader(t, dbPath)
 	var runsBefore int
 	db.QueryRow(`SELECT count(*) FROM crawl_runs`).Scan(&runsBefore)
 
-	js := connectJS(t, ns.ClientURL())
+	js := testutil.JetStream(t, ns.URL())
 	cons, err := js.OrderedConsumer(ctx, "SYNCD", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"syncd.tag.moved.>"}, DeliverPolicy: jetstream.DeliverNewPolicy})
 	if err != nil {
 		t.Fatal(err)

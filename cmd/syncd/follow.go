@@ -3,15 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
-	"fmt"
-	"path/filepath"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/syncd-dev/syncd/internal/admin"
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/crawler"
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
 )
@@ -22,12 +20,7 @@ type followCommand struct {
 	flags commonFlags
 }
 
-func (c *followCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd follow", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd follow [--config FILE] [--log-level LEVEL]
+const followUsage = `Usage: syncd follow [--config FILE] [--log-level LEVEL]
 
 Keeps a mirror at [store] path from the event stream of a syncd leader
 ([nats] url, stream and subject_prefix), without any request to the
@@ -44,9 +37,10 @@ Examples:
   SYNCD_NATS_URL=nats://nats:4222 SYNCD_STORE_PATH=/srv/mirror.db syncd follow
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
+`
+
+func (c *followCommand) ParseFlags(args []string) error {
+	fs := c.m.flagSet("follow", followUsage, &c.flags)
 	return fs.Parse(args)
 }
 
@@ -59,23 +53,12 @@ func (c *followCommand) Run(ctx context.Context) error {
 		return usageError{&config.Error{Key: "nats.url", Msg: "required: syncd follow reads the stream of a leader's NATS server"}}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	st, err := store.Open(ctx, cfg.Store.Path, store.Options{Logger: log.With("part", "store")})
+	st, err := openStore(ctx, cfg, log, store.Options{})
 	if err != nil {
-		return fmt.Errorf("open mirror %s: %w", cfg.Store.Path, err)
+		return err
 	}
-	defer func() {
-		if err := st.Close(); err != nil {
-			log.Error("close mirror", "err", err)
-		}
-	}()
-	pcfg := publish.Config{
-		URL: cfg.NATS.URL, DataDir: filepath.Dir(cfg.Store.Path),
-		Credentials: cfg.NATS.Credentials, NKeySeed: cfg.NATS.NKeySeed, Token: cfg.NATS.Token,
-		User: cfg.NATS.User, Password: cfg.NATS.Password,
-		TLSCA: cfg.NATS.TLSCA, TLSCert: cfg.NATS.TLSCert, TLSKey: cfg.NATS.TLSKey,
-		SubjectPrefix: cfg.NATS.SubjectPrefix, Stream: cfg.NATS.Stream,
-		Logger: log.With("part", "publish"),
-	}
+	defer closeStore(st, log)
+	pcfg := natsConfig(cfg, log)
 	nc, err := publish.Dial(ctx, pcfg)
 	if err != nil {
 		return err
@@ -91,35 +74,26 @@ func (c *followCommand) Run(ctx context.Context) error {
 	case err != nil:
 		return err
 	}
-	if err := st.SetMeta(ctx, "role", cluster.RoleFollower); err != nil {
+	if err := cluster.RecordRole(ctx, st, cluster.RoleFollower, ""); err != nil {
 		return err
 	}
 	node := cfg.Cluster.Node()
 	f := newFollower(nc, st, cfg, node, log)
-	log.Info("syncd following", "version", version(), "mirror", cfg.Store.Path, "stream", cfg.NATS.Stream,
-		"consumer", cfg.Cluster.ConsumerName(node))
-
+	log.Info("syncd following", "version", version(), "mirror", cfg.Store.Path, "stream", cfg.NATS.Stream, "consumer", cfg.Cluster.ConsumerName(node))
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.Admin.Listen != "" {
 		m := admin.NewMetrics(version())
-		registerLag(m.Registry(), f)
-		m.GaugeFunc("syncd_nats_connected", "1 while the NATS connection is up.", func() float64 { return boolGauge(nc.NC.IsConnected()) })
-		checks := []admin.Check{
-			{Name: "database", Run: st.Writable},
-			{Name: "stream", Run: func(context.Context) error { return f.Err() }},
-			{Name: "nats", Run: func(context.Context) error {
-				if !nc.NC.IsConnected() {
-					return fmt.Errorf("not connected to NATS (%s)", nc.NC.Status())
-				}
-				return nil
-			}},
-		}
-		if err := serveAdmin(gctx, g, cfg.Admin.Listen, admin.Handler(m, checks), log); err != nil {
+		m.WatchLag(f.Lag)
+		m.WatchNATS(nc.NC)
+		checks := []admin.Check{{Name: "database", Run: st.Writable}, {Name: "stream", Run: func(context.Context) error { return f.Err() }}, admin.NATSCheck(nc.NC)}
+		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, admin.Handler(m, checks), log); err != nil {
 			return err
 		}
 	}
 	g.Go(func() error { return f.Run(gctx) })
-	g.Go(func() error { return pruneLoop(gctx, st, cfg.Store.EventRetention.Duration, log) })
+	g.Go(func() error {
+		return crawler.Scheduler{Logger: log}.Run(gctx, crawler.PruneJob(st, cfg.Store.EventRetention.Duration, log))
+	})
 	err = g.Wait()
 	log.Info("stopped following", "lag", f.Lag())
 	return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // TestFollow_WaitsForTheStream: a follower started before its leader has
@@ -20,9 +22,10 @@ import (
 // from the first event once a leader creates the stream: its mirror comes
 // to equal the leader's.
 func TestFollow_WaitsForTheStream(t *testing.T) {
-	ns := startNATS(t)
+	ns := testutil.NATS(t)
 	followerPath := filepath.Join(t.TempDir(), "follower.db")
-	adminAddr := freeAddr(t)
+	adminLn := testutil.Listen(t)
+	adminAddr := adminLn.Addr().String()
 	cfg := writeFile(t, "follow.toml", fmt.Sprintf(`[nats]
 url = %q
 
@@ -35,9 +38,9 @@ listen = %q
 [log]
 level = "debug"
 format = "json"
-`, ns.ClientURL(), followerPath, adminAddr))
+`, ns.URL(), followerPath, adminAddr))
 
-	follower := startCommand(t, "follow", "--config", cfg)
+	follower := startCommand(t, []net.Listener{adminLn}, "follow", "--config", cfg)
 
 	// readyz answers the readiness status and body; 0 until the admin
 	// listener is up.
@@ -52,7 +55,7 @@ format = "json"
 		ready = string(b)
 		return resp.StatusCode
 	}
-	waitFor(t, 10*time.Second, "/readyz to say the stream is missing", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "/readyz to say the stream is missing", func() bool {
 		return readyz() == http.StatusServiceUnavailable && strings.Contains(ready, "does not exist")
 	})
 	if !strings.Contains(ready, `"stream"`) || !strings.Contains(ready, "SYNCD") {
@@ -69,14 +72,14 @@ format = "json"
 	// after it, reach the follower.
 	sim, simURL := startSim(t, 41, platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 2, Advisories: 2})
 	leaderPath := filepath.Join(t.TempDir(), "leader.db")
-	leader := startDaemon(t, testConfig{simURL: simURL, natsURL: ns.ClientURL(), dbPath: leaderPath, initialEvents: "snapshot"}.write(t))
+	leader := startDaemon(t, testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: leaderPath, initialEvents: "snapshot"}.write(t))
 	waitBaseline(t, leaderPath)
 	sim.Advance(time.Second)
 	if err := sim.MoveTag(sim.Truth().Tags[0].UID, "sha256:"+strings.Repeat("7", 64)); err != nil {
 		t.Fatal(err)
 	}
 	waitSameMirror(t, 30*time.Second, followerPath, leaderPath)
-	waitFor(t, 10*time.Second, "/readyz to be ready", func() bool { return readyz() == http.StatusOK })
+	testutil.WaitFor(t, 10*time.Second, "/readyz to be ready", func() bool { return readyz() == http.StatusOK })
 
 	leader.stop(t)
 	follower.stop(t)
@@ -86,13 +89,13 @@ format = "json"
 // capture the subject prefix is a mistake to fix, not something to wait
 // for: syncd follow exits at once and says what is wrong.
 func TestFollow_StreamWithoutTheEvents(t *testing.T) {
-	ns := startNATS(t)
-	js := connectJS(t, ns.ClientURL())
+	ns := testutil.NATS(t)
+	js := testutil.JetStream(t, ns.URL())
 	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"other.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	cfg := writeFile(t, "follow.toml", fmt.Sprintf("[nats]\nurl = %q\n\n[store]\npath = %q\n\n[admin]\nlisten = \"\"\n",
-		ns.ClientURL(), filepath.Join(t.TempDir(), "follower.db")))
+		ns.URL(), filepath.Join(t.TempDir(), "follower.db")))
 	stderr := &syncBuffer{}
 	code := NewMain(&syncBuffer{}, stderr, nil).Run(context.Background(), []string{"follow", "--config", cfg})
 	if code == exitOK {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // testConfig writes a syncd configuration for a test: the simulator as the
@@ -85,18 +88,29 @@ type daemon struct {
 	stderr *syncBuffer
 }
 
-// startDaemon runs "syncd run --config cfg" until stop.
-func startDaemon(t *testing.T, cfg string) *daemon {
+// startDaemon runs "syncd run --config cfg" until stop, handing it lns.
+func startDaemon(t *testing.T, cfg string, lns ...net.Listener) *daemon {
 	t.Helper()
-	return startCommand(t, "run", "--config", cfg)
+	return startCommand(t, lns, "run", "--config", cfg)
 }
 
-// startCommand runs "syncd args..." until stop.
-func startCommand(t *testing.T, args ...string) *daemon {
+// startCommand runs "syncd args..." until stop. The command takes the
+// listeners lns (opened on :0 by testutil.Listen) for the addresses they
+// have, where its config names them.
+func startCommand(t *testing.T, lns []net.Listener, args ...string) *daemon {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &daemon{args: args, cancel: cancel, done: make(chan int, 1), stderr: &syncBuffer{}}
-	go func() { d.done <- NewMain(&syncBuffer{}, d.stderr, nil).Run(ctx, args) }()
+	m := NewMain(&syncBuffer{}, d.stderr, nil)
+	m.Listen = func(addr string) (net.Listener, error) {
+		for _, ln := range lns {
+			if ln.Addr().String() == addr {
+				return ln, nil
+			}
+		}
+		return net.Listen("tcp", addr)
+	}
+	go func() { d.done <- m.Run(ctx, args) }()
 	t.Cleanup(func() {
 		cancel()
 		<-d.done
@@ -134,7 +148,7 @@ func (d *daemon) stop(t *testing.T) {
 // extra condition (a SQL count that must be positive) when one is given.
 func waitBaseline(t *testing.T, dbPath string, extra ...string) {
 	t.Helper()
-	waitFor(t, 60*time.Second, "the baseline crawl", func() bool {
+	testutil.WaitFor(t, 60*time.Second, "the baseline crawl", func() bool {
 		if _, err := os.Stat(dbPath); err != nil {
 			return false
 		}

@@ -81,19 +81,13 @@ Flags:
 `
 
 func (c *identityCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd identity create", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
+	fs := c.m.flagSet("identity create", identityUsage, &c.flags)
 	fs.StringVar(&c.name, "name", "", "identity `name` (required); lowercase letters, digits, space, '.', '_' and '-' ("+identityNamePattern+")")
 	fs.StringVar(&c.issuer, "issuer", "", "`URL` of the OIDC issuer whose tokens the identity accepts (required), e.g. https://token.actions.githubusercontent.com")
 	fs.StringVar(&c.subject, "subject", "", "the `subject` the tokens carry in their \"sub\" claim, matched exactly (required), e.g. repo:acme/mirror:ref:refs/heads/main")
 	fs.StringVar(&c.description, "description", "", "free `text` shown next to the identity in the platform's console")
 	fs.StringVar(&c.role, "role", "viewer", "`name` of the role to bind; syncd only reads, so viewer is enough")
 	fs.StringVar(&c.group, "group", "", "root group `uid` to create the identity in (default: [platform] group)")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), identityUsage)
-		fs.PrintDefaults()
-	}
 	// "identity" has one action today; naming it leaves room for others
 	// (list, delete) without changing what "create" means.
 	switch {

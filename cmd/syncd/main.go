@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -39,6 +40,10 @@ func (e usageError) Unwrap() error { return e.err }
 type Main struct {
 	Stdout, Stderr io.Writer
 	Environ        []string
+	// Listen, when set, gives the listener for a configured address
+	// ([events] listen, [admin] listen, sim --addr) instead of listening on
+	// it: tests hand over listeners they opened on :0.
+	Listen func(addr string) (net.Listener, error)
 }
 
 // NewMain returns a Main writing to the given streams.

@@ -4,17 +4,11 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	_ "modernc.org/sqlite"
 )
@@ -35,66 +29,6 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// startNATS runs a NATS server with JetStream on a loopback port.
-func startNATS(t *testing.T) *server.Server {
-	t.Helper()
-	_, ns := startNATSRestartable(t)
-	return ns
-}
-
-// connectJS connects a test client to the NATS server at url, closed when
-// the test ends.
-func connectJS(t *testing.T, url string, opts ...nats.Option) jetstream.JetStream {
-	t.Helper()
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
-}
-
-// startNATSRestartable runs a NATS server and returns the options that
-// restart it on the same port and storage.
-func startNATSRestartable(t *testing.T) (server.Options, *server.Server) {
-	t.Helper()
-	opts := server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
-	ns := restartNATS(t, opts)
-	opts.Port = ns.Addr().(*net.TCPAddr).Port
-	return opts, ns
-}
-
-// restartNATS starts a NATS server with opts.
-func restartNATS(t *testing.T, opts server.Options) *server.Server {
-	t.Helper()
-	ns, err := server.NewServer(&opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	return ns
 }
 
 func writeFile(t *testing.T, name, body string) string {

@@ -5,11 +5,12 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -28,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // execMainEnv makes the test binary run as syncd itself, so crash tests can
@@ -35,17 +37,14 @@ import (
 const execMainEnv = "SYNCD_TEST_EXEC_MAIN"
 
 // execNATSEnv makes the test binary run as a NATS server with JetStream,
-// storing under the directory it names and listening on execNATSPortEnv:
-// tests that want a nats-server process of its own get one without a
-// download.
-const (
-	execNATSEnv     = "SYNCD_TEST_EXEC_NATS"
-	execNATSPortEnv = "SYNCD_TEST_EXEC_NATS_PORT"
-)
+// storing under the directory it names, on a loopback port it picks and
+// prints: tests that want a nats-server process of its own get one without
+// a download.
+const execNATSEnv = "SYNCD_TEST_EXEC_NATS"
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(execNATSEnv); dir != "" {
-		os.Exit(runNATSServer(dir, os.Getenv(execNATSPortEnv)))
+		os.Exit(runNATSServer(dir))
 	}
 	if os.Getenv(execMainEnv) == "1" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -56,15 +55,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// runNATSServer is the body of a nats-server process: it serves until
-// SIGTERM or SIGINT.
-func runNATSServer(dir, port string) int {
-	p, err := strconv.Atoi(port)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bad port:", port)
-		return 2
-	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: p, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+// runNATSServer is the body of a nats-server process: it prints its
+// client URL on a line of its own and serves until SIGTERM or SIGINT.
+func runNATSServer(dir string) int {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -74,6 +68,7 @@ func runNATSServer(dir, port string) int {
 		fmt.Fprintln(os.Stderr, "nats-server not ready")
 		return 1
 	}
+	fmt.Println(ns.ClientURL())
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
@@ -86,11 +81,13 @@ func runNATSServer(dir, port string) int {
 // loopback port and returns its URL; it stops with the test.
 func startNATSProcess(t *testing.T) string {
 	t.Helper()
-	addr := freeAddr(t)
-	_, port, _ := net.SplitHostPort(addr)
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), execNATSEnv+"="+t.TempDir(), execNATSPortEnv+"="+port)
+	cmd.Env = append(os.Environ(), execNATSEnv+"="+t.TempDir())
 	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -98,14 +95,22 @@ func startNATSProcess(t *testing.T) string {
 		cmd.Process.Signal(syscall.SIGTERM)
 		cmd.Wait()
 	})
-	waitFor(t, 15*time.Second, "the nats-server process to listen", func() bool {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
+	url := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		url <- strings.TrimSpace(line)
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case u := <-url:
+		if !strings.HasPrefix(u, "nats://") {
+			t.Fatalf("the nats-server process said %q, not its URL", u)
 		}
-		return err == nil
-	})
-	return "nats://" + addr
+		return u
+	case <-time.After(15 * time.Second):
+		t.Fatal("the nats-server process did not say its URL within 15s")
+		return ""
+	}
 }
 
 // trials is how many times a reliability scenario repeats: a few in
@@ -156,21 +161,20 @@ func (s statusCounter) Flush() {
 
 func newWorld(t *testing.T, seed int64, sc platformsim.Scale, natsURL string) *world {
 	t.Helper()
-	sim := platformsim.New(platformsim.Options{Seed: seed, Tokens: []string{e2eToken}})
-	sim.Populate(sc)
-	w := &world{t: t, sim: sim, natsURL: natsURL, dbPath: filepath.Join(t.TempDir(), "syncd.db"), baseline: map[string]int{}}
-	h := sim.Handler()
-	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(statusCounter{rw, w}, r)
-	}))
-	t.Cleanup(srv.Close)
-	t.Cleanup(sim.Close)
-	sim.SetBaseURL(srv.URL)
-	w.simURL = srv.URL
-	for uid, h := range sim.Truth().History {
+	w := &world{t: t, natsURL: natsURL, dbPath: filepath.Join(t.TempDir(), "syncd.db")}
+	w.sim, w.simURL = testutil.Sim(t, platformsim.Options{Seed: seed, Tokens: []string{e2eToken}}, sc, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { h.ServeHTTP(statusCounter{rw, w}, r) })
+	})
+	w.takeBaseline()
+	return w
+}
+
+// takeBaseline records how many history records each tag has now.
+func (w *world) takeBaseline() {
+	w.baseline = map[string]int{}
+	for uid, h := range w.sim.Truth().History {
 		w.baseline[uid] = len(h)
 	}
-	return w
 }
 
 // config writes syncd's configuration for this world: quick schedules,
@@ -284,10 +288,10 @@ type received struct {
 func consume(ctx context.Context, t *testing.T, natsURL string) *received {
 	t.Helper()
 	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, subjects: map[string]string{}, byType: map[string]int{}}
-	js := connectJS(t, natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	js := testutil.JetStream(t, natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	var stream jetstream.Stream
 	var err error
-	waitFor(t, 30*time.Second, "the SYNCD stream", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "the SYNCD stream", func() bool {
 		stream, err = js.Stream(ctx, "SYNCD")
 		return err == nil
 	})
@@ -368,24 +372,20 @@ func (w *world) converge(rcv *received, within time.Duration) {
 	w.t.Helper()
 	db := openReader(w.t, w.dbPath)
 	truth := w.sim.Truth()
-	var last string
-	deadline := time.Now().Add(within)
-	for {
-		last = mirrorDiff(db, truth)
-		if last == "" {
-			var unpublished int
-			db.QueryRow(`SELECT count(*) FROM events WHERE published_time IS NULL`).Scan(&unpublished)
-			if unpublished > 0 {
-				last = fmt.Sprintf("%d events unpublished", unpublished)
-			} else if last = w.movesDiff(rcv, truth); last == "" {
-				break
-			}
+	testutil.Eventually(w.t, within, func() error {
+		if diff := mirrorDiff(db, truth); diff != "" {
+			return errors.New(diff)
 		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("no convergence after %s:\n%s", within, last)
+		var unpublished int
+		db.QueryRow(`SELECT count(*) FROM events WHERE published_time IS NULL`).Scan(&unpublished)
+		if unpublished > 0 {
+			return fmt.Errorf("%d events unpublished", unpublished)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		if diff := w.movesDiff(rcv, truth); diff != "" {
+			return errors.New(diff)
+		}
+		return nil
+	})
 	var check string
 	if err := db.QueryRow(`PRAGMA integrity_check`).Scan(&check); err != nil || check != "ok" {
 		w.t.Fatalf("integrity_check: %q %v", check, err)
@@ -404,8 +404,8 @@ func changesOnly() platformsim.Rates {
 // endpoint at once, while the data changes, the mirror converges to the
 // ground truth and the consumer receives every move exactly once, in order.
 func TestReliability_FaultsWhileDataChanges(t *testing.T) {
-	ns := startNATS(t)
-	w := newWorld(t, 41, platformsim.Scale{Repos: 4, TagsPerRepo: 4, HistoryPerTag: 5, Advisories: 5, PublicImages: -1}, ns.ClientURL())
+	ns := testutil.NATS(t)
+	w := newWorld(t, 41, platformsim.Scale{Repos: 4, TagsPerRepo: 4, HistoryPerTag: 5, Advisories: 5, PublicImages: -1}, ns.URL())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := startDaemon(t, w.config())
@@ -434,8 +434,8 @@ func TestReliability_FaultsWhileDataChanges(t *testing.T) {
 // checks that it converges with nothing lost or duplicated and the
 // database intact.
 func TestReliability_CrashRecovery(t *testing.T) {
-	ns := startNATS(t)
-	w := newWorld(t, 43, platformsim.Scale{Repos: 5, TagsPerRepo: 4, HistoryPerTag: 30, Advisories: 5, PublicImages: -1}, ns.ClientURL())
+	ns := testutil.NATS(t)
+	w := newWorld(t, 43, platformsim.Scale{Repos: 5, TagsPerRepo: 4, HistoryPerTag: 30, Advisories: 5, PublicImages: -1}, ns.URL())
 	cfg := w.config()
 	rng := rand.New(rand.NewPCG(43, 7))
 	start := func() (*exec.Cmd, *syncBuffer) {
@@ -479,23 +479,22 @@ func TestReliability_CrashRecovery(t *testing.T) {
 // TestReliability_NATSOutage stops the NATS server while changes keep
 // coming, restarts it, and checks that nothing was lost.
 func TestReliability_NATSOutage(t *testing.T) {
-	nsOpts, ns := startNATSRestartable(t)
-	w := newWorld(t, 47, platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 5, PublicImages: -1}, ns.ClientURL())
+	ns := testutil.NATS(t)
+	w := newWorld(t, 47, platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 5, PublicImages: -1}, ns.URL())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := startDaemon(t, w.config())
 	waitBaseline(w.t, w.dbPath)
 	w.sim.SetRates(changesOnly())
 	changes := len(w.sim.Step(3))
-	ns.Shutdown()
-	ns.WaitForShutdown()
+	ns.Stop()
 	outage := outageLength()
 	deadline := time.Now().Add(outage)
 	for time.Now().Before(deadline) {
 		changes += len(w.sim.Step(1))
 		time.Sleep(200 * time.Millisecond) // changes keep coming while NATS is down
 	}
-	restartNATS(t, nsOpts)
+	ns.Start()
 	rcv := consume(ctx, t, w.natsURL)
 	w.converge(rcv, 60*time.Second)
 	t.Logf("NATS down %s; %d changes made; %d messages received, %d distinct events", outage, changes, rcv.total, len(rcv.ids))

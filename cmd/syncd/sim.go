@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
-	"net"
-	"net/http"
-	"strings"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
 )
@@ -28,27 +25,7 @@ type simCommand struct {
 	inclusiv bool
 }
 
-func (c *simCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd sim", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
-	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "`host:port` to serve the platform API and the registry on")
-	fs.Int64Var(&c.seed, "seed", 1, "seed of the generated organization and of its changes")
-	fs.StringVar(&c.token, "token", "sim-token", "platform bearer `token` the simulator accepts")
-	fs.StringVar(&c.regToken, "registry-token", "sim-registry-token", "registry `token` (the registry's audience) the simulator accepts")
-	fs.BoolVar(&c.strict, "strict", false, "behave as the vendor's service does: a platform token is refused at the registry, tag families hidden unless asked, protojson on the wire")
-	fs.IntVar(&c.scale.NestedRepos, "nested-repos", 0, "repos placed below subgroups (their registry path is charts/<name> and the like)")
-	fs.IntVar(&c.scale.DateTags, "date-tags", 0, "date-stamped tags (<version>-20yymmdd) per repo")
-	fs.IntVar(&c.scale.EpochTags, "epoch-tags", 0, "epoch tags (<version>-r<N>) per repo")
-	fs.IntVar(&c.scale.Repos, "repos", 20, "repos to generate")
-	fs.IntVar(&c.scale.TagsPerRepo, "tags-per-repo", 5, "tags per repo")
-	fs.IntVar(&c.scale.HistoryPerTag, "history-per-tag", 20, "history records per tag")
-	fs.IntVar(&c.scale.Advisories, "advisories", 50, "advisories to generate")
-	fs.DurationVar(&c.every, "change-every", 2*time.Second, "how often the data changes (0: never)")
-	fs.IntVar(&c.perStep, "changes", 2, "changes applied each time")
-	fs.BoolVar(&c.inclusiv, "history-start-inclusive", false, "treat the tag history start bound as inclusive (the spec leaves it open, so clients must cope with both)")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd sim [--addr HOST:PORT] [--seed N] [--token T] [sizes]
+const simUsage = `Usage: syncd sim [--addr HOST:PORT] [--seed N] [--token T] [sizes]
 
 Serves a simulator of the platform API v2 and the registry's tag history API
 on one port, with a generated organization whose tags move over time. Point
@@ -69,9 +46,25 @@ Examples:
   syncd sync --once
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
+`
+
+func (c *simCommand) ParseFlags(args []string) error {
+	fs := c.m.flagSet("sim", simUsage, &c.flags)
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "`host:port` to serve the platform API and the registry on")
+	fs.Int64Var(&c.seed, "seed", 1, "seed of the generated organization and of its changes")
+	fs.StringVar(&c.token, "token", "sim-token", "platform bearer `token` the simulator accepts")
+	fs.StringVar(&c.regToken, "registry-token", "sim-registry-token", "registry `token` (the registry's audience) the simulator accepts")
+	fs.BoolVar(&c.strict, "strict", false, "behave as the vendor's service does: a platform token is refused at the registry, tag families hidden unless asked, protojson on the wire")
+	fs.IntVar(&c.scale.NestedRepos, "nested-repos", 0, "repos placed below subgroups (their registry path is charts/<name> and the like)")
+	fs.IntVar(&c.scale.DateTags, "date-tags", 0, "date-stamped tags (<version>-20yymmdd) per repo")
+	fs.IntVar(&c.scale.EpochTags, "epoch-tags", 0, "epoch tags (<version>-r<N>) per repo")
+	fs.IntVar(&c.scale.Repos, "repos", 20, "repos to generate")
+	fs.IntVar(&c.scale.TagsPerRepo, "tags-per-repo", 5, "tags per repo")
+	fs.IntVar(&c.scale.HistoryPerTag, "history-per-tag", 20, "history records per tag")
+	fs.IntVar(&c.scale.Advisories, "advisories", 50, "advisories to generate")
+	fs.DurationVar(&c.every, "change-every", 2*time.Second, "how often the data changes (0: never)")
+	fs.IntVar(&c.perStep, "changes", 2, "changes applied each time")
+	fs.BoolVar(&c.inclusiv, "history-start-inclusive", false, "treat the tag history start bound as inclusive (the spec leaves it open, so clients must cope with both)")
 	return fs.Parse(args)
 }
 
@@ -84,28 +77,12 @@ func (c *simCommand) Run(ctx context.Context) error {
 	sim := platformsim.New(platformsim.Options{Seed: c.seed, Tokens: []string{c.token}, RegistryTokens: []string{c.regToken}, Strict: c.strict, StartInclusive: c.inclusiv,
 		Vendor: cfg.Platform.Vendor, PublicOrg: cfg.Platform.PublicOrg})
 	sim.Populate(c.scale)
-	ln, err := net.Listen("tcp", c.addr)
+	ln, err := c.m.listen(c.addr)
 	if err != nil {
 		return usageError{fmt.Errorf("--addr: %w", err)}
 	}
-	url := "http://" + ln.Addr().String()
-	if host, _, _ := net.SplitHostPort(c.addr); host == "" || strings.HasPrefix(host, "0.") {
-		url = "http://127.0.0.1:" + fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
-	}
-	sim.SetBaseURL(url)
-	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	if c.every > 0 {
-		go sim.Run(ctx, c.every, c.perStep)
-	}
-	go func() {
-		<-ctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		srv.Shutdown(shut)
-	}()
+	g, gctx := errgroup.WithContext(ctx)
+	url := serveSim(gctx, g, sim, ln, c.every, c.perStep)
 	log.Info("simulator serving", "url", url, "org", "acme", "root_group", "org1", "repos", c.scale.Repos)
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return g.Wait()
 }

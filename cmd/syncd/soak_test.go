@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // TestSoak runs syncd for SOAK_DURATION (make soak: 10 minutes) with
@@ -22,8 +23,8 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Skip("soak test: runs under make soak, which sets SOAK_DURATION (e.g. 10m)")
 	}
-	nsOpts, ns := startNATSRestartable(t)
-	w := newWorld(t, 53, platformsim.Scale{Repos: 20, TagsPerRepo: 5, HistoryPerTag: 50, Advisories: 20, PublicImages: -1}, ns.ClientURL())
+	ns := testutil.NATS(t)
+	w := newWorld(t, 53, platformsim.Scale{Repos: 20, TagsPerRepo: 5, HistoryPerTag: 50, Advisories: 20, PublicImages: -1}, ns.URL())
 	cfg := w.config()
 	rng := rand.New(rand.NewPCG(53, 1))
 	start := func() *exec.Cmd {
@@ -58,15 +59,14 @@ func TestSoak(t *testing.T) {
 				kills++
 				cmd = start()
 			case r < 4 && !outageDone:
-				ns.Shutdown()
-				ns.WaitForShutdown()
+				ns.Stop()
 				outage := outageLength()
 				stop := time.Now().Add(outage)
 				for time.Now().Before(stop) {
 					changes += len(w.sim.Step(1))
 					time.Sleep(500 * time.Millisecond)
 				}
-				ns = restartNATS(t, nsOpts)
+				ns.Start()
 				outageDone = true
 				t.Logf("NATS was down for %s", outage)
 			}

@@ -3,10 +3,9 @@ package main
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"encoding/json"
-	"flag"
 	"fmt"
+	"io"
 	"os"
 	"text/tabwriter"
 
@@ -20,13 +19,7 @@ type statusCommand struct {
 	json  bool
 }
 
-func (c *statusCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd status", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
-	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd status [--config FILE] [--json]
+const statusUsage = `Usage: syncd status [--config FILE] [--json]
 
 Reads the mirror directly (whether or not the daemon runs) and shows rows per
 table, the latest crawl and its outcome, and events waiting for JetStream.
@@ -36,12 +29,15 @@ Examples:
   syncd status --json | jq .unpublished_events
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
+`
+
+func (c *statusCommand) ParseFlags(args []string) error {
+	fs := c.m.flagSet("status", statusUsage, &c.flags)
+	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
 	return fs.Parse(args)
 }
 
+// statusReport is what "syncd status --json" prints.
 type statusReport struct {
 	Mirror        string           `json:"mirror"`
 	SchemaVersion int              `json:"schema_version"`
@@ -91,73 +87,37 @@ func (c *statusCommand) Run(ctx context.Context) error {
 		return err
 	}
 	defer st.Close()
-	rep := statusReport{Mirror: cfg.Store.Path, Tables: map[string]int64{}}
-	if rep.SchemaVersion, err = st.SchemaVersion(ctx); err != nil {
-		return err
-	}
-	db := st.Reader()
-	for _, t := range []string{"repos", "tags", "tag_history", "advisories", "subscriptions", "events", "crawl_runs"} {
-		var n int64
-		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+t).Scan(&n); err != nil {
-			return fmt.Errorf("count %s: %w", t, err)
-		}
-		rep.Tables[t] = n
-	}
-	// The latest run of each job.
-	rows, err := db.QueryContext(ctx, `SELECT job, started_time, finished_time, outcome, requests, changes, error FROM crawl_runs
-		WHERE id IN (SELECT MAX(id) FROM crawl_runs GROUP BY job) ORDER BY job`)
+	s, err := st.Status(ctx)
 	if err != nil {
 		return err
 	}
-	for rows.Next() {
-		var r runStatus
-		var fin, msg sql.NullString
-		if err := rows.Scan(&r.Job, &r.Started, &fin, &r.Outcome, &r.Requests, &r.Changes, &msg); err != nil {
-			rows.Close()
-			return err
-		}
-		r.Finished, r.Error = fin.String, msg.String
-		rep.Jobs = append(rep.Jobs, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	rows, err = db.QueryContext(ctx, `SELECT uid, group_uid, sink, synced_time, COALESCE(deleted_time, '') FROM subscriptions ORDER BY uid`)
-	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		var sub subStatus
-		if err := rows.Scan(&sub.UID, &sub.Group, &sub.Sink, &sub.Synced, &sub.Deleted); err != nil {
-			rows.Close()
-			return err
-		}
-		rep.Subscriptions = append(rep.Subscriptions, sub)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	if rep.Failures, err = st.Failures(ctx); err != nil {
-		return err
-	}
-	n, oldest, err := st.UnpublishedCount(ctx)
-	if err != nil {
-		return err
-	}
-	rep.UnpublishedEvents, rep.OldestUnpublished = n, store.FormatTime(oldest)
-	for key, v := range map[string]*string{"role": &rep.Role, "lease_holder": &rep.LeaseHolder, "follow_lag": &rep.FollowLag} {
-		if *v, err = st.Meta(ctx, key); err != nil {
-			return err
-		}
-	}
+	rep := newStatusReport(cfg.Store.Path, s)
 	if c.json {
 		enc := json.NewEncoder(c.m.Stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
-	w := tabwriter.NewWriter(c.m.Stdout, 0, 4, 2, ' ', 0)
+	return rep.print(c.m.Stdout)
+}
+
+func newStatusReport(mirror string, s store.Status) statusReport {
+	rep := statusReport{Mirror: mirror, SchemaVersion: s.SchemaVersion, Tables: s.Tables, Failures: s.Failures,
+		UnpublishedEvents: s.Unpublished, OldestUnpublished: store.FormatTime(s.OldestUnpublished),
+		Role: s.Role, LeaseHolder: s.LeaseHolder, FollowLag: s.FollowLag}
+	for _, r := range s.Runs {
+		rep.Jobs = append(rep.Jobs, runStatus{Job: r.Job, Started: store.FormatTime(r.Started), Finished: store.FormatTime(r.Finished),
+			Outcome: r.Outcome, Requests: r.Requests, Changes: int64(r.Changes), Error: r.Error})
+	}
+	for _, sub := range s.Subscriptions {
+		rep.Subscriptions = append(rep.Subscriptions, subStatus{UID: sub.UID, Group: sub.GroupUID, Sink: sub.Sink,
+			Synced: store.FormatTime(sub.Synced), Deleted: store.FormatTime(sub.Deleted)})
+	}
+	return rep
+}
+
+// print writes the report as a table.
+func (rep statusReport) print(out io.Writer) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "mirror\t%s (schema v%d)\n", rep.Mirror, rep.SchemaVersion)
 	if rep.Role != "" {
 		fmt.Fprintf(w, "role\t%s (lease holder: %s)\n", rep.Role, cmp.Or(rep.LeaseHolder, "none"))
@@ -165,7 +125,7 @@ func (c *statusCommand) Run(ctx context.Context) error {
 	if rep.FollowLag != "" {
 		fmt.Fprintf(w, "follower lag\t%s messages\n", rep.FollowLag)
 	}
-	for _, t := range []string{"repos", "tags", "tag_history", "advisories", "subscriptions", "events", "crawl_runs"} {
+	for _, t := range store.StatusTables {
 		fmt.Fprintf(w, "%s\t%d\n", t, rep.Tables[t])
 	}
 	if len(rep.Jobs) == 0 {
@@ -179,7 +139,7 @@ func (c *statusCommand) Run(ctx context.Context) error {
 	}
 	for _, f := range rep.Failures {
 		what := f.Path
-		if f.Kind == "tag" {
+		if f.Kind == store.FailureTag {
 			what += ":" + f.Tag
 		}
 		fmt.Fprintf(w, "failing %s\t%s: %s (%d attempts since %s, next %s)\n", f.Kind, what, f.Error, f.Attempts,

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"text/tabwriter"
 
@@ -17,13 +16,7 @@ type subscriptionsCommand struct {
 	remove bool
 }
 
-func (c *subscriptionsCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd subscriptions", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
-	fs.BoolVar(&c.remove, "remove", false, "delete syncd's subscriptions (those whose sink is [events] sink_url) instead of listing them")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd subscriptions [--config FILE] [--remove]
+const subscriptionsUsage = `Usage: syncd subscriptions [--config FILE] [--remove]
 
 Lists the event subscriptions on [platform] group whose sink is [events]
 sink_url, that is syncd's own; others' are never touched. With --remove,
@@ -38,9 +31,11 @@ Examples:
   syncd subscriptions --config syncd.toml --remove
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
+`
+
+func (c *subscriptionsCommand) ParseFlags(args []string) error {
+	fs := c.m.flagSet("subscriptions", subscriptionsUsage, &c.flags)
+	fs.BoolVar(&c.remove, "remove", false, "delete syncd's subscriptions (those whose sink is [events] sink_url) instead of listing them")
 	return fs.Parse(args)
 }
 
@@ -56,17 +51,16 @@ func (c *subscriptionsCommand) Run(ctx context.Context) error {
 		return usageError{fmt.Errorf("events.sink_url: not set, so syncd has no subscriptions to show")}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	st, err := store.Open(ctx, cfg.Store.Path, store.Options{Logger: log})
+	st, err := openStore(ctx, cfg, log, store.Options{})
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer closeStore(st, log)
 	client, err := newClient(cfg, log, nil)
 	if err != nil {
 		return usageError{err}
 	}
-	a := &app{cfg: cfg, log: log, store: st, client: client}
-	reg := a.registrar()
+	reg := newRegistrar(cfg, client, st, log)
 	if c.remove {
 		n, err := reg.Remove(ctx)
 		fmt.Fprintf(c.m.Stdout, "removed %d subscriptions\n", n)

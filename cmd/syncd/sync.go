@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -14,13 +14,7 @@ type syncCommand struct {
 	once  bool
 }
 
-func (c *syncCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd sync", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
-	fs.BoolVar(&c.once, "once", false, "crawl everything once, publish every resulting event, print a summary and exit (required, so that \"syncd sync\" alone is not mistaken for the daemon)")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd sync --once [--config FILE] [--log-level LEVEL]
+const syncUsage = `Usage: syncd sync --once [--config FILE] [--log-level LEVEL]
 
 Runs one full sweep (repos, tags, tag history, advisories, and deletions each
 confirmed by the platform), waits until every resulting event is acknowledged
@@ -38,9 +32,11 @@ Examples:
   */30 * * * * syncd sync --once --config /etc/syncd/syncd.toml 2>>/var/log/syncd-sync.log
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
+`
+
+func (c *syncCommand) ParseFlags(args []string) error {
+	fs := c.m.flagSet("sync", syncUsage, &c.flags)
+	fs.BoolVar(&c.once, "once", false, "crawl everything once, publish every resulting event, print a summary and exit (required, so that \"syncd sync\" alone is not mistaken for the daemon)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -59,7 +55,7 @@ func (c *syncCommand) Run(ctx context.Context) error {
 		return usageError{err}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	a, err := openApp(ctx, cfg, log)
+	a, err := openApp(ctx, cfg, log, slog.LevelDebug)
 	if err != nil {
 		return err
 	}

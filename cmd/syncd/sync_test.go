@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // TestSyncOnce_MirrorsGroundTruth runs "syncd sync --once" against a fresh
@@ -15,9 +16,9 @@ import (
 // row: repos, tags and every history record in order.
 func TestSyncOnce_MirrorsGroundTruth(t *testing.T) {
 	sim, simURL := startSim(t, 11, platformsim.Scale{Repos: 6, TagsPerRepo: 4, HistoryPerTag: 30, Advisories: 3})
-	ns := startNATS(t)
+	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
-	cfg := e2eConfig(t, simURL, ns.ClientURL(), dbPath, "@hourly")
+	cfg := e2eConfig(t, simURL, ns.URL(), dbPath, "@hourly")
 
 	code, stdout, stderr := runMain(context.Background(), "sync", "--once", "--config", cfg)
 	if code != exitOK {
@@ -101,9 +102,9 @@ func TestSyncOnce_MirrorsGroundTruth(t *testing.T) {
 // both forms, while nothing else runs.
 func TestStatus_ReportsTheMirror(t *testing.T) {
 	_, simURL := startSim(t, 12, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 3, Advisories: 2})
-	ns := startNATS(t)
+	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
-	cfg := e2eConfig(t, simURL, ns.ClientURL(), dbPath, "@hourly")
+	cfg := e2eConfig(t, simURL, ns.URL(), dbPath, "@hourly")
 	if code, _, stderr := runMain(context.Background(), "sync", "--once", "--config", cfg); code != exitOK {
 		t.Fatalf("sync: %s", stderr)
 	}

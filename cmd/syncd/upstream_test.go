@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // strictWorld is a world whose simulator behaves as the vendor's real
@@ -23,17 +23,9 @@ func strictWorld(t *testing.T, natsURL string, opts platformsim.Options, sc plat
 	t.Helper()
 	opts.Strict = true
 	opts.Tokens = []string{e2eToken} // the test's own admin calls only
-	sim := platformsim.New(opts)
-	sim.Populate(sc)
-	w := &world{t: t, sim: sim, natsURL: natsURL, dbPath: filepath.Join(t.TempDir(), "syncd.db"), baseline: map[string]int{}}
-	srv := httptest.NewServer(sim.Handler())
-	t.Cleanup(srv.Close)
-	t.Cleanup(sim.Close)
-	sim.SetBaseURL(srv.URL)
-	w.simURL = srv.URL
-	for uid, h := range sim.Truth().History {
-		w.baseline[uid] = len(h)
-	}
+	w := &world{t: t, natsURL: natsURL, dbPath: filepath.Join(t.TempDir(), "syncd.db")}
+	w.sim, w.simURL = testutil.Sim(t, opts, sc)
+	w.takeBaseline()
 	return w
 }
 
@@ -65,8 +57,8 @@ func createIdentity(t *testing.T, simURL, issuer, subject string) string {
 // ground truth row for row, and every move, in nested repos and in
 // date-stamped tags among them, reaches NATS once, in order.
 func TestRun_StrictPlatform(t *testing.T) {
-	ns := startNATS(t)
-	w := strictWorld(t, ns.ClientURL(), platformsim.Options{Seed: 17, ExchangeTokenTTL: 3 * time.Second},
+	ns := testutil.NATS(t)
+	w := strictWorld(t, ns.URL(), platformsim.Options{Seed: 17, ExchangeTokenTTL: 3 * time.Second},
 		platformsim.Scale{Repos: 6, TagsPerRepo: 2, HistoryPerTag: 3, Advisories: 6, DateTags: 1, EpochTags: 1, ReferrerTags: 1, NestedRepos: 4})
 	const subject = "system:serviceaccount:syncd:syncd"
 	identity := createIdentity(t, w.simURL, w.sim.ExternalIssuer(), subject)
@@ -78,13 +70,13 @@ func TestRun_StrictPlatform(t *testing.T) {
 		return tok
 	}
 	tokenFile := writeFile(t, "external-token", rotate())
-	cfg := testConfig{simURL: w.simURL, natsURL: ns.ClientURL(), dbPath: w.dbPath,
+	cfg := testConfig{simURL: w.simURL, natsURL: ns.URL(), dbPath: w.dbPath,
 		credentials: fmt.Sprintf("identity = %q\nidentity_token_file = %q\nsts_url = %q", identity, tokenFile, w.simURL),
 		crawl:       "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0\ntag_families = [\"dates\", \"epochs\", \"referrers\"]"}.write(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := startDaemon(t, cfg)
-	rcv := consume(ctx, t, ns.ClientURL())
+	rcv := consume(ctx, t, ns.URL())
 	waitBaseline(t, w.dbPath)
 
 	truth := w.sim.Truth()
@@ -132,7 +124,7 @@ func TestRun_StrictPlatform(t *testing.T) {
 
 	db := openReader(t, w.dbPath)
 	var mdiff, ediff string
-	waitFor(t, 60*time.Second, "the mirror and the events to match the truth", func() bool {
+	testutil.WaitFor(t, 60*time.Second, "the mirror and the events to match the truth", func() bool {
 		truth := w.sim.Truth()
 		mdiff, ediff = mirrorDiff(db, truth), w.movesDiff(rcv, truth)
 		return mdiff == "" && ediff == ""
@@ -189,15 +181,16 @@ func TestRun_FailingReposShown(t *testing.T) {
 		platformsim.Fault{Name: "broken", Image: "acme/" + gone.Path, Status: http.StatusNotFound},
 		platformsim.Fault{Name: "broken", Image: "acme/" + denied.Path, Status: http.StatusForbidden},
 	)
-	ns := startNATS(t)
+	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
-	adminAddr := freeAddr(t)
-	cfg := testConfig{simURL: simURL, natsURL: ns.ClientURL(), dbPath: dbPath, adminListen: adminAddr, initialEvents: "snapshot",
+	adminLn := testutil.Listen(t)
+	adminAddr := adminLn.Addr().String()
+	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: dbPath, adminListen: adminAddr, initialEvents: "snapshot",
 		crawl: "schedule = \"@every 1h\"\njitter = \"0s\"\nrequests_per_second = 0.0"}.write(t)
-	d := startDaemon(t, cfg)
+	d := startDaemon(t, cfg, adminLn)
 	waitBaseline(t, dbPath)
 	var body string
-	waitFor(t, 20*time.Second, "every event published and the failures shown", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "every event published and the failures shown", func() bool {
 		_, body = httpGet(t, "http://"+adminAddr+"/metrics")
 		created, _ := metricValue(body, `syncd_events_published_total{type="tag.created"}`)
 		failing, _ := metricValue(body, `syncd_crawl_failures{kind="tag"}`)

@@ -2,11 +2,10 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +34,9 @@ type FollowerConfig struct {
 	// OnBatch, when set, is called after every fetch with how many events
 	// were applied and how many messages the consumer still has pending.
 	OnBatch func(applied int, pending uint64)
+	// Meta, when set, records the pending count as follow_lag whenever it
+	// changes, where "syncd status" reads it.
+	Meta Meta
 }
 
 // Follower applies the event stream to a mirror through a durable
@@ -52,8 +54,10 @@ type Follower struct {
 	// while fetches succeed.
 	state atomic.Pointer[followState]
 	// cons is created on first use; Run and CatchUp are never called
-	// concurrently, so it needs no lock.
+	// concurrently, so it and recorded need no lock.
 	cons jetstream.Consumer
+	// recorded is the lag last recorded in Meta; -1: none yet.
+	recorded int64
 }
 
 // NewFollower returns a follower of js's stream into mirror.
@@ -67,7 +71,7 @@ func NewFollower(js jetstream.JetStream, mirror Mirror, cfg FollowerConfig) *Fol
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	f := &Follower{js: js, mirror: mirror, cfg: cfg, log: cfg.Logger}
+	f := &Follower{js: js, mirror: mirror, cfg: cfg, log: cfg.Logger, recorded: -1}
 	f.state.Store(&followState{errors.New("not following yet: no fetch has completed")})
 	return f
 }
@@ -175,7 +179,7 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		if md, err := m.Metadata(); err == nil {
 			pending, known = md.NumPending, true
 		}
-		ev, err := decode(m.Data())
+		ev, err := publish.Decode(m.Data())
 		if err != nil {
 			// Never redelivered: it would fail the same way forever.
 			f.log.Error("not a syncd event; skipping it", "subject", m.Subject(), "err", err)
@@ -212,29 +216,20 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		pending = info.NumPending
 	}
 	f.lag.Store(pending)
+	f.recordLag(pending)
 	if f.cfg.OnBatch != nil {
 		f.cfg.OnBatch(applied, pending)
 	}
 	return applied, pending, nil
 }
 
-// cloudEvent is the part of a syncd CloudEvent a follower needs.
-type cloudEvent struct {
-	ID      string          `json:"id"`
-	Type    string          `json:"type"`
-	Subject string          `json:"subject"`
-	Time    time.Time       `json:"time"`
-	Data    json.RawMessage `json:"data"`
-}
-
-func decode(b []byte) (store.StreamEvent, error) {
-	var ce cloudEvent
-	if err := json.Unmarshal(b, &ce); err != nil {
-		return store.StreamEvent{}, fmt.Errorf("decode CloudEvent: %w", err)
+// recordLag records the lag in Meta when it changed.
+func (f *Follower) recordLag(pending uint64) {
+	if f.cfg.Meta == nil || int64(pending) == f.recorded {
+		return
 	}
-	typ, ok := strings.CutPrefix(ce.Type, publish.TypePrefix)
-	if !ok || ce.ID == "" || ce.Subject == "" || len(ce.Data) == 0 {
-		return store.StreamEvent{}, fmt.Errorf("CloudEvent %q of type %q is not a syncd event", ce.ID, ce.Type)
+	f.recorded = int64(pending)
+	if err := f.cfg.Meta.SetMeta(context.Background(), "follow_lag", strconv.FormatUint(pending, 10)); err != nil {
+		f.log.Warn("record follower lag", "err", err)
 	}
-	return store.StreamEvent{ID: ce.ID, Type: typ, Subject: ce.Subject, Time: ce.Time, Data: ce.Data}, nil
 }

@@ -2,7 +2,9 @@
 // lease in a NATS KV bucket elects the one replica that crawls and
 // publishes, and a follower applies the event stream to a replica's own
 // mirror, so that standbys take over warm and analysts anywhere get a
-// mirror without touching the upstream.
+// mirror without touching the upstream. The leader's duties and their
+// shutdown (lead.go) are the same with one replica: "syncd run" without
+// cluster mode runs them directly.
 package cluster
 
 import (
@@ -10,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
@@ -80,6 +83,19 @@ func (l *Lease) State() LeaseState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.state
+}
+
+// LeaderOnly answers with h only while this replica leads: a standby's 503
+// makes the platform deliver again, to the leader when the sink address
+// points at whichever replica leads.
+func (l *Lease) LeaderOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if !l.IsLeader() {
+			http.Error(w, "standby: not the leader", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, req)
+	})
 }
 
 // IsLeader reports whether this replica holds the lease.

@@ -6,11 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 const ttl = 2 * time.Second
@@ -19,25 +18,7 @@ const ttl = 2 * time.Second
 // returns a JetStream context connected to it.
 func mustJetStream(t *testing.T) jetstream.JetStream {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return testutil.JetStream(t, testutil.NATS(t).URL())
 }
 
 // runLease starts a lease for node and returns it with a function that
@@ -62,23 +43,12 @@ func runLease(t *testing.T, js jetstream.JetStream, node string) (*cluster.Lease
 	return l, stop
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestLease_OneLeaderAndHandover(t *testing.T) {
 	js := mustJetStream(t)
 	a, stopA := runLease(t, js, "a")
-	waitFor(t, ttl, "a to lead", a.IsLeader)
+	testutil.WaitFor(t, ttl, "a to lead", a.IsLeader)
 	b, _ := runLease(t, js, "b")
-	waitFor(t, ttl, "b to see a as the holder", func() bool { return b.Holder() == "a" })
+	testutil.WaitFor(t, ttl, "b to see a as the holder", func() bool { return b.Holder() == "a" })
 	// Through several of a's renewals (each a new revision of the key) a
 	// still leads and b still stands by.
 	kv, err := js.KeyValue(context.Background(), "lease")
@@ -93,7 +63,7 @@ func TestLease_OneLeaderAndHandover(t *testing.T) {
 		return e.Revision()
 	}
 	first := revision()
-	waitFor(t, 3*ttl, "three renewals by a", func() bool {
+	testutil.WaitFor(t, 3*ttl, "three renewals by a", func() bool {
 		if !a.IsLeader() || b.IsLeader() || b.Holder() != "a" {
 			t.Fatalf("between renewals: a leader=%v, b leader=%v, b sees %q; want only a", a.IsLeader(), b.IsLeader(), b.Holder())
 		}
@@ -101,7 +71,7 @@ func TestLease_OneLeaderAndHandover(t *testing.T) {
 	})
 	stopA() // deletes the key at its revision
 	start := time.Now()
-	waitFor(t, ttl, "b to take over after a released", b.IsLeader)
+	testutil.WaitFor(t, ttl, "b to take over after a released", b.IsLeader)
 	if took := time.Since(start); took > ttl/2 {
 		t.Errorf("takeover after a release took %s, want well under the TTL %s", took, ttl)
 	}
@@ -124,8 +94,8 @@ func TestLease_TakeoverAfterExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	written := time.Now()
-	waitFor(t, ttl, "b to see the crashed holder", func() bool { return !b.IsLeader() && b.Holder() == "crashed" })
-	waitFor(t, 3*ttl, "b to take over after the expiry", b.IsLeader)
+	testutil.WaitFor(t, ttl, "b to see the crashed holder", func() bool { return !b.IsLeader() && b.Holder() == "crashed" })
+	testutil.WaitFor(t, 3*ttl, "b to take over after the expiry", b.IsLeader)
 	if took := time.Since(written); took < ttl-ttl/4 || took > 2*ttl {
 		t.Errorf("takeover %s after the last write, want after the TTL %s and within two", took, ttl)
 	}
@@ -134,7 +104,7 @@ func TestLease_TakeoverAfterExpiry(t *testing.T) {
 func TestLease_StepDownOnFailedRenewal(t *testing.T) {
 	js := mustJetStream(t)
 	a, _ := runLease(t, js, "a")
-	waitFor(t, ttl, "a to lead", a.IsLeader)
+	testutil.WaitFor(t, ttl, "a to lead", a.IsLeader)
 	kv, err := js.KeyValue(context.Background(), "lease")
 	if err != nil {
 		t.Fatal(err)
@@ -143,11 +113,11 @@ func TestLease_StepDownOnFailedRenewal(t *testing.T) {
 	if _, err := kv.Put(context.Background(), "leader", []byte("intruder")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ttl, "a to step down", func() bool { return !a.IsLeader() })
+	testutil.WaitFor(t, ttl, "a to step down", func() bool { return !a.IsLeader() })
 	select {
 	case <-a.Changes():
 	default:
 		t.Error("no change signalled on stepping down")
 	}
-	waitFor(t, ttl, "a to see the intruder as holder", func() bool { return a.Holder() == "intruder" })
+	testutil.WaitFor(t, ttl, "a to see the intruder as holder", func() bool { return a.Holder() == "intruder" })
 }

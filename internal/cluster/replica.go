@@ -3,7 +3,9 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 )
 
@@ -27,17 +29,50 @@ type Replica struct {
 	Lead func(ctx context.Context) error
 	// OnRole, when set, is told the role and the lease holder on every change.
 	OnRole func(role, holder string)
+	// Meta, when set, records the role and the lease holder on every
+	// change, where "syncd status" reads them.
+	Meta   Meta
 	Logger *slog.Logger
+
+	mu      sync.Mutex
+	current string
 }
+
+// Meta is where a replica records its role and a follower its lag, for
+// "syncd status": the mirror's meta table.
+type Meta interface {
+	SetMeta(ctx context.Context, key, value string) error
+}
+
+// RecordRole records role and the lease holder in m.
+func RecordRole(ctx context.Context, m Meta, role, holder string) error {
+	if err := m.SetMeta(ctx, "role", role); err != nil {
+		return fmt.Errorf("record role: %w", err)
+	}
+	if err := m.SetMeta(ctx, "lease_holder", holder); err != nil {
+		return fmt.Errorf("record lease holder: %w", err)
+	}
+	return nil
+}
+
+// Role is the replica's current role: standby until it leads.
+func (r *Replica) Role() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.current == "" {
+		return RoleStandby
+	}
+	return r.current
+}
+
+// IsLeader reports whether the replica holds the lease.
+func (r *Replica) IsLeader() bool { return r.Lease.IsLeader() }
 
 // Run campaigns for the lease and runs the role it gives until ctx is done.
 // The lease is released last, after Lead returned, so that what the leader
 // does at shutdown (publishing what it committed) happens under the lease.
 func (r *Replica) Run(ctx context.Context) error {
-	log := r.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := r.logger()
 	leaseCtx, stopLease := context.WithCancel(context.WithoutCancel(ctx))
 	leaseDone := make(chan error, 1)
 	go func() { leaseDone <- r.Lease.Run(leaseCtx) }()
@@ -143,8 +178,25 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 	return err
 }
 
+// role takes role and records it.
 func (r *Replica) role(role, holder string) {
+	r.mu.Lock()
+	r.current = role
+	r.mu.Unlock()
+	if r.Meta != nil {
+		if err := RecordRole(context.Background(), r.Meta, role, holder); err != nil {
+			r.logger().Warn("record the cluster role", "err", err)
+		}
+	}
+	r.logger().Info("cluster role", "role", role, "holder", holder, "node", r.Lease.cfg.Node)
 	if r.OnRole != nil {
 		r.OnRole(role, holder)
 	}
+}
+
+func (r *Replica) logger() *slog.Logger {
+	if r.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Logger
 }

@@ -1,6 +1,8 @@
 // Package crawler walks the platform on a schedule and feeds what it reads
 // to the store: repos of the configured group, the tags of each repo, and
-// the history of every tag whose digest or update time changed.
+// the history of every tag whose digest or update time changed. Its jobs,
+// and the one scheduler every scheduled job of syncd runs on, are in
+// jobs.go.
 package crawler
 
 import (
@@ -8,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"path"
 	"sync"
 	"sync/atomic"
@@ -116,78 +117,6 @@ type Summary struct {
 	Duration time.Duration
 }
 
-// Job is extra scheduled work, such as reconciling the event subscription.
-type Job struct {
-	Name     string
-	Schedule cron.Schedule
-	Run      func(ctx context.Context) error
-}
-
-// Run runs every job but the sweep once at start (the extra jobs first),
-// and then every job on its schedule until ctx is done. A job still running when it is due
-// again skips that run; a panic in a job is logged and the schedule goes on.
-func (c *Crawler) Run(ctx context.Context, extra ...Job) error {
-	logger := cronLogger{c.log}
-	sched := cron.New(cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)), cron.WithLogger(logger))
-	// Extra jobs run first at start: the event subscription should be in
-	// place before a long first crawl, so pushes are not missed meanwhile.
-	var jobs []Job
-	for _, j := range extra {
-		run := j.Run
-		j.Run = func(ctx context.Context) error {
-			start := c.cfg.Now()
-			err := run(ctx)
-			if c.cfg.OnRun != nil {
-				c.cfg.OnRun(j.Name, outcomeOf(ctx, err, Summary{}), Summary{Duration: c.cfg.Now().Sub(start)}, c.cfg.Now())
-			}
-			return err
-		}
-		jobs = append(jobs, j)
-	}
-	jobs = append(jobs,
-		Job{"crawl", c.cfg.Schedule, func(ctx context.Context) error { _, err := c.Sync(ctx); return err }},
-		Job{"sweep", c.cfg.SweepSchedule, func(ctx context.Context) error { _, err := c.Sweep(ctx); return err }},
-		Job{"advisories", c.cfg.AdvisoriesSchedule, func(ctx context.Context) error { _, err := c.SyncAdvisories(ctx); return err }},
-	)
-	for _, j := range jobs {
-		if j.Schedule == nil {
-			continue
-		}
-		sched.Schedule(j.Schedule, cron.FuncJob(func() {
-			if c.cfg.Jitter > 0 {
-				t := time.NewTimer(rand.N(c.cfg.Jitter))
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return
-				case <-t.C:
-				}
-			}
-			c.runLogged(ctx, j)
-		}))
-	}
-	sched.Start()
-	started := c.cfg.Now()
-	for _, j := range jobs {
-		if j.Schedule == nil || j.Name == "sweep" {
-			continue
-		}
-		if j.Name == "advisories" && c.AdvisoriesListedSince(started) {
-			// The run is recorded (crawl_runs, metrics, freshness) as what
-			// it is: the advisories are in the mirror, and it cost nothing.
-			c.log.Info("advisories were listed by the baseline crawl; their job starts with its schedule")
-			j.Run = func(ctx context.Context) error {
-				_, err := c.recordRun(ctx, "advisories", func(*summary) error { return nil })
-				return err
-			}
-		}
-		c.runLogged(ctx, j)
-	}
-	<-ctx.Done()
-	<-sched.Stop().Done()
-	return nil
-}
-
 // AdvisoriesListedSince reports whether a crawl listed every advisory at t
 // or later, as the baseline crawl of an empty mirror does: a start of syncd
 // then has no need to list them again at once.
@@ -195,33 +124,24 @@ func (c *Crawler) AdvisoriesListedSince(t time.Time) bool {
 	return c.advisoriesListed.Load() >= t.UnixNano()
 }
 
-func (c *Crawler) runLogged(ctx context.Context, j Job) {
-	if ctx.Err() != nil {
-		return
-	}
-	if err := j.Run(ctx); err != nil && ctx.Err() == nil {
-		c.log.Error(j.Name+" failed", "err", err)
-	}
-}
-
 // Sync runs one incremental crawl: repos, their tags, and the history of
 // the tags that changed. It records the run in crawl_runs.
 func (c *Crawler) Sync(ctx context.Context) (Summary, error) {
-	return c.recordRun(ctx, "crawl", func(s *summary) error { return c.crawl(ctx, s, false) })
+	return c.recordRun(ctx, JobCrawl, func(s *summary) error { return c.crawl(ctx, s, false) })
 }
 
 // Sweep lists everything, like Sync, and also records deletions: a repo or
 // tag the mirror holds that a finished listing did not show, and for which
 // a Get answered 404. A listing that failed deletes nothing.
 func (c *Crawler) Sweep(ctx context.Context) (Summary, error) {
-	return c.recordRun(ctx, "sweep", func(s *summary) error {
+	return c.recordRun(ctx, JobSweep, func(s *summary) error {
 		return c.crawl(ctx, s, true)
 	})
 }
 
 // SyncAdvisories lists the advisories into the store.
 func (c *Crawler) SyncAdvisories(ctx context.Context) (Summary, error) {
-	return c.recordRun(ctx, "advisories", func(s *summary) error { return c.advisories(ctx, s, false) })
+	return c.recordRun(ctx, JobAdvisories, func(s *summary) error { return c.advisories(ctx, s, false) })
 }
 
 // recordRun runs one job under the crawl lock and records it in crawl_runs.
@@ -720,14 +640,6 @@ func (c *Crawler) storeRepo(ctx context.Context, r platform.Repo) (store.Repo, e
 func storeTag(t platform.Tag) store.Tag {
 	return store.Tag{UID: t.UID, Name: t.Name, Digest: t.Digest, Deprecated: t.Deprecated, Bundles: t.Bundles,
 		CreateTime: t.CreateTime, UpdateTime: t.UpdateTime, Raw: t.Raw}
-}
-
-// cronLogger adapts slog to cron.Logger.
-type cronLogger struct{ log *slog.Logger }
-
-func (l cronLogger) Info(msg string, kv ...any) { l.log.Debug("cron: "+msg, kv...) }
-func (l cronLogger) Error(err error, msg string, kv ...any) {
-	l.log.Error("cron: "+msg, append(kv, "err", err)...)
 }
 
 // outcomeOf names how a job ended, as crawl_runs records it.

@@ -2,9 +2,9 @@ package crawler_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,6 +17,7 @@ import (
 	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 const token = "crawler-test-token"
@@ -36,18 +37,19 @@ func newHarness(t *testing.T, sc platformsim.Scale) *harness {
 // newHarnessWith is newHarness with the crawler's config adjusted by mutate.
 func newHarnessWith(t *testing.T, sc platformsim.Scale, mutate func(*crawler.Config)) *harness {
 	t.Helper()
-	sim := platformsim.New(platformsim.Options{Seed: 3, Tokens: []string{token}})
-	sim.Populate(sc)
-	srv := httptest.NewServer(sim.Handler())
-	t.Cleanup(srv.Close)
-	t.Cleanup(sim.Close)
-	sim.SetBaseURL(srv.URL)
+	sim, url := testutil.Sim(t, platformsim.Options{Seed: 3, Tokens: []string{token}}, sc)
+	return harnessOn(t, sim, url, mutate)
+}
+
+// harnessOn is a mirror and a crawler of the simulator sim served at url.
+func harnessOn(t *testing.T, sim *platformsim.Sim, url string, mutate func(*crawler.Config)) *harness {
+	t.Helper()
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "syncd.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	client, err := platform.New(platform.Config{BaseURL: srv.URL, RegistryURL: srv.URL, Token: platform.StaticToken(token),
+	client, err := platform.New(platform.Config{BaseURL: url, RegistryURL: url, Token: platform.StaticToken(token),
 		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", MaxRetryTime: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -257,42 +259,33 @@ func TestSync_PublicImagesFollowedAnonymously(t *testing.T) {
 // and deleted upstream. The sweep must record no duplicates and no false
 // deletions: afterwards the mirror's live repos equal the ground truth.
 func TestSweep_ListingChangesUnderIt(t *testing.T) {
-	sim := platformsim.New(platformsim.Options{Seed: 9, Tokens: []string{token}})
-	sim.Populate(platformsim.Scale{Repos: 450, TagsPerRepo: 1, HistoryPerTag: 1, PublicImages: -1})
 	var (
 		mu      sync.Mutex
 		armed   bool
 		tripped int
+		sim     *platformsim.Sim
 	)
-	h := sim.Handler()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(w, r)
-		mu.Lock()
-		defer mu.Unlock()
-		if armed && r.URL.Path == "/registry/v2/repos" && r.URL.Query().Get("page_token") == "" {
-			// Right after the first page: the token expires and the
-			// organization changes before the next page is asked for.
-			armed = false
-			tripped++
-			sim.Advance(73 * time.Hour)
-			truth := sim.Truth()
-			sim.Apply(platformsim.Mutation{Kind: platformsim.RepoDeleted, UID: truth.Repos[len(truth.Repos)-1].UID})
-			sim.Apply(platformsim.Mutation{Kind: platformsim.RepoCreated, Name: "newcomer"})
-		}
-	}))
-	t.Cleanup(srv.Close)
-	t.Cleanup(sim.Close)
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "syncd.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
+	disturb := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h.ServeHTTP(w, r)
+			mu.Lock()
+			defer mu.Unlock()
+			if armed && r.URL.Path == "/registry/v2/repos" && r.URL.Query().Get("page_token") == "" {
+				// Right after the first page: the token expires and the
+				// organization changes before the next page is asked for.
+				armed = false
+				tripped++
+				sim.Advance(73 * time.Hour)
+				truth := sim.Truth()
+				sim.Apply(platformsim.Mutation{Kind: platformsim.RepoDeleted, UID: truth.Repos[len(truth.Repos)-1].UID})
+				sim.Apply(platformsim.Mutation{Kind: platformsim.RepoCreated, Name: "newcomer"})
+			}
+		})
 	}
-	t.Cleanup(func() { st.Close() })
-	client, err := platform.New(platform.Config{BaseURL: srv.URL, RegistryURL: srv.URL, Token: platform.StaticToken(token),
-		Organization: "acme", Vendor: "chainguard", MaxRetryTime: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := crawler.New(client, st, crawler.Config{Group: "org1", Concurrency: 8})
+	sim, url := testutil.Sim(t, platformsim.Options{Seed: 9, Tokens: []string{token}},
+		platformsim.Scale{Repos: 450, TagsPerRepo: 1, HistoryPerTag: 1, PublicImages: -1}, disturb)
+	h := harnessOn(t, sim, url, func(cfg *crawler.Config) { cfg.Concurrency = 8 })
+	c, st := h.crawler, h.store
 	ctx := context.Background()
 	if _, err := c.Sweep(ctx); err != nil {
 		t.Fatal(err)
@@ -410,22 +403,18 @@ func TestRun_FirstStartListsAdvisoriesOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.Eventually(t, 20*time.Second, func() error {
 		mu.Lock()
-		crawl, adv := runs["crawl"], runs["advisories"]
-		mu.Unlock()
-		if crawl != "" && adv != "" {
-			if crawl != "ok" || adv != "ok" {
-				t.Fatalf("start runs: crawl %s, advisories %s; want ok and ok", crawl, adv)
-			}
-			break
+		defer mu.Unlock()
+		crawl, adv := runs[crawler.JobCrawl], runs[crawler.JobAdvisories]
+		if crawl == "" || adv == "" {
+			return fmt.Errorf("start runs not done: crawl %q, advisories %q", crawl, adv)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("start runs not done within 20s: crawl %q, advisories %q", crawl, adv)
+		if crawl != "ok" || adv != "ok" {
+			t.Fatalf("start runs: crawl %s, advisories %s; want ok and ok", crawl, adv)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // TestConnect_CheckStreamOnly is manage_stream = false: a missing stream is
@@ -83,7 +84,7 @@ func TestConnect_CheckStreamOnlyNamedAccount(t *testing.T) {
 		o.Accounts = []*server.Account{team}
 		o.Users = []*server.User{{Username: "syncd", Password: "hunter2", Account: team}}
 	})
-	acc, err := srv.ns.LookupAccount("TEAM")
+	acc, err := srv.Server.LookupAccount("TEAM")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,10 +155,10 @@ func TestConnect_Auth(t *testing.T) {
 			}
 			tc.client(&cfg)
 			conn := mustConnect(t, cfg)
-			srv.stop()
-			waitFor(t, 5*time.Second, func() (bool, string) { return !conn.NC.IsConnected(), "still connected" })
-			srv.start()
-			waitFor(t, 10*time.Second, func() (bool, string) { return conn.NC.IsConnected(), "not reconnected" })
+			srv.Stop()
+			testutil.WaitFor(t, 5*time.Second, "the disconnection", func() bool { return !conn.NC.IsConnected() })
+			srv.Start()
+			testutil.WaitFor(t, 10*time.Second, "the reconnection", func() bool { return conn.NC.IsConnected() })
 			conn.Close()
 			out := logs.String()
 			for _, want := range []string{"NATS connected", "NATS disconnected", "NATS reconnected", "NATS connection closed"} {

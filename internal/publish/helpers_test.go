@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // testPrefix and testStream are the subject prefix and stream of every test.
@@ -30,60 +30,22 @@ var baseTime = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // testServer is an embedded nats-server with JetStream on a loopback port,
 // which a test can stop and start again on the same port and storage.
-type testServer struct {
-	tb       testing.TB
-	storeDir string
-	port     int
-	mutate   func(*server.Options)
-	ns       *server.Server
-}
+type testServer struct{ *testutil.NATSServer }
 
 // startServer starts a server; mutate, when set, adjusts its options (auth,
 // TLS, limits).
-func startServer(tb testing.TB, mutate func(*server.Options)) *testServer {
+func startServer(tb testing.TB, mutate func(*server.Options)) testServer {
 	tb.Helper()
-	s := &testServer{tb: tb, storeDir: tb.TempDir(), port: -1, mutate: mutate}
-	s.start()
-	tb.Cleanup(s.stop)
-	return s
-}
-
-func (s *testServer) options() *server.Options {
-	o := &server.Options{Host: "127.0.0.1", Port: s.port, JetStream: true, StoreDir: s.storeDir, NoSigs: true, NoLog: true}
-	if s.mutate != nil {
-		s.mutate(o)
+	if mutate == nil {
+		return testServer{testutil.NATS(tb)}
 	}
-	return o
+	return testServer{testutil.NATS(tb, mutate)}
 }
-
-func (s *testServer) start() {
-	s.tb.Helper()
-	ns, err := server.NewServer(s.options())
-	if err != nil {
-		s.tb.Fatalf("new NATS server: %v", err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		s.tb.Fatalf("NATS server on port %d not ready in 10s", s.port)
-	}
-	s.ns = ns
-	s.port = ns.Addr().(*net.TCPAddr).Port
-}
-
-func (s *testServer) stop() {
-	if s.ns != nil {
-		s.ns.Shutdown()
-		s.ns.WaitForShutdown()
-		s.ns = nil
-	}
-}
-
-func (s *testServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.port) }
 
 // config is the publish.Config of a test connecting to s.
-func (s *testServer) config(log *slog.Logger) publish.Config {
+func (s testServer) config(log *slog.Logger) publish.Config {
 	return publish.Config{
-		URL: s.url(), SubjectPrefix: testPrefix, Stream: testStream, MaxAge: time.Hour, DuplicateWindow: 10 * time.Minute,
+		URL: s.URL(), SubjectPrefix: testPrefix, Stream: testStream, MaxAge: time.Hour, DuplicateWindow: 10 * time.Minute,
 		Source: testSource, Logger: log, ReconnectMaxWait: 500 * time.Millisecond,
 	}
 }
@@ -297,33 +259,17 @@ func consumeAll(tb testing.TB, js jetstream.JetStream, want int) []received {
 	return got
 }
 
-// waitFor polls cond until it holds, failing the test at the deadline with
-// what cond last said.
-func waitFor(tb testing.TB, timeout time.Duration, cond func() (bool, string)) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("not within %s: %s", timeout, why)
-		}
-		<-t.C
-	}
-}
-
-// unpublished is a waitFor condition: the outbox is empty.
-func unpublished(tb testing.TB, st *store.Store) func() (bool, string) {
-	return func() (bool, string) {
+// unpublished is a testutil.Eventually condition: the outbox is empty.
+func unpublished(tb testing.TB, st *store.Store) func() error {
+	return func() error {
 		n, _, err := st.UnpublishedCount(context.Background())
 		if err != nil {
 			tb.Fatalf("count unpublished: %v", err)
 		}
-		return n == 0, fmt.Sprintf("%d events unpublished", n)
+		if n > 0 {
+			return fmt.Errorf("%d events unpublished", n)
+		}
+		return nil
 	}
 }
 

@@ -2,7 +2,6 @@ package publish
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,14 +43,13 @@ const (
 type Relay struct {
 	js          jetstream.JetStream
 	outbox      Outbox
-	prefix      string
-	source      string
+	format      Format
 	log         *slog.Logger
 	batch       int
 	maxInFlight int
-	// OnPublished, when set, is called for every acknowledged event, from
+	// onPublished, when set, is called for every acknowledged event, from
 	// the relay's goroutine.
-	OnPublished func(store.Event)
+	onPublished func(store.Event)
 }
 
 // RelayOption tunes a Relay.
@@ -64,13 +62,19 @@ func WithBatch(n int) RelayOption { return func(r *Relay) { r.batch = max(n, 1) 
 // events read but not yet acknowledged to four times as many.
 func WithMaxInFlight(n int) RelayOption { return func(r *Relay) { r.maxInFlight = max(n, 1) } }
 
+// WithOnPublished has fn called for every event JetStream acknowledged, from
+// the relay's goroutine: the observer of what was published (metrics, logs).
+func WithOnPublished(fn func(store.Event)) RelayOption {
+	return func(r *Relay) { r.onPublished = fn }
+}
+
 // NewRelay returns a relay from outbox to js.
 func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOption) *Relay {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Relay{js: js, outbox: outbox, prefix: cfg.SubjectPrefix, source: cfg.Source, log: log, batch: DefaultBatch, maxInFlight: DefaultMaxInFlight}
+	r := &Relay{js: js, outbox: outbox, format: cfg.Format(), log: log, batch: DefaultBatch, maxInFlight: DefaultMaxInFlight}
 	for _, o := range opts {
 		o(r)
 	}
@@ -78,97 +82,8 @@ func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOp
 	return r
 }
 
-// CloudEvent is an event in CloudEvents 1.0 structured JSON mode.
-type CloudEvent struct {
-	SpecVersion     string          `json:"specversion"`
-	ID              string          `json:"id"`
-	Source          string          `json:"source"`
-	Type            string          `json:"type"`
-	Subject         string          `json:"subject,omitempty"`
-	Time            string          `json:"time,omitempty"`
-	DataContentType string          `json:"datacontenttype"`
-	Data            json.RawMessage `json:"data"`
-}
-
-// TypePrefix begins every CloudEvents type syncd emits: dev.syncd.tag.moved.
-const TypePrefix = "dev.syncd."
-
-// ContentType is the message content type of the CloudEvents NATS binding's
-// structured mode.
-const ContentType = "application/cloudevents+json"
-
 // Message encodes e as the JetStream message the relay publishes.
-func (r *Relay) Message(e store.Event) *nats.Msg {
-	// The header keys are in canonical form already, which spares
-	// Header.Set's canonicalization.
-	return &nats.Msg{
-		Subject: Subject(r.prefix, e.Resource, e.Action, e.Scope),
-		Header:  nats.Header{"Content-Type": []string{ContentType}, jetstream.MsgIDHeader: []string{e.ID}},
-		Data:    encodeEvent(r.source, e),
-	}
-}
-
-// encodeEvent returns what json.Marshal(CloudEvent{...}) would, faster:
-// the attributes are plain ASCII in practice, which appendJSONString copies
-// as they are, and data is spliced in without re-encoding, since the store
-// wrote it with json.Marshal (compact and valid). Marshalling a RawMessage
-// would scan and copy it again for every event, and encoding is most of the
-// relay's own cost per event. FuzzEncodeEvent checks the equivalence.
-func encodeEvent(source string, e store.Event) []byte {
-	data := []byte(e.Data)
-	if len(data) == 0 {
-		data = []byte("null")
-	}
-	b := make([]byte, 0, 192+len(e.ID)+len(source)+len(e.Type)+len(e.Subject)+len(data))
-	b = append(b, `{"specversion":"1.0","id":`...)
-	b = appendJSONString(b, e.ID)
-	b = append(b, `,"source":`...)
-	b = appendJSONString(b, source)
-	b = append(b, `,"type":`...)
-	if plainJSON(e.Type) {
-		b = append(b, `"`+TypePrefix...)
-		b = append(b, e.Type...)
-		b = append(b, '"')
-	} else {
-		b = appendJSONString(b, TypePrefix+e.Type)
-	}
-	if e.Subject != "" {
-		b = append(b, `,"subject":`...)
-		b = appendJSONString(b, e.Subject)
-	}
-	if !e.Time.IsZero() {
-		// store.FormatTime, without its string: the layout is plain ASCII.
-		b = append(b, `,"time":"`...)
-		b = e.Time.UTC().AppendFormat(b, store.TimeFormat)
-		b = append(b, '"')
-	}
-	b = append(b, `,"datacontenttype":"application/json","data":`...)
-	b = append(b, data...)
-	return append(b, '}')
-}
-
-// appendJSONString appends s as a JSON string, exactly as encoding/json
-// writes it: printable ASCII other than '"', '\\', '<', '>' and '&' goes as
-// it is; anything else takes the encoding/json path.
-func appendJSONString(b []byte, s string) []byte {
-	if !plainJSON(s) {
-		q, _ := json.Marshal(s) // a string always marshals
-		return append(b, q...)
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
-}
-
-// plainJSON reports whether encoding/json writes s as it is between quotes.
-func plainJSON(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			return false
-		}
-	}
-	return true
-}
+func (r *Relay) Message(e store.Event) *nats.Msg { return r.format.Message(e) }
 
 // Run relays until ctx is done: it drains the outbox, then waits for the
 // store to commit new events (or a minute, whichever is first). Failures
@@ -431,8 +346,8 @@ func (p *relayPass) acknowledged(e store.Event) {
 		p.marks <- p.acked
 		p.acked = make([]int64, 0, markBatch)
 	}
-	if p.r.OnPublished != nil {
-		p.r.OnPublished(e)
+	if p.r.onPublished != nil {
+		p.r.onPublished(e)
 	}
 	if q := p.lanes[e.Subject]; len(q) > 0 {
 		next := q[0]

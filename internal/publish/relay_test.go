@@ -15,6 +15,7 @@ import (
 
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // expectedEvent is an event a test caused, described independently of the
@@ -253,10 +254,10 @@ func TestRelay_NATSOutage(t *testing.T) {
 	startRelay(t, publish.NewRelay(conn.JS, st, cfg))
 
 	p.addRepos(ctx, "before", 5, 4)
-	waitFor(t, 10*time.Second, unpublished(t, st))
+	testutil.Eventually(t, 10*time.Second, unpublished(t, st))
 
-	srv.stop()
-	waitFor(t, 5*time.Second, func() (bool, string) { return !conn.NC.IsConnected(), "client still connected" })
+	srv.Stop()
+	testutil.WaitFor(t, 5*time.Second, "the client to see the disconnection", func() bool { return !conn.NC.IsConnected() })
 	// Changes keep coming during an outage of about three seconds.
 	tagUIDs := []string{p.tags[p.repos[0].UID][0].UID, p.tags[p.repos[1].UID][1].UID}
 	outage := time.NewTicker(100 * time.Millisecond)
@@ -270,9 +271,9 @@ func TestRelay_NATSOutage(t *testing.T) {
 	if n, _, _ := st.UnpublishedCount(ctx); n == 0 {
 		t.Fatal("no events waited for the server during the outage")
 	}
-	srv.start()
+	srv.Start()
 
-	waitFor(t, 30*time.Second, unpublished(t, st))
+	testutil.Eventually(t, 30*time.Second, unpublished(t, st))
 	stored := storedEvents(t, st)
 	assertExactlyOnceInOrder(t, consumeAll(t, conn.JS, len(stored)), stored)
 	for _, want := range []string{"NATS disconnected", "NATS reconnected"} {
@@ -298,25 +299,24 @@ func TestRelay_ServerKilledMidBatch(t *testing.T) {
 		p.updateAll(ctx)
 	}
 
-	relay := publish.NewRelay(conn.JS, st, cfg)
 	acked := make(chan struct{})
 	var n atomic.Int64
-	relay.OnPublished = func(store.Event) {
+	relay := publish.NewRelay(conn.JS, st, cfg, publish.WithOnPublished(func(store.Event) {
 		if n.Add(1) == 1000 {
 			close(acked)
 		}
-	}
+	}))
 	startRelay(t, relay)
 	<-acked
-	srv.stop()
+	srv.Stop()
 	// Acknowledgements that were on their way when the server stopped still
 	// count; what matters is that many publishes were cut.
 	if cut, total := n.Load(), len(storedEvents(t, st)); cut >= int64(total)*3/4 {
 		t.Fatalf("%d of %d events acknowledged before the server stopped; the test cut too little", cut, total)
 	}
-	srv.start()
+	srv.Start()
 
-	waitFor(t, 30*time.Second, unpublished(t, st))
+	testutil.Eventually(t, 30*time.Second, unpublished(t, st))
 	stored := storedEvents(t, st)
 	assertExactlyOnceInOrder(t, consumeAll(t, conn.JS, len(stored)), stored)
 }
@@ -333,10 +333,10 @@ func TestRelay_WakesOnCommit(t *testing.T) {
 	startRelay(t, publish.NewRelay(conn.JS, st, cfg))
 
 	p.addRepos(ctx, "first", 1, 1)
-	waitFor(t, 5*time.Second, unpublished(t, st))
+	testutil.Eventually(t, 5*time.Second, unpublished(t, st))
 	for i := range 3 {
 		p.moveAll(ctx, 1)
-		waitFor(t, 5*time.Second, unpublished(t, st))
+		testutil.Eventually(t, 5*time.Second, unpublished(t, st))
 		if got, want := len(storedEvents(t, st)), 2+i+1; got != want {
 			t.Fatalf("events = %d, want %d", got, want)
 		}
@@ -414,7 +414,7 @@ func TestRelay_CommitsDuringAPass(t *testing.T) {
 	if commits != 500 {
 		t.Fatalf("made %d moves, want 500", commits)
 	}
-	waitFor(t, 20*time.Second, unpublished(t, st))
+	testutil.Eventually(t, 20*time.Second, unpublished(t, st))
 	if n := len(storedEvents(t, st)); n != want {
 		t.Fatalf("store has %d events, want %d", n, want)
 	}

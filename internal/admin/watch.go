@@ -1,0 +1,147 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/syncd-dev/syncd/internal/events"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// The series and checks here read the other parts at scrape time, through
+// the small interfaces below: the parts know nothing of Prometheus.
+
+// Outbox is what the outbox series read.
+type Outbox interface {
+	UnpublishedCount(ctx context.Context) (int, time.Time, error)
+}
+
+// FailureLister lists the repos and tags whose reads failed.
+type FailureLister interface {
+	// FailureCounts counts the recorded failures by kind.
+	FailureCounts(ctx context.Context) (map[string]int, error)
+}
+
+// WatchOutbox exports the outbox's backlog: how many events wait for
+// JetStream, and how old the oldest is.
+func (m *Metrics) WatchOutbox(o Outbox) {
+	m.GaugeFunc("syncd_outbox_unpublished_events", "Events committed but not yet acknowledged by JetStream.", func() float64 {
+		n, _, err := o.UnpublishedCount(context.Background())
+		if err != nil {
+			return -1
+		}
+		return float64(n)
+	})
+	m.GaugeFunc("syncd_outbox_oldest_unpublished_age_seconds", "Age of the oldest event waiting for JetStream (0: none).", func() float64 {
+		_, oldest, err := o.UnpublishedCount(context.Background())
+		if err != nil || oldest.IsZero() {
+			return 0
+		}
+		return time.Since(oldest).Seconds()
+	})
+}
+
+// WatchFailures exports how many repos and tags are failing, by kind.
+func (m *Metrics) WatchFailures(f FailureLister) {
+	for _, kind := range []string{"repo", "tag"} {
+		m.GaugeFuncWith("syncd_crawl_failures", "Repos and tags whose reads failed and are retried with backoff (syncd status lists them).",
+			prometheus.Labels{"kind": kind}, func() float64 {
+				counts, err := f.FailureCounts(context.Background())
+				if err != nil {
+					return -1
+				}
+				return float64(counts[kind])
+			})
+	}
+}
+
+// WatchNATS exports whether the NATS connection is up.
+func (m *Metrics) WatchNATS(nc *nats.Conn) {
+	m.GaugeFunc("syncd_nats_connected", "1 while the NATS connection is up.", func() float64 { return boolGauge(nc.IsConnected()) })
+}
+
+// WatchReceiver exports the webhook receiver's counts.
+func (m *Metrics) WatchReceiver(s *events.Stats) {
+	for outcome, v := range map[string]*atomic.Int64{"accepted": &s.Accepted, "duplicate": &s.Duplicate, "ignored": &s.Ignored, "unknown": &s.Unknown} {
+		m.CounterFunc("syncd_webhooks_received_total", "Verified pushed events by outcome.", prometheus.Labels{"outcome": outcome}, func() float64 { return float64(v.Load()) })
+	}
+	for _, reason := range events.RejectReasons() {
+		m.CounterFunc("syncd_webhooks_rejected_total", "Pushed events rejected, by reason.", prometheus.Labels{"reason": reason},
+			func() float64 { return float64(s.RejectedCount(reason)) })
+	}
+}
+
+// Replica is what the cluster series read of a replica in cluster mode.
+type Replica interface {
+	Role() string
+	IsLeader() bool
+}
+
+// WatchReplica exports the replica's role among roles, and whether it
+// holds the leader lease.
+func (m *Metrics) WatchReplica(r Replica, roles ...string) {
+	for _, role := range roles {
+		m.GaugeFuncWith("syncd_cluster_role", "1 for the replica's current role.", prometheus.Labels{"role": role},
+			func() float64 { return boolGauge(r.Role() == role) })
+	}
+	m.GaugeFunc("syncd_cluster_leader", "1 while this replica holds the leader lease.", func() float64 { return boolGauge(r.IsLeader()) })
+}
+
+// WatchLag exports how far a follower is behind the stream.
+func (m *Metrics) WatchLag(lag func() uint64) {
+	m.GaugeFunc("syncd_follower_lag_events", "Messages the follower's consumer has pending.", func() float64 { return float64(lag()) })
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// NATSCheck is the readiness check of the NATS connection.
+func NATSCheck(nc *nats.Conn) Check {
+	return Check{Name: "nats", Run: func(context.Context) error {
+		if !nc.IsConnected() {
+			return fmt.Errorf("not connected to NATS (%s)", nc.Status())
+		}
+		return nil
+	}}
+}
+
+// FreshnessCheck is the readiness check that no job is overdue. It checks
+// only while active says so (nil: always): in cluster mode only the leader
+// crawls, so only the leader can be stale.
+func FreshnessCheck(f *Freshness, active func() bool) Check {
+	return Check{Name: "freshness", Run: func(context.Context) error {
+		if active != nil && !active() {
+			return nil
+		}
+		stale := f.Stale()
+		if len(stale) == 0 {
+			return nil
+		}
+		var parts []string
+		for job, age := range stale {
+			parts = append(parts, fmt.Sprintf("%s last succeeded %s ago", job, age.Round(time.Second)))
+		}
+		sort.Strings(parts)
+		return errors.New(strings.Join(parts, "; "))
+	}}
+}
+
+// Observe records a finished run of job: a completed one (ok, or partial,
+// whose failed scopes are retried on their own) makes the job fresh.
+func (f *Freshness) Observe(job, outcome string, finished time.Time) {
+	if store.RunCompleted(outcome) {
+		f.Succeeded(job, finished)
+	}
+}

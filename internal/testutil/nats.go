@@ -1,0 +1,81 @@
+package testutil
+
+import (
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATSServer is a NATS server with JetStream on a loopback port, which a
+// test can stop and start again on the same port and storage.
+type NATSServer struct {
+	// Server is the running server; nil while stopped.
+	Server *server.Server
+	tb     testing.TB
+	opts   server.Options
+}
+
+// NATS starts a NATS server with JetStream on a loopback port the system
+// picks, storing under a temporary directory, until the test ends; mutate,
+// when given, adjusts its options (accounts, TLS, limits).
+func NATS(tb testing.TB, mutate ...func(*server.Options)) *NATSServer {
+	tb.Helper()
+	s := &NATSServer{tb: tb, opts: server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
+		StoreDir: tb.TempDir(), NoLog: true, NoSigs: true}}
+	for _, m := range mutate {
+		m(&s.opts)
+	}
+	s.Start()
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// URL is the server's client URL; it stays the same across a restart.
+func (s *NATSServer) URL() string { return fmt.Sprintf("nats://%s:%d", s.opts.Host, s.opts.Port) }
+
+// Start starts the server again after Stop, on the same port and storage.
+func (s *NATSServer) Start() {
+	s.tb.Helper()
+	opts := s.opts // the server keeps and changes what it is given
+	ns, err := server.NewServer(&opts)
+	if err != nil {
+		s.tb.Fatalf("new NATS server: %v", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		s.tb.Fatalf("NATS server on port %d not ready in 10s", s.opts.Port)
+	}
+	s.Server = ns
+	s.opts.Port = ns.Addr().(*net.TCPAddr).Port
+}
+
+// Stop shuts the server down and waits until it has.
+func (s *NATSServer) Stop() {
+	if s.Server != nil {
+		s.Server.Shutdown()
+		s.Server.WaitForShutdown()
+		s.Server = nil
+	}
+}
+
+// JetStream connects a client to the NATS server at url, closed when the
+// test ends.
+func JetStream(tb testing.TB, url string, opts ...nats.Option) jetstream.JetStream {
+	tb.Helper()
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return js
+}

@@ -1,0 +1,78 @@
+// Package testutil is what syncd's tests share: waiting for a condition by
+// polling it, loopback listeners on :0, and the platform simulator served
+// over HTTP. Tests only import it.
+package testutil
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/platformsim"
+)
+
+// Eventually polls cond every 20ms until it returns nil, and fails tb with
+// cond's last error once within has passed.
+func Eventually(tb testing.TB, within time.Duration, cond func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("not within %s: %v", within, err)
+		}
+		<-tick.C
+	}
+}
+
+// WaitFor polls cond until it holds, failing tb after within with what was
+// awaited.
+func WaitFor(tb testing.TB, within time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	Eventually(tb, within, func() error {
+		if cond() {
+			return nil
+		}
+		return errors.New("waiting for " + what)
+	})
+}
+
+// Listen listens on a loopback port the system picks, until the test ends.
+// A test that must name an address before its server starts passes the
+// listener itself, so no other process can take the port in between.
+func Listen(tb testing.TB) net.Listener {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// Sim populates a simulator with sc and serves it on a loopback port until
+// the test ends; wrap, when given, wraps its handler (to count or break
+// requests). It returns the simulator and its URL, which is also the
+// simulator's own base URL.
+func Sim(tb testing.TB, opts platformsim.Options, sc platformsim.Scale, wrap ...func(http.Handler) http.Handler) (*platformsim.Sim, string) {
+	tb.Helper()
+	sim := platformsim.New(opts)
+	sim.Populate(sc)
+	h := sim.Handler()
+	for _, w := range wrap {
+		h = w(h)
+	}
+	srv := httptest.NewServer(h)
+	tb.Cleanup(srv.Close)
+	tb.Cleanup(sim.Close)
+	sim.SetBaseURL(srv.URL)
+	return sim, srv.URL
+}
