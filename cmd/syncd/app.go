@@ -214,6 +214,21 @@ func openStore(ctx context.Context, cfg config.Config, log *slog.Logger, opts st
 	return st, nil
 }
 
+// lockMirror takes the mirror's lock for this process, as command, before
+// anything opens it: one process writes a mirror (and the embedded NATS
+// store beside it) at a time. The lock goes with the process.
+func lockMirror(cfg config.Config, command string, log *slog.Logger) (release func(), err error) {
+	l, err := store.LockMirror(cfg.Store.Path, command)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		if err := l.Release(); err != nil {
+			log.Error("release the mirror's lock", "err", err)
+		}
+	}, nil
+}
+
 func closeStore(st *store.Store, log *slog.Logger) error {
 	err := st.Close()
 	if err != nil {

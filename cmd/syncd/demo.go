@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,9 +24,18 @@ const (
 	demoRegistryToken = "demo-registry-token"
 )
 
+// demoNATSListen is where the demo's embedded NATS server listens, so that
+// "nats sub" from another shell reaches it.
+const demoNATSListen = "127.0.0.1:4222"
+
 // startDemo starts the simulator on a loopback port with data that changes
 // every few seconds, and points cfg at it and at an embedded NATS server.
 func startDemo(ctx context.Context, g *errgroup.Group, cfg *config.Config, log *slog.Logger) error {
+	// The ports first: a demo that cannot run must not have replaced the
+	// mirror of one that does.
+	if err := demoPortsFree(*cfg); err != nil {
+		return err
+	}
 	if err := resetDemoMirror(ctx, cfg.Store.Path); err != nil {
 		return err
 	}
@@ -58,7 +68,7 @@ func demoConfig(cfg *config.Config, url string) {
 	p.Group, p.Organization = "org1", "acme"
 	def := config.Default()
 	if cfg.NATS.URL == "" {
-		orDemo(&cfg.NATS.Listen, "", "127.0.0.1:4222")
+		orDemo(&cfg.NATS.Listen, "", demoNATSListen)
 	}
 	orDemo(&cfg.Events.Listen, "", "127.0.0.1:0")
 	orDemo(&cfg.Events.Issuer, "", url)
@@ -99,6 +109,26 @@ func resetDemoMirror(ctx context.Context, path string) error {
 		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("reset demo mirror: %w", err)
 		}
+	}
+	return nil
+}
+
+// demoPortsFree checks that the fixed ports the demo listens on are free:
+// the embedded NATS server's and the admin listener's.
+func demoPortsFree(cfg config.Config) error {
+	addrs := []string{cfg.Admin.Listen}
+	if cfg.NATS.URL == "" {
+		addrs = append(addrs, cmp.Or(cfg.NATS.Listen, demoNATSListen))
+	}
+	for _, addr := range addrs {
+		if addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("demo: %s is in use (another syncd demo, or another server?); nothing was touched: %w", addr, err)
+		}
+		ln.Close()
 	}
 	return nil
 }

@@ -53,6 +53,11 @@ func (c *followCommand) Run(ctx context.Context) error {
 		return usageError{&config.Error{Key: "nats.url", Msg: "required: syncd follow reads the stream of a leader's NATS server"}}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
+	release, err := lockMirror(cfg, "syncd follow", log)
+	if err != nil {
+		return err
+	}
+	defer release()
 	st, err := openStore(ctx, cfg, log, store.Options{})
 	if err != nil {
 		return err

@@ -57,6 +57,15 @@ func (c *runCommand) Run(ctx context.Context) error {
 		return err
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
+	command := "syncd run"
+	if c.demo {
+		command = "syncd run --demo"
+	}
+	release, err := lockMirror(cfg, command, log)
+	if err != nil {
+		return err
+	}
+	defer release()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, gctx := errgroup.WithContext(runCtx)

@@ -55,6 +55,11 @@ func (c *syncCommand) Run(ctx context.Context) error {
 		return usageError{err}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
+	release, err := lockMirror(cfg, "syncd sync --once", log)
+	if err != nil {
+		return err
+	}
+	defer release()
 	a, err := openApp(ctx, cfg, log, slog.LevelDebug)
 	if err != nil {
 		return err

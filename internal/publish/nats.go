@@ -103,7 +103,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	}
 	url := cfg.URL
 	if url == "" {
-		ns, err := StartEmbedded(cfg.DataDir, cfg.Listen)
+		ns, err := StartEmbedded(cfg.DataDir, cfg.Listen, log.With("part", "nats-server"))
 		if err != nil {
 			return nil, err
 		}
@@ -236,13 +236,14 @@ func RedactURL(urls string) string {
 
 // StartEmbedded starts a NATS server with JetStream storing under
 // dataDir/nats. With listen empty it accepts in-process connections only.
-func StartEmbedded(dataDir, listen string) (*server.Server, error) {
+// The server's warnings and errors go to log (its notices at debug): a
+// damaged store ("could not locate msg block") must not pass unseen.
+func StartEmbedded(dataDir, listen string, log *slog.Logger) (*server.Server, error) {
 	opts := &server.Options{
 		ServerName: "syncd",
 		JetStream:  true,
 		StoreDir:   filepath.Join(dataDir, "nats"),
 		NoSigs:     true,
-		NoLog:      true,
 	}
 	if listen == "" {
 		opts.DontListen = true
@@ -264,6 +265,7 @@ func StartEmbedded(dataDir, listen string) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
+	ns.SetLogger(serverLog{log}, false, false)
 	go ns.Start()
 	if !ns.ReadyForConnections(15 * time.Second) {
 		ns.Shutdown()
@@ -375,3 +377,13 @@ func (c *Conn) Close() {
 		c.Server.WaitForShutdown()
 	}
 }
+
+// serverLog hands the embedded NATS server's log lines to slog.
+type serverLog struct{ log *slog.Logger }
+
+func (l serverLog) Noticef(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l serverLog) Warnf(format string, v ...any)   { l.log.Warn(fmt.Sprintf(format, v...)) }
+func (l serverLog) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l serverLog) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l serverLog) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l serverLog) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
+)
+
+// TestRun_OneWriterPerMirror runs syncd with its embedded NATS server, then
+// tries a second "syncd run" and a "syncd sync --once" on the same config:
+// both are refused at once with a message naming the holder, touch
+// nothing, and every event the first one publishes afterwards is in its
+// stream, once.
+func TestRun_OneWriterPerMirror(t *testing.T) {
+	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 5, Tokens: []string{e2eToken}}, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 3})
+	dir := t.TempDir()
+	dbPath := filepath.Join(dir, "syncd.db")
+	// The embedded server must be reachable to read its stream from here.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsAddr := ln.Addr().String()
+	ln.Close()
+	cfg := writeFile(t, "syncd.toml", fmt.Sprintf(`[platform]
+base_url = %[1]q
+registry_url = %[1]q
+token = %[2]q
+group = "org1"
+organization = "acme"
+
+[crawl]
+schedule = "@every 1s"
+jitter = "0s"
+requests_per_second = 0.0
+
+[nats]
+listen = %[3]q
+
+[store]
+path = %[4]q
+initial_events = "snapshot"
+
+[admin]
+listen = ""
+`, simURL, e2eToken, natsAddr, dbPath))
+	d := startDaemon(t, cfg)
+	waitBaseline(t, dbPath)
+
+	for _, args := range [][]string{{"sync", "--once"}, {"run"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		code, _, stderr := runMain(ctx, append(args, "--config", cfg)...)
+		cancel()
+		if code != exitFailure {
+			t.Errorf("syncd %s on a mirror in use exited %d, want %d: %s", args[0], code, exitFailure, stderr)
+		}
+		for _, want := range []string{"is in use by pid " + fmt.Sprint(os.Getpid()), "(syncd run)", dbPath} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("syncd %s: the refusal does not say %q: %s", args[0], want, stderr)
+			}
+		}
+	}
+	if code, ok := d.exited(); ok {
+		t.Fatalf("the first syncd exited (%d) after the refused attempts:\n%s", code, d.stderr.String())
+	}
+
+	// The first one goes on, and its stream holds every event it recorded.
+	for i, tg := range sim.Truth().Tags[:3] {
+		if err := sim.MoveTag(tg.UID, fmt.Sprintf("sha256:%064x", 0x10c0+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := openReader(t, dbPath)
+	js := testutil.JetStream(t, "nats://"+natsAddr)
+	var recorded, inStream int
+	testutil.WaitFor(t, 30*time.Second, "every event, the three moves among them, in the stream", func() bool {
+		var moves, unpublished int
+		db.QueryRow(`SELECT count(*) FROM events`).Scan(&recorded)
+		db.QueryRow(`SELECT count(*) FROM events WHERE type = 'tag.moved'`).Scan(&moves)
+		db.QueryRow(`SELECT count(*) FROM outbox`).Scan(&unpublished)
+		s, err := js.Stream(context.Background(), "SYNCD")
+		if err != nil {
+			return false
+		}
+		si, err := s.Info(context.Background())
+		if err != nil {
+			return false
+		}
+		inStream = int(si.State.Msgs)
+		return moves == 3 && unpublished == 0 && inStream == recorded
+	})
+	d.stop(t)
+	t.Logf("%d events recorded, %d in the stream", recorded, inStream)
+}
