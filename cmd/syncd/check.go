@@ -337,6 +337,6 @@ func natsDialConfig(n config.NATS, log *slog.Logger) publish.Config {
 	return publish.Config{
 		URL: n.URL, Credentials: n.Credentials, NKeySeed: n.NKeySeed, Token: n.Token, User: n.User, Password: n.Password,
 		TLSCA: n.TLSCA, TLSCert: n.TLSCert, TLSKey: n.TLSKey,
-		SubjectPrefix: n.SubjectPrefix, Stream: n.Stream, Logger: log,
+		SubjectPrefix: n.SubjectPrefix, Stream: n.Stream, Logger: log, FailFast: true,
 	}
 }

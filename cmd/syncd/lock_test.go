@@ -100,3 +100,31 @@ listen = ""
 	d.stop(t)
 	t.Logf("%d events recorded, %d in the stream", recorded, inStream)
 }
+
+// TestRun_WaitsForNATSAtStart starts syncd while its NATS server is down:
+// it waits, saying so, instead of exiting, and goes on once the server is
+// up, publishing everything.
+func TestRun_WaitsForNATSAtStart(t *testing.T) {
+	_, simURL := testutil.Sim(t, platformsim.Options{Seed: 6, Tokens: []string{e2eToken}}, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2})
+	ns := testutil.NATS(t)
+	ns.Stop()
+	dbPath := filepath.Join(t.TempDir(), "syncd.db")
+	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: dbPath, initialEvents: "snapshot"}.write(t)
+	d := startDaemon(t, cfg)
+	testutil.WaitFor(t, 20*time.Second, "syncd to say it waits for NATS", func() bool {
+		return strings.Contains(d.stderr.String(), "NATS not reachable; waiting for it")
+	})
+	if code, ok := d.exited(); ok {
+		t.Fatalf("syncd exited (%d) with NATS down instead of waiting:\n%s", code, d.stderr.String())
+	}
+	ns.Start()
+	waitBaseline(t, dbPath)
+	db := openReader(t, dbPath)
+	testutil.WaitFor(t, 30*time.Second, "every event published", func() bool {
+		var events, unpublished int
+		db.QueryRow(`SELECT count(*) FROM events`).Scan(&events)
+		db.QueryRow(`SELECT count(*) FROM outbox`).Scan(&unpublished)
+		return events > 0 && unpublished == 0
+	})
+	d.stop(t)
+}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cenkalti/backoff/v4"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -56,6 +57,9 @@ type Config struct {
 	// Source is the CloudEvents source attribute of every event.
 	Source string
 	Logger *slog.Logger
+	// FailFast connects once, for callers that report a server that is
+	// down (syncd check) rather than wait for it as the daemon does.
+	FailFast bool
 }
 
 // Conn is a NATS connection with JetStream, and the embedded server behind
@@ -113,7 +117,12 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 			log.Info("embedded NATS listening", "url", ns.ClientURL())
 		}
 	}
-	nc, err := nats.Connect(url, opts...)
+	var nc *nats.Conn
+	if cfg.FailFast {
+		nc, err = nats.Connect(url, opts...)
+	} else {
+		nc, err = connectWaiting(ctx, url, opts, log)
+	}
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("connect to NATS at %s: %w", RedactURL(url), err)
@@ -387,3 +396,32 @@ func (l serverLog) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(fo
 func (l serverLog) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
 func (l serverLog) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
 func (l serverLog) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
+
+// connectWaiting connects to url, waiting with backoff (and a warning per
+// try) while no server answers, as syncd does once connected: a NATS
+// server that starts after syncd, or is restarting, is waited for, not a
+// reason to exit. Other failures (credentials, TLS) are returned at once.
+func connectWaiting(ctx context.Context, url string, opts []nats.Option, log *slog.Logger) (*nats.Conn, error) {
+	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(250*time.Millisecond), backoff.WithMaxInterval(15*time.Second), backoff.WithMaxElapsedTime(0))
+	for attempt := 1; ; attempt++ {
+		nc, err := nats.Connect(url, opts...)
+		if err == nil {
+			if attempt > 1 {
+				log.Info("NATS reachable after waiting", "attempts", attempt)
+			}
+			return nc, nil
+		}
+		if !errors.Is(err, nats.ErrNoServers) {
+			return nil, err
+		}
+		wait := b.NextBackOff()
+		log.Warn("NATS not reachable; waiting for it", "url", RedactURL(url), "attempt", attempt, "next_try_in", wait.Round(time.Millisecond).String(), "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (gave up waiting: %w)", err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
