@@ -128,3 +128,32 @@ func TestRun_WaitsForNATSAtStart(t *testing.T) {
 	})
 	d.stop(t)
 }
+
+// TestRun_NotReadyWhileTheRegistryRefusesTheCredential runs syncd with a
+// registry token the registry does not accept: /readyz answers 503 and says
+// why (the credential refused, with the key to set, and the baseline not
+// ended), where it used to answer 200 until the schedule fell behind.
+func TestRun_NotReadyWhileTheRegistryRefusesTheCredential(t *testing.T) {
+	_, simURL := testutil.Sim(t, platformsim.Options{Seed: 8, Strict: true, Tokens: []string{e2eToken}, RegistryTokens: []string{"good-registry-token"}},
+		platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2})
+	ns := testutil.NATS(t)
+	adminLn := testutil.Listen(t)
+	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: filepath.Join(t.TempDir(), "syncd.db"), adminListen: adminLn.Addr().String(),
+		credentials: fmt.Sprintf("token = %q\nregistry_token = \"wrong-registry-token\"", e2eToken)}.write(t)
+	d := startDaemon(t, cfg, adminLn)
+	var body string
+	testutil.WaitFor(t, 30*time.Second, "/readyz to name the refused credential", func() bool {
+		code, b := httpGet(t, "http://"+adminLn.Addr().String()+"/readyz")
+		body = b
+		return code == 503 && strings.Contains(b, "registry refused")
+	})
+	for _, want := range []string{"credentials", "registry_token", "baseline"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/readyz does not say %q: %s", want, body)
+		}
+	}
+	if strings.Contains(body, "wrong-registry-token") {
+		t.Errorf("/readyz shows the token: %s", body)
+	}
+	d.stop(t)
+}

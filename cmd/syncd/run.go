@@ -177,5 +177,6 @@ func (a *app) adminHandler(leading func() bool) http.Handler {
 	if a.receiver != nil {
 		m.WatchReceiver(&a.receiver.Stats)
 	}
-	return admin.Handler(m, []admin.Check{{Name: "database", Run: a.store.Writable}, admin.NATSCheck(a.nats.NC), admin.FreshnessCheck(a.fresh, leading)})
+	return admin.Handler(m, []admin.Check{{Name: "database", Run: a.store.Writable}, admin.NATSCheck(a.nats.NC),
+		admin.FreshnessCheck(a.fresh, leading), admin.BaselineCheck(a.store, leading), admin.CredentialsCheck(a.client, leading)})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/syncd-dev/syncd/internal/events"
+	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -144,4 +145,52 @@ func (f *Freshness) Observe(job, outcome string, finished time.Time) {
 	if store.RunCompleted(outcome) {
 		f.Succeeded(job, finished)
 	}
+}
+
+// Baseliner says whether the mirror's first complete crawl is still to end.
+type Baseliner interface {
+	InBaseline(ctx context.Context) (bool, error)
+}
+
+// BaselineCheck is not ready until the first complete crawl (the baseline)
+// has ended: before it, the mirror holds part of the organization.
+func BaselineCheck(b Baseliner, active func() bool) Check {
+	return Check{Name: "baseline", Run: func(ctx context.Context) error {
+		if active != nil && !active() {
+			return nil
+		}
+		in, err := b.InBaseline(ctx)
+		if err != nil {
+			return err
+		}
+		if in {
+			return errors.New("the first complete crawl (the baseline) has not ended yet; syncd status shows its progress")
+		}
+		return nil
+	}}
+}
+
+// Refuser reports the credentials the platform or the registry refuse now.
+type Refuser interface {
+	Refusals() map[string]*platform.AuthError
+}
+
+// CredentialsCheck is not ready while the platform or the registry refuses
+// syncd's credential, and says which and what to do.
+func CredentialsCheck(r Refuser, active func() bool) Check {
+	return Check{Name: "credentials", Run: func(context.Context) error {
+		if active != nil && !active() {
+			return nil
+		}
+		refused := r.Refusals()
+		var errs []string
+		for _, e := range refused {
+			errs = append(errs, e.Error())
+		}
+		if len(errs) == 0 {
+			return nil
+		}
+		sort.Strings(errs)
+		return errors.New(strings.Join(errs, "; "))
+	}}
 }

@@ -27,7 +27,11 @@ type AuthError struct {
 	Status int
 	// Hint says what to do about it.
 	Hint string
-	Err  error
+	// Credential-wide refusals concern the credential itself (expired,
+	// for another audience, of the wrong kind), not one resource it may
+	// not read: every request with it will be refused until it is fixed.
+	CredentialWide bool
+	Err            error
 }
 
 func (e *AuthError) Error() string {
@@ -84,7 +88,7 @@ func audienceMismatch(tok, want string) string {
 // platformAuthError explains a platform API refusal of tok.
 func (c *Client) platformAuthError(status int, tok string, err error) error {
 	aud := c.cfg.APIAudience
-	e := &AuthError{Service: "platform API", Credential: "platform token", Audience: aud, Status: status, Err: err}
+	e := &AuthError{Service: "platform API", Credential: "platform token", Audience: aud, Status: status, Err: err, CredentialWide: true}
 	xt, exchanged := c.cfg.Token.(*ExchangeToken)
 	if exchanged {
 		e.Credential = "token of identity " + xt.Identity
@@ -130,5 +134,6 @@ func (c *Client) registryAuthError(img Image, kind string, status int, tok strin
 	if exchanged && kind == "registry token" {
 		e.Credential = "registry token of identity " + xt.Identity
 	}
+	e.CredentialWide = kind != "anonymous access" && (status == http.StatusUnauthorized || kind == "platform token" || audienceMismatch(tok, aud) != "")
 	return e
 }

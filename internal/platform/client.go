@@ -83,6 +83,9 @@ type Client struct {
 
 	requests atomic.Int64
 	retries  atomic.Int64
+	// refused holds, by service, the credential-wide refusal of the
+	// latest request that presented a credential there, until one succeeds.
+	refused sync.Map
 	// warnRetries limits the warnings about retries to one a minute;
 	// retriesSinceWarn counts the retries each one stands for.
 	warnRetries      rate.Sometimes
@@ -195,6 +198,9 @@ type request struct {
 	// idempotent requests are retried on network errors and retryable
 	// statuses; the others only where the server surely did not act.
 	idempotent bool
+	// service is "platform API" or "registry" for requests that present a
+	// credential: a success clears that service's recorded refusal.
+	service string
 }
 
 // retryable marks a failed attempt that may succeed when repeated.
@@ -229,6 +235,9 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 	for attempt := 1; ; attempt++ {
 		tok, err := c.attempt(ctx, req, out, attempt > 1)
 		if err == nil {
+			if req.service != "" {
+				c.refused.Delete(req.service)
+			}
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -238,6 +247,7 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 			// Getting the credential failed already, and said why (a
 			// refused /token or exchange, after its own refresh): there is
 			// nothing to refresh or explain again.
+			c.noteRefusal(req.service, err)
 			return err
 		}
 		var apiErr *Error
@@ -253,7 +263,9 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 					req.forget(apiErr.Status)
 				}
 				if req.authErr != nil {
-					return req.authErr(apiErr.Status, tok, err)
+					err := req.authErr(apiErr.Status, tok, err)
+					c.noteRefusal(req.service, err)
+					return err
 				}
 			}
 			if apiErr.Status == http.StatusNotFound && maybeApplied && req.method == http.MethodDelete {
@@ -487,7 +499,7 @@ func (c *Client) api(method, path string, q url.Values, body any) request {
 	u.Path = strings.TrimRight(u.Path, "/") + path
 	u.RawQuery = q.Encode()
 	return request{
-		method: method, url: &u, body: body, auth: c.platformAuth,
+		method: method, url: &u, body: body, auth: c.platformAuth, service: servicePlatform,
 		refresh:    func(*Error) { c.cfg.Token.Invalidate() },
 		forget:     c.forgetRefusedPlatformToken,
 		authErr:    c.platformAuthError,
@@ -530,3 +542,32 @@ func (c *Client) RegistryURL() string { return c.registry.String() }
 
 // Organization returns the organization's name in registry paths.
 func (c *Client) Organization() string { return c.cfg.Organization }
+
+// The services requests present credentials to.
+const (
+	servicePlatform = "platform API"
+	serviceRegistry = "registry"
+)
+
+// noteRefusal records err, when it is a credential-wide refusal, as the
+// state of service's credential.
+func (c *Client) noteRefusal(service string, err error) {
+	var ae *AuthError
+	if service == "" || !errors.As(err, &ae) || !ae.CredentialWide && !strings.HasPrefix(ae.Service, "STS") {
+		return
+	}
+	c.refused.Store(service, ae)
+}
+
+// Refusals returns, by service, the credentials the platform or the
+// registry refuse now: their latest request was refused for the credential
+// itself (or the credential could not be had), and none has succeeded
+// since. Readiness reports them.
+func (c *Client) Refusals() map[string]*AuthError {
+	out := map[string]*AuthError{}
+	c.refused.Range(func(k, v any) bool {
+		out[k.(string)] = v.(*AuthError)
+		return true
+	})
+	return out
+}

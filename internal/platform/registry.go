@@ -157,7 +157,7 @@ func (c *Client) fetchRegistryToken(ctx context.Context, img Image, kind, key st
 		}
 	}
 	u.RawQuery = q.Encode()
-	req := request{method: http.MethodGet, url: &u, idempotent: true,
+	req := request{method: http.MethodGet, url: &u, idempotent: true, service: credentialService(img),
 		authErr: func(status int, tok string, err error) error {
 			return c.registryAuthError(img, kind, status, tok, err)
 		}}
@@ -254,6 +254,7 @@ func (e *WrongAudienceError) Unwrap() error { return e.Err }
 func (c *Client) pullRequest(img Image) request {
 	kind := c.credentialFor(img)
 	req := request{
+		service: credentialService(img),
 		authErr: func(status int, tok string, err error) error {
 			return c.registryAuthError(img, kind, status, tok, err)
 		},
@@ -385,3 +386,12 @@ func shared(ctx context.Context, g *singleflight.Group, key string, fetch func(c
 // sharedTimeout bounds a fetch that several callers share, so that they are
 // not held by a server that never answers.
 const sharedTimeout = 3 * time.Minute
+
+// credentialService is the service whose credential a request for img
+// presents; "" for anonymous reads of public images, which present none.
+func credentialService(img Image) string {
+	if img.Anonymous {
+		return ""
+	}
+	return serviceRegistry
+}
