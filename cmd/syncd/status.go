@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/syncd-dev/syncd/internal/crawler"
 	"io"
 	"os"
 	"text/tabwriter"
@@ -51,9 +52,11 @@ type statusReport struct {
 	OldestUnpublished string          `json:"oldest_unpublished,omitempty"`
 	// Cluster mode and followers: leader, standby or follower; the lease
 	// holder; how many stream messages the follower had pending.
-	Role        string `json:"role,omitempty"`
-	LeaseHolder string `json:"lease_holder,omitempty"`
-	FollowLag   string `json:"follow_lag,omitempty"`
+	// Progress is the running crawl's, when one runs.
+	Progress    *crawler.Progress `json:"progress,omitempty"`
+	Role        string            `json:"role,omitempty"`
+	LeaseHolder string            `json:"lease_holder,omitempty"`
+	FollowLag   string            `json:"follow_lag,omitempty"`
 }
 
 type subStatus struct {
@@ -104,6 +107,12 @@ func newStatusReport(mirror string, s store.Status) statusReport {
 	rep := statusReport{Mirror: mirror, SchemaVersion: s.SchemaVersion, Tables: s.Tables, Failures: s.Failures,
 		UnpublishedEvents: s.Unpublished, OldestUnpublished: store.FormatTime(s.OldestUnpublished),
 		Role: s.Role, LeaseHolder: s.LeaseHolder, FollowLag: s.FollowLag}
+	if s.Progress != "" {
+		var p crawler.Progress
+		if json.Unmarshal([]byte(s.Progress), &p) == nil {
+			rep.Progress = &p
+		}
+	}
 	for _, r := range s.Runs {
 		rep.Jobs = append(rep.Jobs, runStatus{Job: r.Job, Started: store.FormatTime(r.Started), Finished: store.FormatTime(r.Finished),
 			Outcome: r.Outcome, Requests: r.Requests, Changes: int64(r.Changes), Error: r.Error})
@@ -130,6 +139,13 @@ func (rep statusReport) print(out io.Writer) error {
 	}
 	if len(rep.Jobs) == 0 {
 		fmt.Fprintf(w, "last runs\tnone yet\n")
+	}
+	if p := rep.Progress; p != nil {
+		fmt.Fprintf(w, "crawl running\tsince %s: %d of %d tags listed, %d of %d history reads, %.1f requests/s, ETA %s\n",
+			store.FormatTime(p.Started), p.TagsListed, p.TagsTotal, p.HistoryRead, p.HistoryQueued, p.RequestsPerSecond, cmp.Or(p.ETA, "unknown yet"))
+		if p.HeldByRateLimit {
+			fmt.Fprintf(w, "  held\tby [crawl] requests_per_second = %g\n", p.RateLimit)
+		}
 	}
 	for _, r := range rep.Jobs {
 		fmt.Fprintf(w, "last %s\t%s, %s, %d requests, %d changes\n", r.Job, r.Started, r.Outcome, r.Requests, r.Changes)

@@ -7,6 +7,7 @@ package crawler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -183,6 +184,7 @@ type summary struct {
 	// count the scopes that had not failed before and failed now, which
 	// tell a crawl where some scopes failed from one where all did.
 	failures, reposRead, reposFailed, historiesFailed atomic.Int64
+	historyQueued                                     atomic.Int64
 	firstFailure                                      atomic.Pointer[error]
 }
 
@@ -381,7 +383,7 @@ func (s *summary) allFailed() error {
 func (c *Crawler) progress(ctx context.Context, s *summary) func() {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	start := c.cfg.Now()
+	start, req0 := c.cfg.Now(), c.client.Requests()
 	go func() {
 		defer close(done)
 		t := time.NewTicker(c.cfg.ProgressEvery)
@@ -391,17 +393,62 @@ func (c *Crawler) progress(ctx context.Context, s *summary) func() {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				n, total := s.tags.Load(), s.tagsTotal.Load()
-				var eta time.Duration
-				if n > 0 && total > n {
-					eta = time.Duration(float64(c.cfg.Now().Sub(start)) / float64(n) * float64(total-n))
+				p := c.progressNow(s, start, req0)
+				c.log.Info("crawling", "repos", p.Repos, "tags_listed", p.TagsListed, "tags_total", p.TagsTotal,
+					"history_reads", p.HistoryRead, "history_queued", p.HistoryQueued, "requests_per_second", p.RequestsPerSecond,
+					"held_by_rate_limit", p.HeldByRateLimit, "events", s.events.Load(), "eta", p.ETA)
+				if b, err := json.Marshal(p); err == nil {
+					if err := c.store.SetMeta(ctx, store.ProgressKey, string(b)); err != nil && ctx.Err() == nil {
+						c.log.Debug("record crawl progress", "err", err)
+					}
 				}
-				c.log.Info("crawling", "repos", s.reposTotal.Load(), "tags_listed", n, "tags_total", total,
-					"history_reads", s.historyReads.Load(), "events", s.events.Load(), "eta", eta.Round(time.Second).String())
 			}
 		}
 	}()
-	return func() { cancel(); <-done }
+	return func() {
+		cancel()
+		<-done
+		if err := c.store.SetMeta(context.WithoutCancel(ctx), store.ProgressKey, ""); err != nil {
+			c.log.Debug("clear crawl progress", "err", err)
+		}
+	}
+}
+
+// Progress is how far a running crawl is, as "syncd status" shows it.
+type Progress struct {
+	Started           time.Time `json:"started"`
+	Repos             int64     `json:"repos"`
+	TagsListed        int64     `json:"tags_listed"`
+	TagsTotal         int64     `json:"tags_total"`
+	HistoryRead       int64     `json:"history_read"`
+	HistoryQueued     int64     `json:"history_queued"`
+	Requests          int64     `json:"requests"`
+	RequestsPerSecond float64   `json:"requests_per_second"`
+	RateLimit         float64   `json:"rate_limit,omitempty"`
+	HeldByRateLimit   bool      `json:"held_by_rate_limit"`
+	ETA               string    `json:"eta,omitempty"`
+}
+
+// progressNow measures the crawl's progress: the tags listed, the history
+// reads done of those queued, the request rate against the client's limit,
+// and the time left at the rate of the reads so far.
+func (c *Crawler) progressNow(s *summary, start time.Time, req0 int64) Progress {
+	elapsed := max(c.cfg.Now().Sub(start).Seconds(), 1e-3)
+	p := Progress{Started: start, Repos: s.reposTotal.Load(), TagsListed: s.tags.Load(), TagsTotal: s.tagsTotal.Load(),
+		HistoryRead: s.historyReads.Load(), HistoryQueued: s.historyQueued.Load(), Requests: c.client.Requests() - req0,
+		RateLimit: c.client.RequestsPerSecond()}
+	p.RequestsPerSecond = float64(p.Requests) / elapsed
+	p.HeldByRateLimit = p.RateLimit > 0 && p.RequestsPerSecond >= 0.9*p.RateLimit
+	if p.HistoryRead > 0 {
+		// The histories still to read: those queued, and as many again
+		// per tag as so far for the tags not listed yet.
+		left := float64(p.HistoryQueued - p.HistoryRead)
+		if p.TagsTotal > p.TagsListed && p.TagsListed > 0 {
+			left += float64(p.HistoryQueued) / float64(p.TagsListed) * float64(p.TagsTotal-p.TagsListed)
+		}
+		p.ETA = (time.Duration(left / (float64(p.HistoryRead) / elapsed) * float64(time.Second))).Round(time.Second).String()
+	}
+	return p
 }
 
 // listRepos lists the group's repos page by page into the store, starting

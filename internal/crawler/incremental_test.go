@@ -3,6 +3,8 @@ package crawler_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
+	"runtime"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/store"
 )
@@ -120,4 +123,47 @@ func firstDiff(a, b string) string {
 		}
 	}
 	return strings.Repeat("=", 3) + " one is a prefix of the other"
+}
+
+// TestSync_ProgressForStatus: a running crawl keeps its progress in the
+// mirror (what "syncd status" shows): tags listed, history reads done of
+// those queued, the request rate, and that the rate limit holds it back;
+// the record goes when the crawl ends.
+func TestSync_ProgressForStatus(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 3, TagsPerRepo: 10, HistoryPerTag: 2, PublicImages: -1})
+	client, err := platform.New(platform.Config{BaseURL: h.client.RegistryURL(), RegistryURL: h.client.RegistryURL(), Token: platform.StaticToken(token),
+		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", RequestsPerSecond: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := crawler.New(client, h.store, crawler.Config{Group: "org1", ProgressEvery: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	done := make(chan error, 1)
+	go func() { _, err := c.Sync(context.Background()); done <- err }()
+	var p crawler.Progress
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var v string
+		h.store.Reader().QueryRow(`SELECT value FROM meta WHERE key = ?`, store.ProgressKey).Scan(&v)
+		if v != "" && json.Unmarshal([]byte(v), &p) == nil && p.HistoryRead > 0 && p.HeldByRateLimit {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the crawl ended (%v) before its progress showed reads held by the rate limit: %q", err, v)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no progress recorded: %q", v)
+		}
+		runtime.Gosched()
+	}
+	if p.TagsTotal != 30 || p.HistoryQueued < p.HistoryRead || p.RateLimit != 40 || p.ETA == "" {
+		t.Errorf("progress %+v: want 30 tags, reads within those queued, the limit 40 and an ETA", p)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(t, `SELECT count(*) FROM meta WHERE key = ? AND value != ''`, store.ProgressKey); n != 0 {
+		t.Errorf("the progress of a finished crawl is still recorded")
+	}
 }

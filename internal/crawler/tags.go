@@ -133,6 +133,7 @@ func (c *Crawler) readHistories(ctx context.Context, g *errgroup.Group, l *tagLi
 		if _, dup := l.read.LoadOrStore(ref.UID, true); dup {
 			continue
 		}
+		s.historyQueued.Add(1)
 		if err := c.histories.Acquire(ctx, 1); err != nil {
 			return err
 		}

@@ -571,3 +571,6 @@ func (c *Client) Refusals() map[string]*AuthError {
 	})
 	return out
 }
+
+// RequestsPerSecond is the client's rate limit (0: none).
+func (c *Client) RequestsPerSecond() float64 { return c.cfg.RequestsPerSecond }

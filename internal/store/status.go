@@ -33,6 +33,9 @@ type Status struct {
 	// recorded in meta: leader, standby or follower; the lease holder; the
 	// stream messages the follower had pending.
 	Role, LeaseHolder, FollowLag string
+	// Progress is the running crawl's progress as it last wrote it (JSON;
+	// "" when no crawl is running).
+	Progress string
 }
 
 // SubscriptionStatus is a subscription as syncd last saw it.
@@ -68,7 +71,7 @@ func (s *Store) Status(ctx context.Context) (Status, error) {
 	if st.Unpublished, st.OldestUnpublished, err = s.UnpublishedCount(ctx); err != nil {
 		return st, err
 	}
-	for key, v := range map[string]*string{"role": &st.Role, "lease_holder": &st.LeaseHolder, "follow_lag": &st.FollowLag} {
+	for key, v := range map[string]*string{"role": &st.Role, "lease_holder": &st.LeaseHolder, "follow_lag": &st.FollowLag, ProgressKey: &st.Progress} {
 		if *v, err = s.Meta(ctx, key); err != nil {
 			return st, fmt.Errorf("read meta %s: %w", key, err)
 		}
@@ -99,3 +102,7 @@ func (s *Store) subscriptionStatus(ctx context.Context) ([]SubscriptionStatus, e
 	}
 	return out, nil
 }
+
+// ProgressKey is the meta key under which a running crawl keeps its
+// progress for "syncd status".
+const ProgressKey = "crawl_progress"
