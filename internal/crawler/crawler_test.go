@@ -38,6 +38,13 @@ func newHarnessWith(t *testing.T, sc platformsim.Scale, mutate func(*crawler.Con
 	t.Helper()
 	sim := platformsim.New(platformsim.Options{Seed: 3, Tokens: []string{token}})
 	sim.Populate(sc)
+	return harnessFor(t, sim, mutate)
+}
+
+// harnessFor is a harness of a crawler, its store and a platform client
+// for a populated simulator.
+func harnessFor(t *testing.T, sim *platformsim.Sim, mutate func(*crawler.Config)) *harness {
+	t.Helper()
 	srv := httptest.NewServer(sim.Handler())
 	t.Cleanup(srv.Close)
 	t.Cleanup(sim.Close)
