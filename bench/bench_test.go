@@ -46,6 +46,9 @@ type results struct {
 	Moved       int        `json:"moved_tags"`
 	Incremental syncResult `json:"incremental_resync"`
 
+	// Advisories is the advisories job after 1% of the advisories moved.
+	Advisories advisoryResult `json:"advisories_job"`
+
 	Relay relayResult `json:"relay"`
 	Push  pushResult  `json:"push"`
 
@@ -163,6 +166,12 @@ func BenchmarkSyncd(b *testing.B) {
 		b.Fatal(err)
 	}
 
+	progress("advisories job after 1%% of the advisories took a lifecycle step")
+	if r.Advisories, err = measureAdvisories(ctx, o, a); err != nil {
+		b.Fatal(err)
+	}
+	r.Advisories.FullSyncRequests = r.FullSync.AdvisoryRequests
+
 	progress("latency-bound sync: %s per request, concurrency %d", p.Latency, p.Concurrency)
 	// A snapshot mirror: its first sync fills the outbox the relay is
 	// measured on (one created event per repo, tag and advisory).
@@ -279,6 +288,7 @@ func targets(r results) []target {
 		{"ingest / SQLite ceiling", r.IngestRatio, ">= 0.5", r.IngestRatio >= 0.5},
 		{"relay / JetStream ceiling", r.Relay.RatioToCeiling, ">= 0.7", r.Relay.RatioToCeiling >= 0.7},
 		{"idle resync history requests", float64(r.Idle.HistoryRequests), "0", r.Idle.HistoryRequests == 0},
+		{"advisories job requests / minimum", r.Advisories.Ratio, "<= 1.02", r.Advisories.Ratio <= 1.02},
 		{"latency-bound sync / floor", r.LatencyRatio, "<= 1.25", r.LatencyRatio <= 1.25},
 		{"push-to-NATS p99 (ms)", r.Push.P99ms, "<= 50", r.Push.P99ms <= 50},
 		{"peak memory at 1x (MB)", r.Memory[0].PeakMB, "<= 200", r.Memory[0].PeakMB <= 200},
@@ -311,6 +321,10 @@ func printTable(w io.Writer, r results) {
 	row("idle resync: wall", f("%.2f s", r.Idle.WallSeconds), "", "", "")
 	row(f("incremental (%d moved): requests", r.Moved), f("%d (history %d)", r.Incremental.Requests, r.Incremental.HistoryRequests), "", "", "")
 	row("incremental: wall", f("%.2f s", r.Incremental.WallSeconds), "", "", "")
+	row("full sync: advisory requests", f("%d", r.Advisories.FullSyncRequests), f("minimum %d", r.Advisories.Minimum), "", "")
+	row(f("advisories job (%d stepped): requests", r.Advisories.Steps), f("%d (list %d, get %d)", r.Advisories.Requests, r.Advisories.ListRequests, r.Advisories.GetRequests),
+		f("minimum %d", r.Advisories.Minimum), f("%.3f", r.Advisories.Ratio), status["advisories job requests / minimum"])
+	row("advisories job: wall / events", f("%.2f s / %d", r.Advisories.WallSeconds, r.Advisories.Events), "", "", "")
 	row("relay: events/s", f("%.0f", r.Relay.RelayPerSec), f("JetStream loop %.0f", r.Relay.CeilingPerSec), f("%.2f", r.Relay.RatioToCeiling), status["relay / JetStream ceiling"])
 	row("push to NATS: p50 / p99", f("%.1f / %.1f ms", r.Push.P50ms, r.Push.P99ms), f("%d pushes (first %.0f ms)", r.Push.Pushes, r.Push.FirstMs), "", status["push-to-NATS p99 (ms)"])
 	for i, m := range r.Memory {

@@ -183,6 +183,8 @@ type syncResult struct {
 	HistoryRequests int           `json:"history_requests"`
 	HistoryRows     int64         `json:"history_rows"` // rows added to tag_history
 	Events          int64         `json:"events"`
+	// AdvisoryRequests are the requests of the advisory listing and Gets.
+	AdvisoryRequests int `json:"advisory_requests"`
 }
 
 // syncOnce runs the crawl and the advisories job, as a start of syncd
@@ -213,5 +215,6 @@ func syncOnce(ctx context.Context, o *org, m *mirror) (syncResult, error) {
 		return syncResult{}, err
 	}
 	return syncResult{Wall: wall, WallSeconds: wall.Seconds(), Requests: st.Total, HistoryRequests: st.ByEndpoint[historyEndpoint],
-		HistoryRows: after - before, Events: crawl.Events + adv.Events}, nil
+		HistoryRows: after - before, Events: crawl.Events + adv.Events,
+		AdvisoryRequests: st.ByEndpoint[advisoryListEndpoint] + st.ByEndpoint[advisoryGetEndpoint]}, nil
 }
