@@ -23,7 +23,7 @@ const (
 )
 
 // knownKinds are the kinds above, in the order the proto numbers them.
-var knownKinds = []string{KindDetection, KindFixed, KindFalsePositiveDetermination, KindAnalysisNotPlanned,
+var knownKinds = [...]string{KindDetection, KindFixed, KindFalsePositiveDetermination, KindAnalysisNotPlanned,
 	KindFixNotPlanned, KindPendingUpstreamFix, KindTruePositiveDetermination, KindPatched}
 
 // AdvisoryEvent is one step of an advisory's lifecycle. The proto keeps the
@@ -66,20 +66,49 @@ type AdvisoryEvent struct {
 	DetectionType string `json:"-"`
 }
 
-// UnmarshalJSON decodes an event as the gateway renders it.
+// UnmarshalJSON decodes an event as the gateway renders it. The known
+// kinds are read with the common fields in one pass; only an event with
+// none of them is read again, for a kind added upstream.
 func (e *AdvisoryEvent) UnmarshalJSON(b []byte) error {
 	type common AdvisoryEvent // the same fields, without this method
-	var c common
+	var c struct {
+		common
+		Detection          json.RawMessage `json:"detection"`
+		Fixed              json.RawMessage `json:"fixed"`
+		FalsePositive      json.RawMessage `json:"falsePositiveDetermination"`
+		AnalysisNotPlanned json.RawMessage `json:"analysisNotPlanned"`
+		FixNotPlanned      json.RawMessage `json:"fixNotPlanned"`
+		PendingUpstream    json.RawMessage `json:"pendingUpstreamFix"`
+		TruePositive       json.RawMessage `json:"truePositiveDetermination"`
+		Patched            json.RawMessage `json:"patched"`
+	}
+	// The members in knownKinds' order, by the JSON names of the kinds.
+	members := [...]*json.RawMessage{&c.Detection, &c.Fixed, &c.FalsePositive, &c.AnalysisNotPlanned, &c.FixNotPlanned,
+		&c.PendingUpstream, &c.TruePositive, &c.Patched}
 	if err := json.Unmarshal(b, &c); err != nil {
 		return err
 	}
-	*e = AdvisoryEvent(c)
-	var members map[string]json.RawMessage
-	if err := json.Unmarshal(b, &members); err != nil {
-		return err
+	*e = AdvisoryEvent(c.common)
+	for i, m := range members {
+		if len(*m) > 0 && string(*m) != "null" {
+			e.Kind, e.Details = knownKinds[i], *m
+			break
+		}
 	}
-	e.Kind, e.Details = kindMember(members)
-	if e.Details == nil {
+	if e.Kind == "" {
+		var all map[string]json.RawMessage
+		if err := json.Unmarshal(b, &all); err != nil {
+			return err
+		}
+		e.Kind, e.Details = kindMember(all)
+		return nil // a kind of unknown shape: Details has it all
+	}
+	if e.Kind == KindDetection {
+		var how map[string]json.RawMessage
+		if err := json.Unmarshal(e.Details, &how); err != nil {
+			return fmt.Errorf("decode detection of advisory event %s: %w", e.UID, err)
+		}
+		e.DetectionType, _ = kindMember(how)
 		return nil
 	}
 	var d struct {
@@ -89,21 +118,11 @@ func (e *AdvisoryEvent) UnmarshalJSON(b []byte) error {
 		Type            string   `json:"type"`
 	}
 	if err := json.Unmarshal(e.Details, &d); err != nil {
-		if !slices.Contains(knownKinds, e.Kind) {
-			return nil // a kind of unknown shape: Details has it all
-		}
 		return fmt.Errorf("decode %s of advisory event %s: %w", e.Kind, e.UID, err)
 	}
 	e.Note, e.FixedVersion, e.PatchedVersions = d.Note, d.FixedVersion, d.PatchedVersions
-	switch e.Kind {
-	case KindFalsePositiveDetermination:
+	if e.Kind == KindFalsePositiveDetermination {
 		e.FalsePositiveType = d.Type
-	case KindDetection:
-		var how map[string]json.RawMessage
-		if err := json.Unmarshal(e.Details, &how); err != nil {
-			return fmt.Errorf("decode detection of advisory event %s: %w", e.UID, err)
-		}
-		e.DetectionType, _ = kindMember(how)
 	}
 	return nil
 }
@@ -111,15 +130,11 @@ func (e *AdvisoryEvent) UnmarshalJSON(b []byte) error {
 // eventFields are the members of an advisory event outside its oneof.
 var eventFields = []string{"uid", "createTime", "findings", "author", "reviewer", "reviewState", "issue"}
 
-// kindMember finds the member of a oneof in members: a known kind first,
-// else the first other member (by name) holding an object. Only one member
-// of a oneof is ever rendered; a member rendered as null is not set.
+// kindMember finds the member of a oneof in members: the first member (by
+// name) holding an object that is not one of an event's common fields.
+// Only one member of a oneof is ever rendered; a member rendered as null is
+// not set.
 func kindMember(members map[string]json.RawMessage) (string, json.RawMessage) {
-	for _, k := range knownKinds {
-		if v, ok := members[k]; ok && string(v) != "null" {
-			return k, v
-		}
-	}
 	names := make([]string, 0, len(members))
 	for k := range members {
 		names = append(names, k)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -140,7 +141,10 @@ const advisoryColumns = 16
 // until now. A row from before schema version 7 is rewritten whatever its
 // update time, and what only the new fields show is taken as the starting
 // point, not as news. A change of raw JSON alone rewrites the row without
-// an event. It returns how many events it recorded.
+// an event. Raw, when set, must be the JSON the advisory was decoded from:
+// an advisory whose raw JSON is what the mirror holds is not compared any
+// further, which spares an idle listing reading every lifecycle. It
+// returns how many events it recorded.
 func (s *Store) ApplyAdvisories(ctx context.Context, advs []Advisory) (int, error) {
 	advs = lastByUID(advs, func(a Advisory) string { return a.UID })
 	n, err := s.commit(ctx, func(tx *sql.Tx) (int, error) {
@@ -152,20 +156,36 @@ func (s *Store) ApplyAdvisories(ctx context.Context, advs []Advisory) (int, erro
 		for i, a := range advs {
 			uids[i] = a.UID
 		}
-		old, err := loadAdvisories(ctx, tx, `uid IN (%s)`, uids)
+		old, err := loadAdvisoryRows(ctx, tx, `uid IN (%s)`, uids)
 		if err != nil {
 			return 0, err
+		}
+		// An advisory whose raw JSON is what the row holds is what the row
+		// holds: only the others' lists are read, to be compared. On an
+		// idle listing that is none of them.
+		raws := make([]any, len(advs))
+		var differ []string
+		for i, a := range advs {
+			if raws[i], err = rawJSON(a.Raw); err != nil {
+				return 0, fmt.Errorf("advisory %s: %w", a.UID, err)
+			}
+			if o, seen := old[a.UID]; seen && !unchanged(o, a, raws[i]) {
+				differ = append(differ, a.UID)
+			}
+		}
+		if err := loadAdvisoryDetails(ctx, tx, old, differ); err != nil {
+			return 0, fmt.Errorf("read stored advisories: %w", err)
 		}
 		now := s.now()
 		var cs []change
 		var written []Advisory
 		args := make([]any, 0, advisoryColumns*len(advs))
-		for _, a := range advs {
-			raw, err := rawJSON(a.Raw)
-			if err != nil {
-				return 0, fmt.Errorf("advisory %s: %w", a.UID, err)
-			}
+		for i, a := range advs {
+			raw := raws[i]
 			o, seen := old[a.UID]
+			if seen && unchanged(o, a, raw) {
+				continue
+			}
 			withdrawn := !a.DeleteTime.IsZero()
 			legacy := seen && !o.complete
 			var steps []change
@@ -266,34 +286,30 @@ func sameScalars(a, b Advisory) bool {
 		sameTime(a.CreateTime, b.CreateTime) && sameTime(a.UpdateTime, b.UpdateTime) && sameTime(a.DeleteTime, b.DeleteTime)
 }
 
-// sameAdvisory compares everything the mirror keeps of two states.
-func sameAdvisory(a, b Advisory) bool {
-	return sameScalars(a, b) && bytes.Equal(detailKey(a), detailKey(b))
+// unchanged reports whether a, whose raw JSON is raw (from rawJSON), is
+// what the complete row o holds: the same raw JSON and scalars (a
+// tombstone's DeleteTime is its deleted_time, which a 404 may have set).
+func unchanged(o storedAdvisory, a Advisory, raw any) bool {
+	r, ok := raw.(string)
+	return ok && o.complete && r == o.raw && sameScalars(o.Advisory, a)
 }
 
-// detailKey encodes what the mirror keeps of a beyond sameScalars, as it
-// keeps it: times to the millisecond, JSON compacted, empty lists as none.
-func detailKey(a Advisory) []byte {
-	a.UID, a.AdvisoryID, a.ArtifactName, a.Raw = "", "", "", nil
-	a.CreateTime, a.UpdateTime, a.DeleteTime = time.Time{}, time.Time{}, time.Time{}
-	if len(a.Aliases) == 0 {
-		a.Aliases = nil
+// sameAdvisory compares everything the mirror keeps of two states, as it
+// keeps it: times to the millisecond, JSON compacted, no list as an empty
+// one.
+func sameAdvisory(a, b Advisory) bool {
+	if !sameScalars(a, b) || a.Author != b.Author || a.ArtifactType != b.ArtifactType || a.ArtifactArchitecture != b.ArtifactArchitecture ||
+		a.ComponentName != b.ComponentName || a.ComponentLocation != b.ComponentLocation || a.ComponentType != b.ComponentType ||
+		a.LegacyAdvisoryID != b.LegacyAdvisoryID || !slices.Equal(a.Aliases, b.Aliases) || !slices.Equal(a.Severities, b.Severities) {
+		return false
 	}
-	if len(a.Severities) == 0 {
-		a.Severities = nil
-	}
-	evs := make([]AdvisoryEvent, len(a.Events))
-	for i, e := range a.Events {
-		e.CreateTime = e.CreateTime.UTC().Truncate(time.Millisecond)
-		if len(e.PatchedVersions) == 0 {
-			e.PatchedVersions = nil
-		}
-		e.Details = compactJSON(e.Details)
-		evs[i] = e
-	}
-	a.Events = evs
-	b, _ := json.Marshal(a) // plain values: cannot fail
-	return b
+	return slices.EqualFunc(a.Events, b.Events, func(x, y AdvisoryEvent) bool {
+		return x.UID == y.UID && x.Type == y.Type && sameTime(x.CreateTime, y.CreateTime) && x.Author == y.Author &&
+			x.Reviewer == y.Reviewer && x.ReviewState == y.ReviewState && x.Issue == y.Issue && x.Note == y.Note &&
+			x.FixedVersion == y.FixedVersion && slices.Equal(x.PatchedVersions, y.PatchedVersions) &&
+			x.FalsePositiveType == y.FalsePositiveType && x.DetectionType == y.DetectionType && x.Findings == y.Findings &&
+			(bytes.Equal(x.Details, y.Details) || bytes.Equal(compactJSON(x.Details), compactJSON(y.Details)))
+	})
 }
 
 // compactJSON compacts b, or returns nil for none or for JSON that does
@@ -388,6 +404,18 @@ func eventRow(uid string, i int, e AdvisoryEvent) []any {
 // list of uids), withdrawn ones included, with their deleted_time as
 // DeleteTime, their aliases, severities and lifecycles.
 func loadAdvisories(ctx context.Context, tx *sql.Tx, where string, uids []string) (map[string]storedAdvisory, error) {
+	old, err := loadAdvisoryRows(ctx, tx, where, uids)
+	if err != nil {
+		return nil, err
+	}
+	if err := loadAdvisoryDetails(ctx, tx, old, sortedKeys(old)); err != nil {
+		return nil, fmt.Errorf("read stored advisories: %w", err)
+	}
+	return old, nil
+}
+
+// loadAdvisoryRows is loadAdvisories without the lists.
+func loadAdvisoryRows(ctx context.Context, tx *sql.Tx, where string, uids []string) (map[string]storedAdvisory, error) {
 	old := make(map[string]storedAdvisory, len(uids))
 	err := queryByUIDs(ctx, tx, `SELECT uid, advisory_id, artifact_name, COALESCE(create_time,''), COALESCE(update_time,''),
 		COALESCE(deleted_time,''), deletions, COALESCE(raw,''), author, artifact_type, artifact_architecture, component_name,
@@ -416,16 +444,15 @@ func loadAdvisories(ctx context.Context, tx *sql.Tx, where string, uids []string
 	if err != nil {
 		return nil, fmt.Errorf("read stored advisories: %w", err)
 	}
-	if err := loadAdvisoryDetails(ctx, tx, old); err != nil {
-		return nil, fmt.Errorf("read stored advisories: %w", err)
-	}
 	return old, nil
 }
 
 // loadAdvisoryDetails reads the aliases, severities and lifecycles of the
-// advisories in advs.
-func loadAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs map[string]storedAdvisory) error {
-	uids := sortedKeys(advs)
+// advisories uids of advs.
+func loadAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs map[string]storedAdvisory, uids []string) error {
+	if len(uids) == 0 {
+		return nil
+	}
 	add := func(uid string, f func(a *storedAdvisory)) {
 		a := advs[uid]
 		f(&a)

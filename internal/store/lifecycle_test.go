@@ -125,8 +125,10 @@ func TestApplyAdvisories_Lifecycle(t *testing.T) {
 		if got := apply(t, st, b); got != 0 {
 			t.Fatalf("events for re-encoded details=%d, want 0", got)
 		}
-		// A review changes the advisory, and is no step.
+		// A review changes the advisory (and so the JSON the platform
+		// sends), and is no step.
 		b.Events[3].ReviewState, b.Events[3].Reviewer = "REVIEW_STATE_REJECTED", "lead@example.dev"
+		b.Raw = json.RawMessage(`{"uid": "g1/a1", "reviewed": true}`)
 		if got := apply(t, st, b); got != 1 || lastEvent(t, st).Type != store.AdvisoryUpdated {
 			t.Fatalf("events for a review=%d, want advisory.updated alone", got)
 		}
