@@ -53,6 +53,9 @@ type results struct {
 	IncrementalMinimum int     `json:"incremental_minimum"`
 	IncrementalRatio   float64 `json:"incremental_ratio"`
 
+	// Advisories is the advisories job after 1% of the advisories moved.
+	Advisories advisoryResult `json:"advisories_job"`
+
 	Relay relayResult `json:"relay"`
 	Push  pushResult  `json:"push"`
 
@@ -177,6 +180,12 @@ func BenchmarkSyncd(b *testing.B) {
 	}
 	r.IncrementalRatio = float64(r.Incremental.Requests) / float64(r.IncrementalMinimum)
 
+	progress("advisories job after 1%% of the advisories took a lifecycle step")
+	if r.Advisories, err = measureAdvisories(ctx, o, a); err != nil {
+		b.Fatal(err)
+	}
+	r.Advisories.FullSyncRequests = r.FullSync.AdvisoryRequests
+
 	progress("latency-bound sync: %s per request, concurrency %d", p.Latency, p.Concurrency)
 	// A snapshot mirror: its first sync fills the outbox the relay is
 	// measured on (one created event per repo, tag and advisory).
@@ -298,6 +307,7 @@ func targets(r results) []target {
 		{"idle resync history requests", float64(r.Idle.HistoryRequests), "0", r.Idle.HistoryRequests == 0},
 		{"idle resync requests", float64(r.Idle.Requests), fmt.Sprintf("<= %d", r.IdleLimit), r.Idle.Requests <= r.IdleLimit},
 		{"incremental requests / minimum", r.IncrementalRatio, "<= 1.02", r.IncrementalRatio <= 1.02},
+		{"advisories job requests / minimum", r.Advisories.Ratio, "<= 1.02", r.Advisories.Ratio <= 1.02},
 		{"latency-bound sync / floor", r.LatencyRatio, "<= 1.05", r.LatencyRatio <= 1.05},
 		{"push-to-NATS p99 (ms)", r.Push.P99ms, "<= 50", r.Push.P99ms <= 50},
 		{"peak memory at 1x (MB)", r.Memory[0].PeakMB, "<= 200", r.Memory[0].PeakMB <= 200},
@@ -337,6 +347,10 @@ func printTable(w io.Writer, r results) {
 	row("  advisories job beside it: requests", f("%d", r.Idle.AdvisoryRequests), f("minimum %d", r.Minimum.AdvisoryPages), "", "")
 	row(f("incremental (%d moved): crawl requests", r.Moved), f("%d (history %d)", r.Incremental.Requests, r.Incremental.HistoryRequests), f("minimum %d", r.IncrementalMinimum), f("%.3f", r.IncrementalRatio), status["incremental requests / minimum"])
 	row("incremental: wall", f("%.2f s", r.Incremental.WallSeconds), "", "", "")
+	row("full sync: advisory requests", f("%d", r.Advisories.FullSyncRequests), f("minimum %d", r.Advisories.Minimum), "", "")
+	row(f("advisories job (%d stepped): requests", r.Advisories.Steps), f("%d (list %d, get %d)", r.Advisories.Requests, r.Advisories.ListRequests, r.Advisories.GetRequests),
+		f("minimum %d", r.Advisories.Minimum), f("%.3f", r.Advisories.Ratio), status["advisories job requests / minimum"])
+	row("advisories job: wall / events", f("%.2f s / %d", r.Advisories.WallSeconds, r.Advisories.Events), "", "", "")
 	row("relay: events/s", f("%.0f", r.Relay.RelayPerSec), f("JetStream loop %.0f", r.Relay.CeilingPerSec), f("%.2f", r.Relay.RatioToCeiling), status["relay / JetStream ceiling"])
 	row("push to NATS: p50 / p99", f("%.1f / %.1f ms", r.Push.P50ms, r.Push.P99ms), f("%d pushes (first %.0f ms)", r.Push.Pushes, r.Push.FirstMs), "", status["push-to-NATS p99 (ms)"])
 	for i, m := range r.Memory {

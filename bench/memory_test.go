@@ -200,6 +200,7 @@ func childSync(ctx context.Context, p params, o *org, factor float64, dir string
 	}
 	r.Factor, r.Repos = factor, o.sc.Repos
 	sr := syncResult{Wall: time.Duration(r.WallSeconds * float64(time.Second)), WallSeconds: r.WallSeconds,
-		Requests: st.Total, HistoryRequests: st.ByEndpoint[historyEndpoint], HistoryRows: r.HistoryRows}
+		Requests: st.Total, HistoryRequests: st.ByEndpoint[historyEndpoint], HistoryRows: r.HistoryRows,
+		AdvisoryRequests: st.ByEndpoint[advisoryListEndpoint] + st.ByEndpoint[advisoryGetEndpoint]}
 	return r, sr, nil
 }

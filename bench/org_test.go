@@ -195,8 +195,9 @@ func (m *mirror) count(ctx context.Context, table string) (int64, error) {
 type syncResult struct {
 	Wall        time.Duration `json:"wall_ns"`
 	WallSeconds float64       `json:"wall_s"`
-	// Requests are the crawl job's; AdvisoryRequests the advisories job's,
-	// which runs on its own schedule (and has no updated_since to use).
+	// Requests are the crawl job's (a baseline crawl lists the advisories
+	// too); AdvisoryRequests those of the advisory listing and Gets, in
+	// the crawl or in the advisories job beside it.
 	Requests         int   `json:"requests"`
 	AdvisoryRequests int   `json:"advisory_requests"`
 	HistoryRequests  int   `json:"history_requests"`
@@ -232,7 +233,7 @@ func syncOnce(ctx context.Context, o *org, m *mirror) (syncResult, error) {
 	if err != nil {
 		return syncResult{}, err
 	}
-	return syncResult{Wall: wall, WallSeconds: wall.Seconds(), Requests: crawled.Total, AdvisoryRequests: st.Total - crawled.Total,
-		HistoryRequests: st.ByEndpoint[historyEndpoint],
-		HistoryRows:     after - before, Events: crawl.Events + adv.Events}, nil
+	return syncResult{Wall: wall, WallSeconds: wall.Seconds(), Requests: crawled.Total, HistoryRequests: st.ByEndpoint[historyEndpoint],
+		HistoryRows: after - before, Events: crawl.Events + adv.Events,
+		AdvisoryRequests: st.ByEndpoint[advisoryListEndpoint] + st.ByEndpoint[advisoryGetEndpoint]}, nil
 }

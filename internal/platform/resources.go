@@ -49,8 +49,9 @@ type Tag struct {
 	Raw json.RawMessage `json:"-"`
 }
 
-// Advisory is a vulnerability advisory. Its lifecycle (events: detection,
-// fixed, false positive, ...) is not modelled yet; Raw holds it.
+// Advisory is a vulnerability advisory: which artifact and component it is
+// about, the CVE and GHSA ids it covers, their severities, and its
+// lifecycle (Events, oldest first).
 type Advisory struct {
 	UID          string    `json:"uid"`
 	AdvisoryID   string    `json:"advisoryId"`
@@ -68,6 +69,8 @@ type Advisory struct {
 	Aliases              []string   `json:"aliases,omitempty"` // CVE and GHSA ids
 	LegacyAdvisoryID     string     `json:"legacyAdvisoryId,omitempty"`
 	Severities           []Severity `json:"severities,omitempty"`
+	// Events is the advisory's lifecycle.
+	Events []AdvisoryEvent `json:"events,omitempty"`
 	// Raw is the advisory's JSON as received, set by listings and GetAdvisory.
 	Raw json.RawMessage `json:"-"`
 }
@@ -77,8 +80,8 @@ func (a Advisory) Withdrawn() bool { return !a.DeleteTime.IsZero() }
 
 // Severity is one scored severity of an advisory.
 type Severity struct {
-	Type  string `json:"type"` // TYPE_CVSS_V2, TYPE_CVSS_V3, TYPE_CVSS_V4
-	Score string `json:"score"`
+	Type  string `json:"type"`  // TYPE_CVSS_V2, TYPE_CVSS_V3, TYPE_CVSS_V4
+	Score string `json:"score"` // a CVSS vector, or a number
 }
 
 // rawKeeper is a resource that keeps its JSON as received.

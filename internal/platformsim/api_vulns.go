@@ -3,6 +3,7 @@ package platformsim
 import (
 	"net/http"
 	"slices"
+	"strings"
 )
 
 func (s *Sim) advisoryLister() lister[*advisory] {
@@ -22,17 +23,112 @@ func (s *Sim) advisoryLister() lister[*advisory] {
 
 func (s *Sim) renderAdvisory(a *advisory) map[string]any {
 	m := map[string]any{
-		"uid":          a.uid,
-		"advisoryId":   a.advisoryID,
-		"artifactName": a.artifactName,
-		"createTime":   fmtMs(a.createMs),
-		"updateTime":   fmtMs(a.updateMs),
+		"uid":                  a.uid,
+		"advisoryId":           a.advisoryID,
+		"artifactName":         a.artifactName,
+		"createTime":           fmtMs(a.createMs),
+		"updateTime":           fmtMs(a.updateMs),
+		"author":               a.author,
+		"artifactType":         a.artifactType,
+		"artifactArchitecture": a.artifactArch,
+		"componentName":        a.componentName,
+		"componentLocation":    a.componentLocation,
+		"componentType":        a.componentType,
+		"aliases":              append([]string{}, a.aliases...),
 	}
-	// A withdrawn advisory stays listed, with its deleteTime set.
+	sev := make([]any, len(a.severities))
+	for i, x := range a.severities {
+		sev[i] = map[string]any{"type": x.typ, "score": x.score}
+	}
+	m["severities"] = sev
+	evs := make([]any, len(a.events))
+	for i, e := range a.events {
+		evs[i] = s.renderEvent(e)
+	}
+	m["events"] = evs
+	// Optional fields are absent when unset, in either mode. A withdrawn
+	// advisory stays listed, with its deleteTime set.
+	if a.legacyID != "" {
+		m["legacyAdvisoryId"] = a.legacyID
+	}
 	if a.deleteMs != 0 {
 		m["deleteTime"] = fmtMs(a.deleteMs)
 	}
 	return s.wire("advisory", a.uid, m)
+}
+
+// advisoryFilters are the list filters of ListAdvisoriesRequest that match
+// one of an advisory's string fields against any of several values.
+var advisoryFilters = map[string]func(a *advisory) []string{
+	"advisoryIds":           func(a *advisory) []string { return []string{a.advisoryID} },
+	"legacyAdvisoryIds":     func(a *advisory) []string { return []string{a.legacyID} },
+	"artifactNames":         func(a *advisory) []string { return []string{a.artifactName} },
+	"artifactTypes":         func(a *advisory) []string { return []string{a.artifactType} },
+	"artifactArchitectures": func(a *advisory) []string { return []string{a.artifactArch} },
+	"componentNames":        func(a *advisory) []string { return []string{a.componentName} },
+	"componentTypes":        func(a *advisory) []string { return []string{a.componentType} },
+	"componentLocations":    func(a *advisory) []string { return []string{a.componentLocation} },
+	"aliases":               func(a *advisory) []string { return a.aliases },
+	"eventReviewStates": func(a *advisory) []string {
+		return eventValues(a, func(e *advEvent) string { return e.reviewState })
+	},
+	"eventAuthors":   func(a *advisory) []string { return eventValues(a, func(e *advEvent) string { return e.author }) },
+	"eventReviewers": func(a *advisory) []string { return eventValues(a, func(e *advEvent) string { return e.reviewer }) },
+	"eventTypes":     func(a *advisory) []string { return eventValues(a, func(e *advEvent) string { return e.kind }) },
+}
+
+func eventValues(a *advisory, f func(*advEvent) string) []string {
+	out := make([]string, len(a.events))
+	for i, e := range a.events {
+		out[i] = f(e)
+	}
+	return out
+}
+
+// advisoryMatcher reads the advisory list's filters into a predicate.
+func (s *Sim) advisoryMatcher(q query) (func(*advisory) bool, *apiError) {
+	want := map[string][]string{}
+	for name := range advisoryFilters {
+		if vs := q.list(name); len(vs) > 0 {
+			want[name] = vs
+		}
+	}
+	// Enum filters take the value's name or number.
+	for i, v := range want["eventTypes"] {
+		kind, ok := eventTypeFilters[v]
+		if !ok {
+			return nil, s.errInvalid("event_types", "unknown EventTypeFilter "+v)
+		}
+		want["eventTypes"][i] = kind
+	}
+	latest := q.get("latestEventType")
+	if latest != "" {
+		kind, ok := eventTypeFilters[latest]
+		if !ok {
+			return nil, s.errInvalid("latest_event_type", "unknown EventTypeFilter "+latest)
+		}
+		latest = kind
+	}
+	text := strings.ToLower(q.get("query"))
+	excluded := q.list("excludeEventAuthors")
+	return func(a *advisory) bool {
+		for name, vs := range want {
+			if !slices.ContainsFunc(advisoryFilters[name](a), func(v string) bool { return slices.Contains(vs, v) }) {
+				return false
+			}
+		}
+		if latest != "" && a.latestApproved() != latest {
+			return false
+		}
+		if len(excluded) > 0 && slices.ContainsFunc(a.events, func(e *advEvent) bool { return slices.Contains(excluded, e.author) }) {
+			return false
+		}
+		if text != "" && !strings.Contains(strings.ToLower(a.artifactName), text) && !strings.Contains(strings.ToLower(a.componentName), text) &&
+			!slices.ContainsFunc(a.aliases, func(x string) bool { return strings.Contains(strings.ToLower(x), text) }) {
+			return false
+		}
+		return true
+	}, nil
 }
 
 func (s *Sim) listAdvisories(w http.ResponseWriter, r *http.Request, _ route) {
@@ -44,20 +140,17 @@ func (s *Sim) listAdvisories(w http.ResponseWriter, r *http.Request, _ route) {
 		writeError(w, e)
 		return
 	}
-	names, ids := p.q.list("artifactNames"), p.q.list("advisoryIds")
+	match, e := s.advisoryMatcher(p.q)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
 	s.mu.RLock()
 	var items []*advisory
 	for _, a := range s.advisories {
-		if !p.scopeMatches(a.uid) {
-			continue
+		if p.scopeMatches(a.uid) && match(a) {
+			items = append(items, a)
 		}
-		if len(names) > 0 && !slices.Contains(names, a.artifactName) {
-			continue
-		}
-		if len(ids) > 0 && !slices.Contains(ids, a.advisoryID) {
-			continue
-		}
-		items = append(items, a)
 	}
 	resp, e := paginate(s, p, items, s.advisoryLister())
 	s.mu.RUnlock()

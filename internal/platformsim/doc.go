@@ -29,7 +29,7 @@
 // families the tag list hides, each with history; all default to 0, so
 // existing scales generate what they always did. ScaleScenario is the benchmark
 // organization (1,000 repos, 50,000 tags, about 1,000,000 history records,
-// 20,000 advisories); it generates in well under a second and about 65 MiB.
+// 20,000 advisories); it generates in well under a second and about 100 MiB.
 //
 // # Strict: what the real service does
 //
@@ -65,7 +65,8 @@
 //
 // PushRepositoryUID (not part of Strict) puts the repo's uid in a push
 // event's `repository` instead of its registry path. StrictRates, the
-// default Rates of a strict simulator, adds advisory withdrawals.
+// default Rates of a strict simulator, adds advisory withdrawals and
+// lifecycles.
 //
 // Repos may sit below subgroups. A repo's registry path is the names of
 // its uid's segments below the root group joined by "/" (charts/etcd for
@@ -76,9 +77,34 @@
 // tag of a known repo 404 MANIFEST_UNKNOWN), and push events name the path.
 // RegistryPath and TruthRepo.Path give it.
 //
-// Advisories can be withdrawn (mutation advisory.withdrawn): they stay
-// listed and gettable with deleteTime set. advisory.deleted removes one
-// outright.
+// Advisories are whole, as advisories.proto has them: artifact (name, type,
+// architecture), component (name, location, type), author, aliases (a CVE,
+// often shared by several artifacts, and sometimes a GHSA id), an optional
+// legacyAdvisoryId, CVSS v2/v3.1/v4 severities, and a lifecycle of events,
+// each carrying one member of the proto's oneof as the gateway renders it
+// ({"fixed": {"fixedVersion": ...}}; an empty message is {} in every mode):
+// a detection (by a scan, with its match and base64 findings, the NVD API
+// or by hand), then true or false positive determinations, a fix pending
+// upstream, analysis or a fix not planned, patched or fixed at a version,
+// each with its uid (a child of the advisory's), author and review state.
+// Without ProtoJSON every field is rendered, zero values included, as a
+// gateway emitting unpopulated fields does; optional fields (deleteTime,
+// legacyAdvisoryId, issue) are absent when unset in either mode. Populate
+// gives each advisory a lifecycle of one to four steps, the last one
+// pending review now and then; details are drawn from a generator seeded by
+// the advisory's uid, so the rest of a population is what it always was.
+// The list filters on advisory_ids, legacy_advisory_ids, artifact_names,
+// artifact_types, artifact_architectures, component_names, component_types,
+// component_locations, aliases, event_types and latest_event_type
+// (EventTypeFilter names or numbers; the latest approved event),
+// event_review_states, event_authors, event_reviewers,
+// exclude_event_authors and query (in either spelling). Mutations:
+// advisory.event appends a step (Mutation.Event, Version, Review),
+// advisory.reviewed approves a pending one, advisory.withdrawn sets
+// deleteTime (the advisory stays listed and gettable), advisory.deleted
+// removes one outright; Rates.AdvanceAdvisory (in StrictRates) moves random
+// advisories along realistic lifecycles (detected, then fixed at a version,
+// a false positive, pending upstream, ...).
 //
 // # Token exchange
 //
@@ -131,7 +157,7 @@
 //	GET    /registry/v2/tags                       list (+ digest, updated_since, include_referrers, include_dates, include_epochs)
 //	GET    /registry/v2/tags/{uid}                 DELETE
 //	POST   /registry/v2/tags/{repo_uid}            create (name, digest)
-//	GET    /vulnerabilities/v2/advisories          list (+ artifactNames, advisoryIds)
+//	GET    /vulnerabilities/v2/advisories          list (+ the proto's filters: artifact_names, aliases, event_types, ...)
 //	GET    /vulnerabilities/v2/advisories/{uid}      withdrawn ones carry deleteTime
 //	GET    /iam/v2/groups, /iam/v2/groups/{uid}    PATCH, DELETE (RESOURCE_NOT_EMPTY)
 //	POST   /iam/v2/groups/{parent_group_uid}

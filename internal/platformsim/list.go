@@ -41,10 +41,10 @@ func canonicalParam(name string) string {
 		return "include_dates"
 	case "includeEpochs":
 		return "include_epochs"
-	case "artifact_names":
-		return "artifactNames"
-	case "advisory_ids":
-		return "advisoryIds"
+	}
+	// The advisory list's filters, kept in camelCase.
+	if c := camelCase(name); advisoryFilters[c] != nil || c == "latestEventType" || c == "excludeEventAuthors" {
+		return c
 	}
 	return name
 }

@@ -47,6 +47,16 @@ type advisory struct {
 	createMs, updateMs            int64
 	deleteMs                      int64 // withdrawn at; 0 while live
 	idx                           int   // position in Sim.advList
+
+	author, artifactType, artifactArch              string
+	componentName, componentLocation, componentType string
+	legacyID                                        string
+	aliases                                         []string
+	severities                                      []severity
+	events                                          []*advEvent // oldest first
+	// version is the artifact's version when the vulnerability was
+	// detected; fixed and patched versions follow it.
+	version string
 }
 
 type identity struct {

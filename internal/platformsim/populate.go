@@ -169,6 +169,9 @@ func (s *Sim) Populate(sc Scale) {
 			artifactName: words[rng.IntN(len(words))]}
 		a.createMs = now - rng.Int64N(365*24*int64(time.Hour/time.Millisecond))
 		a.updateMs = a.createMs + rng.Int64N(now-a.createMs+1)
+		detail := advisoryRand(s.opts.Seed, a.uid)
+		fillAdvisory(detail, a, sc.Advisories/3, s.opts.ErrorDomain)
+		growLifecycle(detail, a)
 		s.addAdvisoryLocked(a)
 	}
 	pub := sc.PublicImages

@@ -2,6 +2,7 @@ package platformsim
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -60,6 +61,13 @@ const (
 	// AdvisoryDeleted removes an advisory outright, so it is neither listed
 	// nor found any more.
 	AdvisoryDeleted MutationKind = "advisory.deleted"
+	// AdvisoryEventAdded appends a step to an advisory's lifecycle: an
+	// event of kind Mutation.Event (EventFixed, ...), reviewed as
+	// Mutation.Review (default approved), at version Mutation.Version for a
+	// fix or a patch (default the next epoch of the detected version).
+	AdvisoryEventAdded MutationKind = "advisory.event"
+	// AdvisoryReviewed approves an advisory's latest event pending review.
+	AdvisoryReviewed MutationKind = "advisory.reviewed"
 )
 
 // Mutation is one applied change, as returned by Step and accepted by Apply.
@@ -74,9 +82,16 @@ type Mutation struct {
 	// Name of a created repo or tag, or the description of RepoDescribed.
 	Name string `json:"name,omitempty"`
 	// Digest is the new digest of a moved or created tag.
-	Digest         string    `json:"digest,omitempty"`
-	PreviousDigest string    `json:"previousDigest,omitempty"`
-	Time           time.Time `json:"time"`
+	Digest         string `json:"digest,omitempty"`
+	PreviousDigest string `json:"previousDigest,omitempty"`
+	// Event is the kind of an added advisory event; EventUID its uid.
+	Event    string `json:"event,omitempty"`
+	EventUID string `json:"eventUid,omitempty"`
+	// Version is a fixed or patched event's version.
+	Version string `json:"version,omitempty"`
+	// Review is an added advisory event's review state.
+	Review string    `json:"review,omitempty"`
+	Time   time.Time `json:"time"`
 }
 
 // Rates weights the mutation kinds Step draws; only ratios matter.
@@ -94,6 +109,10 @@ type Rates struct {
 	// mix of existing scenarios is unchanged.
 	WithdrawAdvisory float64 `json:"withdrawAdvisory"`
 	DeleteAdvisory   float64 `json:"deleteAdvisory"`
+	// AdvanceAdvisory moves an advisory one step along its lifecycle
+	// (AdvisoryEventAdded, or AdvisoryReviewed when its latest event
+	// awaits review); 0 in DefaultRates.
+	AdvanceAdvisory float64 `json:"advanceAdvisory"`
 }
 
 // DefaultRates is mostly tag moves, with a little of everything else.
@@ -102,11 +121,11 @@ func DefaultRates() Rates {
 		CreateRepo: 2, DeleteRepo: 1, UpdateRepo: 2, CreateAdvisory: 7, UpdateAdvisory: 6}
 }
 
-// StrictRates is DefaultRates with advisory withdrawals, the default of a
-// Strict simulator.
+// StrictRates is DefaultRates with advisory withdrawals and lifecycles, the
+// default of a Strict simulator.
 func StrictRates() Rates {
 	r := DefaultRates()
-	r.WithdrawAdvisory = 2
+	r.WithdrawAdvisory, r.AdvanceAdvisory = 2, 8
 	return r
 }
 
@@ -140,7 +159,7 @@ func (s *Sim) pickKindLocked() MutationKind {
 		{TagMoved, r.MoveTag}, {TagDeprecated, r.Deprecate}, {TagCreated, r.CreateTag},
 		{TagDeleted, r.DeleteTag}, {RepoCreated, r.CreateRepo}, {RepoDeleted, r.DeleteRepo},
 		{RepoDescribed, r.UpdateRepo}, {AdvisoryCreated, r.CreateAdvisory}, {AdvisoryUpdated, r.UpdateAdvisory},
-		{AdvisoryWithdrawn, r.WithdrawAdvisory}, {AdvisoryDeleted, r.DeleteAdvisory},
+		{AdvisoryWithdrawn, r.WithdrawAdvisory}, {AdvisoryDeleted, r.DeleteAdvisory}, {AdvisoryEventAdded, r.AdvanceAdvisory},
 	}
 	var total float64
 	for _, c := range choices {
@@ -226,6 +245,8 @@ func (s *Sim) randomMutationLocked() (Mutation, bool) {
 		if len(s.advList) > 0 {
 			m.UID = s.advList[s.rng.IntN(len(s.advList))].uid
 		}
+	case AdvisoryEventAdded:
+		m = s.advanceLocked()
 	}
 	if m.UID == "" && m.RepoUID == "" && m.Name == "" {
 		words := imageWords()
@@ -334,8 +355,24 @@ func (s *Sim) applyLocked(m Mutation) (Mutation, error) {
 	case AdvisoryCreated:
 		a := &advisory{uid: newSegmentFrom(s.rng) + newSegmentFrom(s.rng), advisoryID: advisoryID(s.rng),
 			artifactName: m.Name, createMs: ms, updateMs: ms}
+		fillAdvisory(advisoryRand(s.opts.Seed, a.uid), a, max(len(s.advList)/3, 3), s.opts.ErrorDomain)
 		s.addAdvisoryLocked(a)
 		m.UID, m.Name = a.uid, a.artifactName
+		m.Event, m.EventUID = a.events[0].kind, a.events[0].uid
+	case AdvisoryEventAdded:
+		return s.addEventLocked(m, ms)
+	case AdvisoryReviewed:
+		a, ok := s.advisories[m.UID]
+		if !ok {
+			return m, fmt.Errorf("review advisory %s: no such advisory", m.UID)
+		}
+		e := a.events[len(a.events)-1]
+		if e.reviewState == ReviewApproved {
+			return m, fmt.Errorf("review advisory %s: its latest event %s is approved already", m.UID, e.uid)
+		}
+		e.reviewState, e.reviewer = ReviewApproved, "lead@"+s.opts.ErrorDomain
+		a.updateMs = max(ms, a.updateMs)
+		m.Name, m.Event, m.EventUID, m.Review = a.artifactName, e.kind, e.uid, e.reviewState
 	case AdvisoryUpdated:
 		a, ok := s.advisories[m.UID]
 		if !ok {
@@ -362,6 +399,68 @@ func (s *Sim) applyLocked(m Mutation) (Mutation, error) {
 		m.Name = a.artifactName
 	default:
 		return m, fmt.Errorf("unknown mutation kind %q", m.Kind)
+	}
+	return m, nil
+}
+
+// advanceLocked draws the next step of a random advisory's lifecycle: the
+// approval of its latest event if that awaits review, else the event that
+// follows its state. Withdrawn advisories and ended lifecycles are skipped;
+// after a few draws without one it gives up (an empty mutation).
+func (s *Sim) advanceLocked() Mutation {
+	for range 8 {
+		if len(s.advList) == 0 {
+			break
+		}
+		a := s.advList[s.rng.IntN(len(s.advList))]
+		if a.deleteMs != 0 {
+			continue
+		}
+		if last := a.events[len(a.events)-1]; !last.approved() {
+			return Mutation{Kind: AdvisoryReviewed, UID: a.uid}
+		}
+		if kind := nextKind(s.rng, a.latestApproved()); kind != "" {
+			m := Mutation{Kind: AdvisoryEventAdded, UID: a.uid, Event: kind, Review: ReviewApproved}
+			if s.rng.IntN(8) == 0 {
+				m.Review = ReviewPending
+			}
+			return m
+		}
+	}
+	return Mutation{Kind: AdvisoryEventAdded}
+}
+
+// reviewStates are the valid review states of a new event.
+var reviewStates = []string{ReviewPending, ReviewApproved, "REVIEW_STATE_REQUEST_CHANGES", "REVIEW_STATE_REJECTED"}
+
+// addEventLocked applies AdvisoryEventAdded at ms.
+func (s *Sim) addEventLocked(m Mutation, ms int64) (Mutation, error) {
+	a, ok := s.advisories[m.UID]
+	if !ok {
+		return m, fmt.Errorf("add event to advisory %s: no such advisory", m.UID)
+	}
+	if a.deleteMs != 0 {
+		return m, fmt.Errorf("add event to advisory %s: withdrawn at %s", m.UID, fmtMs(a.deleteMs))
+	}
+	if !slices.Contains(EventKinds(), m.Event) {
+		return m, fmt.Errorf("add event to advisory %s: unknown kind %q (want one of %v)", m.UID, m.Event, EventKinds())
+	}
+	if m.Review == "" {
+		m.Review = ReviewApproved
+	}
+	if !slices.Contains(reviewStates, m.Review) {
+		return m, fmt.Errorf("add event to advisory %s: unknown review state %q", m.UID, m.Review)
+	}
+	// Events stay ordered even if the clock was moved backwards.
+	ms = max(ms, a.events[len(a.events)-1].createMs)
+	e := step(s.rng, a, m.Event, m.Version, ms)
+	e.reviewState = m.Review
+	a.events = append(a.events, e)
+	a.updateMs = max(ms, a.updateMs)
+	m.Name, m.EventUID = a.artifactName, e.uid
+	m.Version = e.fixedVersion
+	if len(e.patched) > 0 {
+		m.Version = e.patched[0]
 	}
 	return m, nil
 }

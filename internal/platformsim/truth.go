@@ -62,9 +62,82 @@ type TruthAdvisory struct {
 	UID          string    `json:"uid"`
 	AdvisoryID   string    `json:"advisoryId"`
 	ArtifactName string    `json:"artifactName"`
+	CreateTime   time.Time `json:"createTime"`
 	UpdateTime   time.Time `json:"updateTime"`
 	// DeleteTime is when the advisory was withdrawn; nil while it is live.
-	DeleteTime *time.Time `json:"deleteTime,omitempty"`
+	DeleteTime           *time.Time `json:"deleteTime,omitempty"`
+	Author               string     `json:"author"`
+	ArtifactType         string     `json:"artifactType"`
+	ArtifactArchitecture string     `json:"artifactArchitecture"`
+	ComponentName        string     `json:"componentName"`
+	ComponentLocation    string     `json:"componentLocation"`
+	ComponentType        string     `json:"componentType"`
+	// LegacyAdvisoryID is "" when the advisory has none.
+	LegacyAdvisoryID string          `json:"legacyAdvisoryId,omitempty"`
+	Aliases          []string        `json:"aliases"`
+	Severities       []TruthSeverity `json:"severities"`
+	// Events is the lifecycle, oldest first.
+	Events []TruthAdvisoryEvent `json:"events"`
+}
+
+// TruthSeverity is one severity of an advisory.
+type TruthSeverity struct {
+	Type  string `json:"type"`
+	Score string `json:"score"`
+}
+
+// TruthAdvisoryEvent is one event of an advisory's lifecycle.
+type TruthAdvisoryEvent struct {
+	UID         string    `json:"uid"`
+	CreateTime  time.Time `json:"createTime"`
+	Author      string    `json:"author"`
+	Reviewer    string    `json:"reviewer,omitempty"`
+	ReviewState string    `json:"reviewState"`
+	Issue       string    `json:"issue,omitempty"`
+	// Findings are the scanner's findings (JSON), served in base64.
+	Findings []byte `json:"findings,omitempty"`
+	// Kind is the oneof member (EventDetection, EventFixed, ...).
+	Kind string `json:"kind"`
+	// DetectionType is how a detection was made (DetectionScan, ...), and
+	// Match what it matched: the detection's fields that are set, by JSON
+	// name.
+	DetectionType string            `json:"detectionType,omitempty"`
+	Match         map[string]string `json:"match,omitempty"`
+	// The fields of the other kinds.
+	Note              string   `json:"note,omitempty"`
+	FixedVersion      string   `json:"fixedVersion,omitempty"`
+	PatchedVersions   []string `json:"patchedVersions,omitempty"`
+	FalsePositiveType string   `json:"falsePositiveType,omitempty"`
+}
+
+func truthAdvisory(a *advisory) TruthAdvisory {
+	ta := TruthAdvisory{UID: a.uid, AdvisoryID: a.advisoryID, ArtifactName: a.artifactName,
+		CreateTime: msTime(a.createMs), UpdateTime: msTime(a.updateMs), Author: a.author, ArtifactType: a.artifactType,
+		ArtifactArchitecture: a.artifactArch, ComponentName: a.componentName, ComponentLocation: a.componentLocation,
+		ComponentType: a.componentType, LegacyAdvisoryID: a.legacyID, Aliases: append([]string(nil), a.aliases...)}
+	if a.deleteMs != 0 {
+		d := msTime(a.deleteMs)
+		ta.DeleteTime = &d
+	}
+	for _, x := range a.severities {
+		ta.Severities = append(ta.Severities, TruthSeverity{Type: x.typ, Score: x.score})
+	}
+	for _, e := range a.events {
+		te := TruthAdvisoryEvent{UID: e.uid, CreateTime: msTime(e.createMs), Author: e.author, Reviewer: e.reviewer,
+			ReviewState: e.reviewState, Issue: e.issue, Findings: append([]byte(nil), e.findings...), Kind: e.kind,
+			DetectionType: e.how, Note: e.note, FixedVersion: e.fixedVersion, PatchedVersions: append([]string(nil), e.patched...),
+			FalsePositiveType: e.fp}
+		for _, kv := range e.match {
+			if kv[1] != "" {
+				if te.Match == nil {
+					te.Match = map[string]string{}
+				}
+				te.Match[kv[0]] = kv[1]
+			}
+		}
+		ta.Events = append(ta.Events, te)
+	}
+	return ta
 }
 
 // TruthPublicTag is a tag of a public image with its history.
@@ -105,13 +178,7 @@ func (s *Sim) Truth() Truth {
 		t.History[tg.uid] = truthHistory(tg.history)
 	}
 	for _, a := range s.advisories {
-		ta := TruthAdvisory{UID: a.uid, AdvisoryID: a.advisoryID,
-			ArtifactName: a.artifactName, UpdateTime: msTime(a.updateMs)}
-		if a.deleteMs != 0 {
-			d := msTime(a.deleteMs)
-			ta.DeleteTime = &d
-		}
-		t.Advisories = append(t.Advisories, ta)
+		t.Advisories = append(t.Advisories, truthAdvisory(a))
 	}
 	for _, pi := range s.public {
 		for _, tg := range pi.tags {

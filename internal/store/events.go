@@ -35,6 +35,9 @@ type change struct {
 	time    time.Time
 	before  any
 	after   any
+	// data, when set, is the event's data instead of {"before", "after"}
+	// (an advisory's lifecycle step).
+	data any
 }
 
 // eventID is deterministic: the same change always gets the same id, so a
@@ -91,10 +94,14 @@ func (s *Store) appendEvents(ctx context.Context, tx *sql.Tx, cs []change) (int,
 	now := FormatTime(s.now())
 	args := make([]any, 0, eventColumns*len(cs))
 	for _, c := range cs {
-		data, err := json.Marshal(struct {
+		var v any = struct {
 			Before any `json:"before"`
 			After  any `json:"after"`
-		}{c.before, c.after})
+		}{c.before, c.after}
+		if c.data != nil {
+			v = c.data
+		}
+		data, err := json.Marshal(v)
 		if err != nil {
 			return 0, fmt.Errorf("encode %s event of %s: %w", c.typ, c.subject, err)
 		}

@@ -9,3 +9,12 @@ func (s *Store) WriterPragma(ctx context.Context, name string) (string, error) {
 	err := s.w.QueryRowContext(ctx, `PRAGMA `+name).Scan(&v)
 	return v, err
 }
+
+// CVSS is baseScore and rating, for tests of known vectors.
+func CVSS(typ, score string) (float64, string, bool) {
+	b, ok := baseScore(typ, score)
+	if !ok {
+		return 0, "", false
+	}
+	return b, rating(typ, b), true
+}

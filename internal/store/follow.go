@@ -125,20 +125,7 @@ func (s *Store) applyStreamEvent(ctx context.Context, tx *sql.Tx, e StreamEvent,
 		}
 		return scopeOf(d.After.Path, d.After.Repo), nil
 	case "advisory":
-		var d struct{ Before, After *Advisory }
-		if err := json.Unmarshal(e.Data, &d); err != nil {
-			return "", fmt.Errorf("decode data: %w", err)
-		}
-		if d.After != nil {
-			return d.After.ArtifactName, s.upsertAdvisory(ctx, tx, *d.After, now)
-		}
-		if d.Before == nil {
-			return "", errors.New("data has neither before nor after")
-		}
-		if err := s.upsertAdvisory(ctx, tx, *d.Before, now); err != nil {
-			return "", err
-		}
-		return d.Before.ArtifactName, tombstone(ctx, tx, "advisories", FormatTime(e.Time), []string{d.Before.UID})
+		return s.applyFollowedAdvisory(ctx, tx, e, now)
 	}
 	return "", fmt.Errorf("unknown resource %q", resource)
 }
@@ -170,15 +157,6 @@ func (s *Store) upsertTag(ctx context.Context, tx *sql.Tx, t Tag, now string) er
 	row := []any{t.UID, t.RepoUID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles), nullTime(t.CreateTime), nullTime(t.UpdateTime), now, true, nil}
 	if _, err := s.insertRows(ctx, tx, bulkTags, row); err != nil {
 		return fmt.Errorf("upsert tag %s: %w", t.UID, err)
-	}
-	return nil
-}
-
-// upsertAdvisory writes a as live, reviving a tombstone.
-func (s *Store) upsertAdvisory(ctx context.Context, tx *sql.Tx, a Advisory, now string) error {
-	a.DeleteTime = time.Time{} // a withdrawal is the event's, applied after
-	if _, err := s.insertRows(ctx, tx, bulkAdvisories, advisoryRow(a, nil, now)); err != nil {
-		return fmt.Errorf("upsert advisory %s: %w", a.UID, err)
 	}
 	return nil
 }

@@ -114,7 +114,8 @@ func (s *Store) MarkAdvisoriesWithdrawn(ctx context.Context, uids []string) (int
 		var cs []change
 		for _, uid := range live {
 			a := advs[uid]
-			cs = append(cs, change{typ: AdvisoryWithdrawn, scope: a.ArtifactName, subject: uid, disc: deletedDisc(a.deletions + 1), time: now, before: a.Advisory})
+			cs = append(cs, change{typ: AdvisoryWithdrawn, scope: a.ArtifactName, subject: uid, disc: deletedDisc(a.deletions + 1), time: now,
+				before: a.Advisory.forEvent()})
 		}
 		if err := tombstone(ctx, tx, "advisories", FormatTime(now), live); err != nil {
 			return 0, err
