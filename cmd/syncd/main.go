@@ -85,7 +85,7 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		cmd = &identityCommand{m: m}
 	case "check":
 		cmd = &checkCommand{m: m}
-	case "version":
+	case "version", "--version", "-version":
 		fmt.Fprintln(m.Stdout, "syncd", version())
 		return exitOK
 	default:
@@ -121,6 +121,7 @@ Commands:
   sync           crawl once, publish everything, and exit (--once)
   follow         keep a mirror from a leader's event stream, without the platform
   status         show what is mirrored and how fresh it is
+  check          validate the config, then try each credential and NATS
   subscriptions  list (or --remove) syncd's event subscriptions
   identity       create the identity syncd runs as, bound to a role ("identity create")
   sim            run the platform simulator alone

@@ -86,7 +86,12 @@ func TestMain_Usage(t *testing.T) {
 	if code, _, stderr := runMain(context.Background(), "sync"); code != exitUsage || !strings.Contains(stderr, "--once is required") {
 		t.Fatalf("exit=%d stderr=%q, want 2 and '--once is required'", code, stderr)
 	}
-	for _, cmd := range []string{"run", "sync", "status", "sim", "subscriptions", "identity", "follow"} {
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		if code, stdout, _ := runMain(context.Background(), args...); code != exitOK || !strings.HasPrefix(stdout, "syncd ") {
+			t.Errorf("syncd %s: exit=%d, stdout=%q; want 0 and the version", args[0], code, stdout)
+		}
+	}
+	for _, cmd := range []string{"run", "sync", "status", "sim", "subscriptions", "identity", "follow", "check"} {
 		code, _, stderr := runMain(context.Background(), cmd, "--help")
 		if code != exitOK || !strings.Contains(stderr, "Usage: syncd "+cmd) || !strings.Contains(stderr, "Example") {
 			t.Errorf("%s --help: exit=%d, stderr=%q; want 0, usage and examples", cmd, code, stderr)

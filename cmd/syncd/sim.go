@@ -19,6 +19,9 @@ type simCommand struct {
 	token    string
 	regToken string
 	strict   bool
+	// httpSinks lets subscriptions name http:// sinks, for a syncd on
+	// loopback.
+	httpSinks bool
 	scale    platformsim.Scale
 	every    time.Duration
 	perStep  int
@@ -54,6 +57,7 @@ func (c *simCommand) ParseFlags(args []string) error {
 	fs.Int64Var(&c.seed, "seed", 1, "seed of the generated organization and of its changes")
 	fs.StringVar(&c.token, "token", "sim-token", "platform bearer `token` the simulator accepts")
 	fs.StringVar(&c.regToken, "registry-token", "sim-registry-token", "registry `token` (the registry's audience) the simulator accepts")
+	fs.BoolVar(&c.httpSinks, "allow-http-sinks", false, "accept http:// subscription sinks on loopback (the platform wants https://), so pushes reach a local syncd")
 	fs.BoolVar(&c.strict, "strict", false, "behave as the vendor's service does: a platform token is refused at the registry, tag families hidden unless asked, protojson on the wire")
 	fs.IntVar(&c.scale.NestedRepos, "nested-repos", 0, "repos placed below subgroups (their registry path is charts/<name> and the like)")
 	fs.IntVar(&c.scale.DateTags, "date-tags", 0, "date-stamped tags (<version>-20yymmdd) per repo")
@@ -74,12 +78,13 @@ func (c *simCommand) Run(ctx context.Context) error {
 		return err
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	sim := platformsim.New(platformsim.Options{Seed: c.seed, Tokens: []string{c.token}, RegistryTokens: []string{c.regToken}, Strict: c.strict, StartInclusive: c.inclusiv,
+	sim := platformsim.New(platformsim.Options{Seed: c.seed, Tokens: []string{c.token}, RegistryTokens: []string{c.regToken}, Strict: c.strict, AllowHTTPSinks: c.httpSinks, StartInclusive: c.inclusiv,
 		Vendor: cfg.Platform.Vendor, PublicOrg: cfg.Platform.PublicOrg})
 	sim.Populate(c.scale)
 	ln, err := c.m.listen(c.addr)
 	if err != nil {
-		return usageError{fmt.Errorf("--addr: %w", err)}
+		// Runtime, as for every command's listeners: exit 1, not 2.
+		return fmt.Errorf("--addr: %w", err)
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	url := serveSim(gctx, g, sim, ln, c.every, c.perStep)

@@ -41,7 +41,7 @@ func NewMetrics(version string) *Metrics {
 		crawlDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "syncd_crawl_duration_seconds",
 			Help: "How long each crawl job ran.", Buckets: prometheus.ExponentialBuckets(0.05, 2.5, 12)}, []string{"crawl_job"}),
 		crawlRuns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_crawl_runs_total",
-			Help: "Crawl job runs by outcome (ok, failed, canceled)."}, []string{"crawl_job", "outcome"}),
+			Help: "Crawl job runs by outcome (ok, partial, failed, canceled)."}, []string{"crawl_job", "outcome"}),
 		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "syncd_crawl_last_success_timestamp_seconds",
 			Help: "Unix time of each job's last successful run: how fresh the mirror is."}, []string{"crawl_job"}),
 		rows: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_rows_written_total",
@@ -55,6 +55,17 @@ func NewMetrics(version string) *Metrics {
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "syncd_build_info", Help: "syncd's version.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
+	// The series dashboards and alerts read exist from the start, at zero,
+	// rather than from the first retry or failed run on: "No data" looks
+	// like a broken scrape.
+	for _, ep := range []string{"GET /registry/v2/repos", "GET /registry/v2/tags", "GET /v2/{image}/history", "GET /vulnerabilities/v2/advisories"} {
+		m.retries.WithLabelValues(ep)
+	}
+	for _, job := range []string{"crawl", "sweep", "advisories"} {
+		for _, outcome := range []string{"ok", "partial", "failed", "canceled"} {
+			m.crawlRuns.WithLabelValues(job, outcome)
+		}
+	}
 	reg.MustRegister(m.requests, m.retries, m.crawlDuration, m.crawlRuns, m.lastSuccess, m.rows, m.recorded, m.published, m.publishLatency, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
