@@ -22,10 +22,10 @@ type simCommand struct {
 	// httpSinks lets subscriptions name http:// sinks, for a syncd on
 	// loopback.
 	httpSinks bool
-	scale    platformsim.Scale
-	every    time.Duration
-	perStep  int
-	inclusiv bool
+	scale     platformsim.Scale
+	every     time.Duration
+	perStep   int
+	inclusiv  bool
 }
 
 const simUsage = `Usage: syncd sim [--addr HOST:PORT] [--seed N] [--token T] [sizes]
