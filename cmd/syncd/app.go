@@ -290,7 +290,7 @@ func newRegistrar(cfg config.Config, client *platform.Client, st *store.Store, l
 }
 
 // newFollower follows the stream into st, recording its lag there.
-func newFollower(nc *publish.Conn, st *store.Store, cfg config.Config, node string, log *slog.Logger) *cluster.Follower {
+func newFollower(nc *publish.Conn, st *store.Store, cfg config.Config, log *slog.Logger) *cluster.Follower {
 	return cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
-		Consumer: cfg.Cluster.ConsumerName(node), Meta: st, Logger: log.With("part", "follow")})
+		Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow")})
 }

@@ -26,7 +26,8 @@ Keeps a mirror at [store] path from the event stream of a syncd leader
 ([nats] url, stream and subject_prefix), without any request to the
 platform: every event's state is applied to the same tables "syncd run"
 fills. A durable JetStream consumer ([cluster] consumer, default
-syncd-follow-<node_id>) starts at the first message the stream holds and
+syncd-follow-<node_id>, or syncd-follow-<host>-<hash of the mirror path>,
+the same across restarts) starts at the first message the stream holds and
 resumes where it stopped. A stream that does not exist yet is waited for
 (the leader creates it), with /readyz unready meanwhile; one that does not
 capture <subject_prefix>.> is an error. [platform] keys are not needed.
@@ -82,9 +83,8 @@ func (c *followCommand) Run(ctx context.Context) error {
 	if err := cluster.RecordRole(ctx, st, cluster.RoleFollower, ""); err != nil {
 		return err
 	}
-	node := cfg.Cluster.Node()
-	f := newFollower(nc, st, cfg, node, log)
-	log.Info("syncd following", "version", version(), "mirror", cfg.Store.Path, "stream", cfg.NATS.Stream, "consumer", cfg.Cluster.ConsumerName(node))
+	f := newFollower(nc, st, cfg, log)
+	log.Info("syncd following", "version", version(), "mirror", cfg.Store.Path, "stream", cfg.NATS.Stream, "consumer", cfg.Cluster.ConsumerName(cfg.Store.Path))
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.Admin.Listen != "" {
 		m := admin.NewMetrics(version())

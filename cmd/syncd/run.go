@@ -160,7 +160,7 @@ func (a *app) role(ctx context.Context, grace time.Duration) (leaderRole, error)
 	if err != nil {
 		return leaderRole{}, err
 	}
-	rep := &cluster.Replica{Lease: lease, Follower: newFollower(a.nats, a.store, a.cfg, node, a.log),
+	rep := &cluster.Replica{Lease: lease, Follower: newFollower(a.nats, a.store, a.cfg, a.log),
 		Promote: a.crawler.ResolveFollowed, Lead: a.duties(grace, lease.IsLeader).Run, Meta: a.store, Logger: a.log.With("part", "cluster")}
 	a.metrics.WatchReplica(rep, cluster.RoleLeader, cluster.RoleStandby)
 	a.metrics.WatchLag(rep.Follower.Lag)

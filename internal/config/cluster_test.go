@@ -2,6 +2,8 @@ package config_test
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +24,14 @@ func TestCluster_Defaults(t *testing.T) {
 	if node == "" || node != cl.Node() {
 		t.Fatalf("Node()=%q, want a stable non-empty name", node)
 	}
-	if got := cl.ConsumerName("host.a-12"); got != "syncd-follow-host_a-12" {
+	// Without a node_id: the same name for the same mirror, every time and
+	// in every process (no pid in it), another for another mirror.
+	a, b := cl.ConsumerName("data/syncd.db"), cl.ConsumerName("other/syncd.db")
+	if a != cl.ConsumerName("data/syncd.db") || a == b || !strings.HasPrefix(a, "syncd-follow-") || strings.Contains(a, fmt.Sprint(os.Getpid())) {
+		t.Errorf("ConsumerName: %q and %q; want a stable name per mirror, without the pid", a, b)
+	}
+	cl.NodeID = "host.a-12"
+	if got := cl.ConsumerName("x"); got != "syncd-follow-host_a-12" {
 		t.Errorf("ConsumerName=%q, want syncd-follow-host_a-12", got)
 	}
 	cl.Consumer = "mine"

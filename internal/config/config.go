@@ -7,9 +7,12 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"time"
 )
@@ -235,14 +238,29 @@ func (cl Cluster) Node() string {
 	return fmt.Sprintf("%s-%d", host, os.Getpid())
 }
 
-// ConsumerName is the durable consumer of this mirror: consumer, or
-// syncd-follow-<node> when it is empty. node is Node(), passed in so that
-// the name is computed once for a process.
-func (cl Cluster) ConsumerName(node string) string {
+// ConsumerName is the durable consumer of the mirror at mirrorPath:
+// consumer, or when it is empty syncd-follow-<node_id>, or without a
+// node_id syncd-follow-<host>-<a hash of the mirror's absolute path>. The
+// name stays the same across restarts, so a follower resumes where it
+// stopped instead of starting over under a new name (the process id in
+// Node would change it) and leaving the old consumer behind; and two
+// mirrors on one host get two consumers.
+func (cl Cluster) ConsumerName(mirrorPath string) string {
 	if cl.Consumer != "" {
 		return cl.Consumer
 	}
-	return "syncd-follow-" + kvSafe.ReplaceAllString(node, "_")
+	if cl.NodeID != "" {
+		return "syncd-follow-" + kvSafe.ReplaceAllString(cl.NodeID, "_")
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "syncd"
+	}
+	if abs, err := filepath.Abs(mirrorPath); err == nil {
+		mirrorPath = abs
+	}
+	sum := sha256.Sum256([]byte(mirrorPath))
+	return "syncd-follow-" + kvSafe.ReplaceAllString(host, "_") + "-" + hex.EncodeToString(sum[:4])
 }
 
 // kvSafe matches what a host name may hold but a consumer name may not.
