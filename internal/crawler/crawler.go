@@ -291,6 +291,7 @@ func (c *Crawler) crawlTags(ctx context.Context, repos []store.Repo, baseline, s
 		}
 		if !newest.IsZero() {
 			q.UpdatedSince = newest.Add(-c.cfg.UpdatedSinceMargin)
+			l.track = true
 		}
 	}
 	if err := c.listAllTags(ctx, l, q, s); err != nil {

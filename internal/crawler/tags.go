@@ -31,8 +31,13 @@ type tagListing struct {
 	// unknown are repos whose tags came but that the repo listing did not
 	// show (created in between): they are crawled on their own after.
 	unknown map[string]bool
-	// read are the tags whose history this crawl read or tried.
-	read sync.Map
+	// read are the tags whose history this crawl read or tried, kept only
+	// when track is set: an updated_since crawl, whose pending histories
+	// must not be read twice. A full listing, which holds the whole
+	// organization's tags, does not keep them: a set of every uid would
+	// grow the crawl's memory with the organization.
+	read  sync.Map
+	track bool
 }
 
 // listAllTags lists the organization's tags (those updated at or after
@@ -130,8 +135,10 @@ func (c *Crawler) applyTagPage(ctx context.Context, g *errgroup.Group, l *tagLis
 // of the crawler's pool of history reads.
 func (c *Crawler) readHistories(ctx context.Context, g *errgroup.Group, l *tagListing, refs []store.TagRef, s *summary) error {
 	for _, ref := range refs {
-		if _, dup := l.read.LoadOrStore(ref.UID, true); dup {
-			continue
+		if l.track {
+			if _, dup := l.read.LoadOrStore(ref.UID, true); dup {
+				continue
+			}
 		}
 		s.historyQueued.Add(1)
 		if err := c.histories.Acquire(ctx, 1); err != nil {
