@@ -57,6 +57,17 @@ func (c *runCommand) Run(ctx context.Context) error {
 		return err
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(runCtx)
+	// Bad input changes nothing: the platform keys are checked before the
+	// mirror is locked (which creates its directory), and the lock is
+	// taken before the demo replaces an earlier demo's mirror.
+	if !c.demo {
+		if err := cfg.RequirePlatform(); err != nil {
+			return usageError{err}
+		}
+	}
 	command := "syncd run"
 	if c.demo {
 		command = "syncd run --demo"
@@ -66,15 +77,10 @@ func (c *runCommand) Run(ctx context.Context) error {
 		return err
 	}
 	defer release()
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g, gctx := errgroup.WithContext(runCtx)
 	if c.demo {
 		if err := startDemo(gctx, g, &cfg, log); err != nil {
 			return err
 		}
-	} else if err := cfg.RequirePlatform(); err != nil {
-		return usageError{err}
 	}
 	// The receiver listens before anything registers its address.
 	var evLn net.Listener
