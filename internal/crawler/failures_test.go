@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,25 +11,8 @@ import (
 	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
-
-// fakeClock is a clock the test moves by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // TestCrawl_FailingReposFailAlone breaks one repo's history (404) and
 // another's (403): the crawl finishes every other repo, ends its baseline,
@@ -39,7 +21,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 // failing, and recovered once they answer, with nothing deleted and their
 // history taken as the baseline it is.
 func TestCrawl_FailingReposFailAlone(t *testing.T) {
-	clock := &fakeClock{t: time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)}
+	clock := testutil.NewClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
 	h := newHarnessWith(t, platformsim.Scale{Repos: 5, TagsPerRepo: 3, HistoryPerTag: 4, Advisories: 2}, func(c *crawler.Config) { c.Now = clock.Now })
 	ctx := context.Background()
 	truth := h.sim.Truth()
