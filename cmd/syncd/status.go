@@ -85,7 +85,7 @@ func (c *statusCommand) Run(ctx context.Context) error {
 	if _, err := os.Stat(cfg.Store.Path); err != nil {
 		return fmt.Errorf("no mirror at %s (set [store] path, or run syncd first): %w", cfg.Store.Path, err)
 	}
-	st, err := store.Open(ctx, cfg.Store.Path, store.Options{Readers: 1})
+	st, err := store.OpenReadOnly(ctx, cfg.Store.Path)
 	if err != nil {
 		return err
 	}
@@ -143,6 +143,9 @@ func (rep statusReport) print(out io.Writer) error {
 	if p := rep.Progress; p != nil {
 		fmt.Fprintf(w, "crawl running\tsince %s: %d of %d tags listed, %d of %d history reads, %.1f requests/s, ETA %s\n",
 			store.FormatTime(p.Started), p.TagsListed, p.TagsTotal, p.HistoryRead, p.HistoryQueued, p.RequestsPerSecond, cmp.Or(p.ETA, "unknown yet"))
+		if p.Retrying != "" {
+			fmt.Fprintf(w, "  retrying\t%s\n", p.Retrying)
+		}
 		if p.HeldByRateLimit {
 			fmt.Fprintf(w, "  held\tby [crawl] requests_per_second = %g\n", p.RateLimit)
 		}
