@@ -386,8 +386,25 @@ func (k *KV) due(ctx context.Context, now time.Time) (bool, string, error) {
 // Reconcile makes the buckets hold exactly the published state of the
 // mirror: it puts every live resource whose value differs (or is missing),
 // and deletes every key of a resource that is not live. The relay calls it
-// between passes, when no write of its own is under way.
+// between passes, when no write of its own is under way; a relay that has
+// not started yet may be preceded by it, and then does not reconcile again
+// at its start.
 func (k *KV) Reconcile(ctx context.Context) (ReconcileStats, error) {
+	now := time.Now()
+	epoch, err := k.source.KVEpoch(ctx)
+	if err != nil {
+		return ReconcileStats{}, fmt.Errorf("reconcile KV buckets: %w", err)
+	}
+	st, err := k.reconcile(ctx)
+	if err != nil {
+		k.dirty = true
+		return st, err
+	}
+	k.dirty, k.epoch, k.lastSync = false, epoch, now
+	return st, nil
+}
+
+func (k *KV) reconcile(ctx context.Context) (ReconcileStats, error) {
 	var st ReconcileStats
 	want := map[string]map[string]kvOp{"tag": {}, "repo": {}, "advisory": {}}
 	err := k.source.PublishedState(ctx, func(r store.PublishedResource) error {

@@ -202,8 +202,7 @@ func (r *Relay) syncKV(ctx context.Context) error {
 	if r.kv == nil {
 		return nil
 	}
-	now := time.Now()
-	due, epoch, err := r.kv.due(ctx, now)
+	due, epoch, err := r.kv.due(ctx, time.Now())
 	if err != nil {
 		return fmt.Errorf("check KV buckets: %w", err)
 	}
@@ -212,10 +211,8 @@ func (r *Relay) syncKV(ctx context.Context) error {
 	}
 	st, err := r.kv.Reconcile(ctx)
 	if err != nil {
-		r.kv.dirty = true
 		return err
 	}
-	r.kv.dirty, r.kv.epoch, r.kv.lastSync = false, epoch, now
 	r.log.Info("KV buckets reconciled with the mirror", "put", st.Put, "deleted", st.Deleted, "unchanged", st.Unchanged)
 	return nil
 }
