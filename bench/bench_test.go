@@ -58,6 +58,9 @@ type results struct {
 
 	Relay relayResult `json:"relay"`
 	Push  pushResult  `json:"push"`
+	// KV is the relay keeping the KV buckets: its rate against Relay's,
+	// and the pushes timed to the bucket.
+	KV kvResult `json:"kv"`
 
 	Memory       []memResult `json:"memory"`
 	MemoryGrowth float64     `json:"memory_growth_1x_to_4x"`
@@ -209,8 +212,16 @@ func BenchmarkSyncd(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer conn.Close()
+	kvCopy := filepath.Join(dir, "kv.db")
+	if err := copyMirror(ctx, filepath.Join(dir, "l", "syncd.db"), kvCopy); err != nil {
+		b.Fatal(err)
+	}
 	progress("relay against a plain JetStream publish loop")
 	if r.Relay, err = measureRelay(ctx, conn, l.store, pcfg); err != nil {
+		b.Fatal(err)
+	}
+	progress("relay keeping the KV buckets, on the same events")
+	if r.KV, err = measureRelayKV(ctx, conn, kvCopy, pcfg, r.Relay); err != nil {
 		b.Fatal(err)
 	}
 
@@ -218,6 +229,7 @@ func BenchmarkSyncd(b *testing.B) {
 	if r.Push, err = measurePush(ctx, o, a, conn, pcfg, p.Pushes); err != nil {
 		b.Fatal(err)
 	}
+	r.KV.PushP50ms, r.KV.PushP99ms = quantileMs(r.Push.kv, 0.50), quantileMs(r.Push.kv, 0.99)
 	// The memory runs generate bigger organizations: free this one first.
 	o.Close()
 
@@ -353,6 +365,9 @@ func printTable(w io.Writer, r results) {
 	row("advisories job: wall / events", f("%.2f s / %d", r.Advisories.WallSeconds, r.Advisories.Events), "", "", "")
 	row("relay: events/s", f("%.0f", r.Relay.RelayPerSec), f("JetStream loop %.0f", r.Relay.CeilingPerSec), f("%.2f", r.Relay.RatioToCeiling), status["relay / JetStream ceiling"])
 	row("push to NATS: p50 / p99", f("%.1f / %.1f ms", r.Push.P50ms, r.Push.P99ms), f("%d pushes (first %.0f ms)", r.Push.Pushes, r.Push.FirstMs), "", status["push-to-NATS p99 (ms)"])
+	row("relay keeping KV buckets: events/s", f("%.0f", r.KV.RelayPerSec), f("plain relay %.0f", r.Relay.RelayPerSec), f("%.2f", r.KV.RatioToPlain), "")
+	row("  KV reconciled at a start (up to date)", f("%.2f s", r.KV.ReconcileSeconds), f("%d keys", r.KV.Keys), "", "")
+	row("push to KV value: p50 / p99", f("%.1f / %.1f ms", r.KV.PushP50ms, r.KV.PushP99ms), "", "", "")
 	for i, m := range r.Memory {
 		st := ""
 		switch i {

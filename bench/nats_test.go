@@ -112,6 +112,8 @@ type pushResult struct {
 	// them: the first after start pays for fetching the issuer's keys and
 	// for warming up connections and caches.
 	FirstMs float64 `json:"first_ms"`
+	// kv holds the same pushes timed to the tag's value in the KV bucket.
+	kv []time.Duration
 }
 
 // measurePush wires the push path as syncd run does (a receiver on a
@@ -119,10 +121,17 @@ type pushResult struct {
 // running) and moves n tags one at a time, timing each from the move to
 // the tag.moved event reaching a JetStream consumer, after one push that is
 // not timed with them.
+//
+// The relay keeps the benchmark's KV buckets, and each push is also timed
+// to the tag's new value reaching a watcher of the tags bucket.
 func measurePush(ctx context.Context, o *org, m *mirror, conn *publish.Conn, pcfg publish.Config, n int) (pushResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	relay := publish.NewRelay(conn.JS, m.store, pcfg)
+	kv, err := publish.OpenKV(ctx, conn.JS, benchKV(), m.store)
+	if err != nil {
+		return pushResult{}, err
+	}
+	relay := publish.NewRelay(conn.JS, m.store, pcfg, publish.WithKV(kv))
 	if err := relay.Flush(ctx); err != nil {
 		return pushResult{}, err
 	}
@@ -172,8 +181,13 @@ func measurePush(ctx context.Context, o *org, m *mirror, conn *publish.Conn, pcf
 	}
 	defer cc.Stop()
 
+	values, err := watchTags(ctx, conn.JS)
+	if err != nil {
+		return pushResult{}, err
+	}
 	tags := o.sim.Truth().Tags
 	lat := make([]time.Duration, 0, n+1)
+	kvLat := make([]time.Duration, 0, n+1)
 	for i := range n + 1 {
 		// Spread the moves over the organization, one tag each.
 		tag := tags[(i*7919)%len(tags)]
@@ -195,8 +209,20 @@ func measurePush(ctx context.Context, o *org, m *mirror, conn *publish.Conn, pcf
 					i, tag.UID, rcv.Stats.Accepted.Load(), rcv.Stats.Failed.Load())
 			}
 		}
-		timeout.Stop()
 		lat = append(lat, time.Since(start))
+	waitKV:
+		for {
+			select {
+			case v := <-values:
+				if v.UID == tag.UID && v.Digest == d {
+					kvLat = append(kvLat, v.at.Sub(start))
+					break waitKV
+				}
+			case <-timeout.C:
+				return pushResult{}, fmt.Errorf("push %d: %s's value in the KV bucket did not change within 10s", i, tag.UID)
+			}
+		}
+		timeout.Stop()
 	}
 	first := lat[0]
 	lat = lat[1:]
@@ -210,5 +236,6 @@ func measurePush(ctx context.Context, o *org, m *mirror, conn *publish.Conn, pcf
 	q := func(p float64) float64 {
 		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
 	}
-	return pushResult{Pushes: n, P50ms: q(0.50), P99ms: q(0.99), Maxms: q(1), MaxAt: maxAt, FirstMs: float64(first.Microseconds()) / 1000}, nil
+	return pushResult{Pushes: n, P50ms: q(0.50), P99ms: q(0.99), Maxms: q(1), MaxAt: maxAt, FirstMs: float64(first.Microseconds()) / 1000,
+		kv: kvLat[1:]}, nil
 }

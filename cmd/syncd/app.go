@@ -151,7 +151,16 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger, published
 		a.Close()
 		return nil, err
 	}
-	a.relay = publish.NewRelay(a.nats.JS, a.store, pcfg, publish.WithOnPublished(a.observePublished(pcfg.Format(), published)))
+	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), published))}
+	if cfg.KV.Enabled {
+		kv, err := publish.OpenKV(ctx, a.nats.JS, kvConfig(cfg, log), a.store)
+		if err != nil {
+			a.Close()
+			return nil, err
+		}
+		relayOpts = append(relayOpts, publish.WithKV(kv))
+	}
+	a.relay = publish.NewRelay(a.nats.JS, a.store, pcfg, relayOpts...)
 	a.crawler = newCrawler(cfg, a.client, a.store, a.jobs, a.observeRun, log)
 	a.receiver = newReceiver(cfg, a.crawler, a.store, log)
 	a.registrar = newRegistrar(cfg, a.client, a.store, log)
@@ -250,6 +259,14 @@ func natsConfig(cfg config.Config, log *slog.Logger) publish.Config {
 		Source: strings.TrimRight(cfg.Platform.BaseURL, "/") + "/" + cfg.Platform.Group,
 		Logger: log.With("part", "publish"),
 	}
+}
+
+// kvConfig is the publish.KVConfig of [kv].
+func kvConfig(cfg config.Config, log *slog.Logger) publish.KVConfig {
+	k := cfg.KV
+	return publish.KVConfig{Tags: k.Tags, Repos: k.Repos, Advisories: k.Advisories, History: k.History,
+		Replicas: cfg.BucketReplicas(), CheckOnly: !cfg.NATS.ManageStream, ReconcileInterval: k.ReconcileInterval.Duration,
+		Logger: log.With("part", "kv")}
 }
 
 func newCrawler(cfg config.Config, client *platform.Client, st *store.Store, jobs schedules,

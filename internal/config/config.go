@@ -28,6 +28,33 @@ type Config struct {
 	Admin    Admin    `toml:"admin"`
 	Log      Log      `toml:"log"`
 	Cluster  Cluster  `toml:"cluster"`
+	KV       KV       `toml:"kv"`
+}
+
+// KV configures the key-value buckets of current state that the leader
+// keeps beside the stream: tags, repos and advisories.
+type KV struct {
+	Enabled    bool   `toml:"enabled"`
+	Tags       string `toml:"tags_bucket"`
+	Repos      string `toml:"repos_bucket"`
+	Advisories string `toml:"advisories_bucket"`
+	// History is how many values each key keeps (1 to 64).
+	History int `toml:"history"`
+	// Replicas of each bucket; 0: nats.replicas.
+	Replicas int `toml:"replicas"`
+	// ReconcileInterval is how often the buckets are reconciled with the
+	// mirror beside the reconciliations at start and after failures; 0:
+	// never.
+	ReconcileInterval Duration `toml:"reconcile_interval"`
+}
+
+// BucketReplicas is the buckets' replicas: replicas, or nats.replicas
+// when it is 0.
+func (c Config) BucketReplicas() int {
+	if c.KV.Replicas > 0 {
+		return c.KV.Replicas
+	}
+	return c.NATS.Replicas
 }
 
 // Cluster configures high availability: replicas of "syncd run" that share
@@ -218,6 +245,14 @@ func Default() Config {
 			Bucket:   "syncd_leader",
 			Key:      "leader",
 			LeaseTTL: Duration{10 * time.Second},
+		},
+		KV: KV{
+			Enabled:           true,
+			Tags:              "syncd_tags",
+			Repos:             "syncd_repos",
+			Advisories:        "syncd_advisories",
+			History:           1,
+			ReconcileInterval: Duration{time.Hour},
 		},
 	}
 }

@@ -50,6 +50,9 @@ type Relay struct {
 	// onPublished, when set, is called for every acknowledged event, from
 	// the relay's goroutine.
 	onPublished func(store.Event)
+	// kv, when set, is written with the state of every event marked
+	// published (see kv.go).
+	kv *KV
 }
 
 // RelayOption tunes a Relay.
@@ -67,6 +70,11 @@ func WithMaxInFlight(n int) RelayOption { return func(r *Relay) { r.maxInFlight 
 func WithOnPublished(fn func(store.Event)) RelayOption {
 	return func(r *Relay) { r.onPublished = fn }
 }
+
+// WithKV has the relay keep the state buckets of k: it writes the state
+// every event sets once the event is marked published, and reconciles the
+// buckets with the mirror when it starts and whenever they may lag.
+func WithKV(k *KV) RelayOption { return func(r *Relay) { r.kv = k } }
 
 // NewRelay returns a relay from outbox to js.
 func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOption) *Relay {
@@ -170,16 +178,43 @@ func (r *Relay) committedSince() bool {
 func (r *Relay) pass(ctx context.Context) (int, error) {
 	// What is committed from here on, the pass may not see.
 	r.committedSince()
+	kvErr := r.syncKV(ctx)
 	p := &relayPass{
 		r:       r,
 		lanes:   make(map[string][]store.Event),
 		blocked: make(map[string]bool),
-		marks:   make(chan []int64, 4),
+		marks:   make(chan marking, 4),
 		marked:  make(chan error, 1),
 	}
 	go p.markLoop(context.WithoutCancel(ctx))
 	err := p.run(ctx)
-	return p.finish(ctx, err)
+	n, err := p.finish(ctx, err)
+	if kvErr != nil && ctx.Err() == nil {
+		err = errors.Join(err, kvErr)
+	}
+	return n, err
+}
+
+// syncKV reconciles the state buckets when they may lag the published
+// events. It runs at the start of a pass, when no write of the relay's is
+// under way.
+func (r *Relay) syncKV(ctx context.Context) error {
+	if r.kv == nil {
+		return nil
+	}
+	due, epoch, err := r.kv.due(ctx, time.Now())
+	if err != nil {
+		return fmt.Errorf("check KV buckets: %w", err)
+	}
+	if !due || epoch == "" {
+		return nil // nothing to do, or a silent baseline to wait out
+	}
+	st, err := r.kv.Reconcile(ctx)
+	if err != nil {
+		return err
+	}
+	r.log.Info("KV buckets reconciled with the mirror", "put", st.Put, "deleted", st.Deleted, "unchanged", st.Unchanged)
+	return nil
 }
 
 // relayPass is the state of one pass. Only the goroutine running pass
@@ -198,10 +233,19 @@ type relayPass struct {
 	stop    bool            // stop reading: publishing is failing wholesale
 	errs    []error
 	acked   []int64
-	total   int
+	// ackedEvs are the events of acked, for the KV buckets (nil without).
+	ackedEvs []store.Event
+	total    int
 
-	marks  chan []int64
+	marks  chan marking
 	marked chan error
+}
+
+// marking is a batch of acknowledged events to mark published: their seqs,
+// and the events themselves when the KV buckets are kept.
+type marking struct {
+	seqs []int64
+	evs  []store.Event
 }
 
 type flight struct {
@@ -341,10 +385,14 @@ func (p *relayPass) publish(e store.Event) {
 
 func (p *relayPass) acknowledged(e store.Event) {
 	p.acked = append(p.acked, e.Seq)
+	if p.r.kv != nil {
+		p.ackedEvs = append(p.ackedEvs, e)
+	}
 	p.total++
 	if len(p.acked) >= markBatch {
-		p.marks <- p.acked
+		p.marks <- marking{p.acked, p.ackedEvs}
 		p.acked = make([]int64, 0, markBatch)
+		p.ackedEvs = nil
 	}
 	if p.r.onPublished != nil {
 		p.r.onPublished(e)
@@ -385,10 +433,12 @@ func wholesale(nc *nats.Conn, err error) bool {
 }
 
 // markLoop marks acknowledged events published, merging what queued up
-// while the previous transaction ran. It reports the first error on marked.
+// while the previous transaction ran, then writes their state to the KV
+// buckets: only then, so that the buckets never show a state the outbox
+// would publish again. It reports the first error on marked.
 func (p *relayPass) markLoop(ctx context.Context) {
 	var first error
-	for seqs := range p.marks {
+	for m := range p.marks {
 	merge:
 		for {
 			select {
@@ -396,13 +446,27 @@ func (p *relayPass) markLoop(ctx context.Context) {
 				if !ok {
 					break merge
 				}
-				seqs = append(seqs, more...)
+				m.seqs = append(m.seqs, more.seqs...)
+				m.evs = append(m.evs, more.evs...)
 			default:
 				break merge
 			}
 		}
-		if err := p.r.outbox.MarkPublished(ctx, seqs); err != nil && first == nil {
-			first = fmt.Errorf("mark %d events published: %w", len(seqs), err)
+		if err := p.r.outbox.MarkPublished(ctx, m.seqs); err != nil {
+			if first == nil {
+				first = fmt.Errorf("mark %d events published: %w", len(m.seqs), err)
+			}
+			continue // they go out again, and then to the buckets
+		}
+		if p.r.kv == nil || p.r.kv.dirty {
+			continue // a reconciliation will write the buckets
+		}
+		if err := p.r.kv.Apply(ctx, m.evs); err != nil {
+			// The next pass reconciles the buckets with the mirror.
+			p.r.kv.dirty = true
+			if first == nil {
+				first = fmt.Errorf("write the state of %d events to the KV buckets: %w", len(m.evs), err)
+			}
 		}
 	}
 	p.marked <- first
@@ -413,7 +477,7 @@ func (p *relayPass) markLoop(ctx context.Context) {
 // again and JetStream drops them as duplicates.
 func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 	if len(p.acked) > 0 {
-		p.marks <- p.acked
+		p.marks <- marking{p.acked, p.ackedEvs}
 	}
 	close(p.marks)
 	markErr := <-p.marked

@@ -137,6 +137,8 @@ func (s *Store) EndBaseline(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("end baseline: %w", err)
 	}
+	// The relay reconciles the KV buckets with what the baseline found.
+	s.signal()
 	return nil
 }
 

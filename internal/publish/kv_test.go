@@ -1,0 +1,297 @@
+package publish_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
+)
+
+// kvTestConfig names the buckets of a test.
+func kvTestConfig() publish.KVConfig {
+	return publish.KVConfig{Tags: "test_tags", Repos: "test_repos", Advisories: "test_advisories", History: 5, Workers: 4}
+}
+
+// mustOpenKV opens the buckets on js for st.
+func mustOpenKV(tb testing.TB, js jetstream.JetStream, st publish.KVSource) *publish.KV {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	k, err := publish.OpenKV(ctx, js, kvTestConfig(), st)
+	if err != nil {
+		tb.Fatalf("open KV: %v", err)
+	}
+	return k
+}
+
+// bucketContents returns every live key of kv with its value.
+func bucketContents(tb testing.TB, kv jetstream.KeyValue) map[string][]byte {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		tb.Fatalf("watch %s: %v", kv.Bucket(), err)
+	}
+	defer w.Stop()
+	out := map[string][]byte{}
+	for e := range w.Updates() {
+		if e == nil {
+			return out
+		}
+		out[e.Key()] = e.Value()
+	}
+	tb.Fatalf("watch %s ended early", kv.Bucket())
+	return nil
+}
+
+// tagValues decodes the tags bucket.
+func tagValues(tb testing.TB, kv jetstream.KeyValue) map[string]publish.TagValue {
+	tb.Helper()
+	out := map[string]publish.TagValue{}
+	for k, v := range bucketContents(tb, kv) {
+		var tv publish.TagValue
+		if err := json.Unmarshal(v, &tv); err != nil {
+			tb.Fatalf("tag %s: %v", k, err)
+		}
+		out[k] = tv
+	}
+	return out
+}
+
+func TestKVKey_Escaping(t *testing.T) {
+	valid := regexp.MustCompile(`^[-/_=a-zA-Z0-9]+$`) // a key's characters, less the token separator
+	for _, s := range []string{"nginx", "charts/cert-manager", "1.27", "", "=", "a=b", "x y", "ünï", "latest-dev", "=2E", "a.b.c", "*", ">"} {
+		tok := publish.EscapeKeyToken(s)
+		if !valid.MatchString(tok) {
+			t.Errorf("EscapeKeyToken(%q)=%q, not one token of a KV key", s, tok)
+		}
+		back, err := publish.UnescapeKeyToken(tok)
+		if err != nil || back != s {
+			t.Errorf("UnescapeKeyToken(%q)=%q, %v; want %q", tok, back, err, s)
+		}
+	}
+	if got, want := publish.TagKey("charts/cert-manager", "1.27"), "charts/cert-manager.1=2E27"; got != want {
+		t.Errorf("TagKey=%q, want %q", got, want)
+	}
+	repo, tag, err := publish.SplitTagKey(publish.TagKey("a.b", "v1.0"))
+	if err != nil || repo != "a.b" || tag != "v1.0" {
+		t.Errorf("SplitTagKey=(%q, %q, %v), want (a.b, v1.0)", repo, tag, err)
+	}
+	for _, bad := range []string{"=4", "=ZZ"} {
+		if _, err := publish.UnescapeKeyToken(bad); err == nil {
+			t.Errorf("UnescapeKeyToken(%q): no error", bad)
+		}
+	}
+}
+
+// TestKV_WatchSeesChangesInOrder: a tag's move, deprecation and deletion
+// reach a watcher of its repo's keys as two puts and a delete, in order.
+func TestKV_WatchSeesChangesInOrder(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	c := mustConnect(t, srv.config(nil))
+	st := mustOpenStore(t)
+	k := mustOpenKV(t, c.JS, st)
+	p := newProducer(t, st)
+	p.addRepos(ctx, "app", 2, 2)
+	startRelay(t, publish.NewRelay(c.JS, st, srv.config(nil), publish.WithKV(k)))
+	tags := k.Bucket("tag")
+	testutil.WaitFor(t, 10*time.Second, "the created tags in the bucket", func() bool { return len(bucketContents(t, tags)) == 4 })
+
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	w, err := tags.Watch(wctx, publish.EscapeKeyToken("app-0")+".*", jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+
+	repo, tag := p.repos[0], p.tags[p.repos[0].UID][0]
+	p.move(ctx, tag.UID, 1)
+	dep := tag
+	dep.Digest, dep.Deprecated, dep.UpdateTime = digest(1), true, baseTime.Add(time.Hour)
+	if _, _, err := st.ApplyTags(ctx, repo, []store.Tag{dep}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.MarkTagsDeleted(ctx, []string{tag.UID}); err != nil {
+		t.Fatal(err)
+	}
+
+	type seen struct {
+		op         jetstream.KeyValueOp
+		digest     string
+		deprecated bool
+	}
+	want := []seen{{jetstream.KeyValuePut, digest(1), false}, {jetstream.KeyValuePut, digest(1), true}, {jetstream.KeyValueDelete, "", false}}
+	var got []seen
+	for len(got) < len(want) {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				continue
+			}
+			if e.Key() != "app-0.v0" {
+				t.Errorf("watch of app-0.* saw key %s, which did not change", e.Key())
+				continue
+			}
+			s := seen{op: e.Operation()}
+			if e.Operation() == jetstream.KeyValuePut {
+				var v publish.TagValue
+				if err := json.Unmarshal(e.Value(), &v); err != nil {
+					t.Fatal(err)
+				}
+				s.digest, s.deprecated = v.Digest, v.Deprecated
+				if v.EventID == "" || v.Repo != "app-0" || v.Tag != "v0" {
+					t.Errorf("value %s: want the event id, repo app-0 and tag v0", e.Value())
+				}
+			}
+			got = append(got, s)
+		case <-wctx.Done():
+			t.Fatalf("watch saw %v before the deadline, want %v", got, want)
+		}
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("update %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+// TestKV_ReconcileWithMirror: what the baseline found without events gets
+// into the buckets when it ends, with advisories' states, and a key of a
+// resource that is not live is deleted.
+func TestKV_ReconcileWithMirror(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	c := mustConnect(t, srv.config(nil))
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "syncd.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	k := mustOpenKV(t, c.JS, st)
+	if _, err := k.Bucket("tag").Put(ctx, "gone.v1", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	p := newProducer(t, st)
+	p.addRepos(ctx, "base", 2, 3) // in the baseline: no events
+	adv := store.Advisory{UID: "adv-1", AdvisoryID: "CGA-aaaa-bbbb-cccc", ArtifactName: "base-0", Aliases: []string{"CVE-2026-1"},
+		CreateTime: baseTime, UpdateTime: baseTime, Events: []store.AdvisoryEvent{
+			{UID: "e1", Type: store.StepDetected, CreateTime: baseTime},
+			{UID: "e2", Type: store.StepFixed, CreateTime: baseTime.Add(time.Hour), FixedVersion: "1.2.3"},
+			{UID: "e3", Type: "false_positive", CreateTime: baseTime.Add(2 * time.Hour), ReviewState: "REVIEW_STATE_PENDING"},
+		}}
+	if _, err := st.ApplyAdvisories(ctx, []store.Advisory{adv}); err != nil {
+		t.Fatal(err)
+	}
+	r := publish.NewRelay(c.JS, st, srv.config(nil), publish.WithKV(k))
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(bucketContents(t, k.Bucket("tag"))); n != 1 {
+		t.Errorf("during the baseline the tags bucket holds %d keys, want the stale one untouched until it ends", n)
+	}
+	if err := st.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := tagValues(t, k.Bucket("tag"))
+	if len(got) != 6 {
+		t.Errorf("tags bucket holds %d keys, want the 6 live tags: %v", len(got), got)
+	}
+	if _, ok := got["gone.v1"]; ok {
+		t.Error("the key of a tag the mirror does not have is still in the bucket")
+	}
+	if v := got["base-1.v2"]; v.Digest != digest(0) || v.UID != "base-uid-1-tag-2" {
+		t.Errorf("base-1.v2 = %+v, want digest %s", v, digest(0))
+	}
+	if n := len(bucketContents(t, k.Bucket("repo"))); n != 2 {
+		t.Errorf("repos bucket holds %d keys, want 2", n)
+	}
+	var av publish.AdvisoryValue
+	if err := json.Unmarshal(bucketContents(t, k.Bucket("advisory"))["CGA-aaaa-bbbb-cccc"], &av); err != nil {
+		t.Fatal(err)
+	}
+	if av.State != store.StepFixed || av.FixedVersion != "1.2.3" || strings.Join(av.Aliases, ",") != "CVE-2026-1" {
+		t.Errorf("advisory = %+v, want state fixed (the pending false positive does not count), 1.2.3, CVE-2026-1", av)
+	}
+}
+
+var errCrash = errors.New("crash point: killed between marking and the KV write")
+
+// TestKV_RepairAfterCrash: a relay that dies after its events were
+// published and marked, before their state reached the buckets (an
+// in-process crash point standing for a SIGKILL there), leaves the buckets
+// behind; the relay of the next start repairs them, event ids included.
+func TestKV_RepairAfterCrash(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	c := mustConnect(t, srv.config(nil))
+	path := filepath.Join(t.TempDir(), "syncd.db")
+	st, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := newProducer(t, st)
+	p.addRepos(ctx, "app", 1, 2)
+	k := mustOpenKV(t, c.JS, st)
+	if err := publish.NewRelay(c.JS, st, srv.config(nil), publish.WithKV(k)).Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	p.move(ctx, p.tags["app-uid-0"][0].UID, 2)
+	if _, err := st.MarkTagsDeleted(ctx, []string{p.tags["app-uid-0"][1].UID}); err != nil {
+		t.Fatal(err)
+	}
+	crashed := 0
+	publish.SetBeforeKVApply(k, func([]store.Event) error { crashed++; return errCrash })
+	if err := publish.NewRelay(c.JS, st, srv.config(nil), publish.WithKV(k)).Flush(ctx); !errors.Is(err, errCrash) {
+		t.Fatalf("flush = %v, want the crash", err)
+	}
+	if n, _, _ := st.UnpublishedCount(ctx); crashed == 0 || n != 0 {
+		t.Fatalf("crash point reached %d times, %d events unpublished; want the events published and the crash", crashed, n)
+	}
+	before := tagValues(t, k.Bucket("tag"))
+	if before["app-0.v0"].Digest != digest(0) || len(before) != 2 {
+		t.Fatalf("the crash let the state through: %v", before)
+	}
+	st.Close()
+
+	st2, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	k2 := mustOpenKV(t, c.JS, st2)
+	if err := publish.NewRelay(c.JS, st2, srv.config(nil), publish.WithKV(k2)).Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := tagValues(t, k2.Bucket("tag"))
+	v, ok := after["app-0.v0"]
+	if !ok || v.Digest != digest(2) || len(after) != 1 {
+		t.Fatalf("after the restart the bucket holds %v, want app-0.v0 at %s alone", after, digest(2))
+	}
+	ids, err := st2.LatestEventIDs(ctx, []string{v.UID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.EventID == "" || v.EventID != ids[v.UID] {
+		t.Errorf("repaired value's event id = %q, want the last move's %q", v.EventID, ids[v.UID])
+	}
+}
