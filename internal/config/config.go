@@ -28,6 +28,23 @@ type Config struct {
 	Admin    Admin    `toml:"admin"`
 	Log      Log      `toml:"log"`
 	Cluster  Cluster  `toml:"cluster"`
+	Snapshot Snapshot `toml:"snapshot"`
+}
+
+// Snapshot configures the snapshots of the mirror that the leader writes
+// to a JetStream Object Store bucket, from which a follower or standby
+// with an empty mirror starts instead of the whole event stream.
+type Snapshot struct {
+	// Enabled has the leader write snapshots; restoring from the bucket
+	// does not depend on it.
+	Enabled bool `toml:"enabled"`
+	// Every is the time between two snapshots; the first is written when
+	// the baseline has ended.
+	Every Duration `toml:"every"`
+	// Keep is how many snapshots the bucket keeps; older ones are deleted.
+	Keep int `toml:"keep"`
+	// Bucket is the Object Store bucket; its replicas are [nats] replicas.
+	Bucket string `toml:"bucket"`
 }
 
 // Cluster configures high availability: replicas of "syncd run" that share
@@ -218,6 +235,12 @@ func Default() Config {
 			Bucket:   "syncd_leader",
 			Key:      "leader",
 			LeaseTTL: Duration{10 * time.Second},
+		},
+		Snapshot: Snapshot{
+			Enabled: true,
+			Every:   Duration{6 * time.Hour},
+			Keep:    2,
+			Bucket:  "syncd_snapshots",
 		},
 	}
 }

@@ -23,6 +23,7 @@ func (c *Config) Validate() error {
 	c.Admin.validate(&p)
 	c.Log.validate(&p)
 	c.validateCluster(&p)
+	c.Snapshot.validate(&p)
 	return p.err()
 }
 
