@@ -2,7 +2,7 @@ GO      ?= go
 BIN     := bin/syncd
 PKGS    := ./...
 
-.PHONY: build run test test-short bench bench-quick soak lint fmt clean
+.PHONY: build run test test-short cluster-test bench bench-quick soak lint fmt clean
 
 ## build: compile syncd into bin/syncd
 build:
@@ -16,6 +16,10 @@ run: build
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 9m $(PKGS)
+
+## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die (about a minute; docs/cluster.md)
+cluster-test:
+	SYNCD_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 5m -run '^TestCluster_ThreeNodes$$' -v ./cmd/syncd/
 
 ## bench: syncd against the limits of the machine and the API, at full size; one table, and bench/results.json (docs/performance.md)
 bench:

@@ -57,7 +57,10 @@ type results struct {
 	Advisories advisoryResult `json:"advisories_job"`
 
 	Relay relayResult `json:"relay"`
-	Push  pushResult  `json:"push"`
+	// Follow is a follower joining after the baseline, and a snapshot of
+	// the full mirror written and restored.
+	Follow followResult `json:"follow"`
+	Push   pushResult   `json:"push"`
 	// KV is the relay keeping the KV buckets: its rate against Relay's,
 	// and the pushes timed to the bucket.
 	KV kvResult `json:"kv"`
@@ -225,6 +228,13 @@ func BenchmarkSyncd(b *testing.B) {
 		b.Fatal(err)
 	}
 
+	if p.Follow {
+		progress("a follower joining after the baseline; a snapshot of the full mirror written and restored")
+		if r.Follow, err = measureFollow(ctx, conn, a.store, pcfg, filepath.Join(dir, "follow"), r.CeilingRowsPerSec); err != nil {
+			b.Fatal(err)
+		}
+	}
+
 	progress("push to NATS: %d moves one at a time", p.Pushes)
 	if r.Push, err = measurePush(ctx, o, a, conn, pcfg, p.Pushes); err != nil {
 		b.Fatal(err)
@@ -364,6 +374,15 @@ func printTable(w io.Writer, r results) {
 		f("minimum %d", r.Advisories.Minimum), f("%.3f", r.Advisories.Ratio), status["advisories job requests / minimum"])
 	row("advisories job: wall / events", f("%.2f s / %d", r.Advisories.WallSeconds, r.Advisories.Events), "", "", "")
 	row("relay: events/s", f("%.0f", r.Relay.RelayPerSec), f("JetStream loop %.0f", r.Relay.CeilingPerSec), f("%.2f", r.Relay.RatioToCeiling), status["relay / JetStream ceiling"])
+	fo := r.Follow
+	if !r.Params.Follow {
+		row("follower joining late, snapshots", "not run", "BENCH_FOLLOW=1 at full size", "", "")
+	} else {
+		row("follower joining late: events/s applied", f("%.0f", fo.ApplyPerSec), f("SQLite loop %.0f", r.CeilingRowsPerSec), f("%.2f", fo.Ratio), "")
+		row("  catch-up after the whole baseline", f("%.1f s", fo.CatchUpSeconds), f("%d events", fo.Events), "", "")
+		row("snapshot of the full mirror: write / restore", f("%.1f s / %.1f s", fo.SnapshotWriteSec, fo.SnapshotRestoreSec),
+			f("%.0f MB, zstd %.0f MB", float64(fo.SnapshotRawBytes)/1e6, float64(fo.SnapshotBytes)/1e6), "", "")
+	}
 	row("push to NATS: p50 / p99", f("%.1f / %.1f ms", r.Push.P50ms, r.Push.P99ms), f("%d pushes (first %.0f ms)", r.Push.Pushes, r.Push.FirstMs), "", status["push-to-NATS p99 (ms)"])
 	row("relay keeping KV buckets: events/s", f("%.0f", r.KV.RelayPerSec), f("plain relay %.0f", r.Relay.RelayPerSec), f("%.2f", r.KV.RatioToPlain), "")
 	row("  KV reconciled at a start (up to date)", f("%.2f s", r.KV.ReconcileSeconds), f("%d keys", r.KV.Keys), "", "")

@@ -41,6 +41,10 @@ type params struct {
 	Latency time.Duration `json:"latency_ns"`
 	// Pushes is how many moves the push-to-NATS latency is measured over.
 	Pushes int `json:"pushes"`
+	// Follow runs the follower and snapshot section: in the quick run, and
+	// at full size with BENCH_FOLLOW=1 only, where it takes about two
+	// minutes (docs/performance.md) and the whole run must stay under 15.
+	Follow bool `json:"follow"`
 }
 
 func paramsFromEnv() (params, error) {
@@ -59,6 +63,7 @@ func paramsFromEnv() (params, error) {
 		}
 		p.Concurrency = n
 	}
+	p.Follow = p.Scale < 1 || os.Getenv("BENCH_FOLLOW") == "1"
 	if p.Scale < 1 {
 		// The quick run keeps its push count in proportion, but enough
 		// for a p99 to mean something.

@@ -125,6 +125,9 @@ type app struct {
 	// registrar keeps the event subscription; nil when [events] sink_url
 	// is empty (crawl only).
 	registrar *events.Registrar
+	// snapshots writes the leader's snapshots; nil when [snapshot] enabled
+	// is false.
+	snapshots *cluster.Snapshotter
 }
 
 // openApp opens the parts. published is the level of the line logged for
@@ -164,6 +167,10 @@ func openApp(ctx context.Context, cfg config.Config, log *slog.Logger, published
 	a.crawler = newCrawler(cfg, a.client, a.store, a.jobs, a.observeRun, log)
 	a.receiver = newReceiver(cfg, a.crawler, a.store, log)
 	a.registrar = newRegistrar(cfg, a.client, a.store, log)
+	if sc := cfg.Snapshot; sc.Enabled {
+		a.snapshots = cluster.NewSnapshotter(a.nats.JS, a.store, cluster.SnapshotConfig{Bucket: sc.Bucket, Replicas: cfg.NATS.Replicas,
+			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot")})
+	}
 	return a, nil
 }
 
@@ -198,6 +205,9 @@ func (a *app) duties(grace time.Duration, drain func() bool) *cluster.Duties {
 	work := []func(context.Context) error{func(ctx context.Context) error { return a.crawler.Run(ctx, jobs...) }}
 	if a.receiver != nil {
 		work = append(work, a.receiver.Run)
+	}
+	if a.snapshots != nil {
+		work = append(work, a.snapshots.Run)
 	}
 	return &cluster.Duties{Work: work, Relay: a.relay, Outbox: a.store, Grace: grace, Drain: drain, Logger: a.log}
 }
@@ -306,8 +316,10 @@ func newRegistrar(cfg config.Config, client *platform.Client, st *store.Store, l
 		Sink: cfg.Events.SinkURL, Logger: log.With("part", "events")}
 }
 
-// newFollower follows the stream into st, recording its lag there.
-func newFollower(nc *publish.Conn, st *store.Store, cfg config.Config, log *slog.Logger) *cluster.Follower {
+// newFollower follows the stream into st, recording its lag there; restore
+// says when it starts from a snapshot.
+func newFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, log *slog.Logger) *cluster.Follower {
 	return cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
-		Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow")})
+		Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow"),
+		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path)})
 }

@@ -16,8 +16,9 @@ import (
 
 // followCommand is "syncd follow": a mirror built from the event stream.
 type followCommand struct {
-	m     *Main
-	flags commonFlags
+	m       *Main
+	flags   commonFlags
+	restore cluster.RestoreMode
 }
 
 const followUsage = `Usage: syncd follow [--config FILE] [--log-level LEVEL]
@@ -31,10 +32,16 @@ the same across restarts) starts at the first message the stream holds and
 resumes where it stopped. A stream that does not exist yet is waited for
 (the leader creates it), with /readyz unready meanwhile; one that does not
 capture <subject_prefix>.> is an error. [platform] keys are not needed.
+
+An empty mirror starts from the newest snapshot a leader wrote to the
+[snapshot] bucket, and the consumer from the stream sequence after it, so a
+follower can join after the stream dropped its oldest events ([nats]
+max_age); without a snapshot it follows the whole stream.
 SIGINT or SIGTERM stops it cleanly.
 
 Examples:
   syncd follow --config follower.toml
+  syncd follow --config follower.toml --from-snapshot=false
   SYNCD_NATS_URL=nats://nats:4222 SYNCD_STORE_PATH=/srv/mirror.db syncd follow
 
 Flags:
@@ -42,6 +49,7 @@ Flags:
 
 func (c *followCommand) ParseFlags(args []string) error {
 	fs := c.m.flagSet("follow", followUsage, &c.flags)
+	fs.Var(&c.restore, "from-snapshot", "start the mirror from the newest snapshot in the [snapshot] bucket, then follow the stream after it: auto (when the mirror is empty), true (always, replacing the mirror; fails without a snapshot) or false (follow the whole stream)")
 	return fs.Parse(args)
 }
 
@@ -83,7 +91,7 @@ func (c *followCommand) Run(ctx context.Context) error {
 	if err := cluster.RecordRole(ctx, st, cluster.RoleFollower, ""); err != nil {
 		return err
 	}
-	f := newFollower(nc, st, cfg, log)
+	f := newFollower(nc, st, cfg, c.restore, log)
 	log.Info("syncd following", "version", version(), "mirror", cfg.Store.Path, "stream", cfg.NATS.Stream, "consumer", cfg.Cluster.ConsumerName(cfg.Store.Path))
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.Admin.Listen != "" {

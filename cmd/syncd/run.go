@@ -112,7 +112,7 @@ func (c *runCommand) Run(ctx context.Context) error {
 		serveHTTP(gctx, g, evLn, r.receiver(a.receiver))
 	}
 	if cfg.Admin.Listen != "" {
-		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, a.adminHandler(r.leading), log); err != nil {
+		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, a.adminHandler(r), log); err != nil {
 			return err
 		}
 	}
@@ -152,6 +152,8 @@ type leaderRole struct {
 	leading func() bool
 	// receiver wraps the webhook receiver: a standby answers 503.
 	receiver func(h http.Handler) http.Handler
+	// follower follows the stream while standing by; nil in single mode.
+	follower *cluster.Follower
 }
 
 // role builds the leader's duties and, in cluster mode, the replica that
@@ -166,23 +168,31 @@ func (a *app) role(ctx context.Context, grace time.Duration) (leaderRole, error)
 	if err != nil {
 		return leaderRole{}, err
 	}
-	rep := &cluster.Replica{Lease: lease, Follower: newFollower(a.nats, a.store, a.cfg, a.log),
+	rep := &cluster.Replica{Lease: lease, Follower: newFollower(a.nats, a.store, a.cfg, cluster.RestoreWhenEmpty, a.log),
 		Promote: a.crawler.ResolveFollowed, Lead: a.duties(grace, lease.IsLeader).Run, Meta: a.store, Logger: a.log.With("part", "cluster")}
 	a.metrics.WatchReplica(rep, cluster.RoleLeader, cluster.RoleStandby)
 	a.metrics.WatchLag(rep.Follower.Lag)
-	return leaderRole{run: rep.Run, leading: lease.IsLeader, receiver: lease.LeaderOnly}, nil
+	return leaderRole{run: rep.Run, leading: lease.IsLeader, receiver: lease.LeaderOnly, follower: rep.Follower}, nil
 }
 
-// adminHandler serves the metrics and the readiness checks; leading says
-// whether freshness is checked (only the leader crawls).
-func (a *app) adminHandler(leading func() bool) http.Handler {
-	m := a.metrics
+// adminHandler serves the metrics and the readiness checks; r.leading says
+// whether freshness and publishing are checked (only the leader crawls and
+// publishes), and whether the standby's following is.
+func (a *app) adminHandler(r leaderRole) http.Handler {
+	leading, m := r.leading, a.metrics
 	m.WatchOutbox(a.store)
 	m.WatchFailures(a.store)
 	m.WatchNATS(a.nats.NC)
 	if a.receiver != nil {
 		m.WatchReceiver(&a.receiver.Stats)
 	}
-	return admin.Handler(m, []admin.Check{{Name: "database", Run: a.store.Writable}, admin.NATSCheck(a.nats.NC),
-		admin.FreshnessCheck(a.fresh, leading), admin.BaselineCheck(a.store, leading), admin.CredentialsCheck(a.client, leading)})
+	checks := []admin.Check{{Name: "database", Run: a.store.Writable}, admin.NATSCheck(a.nats.NC), admin.RoleCheck("publish", a.relay, leading),
+		admin.FreshnessCheck(a.fresh, leading), admin.BaselineCheck(a.store, leading), admin.CredentialsCheck(a.client, leading)}
+	if r.follower != nil {
+		checks = append(checks, admin.RoleCheck("stream", r.follower, func() bool { return !leading() }))
+	}
+	if s := a.snapshots; s != nil {
+		m.WatchSnapshots(func() (time.Time, int64) { l := s.Last(); return l.Created, l.Bytes })
+	}
+	return admin.Handler(m, checks)
 }

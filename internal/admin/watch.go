@@ -194,3 +194,35 @@ func CredentialsCheck(r Refuser, active func() bool) Check {
 		return errors.New(strings.Join(errs, "; "))
 	}}
 }
+
+// Erring reports why a part is not doing its work now; nil while it is.
+type Erring interface{ Err() error }
+
+// RoleCheck is the readiness check name of a part that works only while
+// active says so (nil: always): the relay while this replica leads
+// (publishing), the follower while it stands by (following the stream).
+func RoleCheck(name string, e Erring, active func() bool) Check {
+	return Check{Name: name, Run: func(context.Context) error {
+		if active != nil && !active() {
+			return nil
+		}
+		return e.Err()
+	}}
+}
+
+// WatchSnapshots exports the newest snapshot of the mirror: its age and
+// compressed size. last returns the time it was written, zero when there
+// is none yet, and its size.
+func (m *Metrics) WatchSnapshots(last func() (time.Time, int64)) {
+	m.GaugeFunc("syncd_snapshot_age_seconds", "Age of the newest snapshot of the mirror in the Object Store bucket (-1: none known).", func() float64 {
+		t, _ := last()
+		if t.IsZero() {
+			return -1
+		}
+		return time.Since(t).Seconds()
+	})
+	m.GaugeFunc("syncd_snapshot_bytes", "Compressed size of the newest snapshot of the mirror (0: none known).", func() float64 {
+		_, n := last()
+		return float64(n)
+	})
+}

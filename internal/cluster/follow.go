@@ -37,6 +37,13 @@ type FollowerConfig struct {
 	// Meta, when set, records the pending count as follow_lag whenever it
 	// changes, where "syncd status" reads it.
 	Meta Meta
+	// SnapshotBucket is the Object Store bucket of the leader's snapshots;
+	// empty: the follower never restores one. Restore says when it does
+	// (the mirror must then be Restorable), SnapshotDir where the download
+	// goes (beside the mirror; default the system's temporary directory).
+	SnapshotBucket string
+	Restore        RestoreMode
+	SnapshotDir    string
 }
 
 // Follower applies the event stream to a mirror through a durable
@@ -58,6 +65,8 @@ type Follower struct {
 	cons jetstream.Consumer
 	// recorded is the lag last recorded in Meta; -1: none yet.
 	recorded int64
+	// restored is the snapshot this follower restored; zero: none.
+	restored SnapshotInfo
 }
 
 // NewFollower returns a follower of js's stream into mirror.
@@ -87,12 +96,21 @@ func (f *Follower) Err() error { return f.state.Load().err }
 // Lag is how many messages the consumer had pending after the last fetch.
 func (f *Follower) Lag() uint64 { return f.lag.Load() }
 
-// consumer creates the durable consumer, or finds it.
+// Restored is the snapshot this follower started its mirror from; zero
+// when it did not restore one.
+func (f *Follower) Restored() SnapshotInfo { return f.restored }
+
+// consumer creates the durable consumer, or finds it, once the mirror was
+// restored from a snapshot if it is due.
 func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	if f.cons != nil {
 		return f.cons, nil
 	}
-	cons, err := f.js.CreateOrUpdateConsumer(ctx, f.cfg.Stream, jetstream.ConsumerConfig{
+	after, err := f.prepare(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cc := jetstream.ConsumerConfig{
 		Durable:       f.cfg.Consumer,
 		Description:   "syncd follower mirror",
 		DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -102,7 +120,13 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		// One fetch at a time, applied in order: per-resource order holds
 		// unless a message is redelivered, and applying is idempotent.
 		MaxAckPending: 4 * f.cfg.Batch,
-	})
+	}
+	if after > 0 {
+		// The same on every start of a restored mirror: a durable
+		// consumer's start cannot change.
+		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
+	}
+	cons, err := f.js.CreateOrUpdateConsumer(ctx, f.cfg.Stream, cc)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("stream %q does not exist (yet): the syncd leader creates it when it starts: %w", f.cfg.Stream, err)
 	}
@@ -111,6 +135,66 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	f.cons = cons
 	return cons, nil
+}
+
+// prepare restores the newest snapshot into the mirror when cfg.Restore
+// says so, and returns the stream sequence the mirror's snapshot covers
+// (0: the mirror follows the stream from its start).
+func (f *Follower) prepare(ctx context.Context) (uint64, error) {
+	m, ok := f.mirror.(Restorable)
+	if !ok || f.cfg.SnapshotBucket == "" {
+		return 0, nil
+	}
+	due := f.cfg.Restore == RestoreAlways && f.restored.Name == ""
+	if f.cfg.Restore == RestoreWhenEmpty {
+		empty, err := m.Empty(ctx)
+		if err != nil {
+			return 0, err
+		}
+		due = empty
+	}
+	if due {
+		info, found, err := restoreSnapshot(ctx, f.js, f.cfg.SnapshotBucket, f.cfg.SnapshotDir, m)
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case found:
+			// A consumer of this name left from before would resume at
+			// its own position, which has nothing to do with the snapshot.
+			if err := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return 0, fmt.Errorf("delete consumer %s before following from the snapshot: %w", f.cfg.Consumer, err)
+			}
+			f.restored = info
+			f.log.Info("restored the mirror from a snapshot", "bucket", f.cfg.SnapshotBucket, "name", info.Name, "stream_seq", info.Seq,
+				"bytes", info.Bytes, "raw_bytes", info.RawBytes, "took", info.Took.Round(time.Millisecond).String())
+		case f.cfg.Restore == RestoreAlways:
+			return 0, fmt.Errorf("no snapshot in bucket %s to restore the mirror from", f.cfg.SnapshotBucket)
+		default:
+			f.log.Info("no snapshot to start from; following the stream from its first message", "bucket", f.cfg.SnapshotBucket)
+		}
+	}
+	seq, err := m.SnapshotSeq(ctx)
+	if err != nil {
+		return 0, err
+	}
+	f.checkGap(ctx, seq)
+	return seq, nil
+}
+
+// checkGap warns when the stream no longer holds the first message the
+// mirror needs: the events in between are in neither.
+func (f *Follower) checkGap(ctx context.Context, after uint64) {
+	s, err := f.js.Stream(ctx, f.cfg.Stream)
+	if err != nil {
+		return // the consumer's creation reports it
+	}
+	first := s.CachedInfo().State.FirstSeq
+	if n := s.CachedInfo().State.Msgs; n > 0 && first > after+1 {
+		f.log.Error("the stream no longer holds events this mirror needs: resources changed only then are missing or stale until they change again; "+
+			"write snapshots more often than [nats] max_age ([snapshot] every), or restore a newer one",
+			"needed_from", after+1, "stream_first", first, "snapshot_stream_seq", after)
+	}
 }
 
 // Run applies the stream until ctx is done. Errors of NATS or the mirror,

@@ -74,3 +74,19 @@ func TestCluster_Validate(t *testing.T) {
 		}
 	})
 }
+
+func TestSnapshot_Validate(t *testing.T) {
+	cfg := config.Default()
+	cfg.Snapshot.Every.Duration, cfg.Snapshot.Keep, cfg.Snapshot.Bucket = 0, 0, "a.b"
+	err := cfg.Validate()
+	for _, key := range []string{"snapshot.every", "snapshot.keep", "snapshot.bucket"} {
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("Validate = %v, want an error naming %s", err, key)
+		}
+	}
+	cfg.Snapshot.Enabled = false
+	cfg.Snapshot.Bucket = "ok"
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("disabled snapshots: Validate = %v, want nil", err)
+	}
+}

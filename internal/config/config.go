@@ -29,6 +29,7 @@ type Config struct {
 	Log      Log      `toml:"log"`
 	Cluster  Cluster  `toml:"cluster"`
 	KV       KV       `toml:"kv"`
+	Snapshot Snapshot `toml:"snapshot"`
 }
 
 // KV configures the key-value buckets of current state that the leader
@@ -55,6 +56,22 @@ func (c Config) BucketReplicas() int {
 		return c.KV.Replicas
 	}
 	return c.NATS.Replicas
+}
+
+// Snapshot configures the snapshots of the mirror that the leader writes
+// to a JetStream Object Store bucket, from which a follower or standby
+// with an empty mirror starts instead of the whole event stream.
+type Snapshot struct {
+	// Enabled has the leader write snapshots; restoring from the bucket
+	// does not depend on it.
+	Enabled bool `toml:"enabled"`
+	// Every is the time between two snapshots; the first is written when
+	// the baseline has ended.
+	Every Duration `toml:"every"`
+	// Keep is how many snapshots the bucket keeps; older ones are deleted.
+	Keep int `toml:"keep"`
+	// Bucket is the Object Store bucket; its replicas are [nats] replicas.
+	Bucket string `toml:"bucket"`
 }
 
 // Cluster configures high availability: replicas of "syncd run" that share
@@ -253,6 +270,12 @@ func Default() Config {
 			Advisories:        "syncd_advisories",
 			History:           1,
 			ReconcileInterval: Duration{time.Hour},
+		},
+		Snapshot: Snapshot{
+			Enabled: true,
+			Every:   Duration{6 * time.Hour},
+			Keep:    2,
+			Bucket:  "syncd_snapshots",
 		},
 	}
 }

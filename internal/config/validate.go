@@ -24,6 +24,7 @@ func (c *Config) Validate() error {
 	c.Log.validate(&p)
 	c.validateCluster(&p)
 	c.validateKV(&p)
+	c.Snapshot.validate(&p)
 	return p.err()
 }
 

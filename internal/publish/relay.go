@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -53,6 +54,36 @@ type Relay struct {
 	// kv, when set, is written with the state of every event marked
 	// published (see kv.go).
 	kv *KV
+	// state is the outcome of Run's last pass (a *passState).
+	state atomic.Pointer[passState]
+	// inFlight counts the publishes awaiting an answer, and progress is
+	// when (unix nanoseconds) the last answer came or the first of them
+	// went out: Err tells a stalled pass before it ends.
+	inFlight, progress atomic.Int64
+}
+
+// stallAfter is how long publishes may wait for an acknowledgement before
+// Err reports the relay stalled: far above JetStream's usual milliseconds,
+// far below the publish timeout (30s) after which the pass fails.
+const stallAfter = 5 * time.Second
+
+// passState is the outcome of a pass: nil err when it published all it read.
+type passState struct{ err error }
+
+// Err is nil while the relay publishes: Run's last pass published every
+// event it read (or Run has not passed yet). Otherwise it is why not, for
+// a readiness check: JetStream does not acknowledge (no connection, or a
+// stream that lost its quorum), and events wait in the outbox.
+func (r *Relay) Err() error {
+	if n := r.inFlight.Load(); n > 0 {
+		if waited := time.Since(time.Unix(0, r.progress.Load())); waited > stallAfter {
+			return fmt.Errorf("%d publishes have waited %s for JetStream's acknowledgement (is the stream without a leader?)", n, waited.Round(time.Second))
+		}
+	}
+	if st := r.state.Load(); st != nil {
+		return st.err
+	}
+	return nil
 }
 
 // RelayOption tunes a Relay.
@@ -102,8 +133,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	for {
 		n, err := r.pass(ctx)
 		if ctx.Err() != nil {
+			r.state.Store(nil) // not relaying: nothing to say
 			return nil
 		}
+		r.state.Store(&passState{err})
 		wait := time.Minute
 		if err != nil {
 			wait = b.NextBackOff()
@@ -188,6 +221,7 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 	}
 	go p.markLoop(context.WithoutCancel(ctx))
 	err := p.run(ctx)
+	r.inFlight.Store(0) // what is left in flight is abandoned
 	n, err := p.finish(ctx, err)
 	if kvErr != nil && ctx.Err() == nil {
 		err = errors.Join(err, kvErr)
@@ -356,6 +390,8 @@ func (p *relayPass) pop() store.Event {
 	e := p.inflight[0].e
 	p.inflight[0] = flight{}
 	p.inflight = p.inflight[1:]
+	p.r.inFlight.Store(int64(len(p.inflight)))
+	p.r.progress.Store(time.Now().UnixNano())
 	return e
 }
 
@@ -380,7 +416,11 @@ func (p *relayPass) publish(e store.Event) {
 		p.failed(e, err)
 		return
 	}
+	if len(p.inflight) == 0 {
+		p.r.progress.Store(time.Now().UnixNano())
+	}
 	p.inflight = append(p.inflight, flight{e: e, fut: fut})
+	p.r.inFlight.Store(int64(len(p.inflight)))
 }
 
 func (p *relayPass) acknowledged(e store.Event) {

@@ -420,3 +420,33 @@ func TestRelay_CommitsDuringAPass(t *testing.T) {
 	}
 	consumeAll(t, conn.JS, want)
 }
+
+// TestRelay_ErrWhileNotPublishing: Err, which the leader's readiness
+// check reads, says why while JetStream does not take the events (here the
+// stream is gone, as when it has no leader), and is nil again once the
+// relay publishes.
+func TestRelay_ErrWhileNotPublishing(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	cfg := srv.config(nil)
+	conn := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	r := publish.NewRelay(conn.JS, st, cfg)
+	startRelay(t, r)
+	p.addRepos(ctx, "before", 2, 2)
+	testutil.Eventually(t, 10*time.Second, unpublished(t, st))
+	if err := r.Err(); err != nil {
+		t.Fatalf("Err while publishing = %v", err)
+	}
+	if err := conn.JS.DeleteStream(ctx, testStream); err != nil {
+		t.Fatal(err)
+	}
+	p.addRepos(ctx, "during", 2, 2)
+	testutil.WaitFor(t, 10*time.Second, "Err to say the relay does not publish", func() bool { return r.Err() != nil })
+	if err := publish.EnsureStream(ctx, conn.JS, cfg); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, unpublished(t, st))
+	testutil.WaitFor(t, 10*time.Second, "Err to clear", func() bool { return r.Err() == nil })
+}

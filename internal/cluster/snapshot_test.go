@@ -1,0 +1,186 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
+)
+
+// leaderMirror is a leader's mirror whose events a relay publishes.
+type leaderMirror struct {
+	t     *testing.T
+	st    *store.Store
+	relay *publish.Relay
+	repo  store.Repo
+	n     int
+}
+
+func newLeaderMirror(t *testing.T, js jetstream.JetStream, pcfg publish.Config) *leaderMirror {
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "leader.db"), store.Options{InitialEvents: "snapshot"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := &leaderMirror{t: t, st: st, relay: publish.NewRelay(js, st, pcfg), repo: store.Repo{UID: "g/r1", Name: "nginx", CreateTime: now, UpdateTime: now}}
+	if _, err := st.ApplyRepos(context.Background(), []store.Repo{l.repo}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.EndBaseline(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// change records n new tags.
+func (l *leaderMirror) change(n int) {
+	l.t.Helper()
+	var tags []store.Tag
+	for range n {
+		l.n++
+		at := time.Date(2026, 1, 2, 0, 0, l.n, 0, time.UTC)
+		tags = append(tags, store.Tag{UID: fmt.Sprintf("g/r1/t%d", l.n), Name: fmt.Sprintf("v%d", l.n), Digest: fmt.Sprintf("sha256:%064d", l.n), CreateTime: at, UpdateTime: at})
+	}
+	if _, _, err := l.st.ApplyTags(context.Background(), l.repo, tags); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
+func (l *leaderMirror) publish() {
+	l.t.Helper()
+	if err := l.relay.Flush(context.Background()); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
+// mirrorRows renders the resources of a mirror, one line each.
+func mirrorRows(t *testing.T, st *store.Store) string {
+	t.Helper()
+	var b strings.Builder
+	for _, q := range []string{`SELECT uid || ' ' || name || ' ' || (deleted_time IS NULL) FROM repos ORDER BY uid`,
+		`SELECT uid || ' ' || digest || ' ' || deprecated || ' ' || (deleted_time IS NULL) FROM tags ORDER BY uid`,
+		`SELECT id FROM event_log ORDER BY id`} {
+		rows, err := st.Reader().Query(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var s string
+			rows.Scan(&s)
+			b.WriteString(s + "\n")
+		}
+		rows.Close()
+	}
+	return b.String()
+}
+
+// TestSnapshot_FollowerAfterStreamDroppedEvents: a follower that starts
+// after the stream dropped its oldest events restores the newest snapshot,
+// follows the stream after the sequence it covers, and ends with the
+// leader's mirror, including the events the leader had committed but not
+// published when it took the snapshot. Older snapshots beyond keep are
+// deleted.
+func TestSnapshot_FollowerAfterStreamDroppedEvents(t *testing.T) {
+	ctx := context.Background()
+	js := mustJetStream(t)
+	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
+	if err := publish.EnsureStream(ctx, js, pcfg); err != nil {
+		t.Fatal(err)
+	}
+	leader := newLeaderMirror(t, js, pcfg)
+	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
+	var info cluster.SnapshotInfo
+	for range 3 {
+		leader.change(3)
+		leader.publish()
+		leader.change(2) // committed, not yet published
+		var err error
+		if info, err = snaps.Write(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		leader.publish()
+	}
+	stream, err := js.Stream(ctx, "EV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, _ := stream.Info(ctx)
+	if got, want := info.Seq, si.State.LastSeq-2; got != want {
+		t.Errorf("the snapshot covers stream seq %d, want %d: the last published before it", got, want)
+	}
+	if info.Bytes <= 0 || info.RawBytes <= info.Bytes {
+		t.Errorf("snapshot sizes: %d compressed of %d", info.Bytes, info.RawBytes)
+	}
+	// Prune by running the snapshotter: it writes none (the newest is
+	// fresh) but keeps two.
+	obj, err := js.ObjectStore(ctx, "snaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, _ := obj.List(ctx)
+	if len(list) != 3 {
+		t.Fatalf("%d snapshots before pruning, want 3", len(list))
+	}
+	leader.change(4)
+	leader.publish()
+	// The stream drops everything up to the newest snapshot's sequence.
+	if err := stream.Purge(ctx, jetstream.WithPurgeSequence(info.Seq+1)); err != nil {
+		t.Fatal(err)
+	}
+
+	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer follower.Close()
+	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
+		MaxWait: 200 * time.Millisecond, SnapshotBucket: "snaps", SnapshotDir: t.TempDir()})
+	if err := f.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Restored(); got.Name != info.Name || got.Seq != info.Seq {
+		t.Errorf("restored %+v, want the newest snapshot %+v", got, info)
+	}
+	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
+		t.Errorf("follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
+	}
+	// Restarted with a mirror that is not empty, a follower resumes: the
+	// durable consumer's start stays the same.
+	leader.change(1)
+	leader.publish()
+	f2 := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
+		MaxWait: 200 * time.Millisecond, SnapshotBucket: "snaps", SnapshotDir: t.TempDir()})
+	if err := f2.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if f2.Restored().Name != "" {
+		t.Error("a mirror that is not empty was restored again")
+	}
+	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
+		t.Errorf("after a restart, follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
+	}
+
+	// The snapshotter keeps two; its Run finds the newest and writes none.
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- snaps.Run(rctx) }()
+	testutil.Eventually(t, 5*time.Second, func() error {
+		list, err := obj.List(ctx)
+		if err != nil || len(list) != 2 {
+			return fmt.Errorf("%d snapshots (%v), want 2", len(list), err)
+		}
+		return nil
+	})
+	cancel()
+	<-done
+}

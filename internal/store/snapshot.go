@@ -1,0 +1,208 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// A snapshot is a copy of a mirror that a new follower starts from instead
+// of the whole event stream: the leader writes one with Backup, a follower
+// loads the newest with Restore and then applies the stream's events after
+// the stream sequence the snapshot covers (SnapshotSeqKey).
+
+// SnapshotSeqKey is the meta key of the stream sequence a restored
+// snapshot covers: the follower's consumer starts after it.
+const SnapshotSeqKey = "snapshot_stream_seq"
+
+// snapshotTables are the tables a restore copies, parents before children.
+// They are what a follower builds from the stream (the mirror and its
+// change log), plus the history the stream never carried. The others are
+// the leader's own bookkeeping, which a follower does not have:
+// crawl_runs, crawl_failures, subscriptions, webhook_deliveries; meta
+// gives only baseline_time; outbox is emptied (see Restore).
+// TestSnapshotTables fails when a table is in neither list.
+var snapshotTables = []string{"repos", "tags", "tag_history", "advisories", "advisory_aliases", "advisory_severities",
+	"advisory_events", "event_log", "event_publishes"}
+
+// SnapshotSkippedTables are the tables a restore leaves alone (see
+// snapshotTables).
+var SnapshotSkippedTables = []string{"meta", "schema_migrations", "outbox", "crawl_runs", "crawl_failures", "subscriptions", "webhook_deliveries"}
+
+// SnapshotTables returns the tables a restore copies.
+func SnapshotTables() []string { return append([]string(nil), snapshotTables...) }
+
+// Backup writes a consistent copy of the mirror to path, which must not
+// exist or be empty: VACUUM INTO, in one read transaction on a connection
+// of its own, so that ingest goes on meanwhile. A caller that creates path
+// empty first chooses its mode (SQLite would create it 0644).
+func (s *Store) Backup(ctx context.Context, path string) error {
+	if strings.ContainsAny(path, "?#") {
+		return fmt.Errorf("back up mirror: path %q may not contain '?' or '#'", path)
+	}
+	conn, err := s.r.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("back up mirror: %w", err)
+	}
+	defer conn.Close()
+	// query_only forbids VACUUM INTO; this connection goes back to the pool
+	// read-only again.
+	if _, err := conn.ExecContext(ctx, `PRAGMA query_only = 0`); err != nil {
+		return fmt.Errorf("back up mirror: %w", err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA query_only = 1`)
+	if _, err := conn.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
+		return fmt.Errorf("back up mirror to %s: %w", path, err)
+	}
+	return nil
+}
+
+// Empty reports whether the mirror holds no resource and no event: a
+// mirror a follower may fill from a snapshot.
+func (s *Store) Empty(ctx context.Context) (bool, error) {
+	var n int
+	err := s.w.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM repos LIMIT 1)) + (SELECT COUNT(*) FROM (SELECT 1 FROM advisories LIMIT 1))
+		+ (SELECT COUNT(*) FROM (SELECT 1 FROM event_log LIMIT 1))`).Scan(&n)
+	if err != nil {
+		return false, fmt.Errorf("check whether the mirror is empty: %w", err)
+	}
+	return n == 0, nil
+}
+
+// SnapshotSeq is the stream sequence the snapshot this mirror was restored
+// from covers; 0 when it was not restored from one.
+func (s *Store) SnapshotSeq(ctx context.Context) (uint64, error) {
+	v, err := s.Meta(ctx, SnapshotSeqKey)
+	if err != nil || v == "" {
+		return 0, err
+	}
+	seq, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("meta %s: %w", SnapshotSeqKey, err)
+	}
+	return seq, nil
+}
+
+// Restore replaces the mirror's contents with the snapshot at path (a
+// database Backup wrote, migrated here to this binary's schema first) and
+// records seq, the stream sequence it covers, in one transaction.
+//
+// The snapshot's events all count as published: those its leader had not
+// published yet reach the stream later, and the follower skips them there
+// by id, since they are in the mirror already; were they left in the
+// outbox, a follower that becomes the leader would publish them again.
+func (s *Store) Restore(ctx context.Context, path string, seq uint64) error {
+	// Opening the snapshot as a mirror migrates it, so that its tables have
+	// this binary's columns.
+	snap, err := Open(ctx, path, Options{Logger: s.log, Readers: 1})
+	if err != nil {
+		return fmt.Errorf("open snapshot: %w", err)
+	}
+	if err := snap.Close(); err != nil {
+		return fmt.Errorf("close snapshot: %w", err)
+	}
+	conn, err := s.w.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("restore snapshot: %w", err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `ATTACH DATABASE ? AS snap`, "file:"+path+"?mode=ro"); err != nil {
+		return fmt.Errorf("attach snapshot %s: %w", path, err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `DETACH DATABASE snap`)
+	tx, err := conn.BeginTx(ctx, nil)
+	err = runTx(tx, err, func(tx *sql.Tx) error { return s.restoreTables(ctx, tx, seq) })
+	if err != nil {
+		return fmt.Errorf("restore snapshot: %w", err)
+	}
+	return nil
+}
+
+// restoreTables copies the snapshot's tables over the mirror's, in tx.
+func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error {
+	for i := len(snapshotTables) - 1; i >= 0; i-- {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM main.`+snapshotTables[i]); err != nil {
+			return fmt.Errorf("empty %s: %w", snapshotTables[i], err)
+		}
+	}
+	for _, t := range snapshotTables {
+		cols, err := columns(ctx, tx, t)
+		if err != nil {
+			return err
+		}
+		list := strings.Join(cols, ", ")
+		if _, err := tx.ExecContext(ctx, `INSERT INTO main.`+t+` (`+list+`) SELECT `+list+` FROM snap.`+t); err != nil {
+			return fmt.Errorf("copy %s: %w", t, err)
+		}
+	}
+	// event_log's trigger put every copied event in the outbox: none is
+	// to be published from here. Those the snapshot's outbox held get a
+	// publication of their own, so the events view shows them published.
+	now := FormatTime(s.now())
+	for _, q := range []string{`DELETE FROM main.outbox`,
+		`INSERT INTO main.event_publishes (first_seq, last_seq, published_time) SELECT seq, seq, ? FROM snap.outbox
+			WHERE seq IN (SELECT seq FROM main.event_log)`} {
+		if _, err := tx.ExecContext(ctx, q, now); err != nil {
+			return fmt.Errorf("mark the snapshot's events published: %w", err)
+		}
+	}
+	baseline, err := s.meta(ctx, tx, "baseline_time")
+	if err != nil {
+		return err
+	}
+	var snapBaseline string
+	if err := tx.QueryRowContext(ctx, `SELECT value FROM snap.meta WHERE key = 'baseline_time'`).Scan(&snapBaseline); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("read the snapshot's baseline: %w", err)
+	}
+	for k, v := range map[string]string{SnapshotSeqKey: strconv.FormatUint(seq, 10), "baseline_time": snapBaseline} {
+		if v == "" || k == "baseline_time" && baseline != "" {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO main.meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`, k, v); err != nil {
+			return fmt.Errorf("record %s: %w", k, err)
+		}
+	}
+	if snapBaseline != "" {
+		// A mirror past its baseline has the deferred indexes.
+		return s.buildIndexes(ctx, tx)
+	}
+	return nil
+}
+
+// columns lists the columns of table in the main database.
+func columns(ctx context.Context, tx *sql.Tx, table string) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT name FROM pragma_table_info(?, 'main')`, table)
+	if err != nil {
+		return nil, fmt.Errorf("columns of %s: %w", table, err)
+	}
+	defer rows.Close()
+	var cols []string
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			return nil, err
+		}
+		cols = append(cols, `"`+c+`"`)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(cols) == 0 {
+		return nil, fmt.Errorf("no table %s", table)
+	}
+	return cols, nil
+}
+
+// CreateEmpty creates path empty with mode 0600 (for Backup): the copy of
+// the mirror is as private as the mirror.
+func CreateEmpty(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,143 @@
+package store_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// TestSnapshot_BackupRestore: a mirror restored from a leader's backup
+// holds the leader's tables row for row, with every event published and the
+// stream sequence recorded; the leader's events, delivered again from the
+// stream, change nothing, and a later one applies on top.
+func TestSnapshot_BackupRestore(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	leader, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
+	repo := nginx()
+	mustApplyRepos(t, leader, repo)
+	need := mustApplyTags(t, leader, repo, tag("g1/r1/t1", "latest", 1), tag("g1/r1/t2", "1.0", 2))
+	for _, ref := range need {
+		if _, err := leader.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)}}, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := leader.ApplyAdvisories(ctx, []store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: clk.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := leader.Unpublished(ctx, 0, 1000)
+	if err != nil || len(evs) < 3 {
+		t.Fatalf("leader's events: %d, %v", len(evs), err)
+	}
+	// Half published: the snapshot holds events the stream does not yet.
+	half := make([]int64, 0, len(evs)/2)
+	for _, e := range evs[:len(evs)/2] {
+		half = append(half, e.Seq)
+	}
+	if err := leader.MarkPublished(ctx, half); err != nil {
+		t.Fatal(err)
+	}
+
+	path := filepath.Join(t.TempDir(), "snap.db")
+	if err := store.CreateEmpty(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Backup(ctx, path); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("backup file: %v, %v; want mode 0600", fi, err)
+	}
+	follower, _ := openTemp(t, clk, true, store.Options{})
+	if empty, err := follower.Empty(ctx); err != nil || !empty {
+		t.Fatalf("fresh mirror empty=%v, %v", empty, err)
+	}
+	if err := follower.Restore(ctx, path, 42); err != nil {
+		t.Fatal(err)
+	}
+	if empty, err := follower.Empty(ctx); err != nil || empty {
+		t.Fatalf("restored mirror empty=%v, %v", empty, err)
+	}
+	if seq, err := follower.SnapshotSeq(ctx); err != nil || seq != 42 {
+		t.Errorf("snapshot seq = %d, %v; want 42", seq, err)
+	}
+	if in, err := follower.InBaseline(ctx); err != nil || in {
+		t.Errorf("restored mirror in baseline = %v, %v; want past it, as the leader", in, err)
+	}
+	for _, table := range store.SnapshotTables() {
+		if table == "event_publishes" {
+			continue
+		}
+		q := `SELECT group_concat(r, char(10)) FROM (SELECT ` + rowText(t, leader, table) + ` AS r FROM ` + table + ` t)`
+		if l, f := queryString(t, leader.Reader(), q), queryString(t, follower.Reader(), q); l != f {
+			t.Errorf("table %s differs:\n leader:   %s\n follower: %s", table, l, f)
+		}
+	}
+	if n := queryInt(t, follower.Reader(), `SELECT count(*) FROM events WHERE published_time IS NULL`); n != 0 {
+		t.Errorf("%d restored events unpublished, want 0", n)
+	}
+	stream := make([]store.StreamEvent, len(evs))
+	for i, e := range evs {
+		stream[i] = store.StreamEvent{ID: e.ID, Type: e.Type, Subject: e.Subject, Time: e.Time, Data: e.Data}
+	}
+	if n, err := follower.ApplyStreamEvents(ctx, stream); err != nil || n != 0 {
+		t.Errorf("the snapshot's events again from the stream: applied %d (%v), want 0", n, err)
+	}
+	// A move after the snapshot lands at the leader's position.
+	moved := tag("g1/r1/t1", "latest", 3)
+	moved.UpdateTime = ts("2025-03-01T00:00:00Z")
+	need = mustApplyTags(t, leader, repo, moved)
+	if _, err := leader.ApplyHistory(ctx, need[0], []store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)}, {Time: moved.UpdateTime, Digest: digest(3)}}, true); err != nil {
+		t.Fatal(err)
+	}
+	later, err := leader.Unpublished(ctx, evs[len(evs)-1].Seq, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream = stream[:0]
+	for _, e := range later {
+		stream = append(stream, store.StreamEvent{ID: e.ID, Type: e.Type, Subject: e.Subject, Time: e.Time, Data: e.Data})
+	}
+	if n, err := follower.ApplyStreamEvents(ctx, stream); err != nil || n != len(stream) || n == 0 {
+		t.Fatalf("later events: applied %d of %d (%v)", n, len(stream), err)
+	}
+	q := `SELECT group_concat(tag_uid || ':' || seq || ':' || digest, ',') FROM (SELECT * FROM tag_history ORDER BY tag_uid, seq)`
+	if l, f := queryString(t, leader.Reader(), q), queryString(t, follower.Reader(), q); l != f {
+		t.Errorf("history after a later move:\n leader:   %s\n follower: %s", l, f)
+	}
+}
+
+// rowText is an expression rendering every column of a row of table but
+// those that say when the row was written here.
+func rowText(t *testing.T, st *store.Store, table string) string {
+	var cols []string
+	for _, c := range columns(t, st.Reader(), table) {
+		if c != "first_seen_time" && (c != "created_time" || table != "event_log") {
+			cols = append(cols, "quote(t."+c+")")
+		}
+	}
+	return strings.Join(cols, " || '|' || ")
+}
+
+// TestSnapshot_Tables: every table of the schema is either copied by a
+// restore or deliberately left out.
+func TestSnapshot_Tables(t *testing.T) {
+	st, _ := openTemp(t, newClock(), false, store.Options{})
+	rows, err := st.Reader().Query(`SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		rows.Scan(&name)
+		if !slices.Contains(store.SnapshotTables(), name) && !slices.Contains(store.SnapshotSkippedTables, name) {
+			t.Errorf("table %s: add it to the tables a restore copies, or to those it leaves out (store/snapshot.go)", name)
+		}
+	}
+}
