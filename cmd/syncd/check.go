@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/publish"
 )
@@ -86,7 +87,7 @@ func (c *checkCommand) Run(ctx context.Context) error {
 	log := newLogger(c.m.Stderr, cfg.Log)
 
 	pc := &platformCheck{cfg: cfg}
-	client, err := newClient(cfg, log, pc.observe)
+	client, err := daemon.NewClient(cfg, log, pc.observe)
 	if err != nil {
 		return usageError{err}
 	}
@@ -143,42 +144,12 @@ func (pc *platformCheck) observe(_ string, code int, _ bool) { pc.lastStatus.Sto
 
 func (pc *platformCheck) apiSubject() string {
 	p := pc.cfg.Platform
-	return fmt.Sprintf("platform API %s, %s for audience %s", p.BaseURL, apiCredential(p), apiAudience(p))
+	return fmt.Sprintf("platform API %s, %s for audience %s", p.BaseURL, daemon.APICredential(p), daemon.APIAudience(p))
 }
 
 func (pc *platformCheck) registrySubject() string {
 	p := pc.cfg.Platform
-	return fmt.Sprintf("registry %s, %s for audience %s", p.RegistryURL, registryCredential(p), registryAudience(p))
-}
-
-// apiCredential names where the platform API credential comes from.
-func apiCredential(p config.Platform) string {
-	switch {
-	case p.Identity != "":
-		return fmt.Sprintf("token of identity %s exchanged at %s", p.Identity, p.STSURL)
-	case p.TokenFile != "":
-		return "platform token from platform.token_file"
-	case p.TokenCommand != "":
-		return "platform token from platform.token_command"
-	}
-	return "platform token from platform.token"
-}
-
-// registryCredential names where the registry credential comes from.
-func registryCredential(p config.Platform) string {
-	switch {
-	case p.Identity != "":
-		return fmt.Sprintf("token of identity %s exchanged at %s", p.Identity, p.STSURL)
-	case p.RegistryToken != "":
-		return "registry token from platform.registry_token"
-	case p.RegistryTokenFile != "":
-		return "registry token from platform.registry_token_file"
-	case p.RegistryTokenCommand != "":
-		return "registry token from platform.registry_token_command"
-	case p.RegistryCredentialHelper != "":
-		return "registry token from docker-credential-" + p.RegistryCredentialHelper
-	}
-	return "no registry credential (the platform token is offered to /token)"
+	return fmt.Sprintf("registry %s, %s for audience %s", p.RegistryURL, daemon.RegistryCredential(p), daemon.RegistryAudience(p))
 }
 
 // api lists one repo of the group, and one tag of it for the registry check.
@@ -241,7 +212,7 @@ func (pc *platformCheck) registry(ctx context.Context) (string, error) {
 // registry audience, a file read or a command run still shows whether
 // that part works.
 func (pc *platformCheck) obtainOnly(ctx context.Context, why string) (string, error) {
-	_, reg := credentials(pc.cfg.Platform)
+	_, reg := daemon.TokenSources(pc.cfg.Platform)
 	if reg == nil {
 		return why, errSkipped
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
 )
@@ -54,17 +55,17 @@ func (c *followCommand) Run(ctx context.Context) error {
 		return usageError{&config.Error{Key: "nats.url", Msg: "required: syncd follow reads the stream of a leader's NATS server"}}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	release, err := lockMirror(cfg, "syncd follow", log)
+	release, err := daemon.LockMirror(cfg, "syncd follow", log)
 	if err != nil {
 		return err
 	}
 	defer release()
-	st, err := openStore(ctx, cfg, log, store.Options{})
+	st, err := daemon.OpenStore(ctx, cfg, log, store.Options{})
 	if err != nil {
 		return err
 	}
-	defer closeStore(st, log)
-	pcfg := natsConfig(cfg, log)
+	defer daemon.CloseStore(st, log)
+	pcfg := daemon.NATSConfig(cfg, log)
 	nc, err := publish.Dial(ctx, pcfg)
 	if err != nil {
 		return err
@@ -83,7 +84,7 @@ func (c *followCommand) Run(ctx context.Context) error {
 	if err := cluster.RecordRole(ctx, st, cluster.RoleFollower, ""); err != nil {
 		return err
 	}
-	f := newFollower(nc, st, cfg, log)
+	f := daemon.NewFollower(nc, st, cfg, log)
 	log.Info("syncd following", "version", version(), "mirror", cfg.Store.Path, "stream", cfg.NATS.Stream, "consumer", cfg.Cluster.ConsumerName(cfg.Store.Path))
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.Admin.Listen != "" {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/platform"
 )
 
@@ -139,7 +140,7 @@ func (c *identityCommand) Run(ctx context.Context) error {
 	log := newLogger(c.m.Stderr, cfg.Log)
 	// Identity and role binding calls never reach the registry, so a
 	// config without registry_url (not needed until syncd runs) is fine.
-	client, err := newClient(cfg, log, nil)
+	client, err := daemon.NewClient(cfg, log, nil)
 	if err != nil {
 		return usageError{err}
 	}

@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/syncd-dev/syncd/internal/daemon"
 )
 
 func main() {
@@ -102,7 +104,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	if err := cmd.Run(ctx); err != nil {
 		fmt.Fprintf(m.Stderr, "syncd %s: %v\n", args[0], err)
 		var ue usageError
-		if errors.As(err, &ue) {
+		var ce daemon.ConfigError
+		if errors.As(err, &ue) || errors.As(err, &ce) {
 			return exitUsage
 		}
 		return exitFailure

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/syncd-dev/syncd/internal/admin"
-	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/crawler"
 )
 
@@ -72,7 +70,7 @@ func (c *runCommand) Run(ctx context.Context) error {
 	if c.demo {
 		command = "syncd run --demo"
 	}
-	release, err := lockMirror(cfg, command, log)
+	release, err := daemon.LockMirror(cfg, command, log)
 	if err != nil {
 		return err
 	}
@@ -93,33 +91,33 @@ func (c *runCommand) Run(ctx context.Context) error {
 			cfg.Events.SinkURL = "http://" + evLn.Addr().String()
 		}
 	}
-	a, err := openApp(ctx, cfg, log, publishedLevel(c.demo))
+	a, err := daemon.Open(ctx, cfg, log, daemon.Options{Version: version(), Published: publishedLevel(c.demo)})
 	if err != nil {
 		return err
 	}
 	defer a.Close()
-	if err := a.recordMode(ctx, c.demo); err != nil {
+	if err := a.RecordMode(ctx, c.demo); err != nil {
 		return err
 	}
 	log.Info("syncd running", "version", version(), "platform", cfg.Platform.BaseURL, "mirror", cfg.Store.Path,
 		"schedule", cfg.Crawl.Schedule, "subjects", cfg.NATS.SubjectPrefix+".>", "cluster", cfg.Cluster.Enabled)
-	r, err := a.role(ctx, c.grace)
+	r, err := a.Role(ctx, c.grace)
 	if err != nil {
 		return err
 	}
-	if a.receiver != nil {
+	if a.Receiver != nil {
 		log.Info("receiving pushed events", "listen", evLn.Addr().String(), "cluster", cfg.Cluster.Enabled)
-		serveHTTP(gctx, g, evLn, r.receiver(a.receiver))
+		serveHTTP(gctx, g, evLn, r.Receiver(a.Receiver))
 	}
 	if cfg.Admin.Listen != "" {
-		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, a.adminHandler(r.leading), log); err != nil {
+		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, a.AdminHandler(r.Leading), log); err != nil {
 			return err
 		}
 	}
 	g.Go(func() error {
-		return crawler.Scheduler{Logger: log}.Run(gctx, crawler.PruneJob(a.store, cfg.Store.EventRetention.Duration, log))
+		return crawler.Scheduler{Logger: log}.Run(gctx, crawler.PruneJob(a.Store, cfg.Store.EventRetention.Duration, log))
 	})
-	g.Go(func() error { return r.run(gctx) })
+	g.Go(func() error { return r.Run(gctx) })
 	return g.Wait()
 }
 
@@ -130,59 +128,4 @@ func publishedLevel(demo bool) slog.Level {
 		return slog.LevelInfo
 	}
 	return slog.LevelDebug
-}
-
-// recordMode marks a mirror of the demo, or of cluster mode, in its meta:
-// the demo overwrites only a mirror of its own.
-func (a *app) recordMode(ctx context.Context, demo bool) error {
-	switch {
-	case a.cfg.Cluster.Enabled:
-		return a.store.SetMeta(ctx, "mode", "cluster")
-	case demo:
-		return a.store.SetMeta(ctx, "mode", "demo")
-	}
-	return nil
-}
-
-// leaderRole is how "syncd run" does the leader's duties: directly in
-// single mode, and in cluster mode as a replica, while it holds the lease.
-type leaderRole struct {
-	run func(ctx context.Context) error
-	// leading reports whether this replica leads now; nil: always.
-	leading func() bool
-	// receiver wraps the webhook receiver: a standby answers 503.
-	receiver func(h http.Handler) http.Handler
-}
-
-// role builds the leader's duties and, in cluster mode, the replica that
-// runs them while it holds the lease.
-func (a *app) role(ctx context.Context, grace time.Duration) (leaderRole, error) {
-	if !a.cfg.Cluster.Enabled {
-		return leaderRole{run: a.duties(grace, nil).Run, receiver: func(h http.Handler) http.Handler { return h }}, nil
-	}
-	cl, node := a.cfg.Cluster, a.cfg.Cluster.Node()
-	lease, err := cluster.NewLease(ctx, a.nats.JS, cluster.LeaseConfig{Bucket: cl.Bucket, Key: cl.Key, Node: node,
-		TTL: cl.LeaseTTL.Duration, Replicas: a.cfg.NATS.Replicas, Logger: a.log.With("part", "lease")})
-	if err != nil {
-		return leaderRole{}, err
-	}
-	rep := &cluster.Replica{Lease: lease, Follower: newFollower(a.nats, a.store, a.cfg, a.log),
-		Promote: a.crawler.ResolveFollowed, Lead: a.duties(grace, lease.IsLeader).Run, Meta: a.store, Logger: a.log.With("part", "cluster")}
-	a.metrics.WatchReplica(rep, cluster.RoleLeader, cluster.RoleStandby)
-	a.metrics.WatchLag(rep.Follower.Lag)
-	return leaderRole{run: rep.Run, leading: lease.IsLeader, receiver: lease.LeaderOnly}, nil
-}
-
-// adminHandler serves the metrics and the readiness checks; leading says
-// whether freshness is checked (only the leader crawls).
-func (a *app) adminHandler(leading func() bool) http.Handler {
-	m := a.metrics
-	m.WatchOutbox(a.store)
-	m.WatchFailures(a.store)
-	m.WatchNATS(a.nats.NC)
-	if a.receiver != nil {
-		m.WatchReceiver(&a.receiver.Stats)
-	}
-	return admin.Handler(m, []admin.Check{{Name: "database", Run: a.store.Writable}, admin.NATSCheck(a.nats.NC),
-		admin.FreshnessCheck(a.fresh, leading), admin.BaselineCheck(a.store, leading), admin.CredentialsCheck(a.client, leading)})
 }

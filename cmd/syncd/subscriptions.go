@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"text/tabwriter"
 
+	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -51,16 +52,16 @@ func (c *subscriptionsCommand) Run(ctx context.Context) error {
 		return usageError{fmt.Errorf("events.sink_url: not set, so syncd has no subscriptions to show")}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	st, err := openStore(ctx, cfg, log, store.Options{})
+	st, err := daemon.OpenStore(ctx, cfg, log, store.Options{})
 	if err != nil {
 		return err
 	}
-	defer closeStore(st, log)
-	client, err := newClient(cfg, log, nil)
+	defer daemon.CloseStore(st, log)
+	client, err := daemon.NewClient(cfg, log, nil)
 	if err != nil {
 		return usageError{err}
 	}
-	reg := newRegistrar(cfg, client, st, log)
+	reg := daemon.NewRegistrar(cfg, client, st, log)
 	if c.remove {
 		n, err := reg.Remove(ctx)
 		fmt.Fprintf(c.m.Stdout, "removed %d subscriptions\n", n)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/syncd-dev/syncd/internal/daemon"
 )
 
 // syncCommand is "syncd sync --once": one complete crawl and publish.
@@ -55,27 +57,27 @@ func (c *syncCommand) Run(ctx context.Context) error {
 		return usageError{err}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	release, err := lockMirror(cfg, "syncd sync --once", log)
+	release, err := daemon.LockMirror(cfg, "syncd sync --once", log)
 	if err != nil {
 		return err
 	}
 	defer release()
-	a, err := openApp(ctx, cfg, log, slog.LevelDebug)
+	a, err := daemon.Open(ctx, cfg, log, daemon.Options{Version: version(), Published: slog.LevelDebug})
 	if err != nil {
 		return err
 	}
 	defer a.Close()
 	// The sweep is every job in one: repos, tags, history, advisories and
 	// confirmed deletions.
-	sum, err := a.crawler.Sweep(ctx)
+	sum, err := a.Crawler.Sweep(ctx)
 	if err != nil {
 		return fmt.Errorf("crawl: %w", err)
 	}
 	start := time.Now()
-	if err := a.relay.Flush(ctx); err != nil {
+	if err := a.Relay.Flush(ctx); err != nil {
 		return fmt.Errorf("publish: %w", err)
 	}
-	n, _, err := a.store.UnpublishedCount(ctx)
+	n, _, err := a.Store.UnpublishedCount(ctx)
 	if err != nil {
 		return err
 	}
