@@ -48,7 +48,12 @@ func (m *Main) flagSet(name, usage string, common *commonFlags) *flag.FlagSet {
 
 // loadConfig loads the configuration; its errors exit 2.
 func (m *Main) loadConfig(f commonFlags) (config.Config, error) {
-	cfg, err := config.Load(f.configPath, m.Environ)
+	return m.loadConfigWith(config.Load, f)
+}
+
+// loadConfigWith loads the configuration with load; its errors exit 2.
+func (m *Main) loadConfigWith(load func(path string, environ []string) (config.Config, error), f commonFlags) (config.Config, error) {
+	cfg, err := load(f.configPath, m.Environ)
 	if err != nil {
 		return cfg, usageError{err}
 	}

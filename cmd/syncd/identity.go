@@ -6,23 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"regexp"
-	"slices"
 	"strings"
 	"text/tabwriter"
-	"time"
 
-	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/platform"
 )
-
-// identityNamePattern is the platform's rule for identity names
-// (platform-api-v2.md, Identity). Checking it here saves a round trip and
-// names the flag to fix; the server checks it again.
-const identityNamePattern = `^[a-z0-9 ._-]{1,}$`
-
-var identityNameRE = regexp.MustCompile(identityNamePattern)
 
 // identityCommand is "syncd identity create": the platform identity syncd
 // runs as, created under the organization's root group and bound to a role.
@@ -83,7 +72,7 @@ Flags:
 
 func (c *identityCommand) ParseFlags(args []string) error {
 	fs := c.m.flagSet("identity create", identityUsage, &c.flags)
-	fs.StringVar(&c.name, "name", "", "identity `name` (required); lowercase letters, digits, space, '.', '_' and '-' ("+identityNamePattern+")")
+	fs.StringVar(&c.name, "name", "", "identity `name` (required); lowercase letters, digits, space, '.', '_' and '-' ("+platform.IdentityNamePattern+")")
 	fs.StringVar(&c.issuer, "issuer", "", "`URL` of the OIDC issuer whose tokens the identity accepts (required), e.g. https://token.actions.githubusercontent.com")
 	fs.StringVar(&c.subject, "subject", "", "the `subject` the tokens carry in their \"sub\" claim, matched exactly (required), e.g. repo:acme/mirror:ref:refs/heads/main")
 	fs.StringVar(&c.description, "description", "", "free `text` shown next to the identity in the platform's console")
@@ -116,8 +105,8 @@ func (c *identityCommand) ParseFlags(args []string) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("%s required (see syncd identity create --help)", strings.Join(missing, ", "))
 	}
-	if !identityNameRE.MatchString(c.name) {
-		return fmt.Errorf("--name %q: must match %s (lowercase letters, digits, space, '.', '_' and '-')", c.name, identityNamePattern)
+	if !platform.ValidIdentityName(c.name) {
+		return fmt.Errorf("--name %q: must match %s (lowercase letters, digits, space, '.', '_' and '-')", c.name, platform.IdentityNamePattern)
 	}
 	if c.role == "" {
 		return errors.New("--role: must name a role, such as viewer")
@@ -134,7 +123,7 @@ func (c *identityCommand) Run(ctx context.Context) error {
 	if group == "" {
 		group = cfg.Platform.Group
 	}
-	if err := checkIdentityConfig(cfg, group, c.group != ""); err != nil {
+	if err := cfg.RequireIdentityAdmin(group, c.group != ""); err != nil {
 		return usageError{err}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
@@ -145,106 +134,17 @@ func (c *identityCommand) Run(ctx context.Context) error {
 		return usageError{err}
 	}
 
-	// The role is looked up first, so an unknown one creates nothing.
-	role, err := findRole(ctx, client, group, c.role)
-	if err != nil {
+	id, binding, err := client.ProvisionIdentity(ctx, group, platform.Identity{Name: c.name, Description: c.description,
+		ClaimMatch: platform.ClaimMatch{Issuer: c.issuer, Subject: c.subject}}, c.role)
+	var unknown *platform.UnknownRoleError
+	if errors.As(err, &unknown) {
+		return fmt.Errorf("--%w", err) // it names the flag: --role "x": ...
+	} else if err != nil {
 		return err
-	}
-	id, err := client.CreateIdentity(ctx, group, platform.Identity{Name: c.name, Description: c.description,
-		ClaimMatch: platform.ClaimMatch{Issuer: c.issuer, Subject: c.subject}})
-	if err != nil {
-		if errors.Is(err, platform.ErrOutcomeUnknown) {
-			return fmt.Errorf("%w\nlook for an identity named %q in group %s before trying again", err, c.name, group)
-		}
-		return rejected("the platform did not create the identity", err)
-	}
-	binding, err := client.CreateRoleBinding(ctx, group, id.UID, role.UID)
-	if err != nil {
-		return c.rollback(ctx, client, id, rejected(fmt.Sprintf("the platform did not bind role %q to identity %s", role.Name, id.UID), err))
 	}
 	printIdentity(c.m.Stdout, id, binding, group)
 	return nil
 }
-
-// checkIdentityConfig checks the keys identity create needs: fewer than
-// syncd run, since it touches neither the registry nor NATS.
-func checkIdentityConfig(cfg config.Config, group string, fromFlag bool) error {
-	switch {
-	case cfg.Platform.BaseURL == "":
-		return &config.Error{Key: "platform.base_url", Msg: "required (the platform API address, e.g. https://console-api.example.com)"}
-	case cfg.Platform.Token == "" && cfg.Platform.TokenFile == "" && cfg.Platform.TokenCommand == "":
-		return &config.Error{Key: "platform.token", Msg: "required: set one of token, token_file or token_command, with a token allowed to create identities"}
-	case group == "":
-		return &config.Error{Key: "platform.group", Msg: "required (the uid of the organization's root group), or pass --group"}
-	}
-	// A uid is its parent's uid, a "/" and a segment, so only a root group
-	// has none; an identity below the root cannot reach the registry.
-	if parent, _, ok := strings.Cut(group, "/"); ok {
-		where := "--group"
-		if !fromFlag {
-			where = "platform.group"
-		}
-		return fmt.Errorf("%s %q is a subgroup: an identity there is scoped to it and cannot reach the organization's registry; use the root group (%s)", where, group, parent)
-	}
-	return nil
-}
-
-// findRole returns the role named name that can be bound in group, or an
-// error listing the roles that exist.
-func findRole(ctx context.Context, client *platform.Client, group, name string) (platform.Role, error) {
-	roles, err := client.Roles(platform.ListQuery{DescendantsOf: group}).Collect(ctx)
-	if err != nil {
-		return platform.Role{}, fmt.Errorf("list roles: %w", err)
-	}
-	names := make([]string, 0, len(roles))
-	for _, r := range roles {
-		if r.Name == name {
-			return r, nil
-		}
-		names = append(names, r.Name)
-	}
-	slices.Sort(names)
-	names = slices.Compact(names)
-	return platform.Role{}, fmt.Errorf("--role %q: no such role in group %s; roles that exist: %s (nothing was created)", name, group, strings.Join(names, ", "))
-}
-
-// rollback deletes the identity whose role binding failed, so a failed run
-// leaves nothing behind; the platform deletes the identity's bindings with
-// it, which also covers a binding whose creation answer was lost.
-func (c *identityCommand) rollback(ctx context.Context, client *platform.Client, id platform.Identity, cause error) error {
-	// Cleanup must run even when the failure was the user's Ctrl-C.
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if err := client.DeleteIdentity(dctx, id.UID); err != nil {
-		return fmt.Errorf("%w\ndeleting the new identity %s (%q) failed too, so delete it by hand: %v", cause, id.UID, id.Name, err)
-	}
-	return fmt.Errorf("%w\nthe new identity %s was deleted again, so nothing was left behind", cause, id.UID)
-}
-
-// rejected presents a platform error: a BadRequest as one line per field
-// violation, since each names a flag's value to fix.
-func rejected(what string, err error) error {
-	perr, ok := platform.AsError(err)
-	if !ok || !platform.IsInvalidArgument(err) || len(perr.FieldViolations) == 0 {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s: the request was invalid (HTTP %d):", what, perr.Status)
-	for _, v := range perr.FieldViolations {
-		fmt.Fprintf(&b, "\n  %s: %s", v.Field, v.Description)
-	}
-	return &rejectedError{msg: b.String(), err: err}
-}
-
-// rejectedError keeps the platform error in the chain under a message of
-// its own.
-type rejectedError struct {
-	msg string
-	err error
-}
-
-func (e *rejectedError) Error() string { return e.msg }
-func (e *rejectedError) Unwrap() error { return e.err }
 
 func printIdentity(w io.Writer, id platform.Identity, b platform.RoleBinding, group string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

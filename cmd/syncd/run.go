@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/daemon"
 )
 
 // runCommand is "syncd run": the daemon.

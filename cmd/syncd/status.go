@@ -5,10 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/syncd-dev/syncd/internal/crawler"
 	"io"
 	"os"
 	"text/tabwriter"
+
+	"github.com/syncd-dev/syncd/internal/crawler"
 
 	"github.com/syncd-dev/syncd/internal/store"
 )
