@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/daemon"
 )
 
@@ -55,9 +55,6 @@ func (c *runCommand) Run(ctx context.Context) error {
 		return err
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g, gctx := errgroup.WithContext(runCtx)
 	// Bad input changes nothing: the platform keys are checked before the
 	// mirror is locked (which creates its directory), and the lock is
 	// taken before the demo replaces an earlier demo's mirror.
@@ -75,10 +72,15 @@ func (c *runCommand) Run(ctx context.Context) error {
 		return err
 	}
 	defer release()
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(runCtx)
 	if c.demo {
-		if err := startDemo(gctx, g, &cfg, log); err != nil {
+		serveSim, err := daemon.StartDemo(gctx, &cfg, log)
+		if err != nil {
 			return err
 		}
+		g.Go(serveSim)
 	}
 	// The receiver listens before anything registers its address.
 	var evLn net.Listener
@@ -91,6 +93,12 @@ func (c *runCommand) Run(ctx context.Context) error {
 			cfg.Events.SinkURL = "http://" + evLn.Addr().String()
 		}
 	}
+	return c.serve(ctx, gctx, g, cfg, evLn, log)
+}
+
+// serve opens the parts and runs the leader's role, the receiver on evLn
+// and the admin listener in g until gctx is done.
+func (c *runCommand) serve(ctx, gctx context.Context, g *errgroup.Group, cfg config.Config, evLn net.Listener, log *slog.Logger) error {
 	a, err := daemon.Open(ctx, cfg, log, daemon.Options{Version: version(), Published: publishedLevel(c.demo)})
 	if err != nil {
 		return err
@@ -107,16 +115,14 @@ func (c *runCommand) Run(ctx context.Context) error {
 	}
 	if a.Receiver != nil {
 		log.Info("receiving pushed events", "listen", evLn.Addr().String(), "cluster", cfg.Cluster.Enabled)
-		serveHTTP(gctx, g, evLn, r.Receiver(a.Receiver))
+		g.Go(func() error { return daemon.ServeHTTP(gctx, evLn, r.Receiver(a.Receiver)) })
 	}
 	if cfg.Admin.Listen != "" {
 		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, a.AdminHandler(r.Leading), log); err != nil {
 			return err
 		}
 	}
-	g.Go(func() error {
-		return crawler.Scheduler{Logger: log}.Run(gctx, crawler.PruneJob(a.Store, cfg.Store.EventRetention.Duration, log))
-	})
+	g.Go(func() error { return daemon.Prune(gctx, a.Store, cfg, log) })
 	g.Go(func() error { return r.Run(gctx) })
 	return g.Wait()
 }

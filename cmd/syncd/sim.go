@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 )
 
@@ -87,7 +88,8 @@ func (c *simCommand) Run(ctx context.Context) error {
 		return fmt.Errorf("--addr: %w", err)
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	url := serveSim(gctx, g, sim, ln, c.every, c.perStep)
+	url, serve := daemon.ServeSim(gctx, sim, ln, c.every, c.perStep)
+	g.Go(serve)
 	log.Info("simulator serving", "url", url, "org", "acme", "root_group", "org1", "repos", c.scale.Repos)
 	return g.Wait()
 }

@@ -67,25 +67,12 @@ func (c *syncCommand) Run(ctx context.Context) error {
 		return err
 	}
 	defer a.Close()
-	// The sweep is every job in one: repos, tags, history, advisories and
-	// confirmed deletions.
-	sum, err := a.Crawler.Sweep(ctx)
-	if err != nil {
-		return fmt.Errorf("crawl: %w", err)
-	}
-	start := time.Now()
-	if err := a.Relay.Flush(ctx); err != nil {
-		return fmt.Errorf("publish: %w", err)
-	}
-	n, _, err := a.Store.UnpublishedCount(ctx)
+	sum, published, err := a.SyncOnce(ctx)
 	if err != nil {
 		return err
 	}
-	if n > 0 {
-		return fmt.Errorf("publish: %d events still unpublished", n)
-	}
 	fmt.Fprintf(c.m.Stdout, "synced %d repos, %d tags, %d history reads (%d records), %d advisories, %d deletions; %d events recorded and published; %d requests; crawl %s, publish %s\n",
 		sum.Repos, sum.Tags, sum.HistoryReads, sum.HistoryRecords, sum.Advisories, sum.Deleted, sum.Events, sum.Requests,
-		sum.Duration.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+		sum.Duration.Round(time.Millisecond), published.Round(time.Millisecond))
 	return nil
 }
