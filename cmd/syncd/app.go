@@ -1,6 +1,7 @@
 package main
 
 import (
+	"embed"
 	"flag"
 	"fmt"
 	"io"
@@ -20,6 +21,21 @@ func version() string {
 		return bi.Main.Version
 	}
 	return "(devel)"
+}
+
+// usageFS holds the help texts: usage/<command>.txt, printed before the
+// command's flags, and usage/main.txt, syncd's own.
+//
+//go:embed usage/*.txt
+var usageFS embed.FS
+
+// usage is the help text of the command name.
+func usage(name string) string {
+	b, err := usageFS.ReadFile("usage/" + name + ".txt")
+	if err != nil {
+		panic(err) // a text missing from the binary is a build mistake
+	}
+	return string(b)
 }
 
 // commonFlags are the flags every command takes.

@@ -19,36 +19,10 @@ type checkCommand struct {
 }
 
 func (c *checkCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("check", checkUsage, &c.flags)
+	fs := c.m.flagSet("check", usage("check"), &c.flags)
 	fs.DurationVar(&c.timeout, "timeout", 20*time.Second, "how long each check may take, retries included")
 	return fs.Parse(args)
 }
-
-const checkUsage = `Usage: syncd check [--config FILE] [--timeout D]
-
-Checks a configuration before "syncd run" is trusted with it. First every
-key: all problems are printed at once, and the exit status is 2. Then one
-request per credential, each to the audience it is for:
-
-  platform API  lists one repo of [platform] group with the platform
-                credential (an identity's is exchanged at sts_url first)
-  registry      reads the tag history of one tag of that repo with the
-                registry credential (or asks /token for the image when the
-                repo has no tag; skipped when the group has no repo)
-  NATS          connects to [nats] url and asks JetStream for the account
-                (or, with manage_stream = false, for the stream); skipped
-                for the embedded server, which "syncd run" starts itself
-
-and prints one line per check: "ok", or "FAIL" with what to fix. Nothing is
-written anywhere. Exit status: 0 when every check passed, 1 when one failed,
-2 for bad flags or configuration.
-
-Examples:
-  syncd check --config /etc/syncd/syncd.toml
-  SYNCD_PLATFORM_REGISTRY_TOKEN_COMMAND='chainctl auth token --audience cgr.dev' syncd check --config syncd.toml
-
-Flags:
-`
 
 // checkFailed is the error of a check run in which some check failed; the
 // lines printed say which and why.

@@ -15,28 +15,8 @@ type followCommand struct {
 	flags commonFlags
 }
 
-const followUsage = `Usage: syncd follow [--config FILE] [--log-level LEVEL]
-
-Keeps a mirror at [store] path from the event stream of a syncd leader
-([nats] url, stream and subject_prefix), without any request to the
-platform: every event's state is applied to the same tables "syncd run"
-fills. A durable JetStream consumer ([cluster] consumer, default
-syncd-follow-<node_id>, or syncd-follow-<host>-<hash of the mirror path>,
-the same across restarts) starts at the first message the stream holds and
-resumes where it stopped. A stream that does not exist yet is waited for
-(the leader creates it), with /readyz unready meanwhile; one that does not
-capture <subject_prefix>.> is an error. [platform] keys are not needed.
-SIGINT or SIGTERM stops it cleanly.
-
-Examples:
-  syncd follow --config follower.toml
-  SYNCD_NATS_URL=nats://nats:4222 SYNCD_STORE_PATH=/srv/mirror.db syncd follow
-
-Flags:
-`
-
 func (c *followCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("follow", followUsage, &c.flags)
+	fs := c.m.flagSet("follow", usage("follow"), &c.flags)
 	return fs.Parse(args)
 }
 

@@ -26,52 +26,8 @@ type identityCommand struct {
 	group       string
 }
 
-const identityUsage = `Usage: syncd identity create --name NAME --issuer URL --subject SUBJECT [flags]
-
-Creates the platform identity syncd runs as and binds a role to it, so that
-syncd needs no personal account. An identity is recognized by the issuer and
-subject of an external OIDC token (for example a CI system's or a cloud
-workload's token): whoever holds a token from --issuer whose "sub" claim
-equals --subject exactly may act as the identity.
-
-The identity is created under the organization's root group ([platform] group,
-or --group), and the role is bound there. It must be the root group: an
-identity created under a subgroup is scoped to that subgroup and cannot reach
-the organization's registry, so syncd could list repos but never read tag
-history. A --group whose uid has a parent ("org1/team") is refused for that
-reason.
-
-Nothing is left half-done: an unknown --role is reported (with the roles that
-exist) before anything is created, and if binding the role fails the new
-identity is deleted again. A name the platform rejects, or any other field
-it rejects, is shown field by field.
-
-It prints the identity's uid, the binding as the platform returns it, and the
-[platform] lines for syncd.toml. Exit status: 0 done, 1 the platform refused
-or failed, 2 bad flags or configuration.
-
-Examples:
-  # A GitHub Actions workflow on the main branch runs syncd:
-  syncd identity create --config syncd.toml --name syncd \
-      --issuer https://token.actions.githubusercontent.com \
-      --subject repo:acme/platform-mirror:ref:refs/heads/main
-
-  # A Kubernetes service account, naming the root group explicitly:
-  syncd identity create --config syncd.toml --group org1 --name "syncd prod" \
-      --description "syncd in the prod cluster" \
-      --issuer https://oidc.prod.example.com \
-      --subject system:serviceaccount:syncd:syncd
-
-  # Try it against the simulator ("syncd sim --token sim-token" in another shell):
-  SYNCD_PLATFORM_BASE_URL=http://127.0.0.1:8080 SYNCD_PLATFORM_TOKEN=sim-token \
-  SYNCD_PLATFORM_GROUP=org1 syncd identity create --name syncd \
-      --issuer https://issuer.example.com --subject ci
-
-Flags:
-`
-
 func (c *identityCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("identity create", identityUsage, &c.flags)
+	fs := c.m.flagSet("identity create", usage("identity"), &c.flags)
 	fs.StringVar(&c.name, "name", "", "identity `name` (required); lowercase letters, digits, space, '.', '_' and '-' ("+platform.IdentityNamePattern+")")
 	fs.StringVar(&c.issuer, "issuer", "", "`URL` of the OIDC issuer whose tokens the identity accepts (required), e.g. https://token.actions.githubusercontent.com")
 	fs.StringVar(&c.subject, "subject", "", "the `subject` the tokens carry in their \"sub\" claim, matched exactly (required), e.g. repo:acme/mirror:ref:refs/heads/main")

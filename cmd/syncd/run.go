@@ -21,29 +21,8 @@ type runCommand struct {
 	grace time.Duration
 }
 
-const runUsage = `Usage: syncd run [--config FILE] [--demo] [--grace DURATION] [--log-level LEVEL]
-
-Runs the daemon: crawls the platform once at start and then on the [crawl]
-schedules, keeps the SQLite mirror at [store] path, and publishes every change
-to NATS JetStream ([nats] url, or an embedded server when it is empty). With
-[events] listen and sink_url set, it also receives the platform's pushed
-events, so changes arrive within seconds. SIGINT or SIGTERM stops it cleanly.
-
-A real platform needs [platform] base_url, registry_url, group, organization
-and a token; a missing or bad key exits 2 naming it. --demo needs none of
-them: each demo starts from a fresh mirror, and refuses to overwrite a mirror
-of a real platform.
-
-Examples:
-  syncd run --demo
-  syncd run --config /etc/syncd/syncd.toml --log-level debug
-  SYNCD_NATS_URL=nats://nats:4222 syncd run --config syncd.toml
-
-Flags:
-`
-
 func (c *runCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("run", runUsage, &c.flags)
+	fs := c.m.flagSet("run", usage("run"), &c.flags)
 	fs.BoolVar(&c.demo, "demo", false, "run against the built-in simulator, whose data changes every few seconds, with an embedded NATS server on 127.0.0.1:4222; no account or [platform] keys needed")
 	fs.DurationVar(&c.grace, "grace", 4*time.Second, "on SIGINT/SIGTERM, how long to finish the page in flight and publish what is committed; events left unpublished go out at the next start")
 	return fs.Parse(args)

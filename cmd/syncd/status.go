@@ -17,20 +17,8 @@ type statusCommand struct {
 	json  bool
 }
 
-const statusUsage = `Usage: syncd status [--config FILE] [--json]
-
-Reads the mirror directly (whether or not the daemon runs) and shows rows per
-table, the latest crawl and its outcome, and events waiting for JetStream.
-
-Examples:
-  syncd status
-  syncd status --json | jq .unpublished_events
-
-Flags:
-`
-
 func (c *statusCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("status", statusUsage, &c.flags)
+	fs := c.m.flagSet("status", usage("status"), &c.flags)
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
 	return fs.Parse(args)
 }

@@ -17,25 +17,8 @@ type subscriptionsCommand struct {
 	remove bool
 }
 
-const subscriptionsUsage = `Usage: syncd subscriptions [--config FILE] [--remove]
-
-Lists the event subscriptions on [platform] group whose sink is [events]
-sink_url, that is syncd's own; others' are never touched. With --remove,
-deletes them, for example before retiring a deployment (syncd run registers
-a new one at its next start).
-
-It needs the [platform] keys and [events] sink_url: without a sink_url syncd
-crawls only and has no subscriptions, which exits 2.
-
-Examples:
-  syncd subscriptions --config syncd.toml
-  syncd subscriptions --config syncd.toml --remove
-
-Flags:
-`
-
 func (c *subscriptionsCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("subscriptions", subscriptionsUsage, &c.flags)
+	fs := c.m.flagSet("subscriptions", usage("subscriptions"), &c.flags)
 	fs.BoolVar(&c.remove, "remove", false, "delete syncd's subscriptions (those whose sink is [events] sink_url) instead of listing them")
 	return fs.Parse(args)
 }

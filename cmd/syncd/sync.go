@@ -16,28 +16,8 @@ type syncCommand struct {
 	once  bool
 }
 
-const syncUsage = `Usage: syncd sync --once [--config FILE] [--log-level LEVEL]
-
-Runs one full sweep (repos, tags, tag history, advisories, and deletions each
-confirmed by the platform), waits until every resulting event is acknowledged
-by JetStream, prints a summary and exits 0. For cron jobs and CI: use it
-instead of "syncd run", not beside it on the same mirror.
-
-It needs the same [platform] keys as "syncd run". Exit status: 1 when the
-crawl or the publishing failed (the reason is printed; what was committed
-stays in the mirror and its events in the outbox), 2 for bad flags or
-configuration.
-
-Examples:
-  syncd sync --once --config syncd.toml
-  # crontab: every 30 minutes, logs as JSON to a file
-  */30 * * * * syncd sync --once --config /etc/syncd/syncd.toml 2>>/var/log/syncd-sync.log
-
-Flags:
-`
-
 func (c *syncCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("sync", syncUsage, &c.flags)
+	fs := c.m.flagSet("sync", usage("sync"), &c.flags)
 	fs.BoolVar(&c.once, "once", false, "crawl everything once, publish every resulting event, print a summary and exit (required, so that \"syncd sync\" alone is not mistaken for the daemon)")
 	if err := fs.Parse(args); err != nil {
 		return err
