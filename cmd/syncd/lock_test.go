@@ -155,5 +155,45 @@ func TestRun_NotReadyWhileTheRegistryRefusesTheCredential(t *testing.T) {
 	if strings.Contains(body, "wrong-registry-token") {
 		t.Errorf("/readyz shows the token: %s", body)
 	}
+	// syncd status, from another process while the daemon runs, says the
+	// same: the crawl failed because the registry refused the credential,
+	// and which key to set.
+	testutil.WaitFor(t, 30*time.Second, "syncd status to name the refused credential", func() bool {
+		code, out, _ := runMain(context.Background(), "status", "--config", cfg)
+		body = out
+		return code == exitOK && strings.Contains(out, "registry refused") && strings.Contains(out, "registry_token")
+	})
+	if strings.Contains(body, "wrong-registry-token") {
+		t.Errorf("syncd status shows the token: %s", body)
+	}
+	d.stop(t)
+}
+
+// TestRun_NotReadyWhileThePlatformIsUnreachable points syncd at a port
+// where nothing listens: /readyz answers 503 from the start (no baseline)
+// instead of 200, and syncd status says which request is retried and why.
+func TestRun_NotReadyWhileThePlatformIsUnreachable(t *testing.T) {
+	closed := testutil.Listen(t)
+	deadURL := "http://" + closed.Addr().String()
+	closed.Close()
+	ns := testutil.NATS(t)
+	adminLn := testutil.Listen(t)
+	cfg := testConfig{simURL: deadURL, natsURL: ns.URL(), dbPath: filepath.Join(t.TempDir(), "syncd.db"), adminListen: adminLn.Addr().String()}.write(t)
+	d := startDaemon(t, cfg, adminLn)
+	var out string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("status:\n%s\nlog:\n%s", out, d.stderr.String())
+		}
+	})
+	testutil.WaitFor(t, 45*time.Second, "syncd status to say the platform is unreachable", func() bool {
+		var code int
+		code, out, _ = runMain(context.Background(), "status", "--config", cfg)
+		return code == exitOK && strings.Contains(out, "retrying") && strings.Contains(out, "connection refused")
+	})
+	code, body := httpGet(t, "http://"+adminLn.Addr().String()+"/readyz")
+	if code != 503 || !strings.Contains(body, "baseline") {
+		t.Errorf("/readyz = %d %q with the platform unreachable, want 503 naming the baseline", code, body)
+	}
 	d.stop(t)
 }

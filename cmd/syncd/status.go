@@ -31,7 +31,7 @@ func (c *statusCommand) Run(ctx context.Context) error {
 	if _, err := os.Stat(cfg.Store.Path); err != nil {
 		return fmt.Errorf("no mirror at %s (set [store] path, or run syncd first): %w", cfg.Store.Path, err)
 	}
-	st, err := store.Open(ctx, cfg.Store.Path, store.Options{Readers: 1})
+	st, err := store.OpenReadOnly(ctx, cfg.Store.Path)
 	if err != nil {
 		return err
 	}

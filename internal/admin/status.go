@@ -122,6 +122,9 @@ func (rep StatusReport) writeProgress(w io.Writer) {
 	}
 	fmt.Fprintf(w, "crawl running\tsince %s: %d of %d tags listed, %d of %d history reads, %.1f requests/s, ETA %s\n",
 		store.FormatTime(p.Started), p.TagsListed, p.TagsTotal, p.HistoryRead, p.HistoryQueued, p.RequestsPerSecond, cmp.Or(p.ETA, "unknown yet"))
+	if p.Retrying != "" {
+		fmt.Fprintf(w, "  retrying\t%s\n", p.Retrying)
+	}
 	if p.HeldByRateLimit {
 		fmt.Fprintf(w, "  held\tby [crawl] requests_per_second = %g\n", p.RateLimit)
 	}

@@ -212,7 +212,7 @@ func Default() Config {
 			EventRetention: Duration{30 * 24 * time.Hour},
 			InitialEvents:  "none",
 		},
-		Admin: Admin{Listen: "127.0.0.1:9090", StaleFactor: 3},
+		Admin: Admin{Listen: "127.0.0.1:8466", StaleFactor: 3},
 		Log:   Log{Level: "info", Format: "auto"},
 		Cluster: Cluster{
 			Bucket:   "syncd_leader",

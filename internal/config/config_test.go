@@ -2,9 +2,11 @@ package config_test
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +36,15 @@ func TestLoad_Defaults(t *testing.T) {
 	}
 	if got, want := cfg.Crawl.Concurrency, 4; got != want {
 		t.Errorf("concurrency=%d, want %d", got, want)
+	}
+	// Prometheus listens on 9090 and its exporters hold 9091-9999: the
+	// admin listener must run beside them on the same host.
+	_, port, err := net.SplitHostPort(cfg.Admin.Listen)
+	if err != nil {
+		t.Fatalf("admin.listen=%q: %v", cfg.Admin.Listen, err)
+	}
+	if p, _ := strconv.Atoi(port); p >= 9090 && p <= 9999 {
+		t.Errorf("admin.listen=%q: port %d is in the range of Prometheus and its exporters", cfg.Admin.Listen, p)
 	}
 }
 

@@ -215,13 +215,15 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 	if err := c.failed.load(ctx); err != nil {
 		return err
 	}
+	// Progress from the first request: a platform that does not answer
+	// the repo listing is what an operator most needs to see.
+	stop := c.progress(ctx, s)
+	defer stop()
 	repos, err := c.listRepos(ctx, s)
 	if err != nil {
 		return err
 	}
 	s.reposTotal.Store(int64(len(repos)))
-	stop := c.progress(ctx, s)
-	defer stop()
 
 	if sweep {
 		if err := c.sweepRepos(ctx, repos, s); err != nil {
@@ -428,6 +430,9 @@ type Progress struct {
 	RateLimit         float64   `json:"rate_limit,omitempty"`
 	HeldByRateLimit   bool      `json:"held_by_rate_limit"`
 	ETA               string    `json:"eta,omitempty"`
+	// Retrying says which request is being retried and why, while the
+	// platform fails requests ("" when the latest request succeeded).
+	Retrying string `json:"retrying,omitempty"`
 }
 
 // progressNow measures the crawl's progress: the tags listed, the history
@@ -440,6 +445,9 @@ func (c *Crawler) progressNow(s *summary, start time.Time, req0 int64) Progress 
 		RateLimit: c.client.RequestsPerSecond()}
 	p.RequestsPerSecond = float64(p.Requests) / elapsed
 	p.HeldByRateLimit = p.RateLimit > 0 && p.RequestsPerSecond >= 0.9*p.RateLimit
+	if r := c.client.Retrying(); r != nil {
+		p.Retrying = fmt.Sprintf("%s failed %d times, next try at %s: %s", r.Endpoint, r.Attempt, store.FormatTime(r.NextTry), r.Err)
+	}
 	if p.HistoryRead > 0 {
 		// The histories still to read: those queued, and as many again
 		// per tag as so far for the tags not listed yet.

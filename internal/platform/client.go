@@ -90,6 +90,9 @@ type Client struct {
 	// retriesSinceWarn counts the retries each one stands for.
 	warnRetries      rate.Sometimes
 	retriesSinceWarn atomic.Int64
+	// retrying is the request being retried now (nil since a request
+	// succeeded), for "syncd status".
+	retrying atomic.Pointer[Retrying]
 
 	regMu     sync.Mutex
 	regTokens map[string]registryToken
@@ -238,6 +241,9 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 			if req.service != "" {
 				c.refused.Delete(req.service)
 			}
+			if attempt > 1 || c.retrying.Load() != nil {
+				c.retrying.Store(nil)
+			}
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -291,6 +297,8 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 		// An operator sees retries without debug logs, but not one line
 		// per request of a burst: at most one warning every warnEvery,
 		// counting the retries since the last.
+		c.retrying.Store(&Retrying{Endpoint: endpointOf(req.method, req.url.Path, c.cfg.Vendor), Attempt: attempt,
+			NextTry: time.Now().Add(wait), Err: rt.err.Error()})
 		retried := c.retriesSinceWarn.Add(1)
 		c.warnRetries.Do(func() {
 			c.retriesSinceWarn.Store(0)
@@ -571,6 +579,19 @@ func (c *Client) Refusals() map[string]*AuthError {
 	})
 	return out
 }
+
+// Retrying is a request the client is retrying with backoff.
+type Retrying struct {
+	Endpoint string    // method and path template, such as "GET /registry/v2/repos"
+	Attempt  int       // attempts failed so far
+	NextTry  time.Time // when the next attempt goes out
+	Err      string    // why the last attempt failed (never a credential)
+}
+
+// Retrying returns the request being retried now, or nil when the latest
+// request to end succeeded: while the platform is unreachable or failing,
+// "syncd status" says so instead of showing a crawl that does nothing.
+func (c *Client) Retrying() *Retrying { return c.retrying.Load() }
 
 // RequestsPerSecond is the client's rate limit (0: none).
 func (c *Client) RequestsPerSecond() float64 { return c.cfg.RequestsPerSecond }

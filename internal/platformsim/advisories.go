@@ -296,7 +296,7 @@ func growLifecycle(rng *rand.Rand, a *advisory) {
 		ms := a.createMs + (a.updateMs-a.createMs)*int64(i)/int64(steps)
 		a.events = append(a.events, step(rng, a, kind, "", ms))
 	}
-	if last := a.events[len(a.events)-1]; len(a.events) > 1 && rng.IntN(8) == 0 {
+	if last := a.events[len(a.events)-1]; len(a.events) > 1 && rng.IntN(8) < 2 {
 		last.reviewState = ReviewPending
 	}
 	a.updateMs = max(a.updateMs, a.events[len(a.events)-1].createMs)

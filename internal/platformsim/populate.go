@@ -133,6 +133,7 @@ func (s *Sim) Populate(sc Scale) {
 		if sc.Realistic {
 			repoNames, fam = realisticTags(rng, sc)
 		}
+		var latest *tag
 		for _, tn := range repoNames {
 			records := sc.HistoryPerTag
 			if sc.Realistic {
@@ -144,6 +145,9 @@ func (s *Sim) Populate(sc Scale) {
 			}
 			tagIndex++
 			t := addTag(tn, records)
+			if tn == "latest" {
+				latest = t
+			}
 			t.deprecated = tn != "latest" && tn != "latest-dev" && rng.IntN(20) == 0
 			if !t.deprecated && len(rp.activeTags) < 5 {
 				rp.activeTags = append(rp.activeTags, tn)
@@ -151,12 +155,19 @@ func (s *Sim) Populate(sc Scale) {
 		}
 		// The families the tag list hides come after, so a scale without
 		// them draws exactly what it drew before they existed.
+		today := "latest-" + time.UnixMilli(now).UTC().Format("20060102")
 		for _, tn := range familyTagNames(rng, fam, now) {
 			records := sc.HistoryPerTag
 			if sc.Realistic {
 				records = realisticRecords(rng)
 			}
-			addTag(tn, records)
+			t := addTag(tn, records)
+			// A date tag is the day's snapshot of latest: today's still
+			// carries latest's image, so one digest has several tags.
+			if tn == today && latest != nil {
+				t.history[len(t.history)-1].digest = latest.digest
+				t.digest = latest.digest
+			}
 		}
 		rp.createMs = first - int64(rng.IntN(30*24))*int64(time.Hour/time.Millisecond) - 1
 		rp.updateMs = rp.createMs + int64(rng.Int64N(now-rp.createMs+1))

@@ -90,7 +90,8 @@ type Store struct {
 	now      func() time.Time
 	log      *slog.Logger
 	snapshot bool
-	cacheKiB int // the writer's page cache
+	readOnly bool // OpenReadOnly: w is the reader pool
+	cacheKiB int  // the writer's page cache
 	notify   chan struct{}
 	// beforeCommit is Options.BeforeCommit.
 	beforeCommit func(ctx context.Context) error
@@ -156,6 +157,41 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	return s, nil
 }
 
+// OpenReadOnly opens the existing mirror at path for reading only, as a
+// process beside the one that writes it ("syncd status") does: it creates
+// nothing and migrates nothing, so it never contends with the writer for
+// the locks a migration or a change of journal mode takes, and it refuses a
+// mirror whose schema is still being created or is newer than this binary.
+func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("open mirror: %w", err)
+	}
+	r, err := sql.Open("sqlite", dsn(path, true, 0))
+	if err != nil {
+		return nil, fmt.Errorf("open reader on %s: %w", path, err)
+	}
+	r.SetMaxOpenConns(1)
+	s := &Store{w: r, r: r, now: time.Now, log: slog.New(slog.DiscardHandler), readOnly: true}
+	ms, err := migrations()
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	cur, err := s.SchemaVersion(ctx)
+	switch latest := ms[len(ms)-1].version; {
+	case err != nil && strings.Contains(err.Error(), "no such table"), err == nil && cur == 0:
+		r.Close()
+		return nil, fmt.Errorf("mirror %s has no schema yet: syncd is creating it, try again in a moment", path)
+	case err != nil:
+		r.Close()
+		return nil, fmt.Errorf("read mirror %s: %w", path, explain(path, err))
+	case cur > latest:
+		r.Close()
+		return nil, fmt.Errorf("mirror %s has schema version %d, newer than this syncd knows (%d): upgrade syncd", path, cur, latest)
+	}
+	return s, nil
+}
+
 // readerMmapBytes is how much of the database file a reader maps.
 const readerMmapBytes = 2 << 30
 
@@ -194,6 +230,9 @@ func (s *Store) Close() error {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
+	}
+	if s.readOnly {
+		return s.r.Close()
 	}
 	return errors.Join(append(errs, s.r.Close(), s.w.Close())...)
 }
