@@ -112,4 +112,3 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	}
 	return exitOK
 }
-
