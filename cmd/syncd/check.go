@@ -3,18 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log/slog"
-	"net/http"
-	"path/filepath"
-	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/config"
-	"github.com/syncd-dev/syncd/internal/platform"
-	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/preflight"
 )
 
 // checkCommand is "syncd check": the configuration, then one request per
@@ -26,38 +19,8 @@ type checkCommand struct {
 }
 
 func (c *checkCommand) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("syncd check", flag.ContinueOnError)
-	fs.SetOutput(c.m.Stderr)
-	c.flags.register(fs)
+	fs := c.m.flagSet("check", usage("check"), &c.flags)
 	fs.DurationVar(&c.timeout, "timeout", 20*time.Second, "how long each check may take, retries included")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: syncd check [--config FILE] [--timeout D]
-
-Checks a configuration before "syncd run" is trusted with it. First every
-key: all problems are printed at once, and the exit status is 2. Then one
-request per credential, each to the audience it is for:
-
-  platform API  lists one repo of [platform] group with the platform
-                credential (an identity's is exchanged at sts_url first)
-  registry      reads the tag history of one tag of that repo with the
-                registry credential (or asks /token for the image when the
-                repo has no tag; skipped when the group has no repo)
-  NATS          connects to [nats] url and asks JetStream for the account
-                (or, with manage_stream = false, for the stream); skipped
-                for the embedded server, which "syncd run" starts itself
-
-and prints one line per check: "ok", or "FAIL" with what to fix. Nothing is
-written anywhere. Exit status: 0 when every check passed, 1 when one failed,
-2 for bad flags or configuration.
-
-Examples:
-  syncd check --config /etc/syncd/syncd.toml
-  SYNCD_PLATFORM_REGISTRY_TOKEN_COMMAND='chainctl auth token --audience cgr.dev' syncd check --config syncd.toml
-
-Flags:
-`)
-		fs.PrintDefaults()
-	}
 	return fs.Parse(args)
 }
 
@@ -68,15 +31,9 @@ type checkFailed struct{ failed, of int }
 func (e checkFailed) Error() string { return fmt.Sprintf("%d of %d checks failed", e.failed, e.of) }
 
 func (c *checkCommand) Run(ctx context.Context) error {
-	cfg, err := config.LoadForPlatform(c.flags.configPath, c.m.Environ)
+	cfg, err := c.m.loadConfigWith(config.LoadForPlatform, c.flags)
 	if err != nil {
-		return usageError{err}
-	}
-	if c.flags.logLevel != "" {
-		cfg.Log.Level = c.flags.logLevel
-		if err := cfg.Validate(); err != nil {
-			return usageError{fmt.Errorf("--log-level: %w", err)}
-		}
+		return err
 	}
 	source := c.flags.configPath
 	if source == "" {
@@ -85,258 +42,27 @@ func (c *checkCommand) Run(ctx context.Context) error {
 	fmt.Fprintf(c.m.Stdout, "ok    config %s: every key valid\n", source)
 	log := newLogger(c.m.Stderr, cfg.Log)
 
-	pc := &platformCheck{cfg: cfg}
-	client, err := newClient(cfg, log, pc.observe)
+	checks, err := preflight.Checks(cfg, log)
 	if err != nil {
 		return usageError{err}
-	}
-	pc.client = client
-	checks := []struct {
-		subject string
-		run     func(ctx context.Context) (string, error)
-	}{
-		{pc.apiSubject(), pc.api},
-		{pc.registrySubject(), pc.registry},
-		{natsSubject(cfg.NATS), func(ctx context.Context) (string, error) { return checkNATS(ctx, cfg) }},
 	}
 	failed := 0
 	for _, ch := range checks {
 		cctx, cancel := context.WithTimeout(ctx, c.timeout)
-		detail, err := ch.run(cctx)
+		detail, err := ch.Run(cctx)
 		cancel()
 		switch {
-		case errors.Is(err, errSkipped):
-			fmt.Fprintf(c.m.Stdout, "skip  %s: %s\n", ch.subject, detail)
+		case errors.Is(err, preflight.ErrSkipped):
+			fmt.Fprintf(c.m.Stdout, "skip  %s: %s\n", ch.Subject, detail)
 		case err != nil:
 			failed++
-			fmt.Fprintf(c.m.Stdout, "FAIL  %s: %v\n", ch.subject, err)
+			fmt.Fprintf(c.m.Stdout, "FAIL  %s: %v\n", ch.Subject, err)
 		default:
-			fmt.Fprintf(c.m.Stdout, "ok    %s: %s\n", ch.subject, detail)
+			fmt.Fprintf(c.m.Stdout, "ok    %s: %s\n", ch.Subject, detail)
 		}
 	}
 	if failed > 0 {
 		return checkFailed{failed, len(checks)}
 	}
 	return nil
-}
-
-// errSkipped marks a check that had nothing to check; its detail says why.
-var errSkipped = errors.New("skipped")
-
-// platformCheck checks the two platform credentials: the API's, then the
-// registry's on an image the first check found.
-type platformCheck struct {
-	cfg    config.Config
-	client *platform.Client
-	// image and tag are what the registry check reads; image.Name is ""
-	// when the group has no repo.
-	image platform.Image
-	tag   string
-	// apiErr is the platform check's failure.
-	apiErr error
-	// lastStatus is the status of the latest answer (0: none came), to
-	// explain a check that ran out of time while retrying.
-	lastStatus atomic.Int64
-}
-
-func (pc *platformCheck) observe(_ string, code int, _ bool) { pc.lastStatus.Store(int64(code)) }
-
-func (pc *platformCheck) apiSubject() string {
-	p := pc.cfg.Platform
-	return fmt.Sprintf("platform API %s, %s for audience %s", p.BaseURL, apiCredential(p), apiAudience(p))
-}
-
-func (pc *platformCheck) registrySubject() string {
-	p := pc.cfg.Platform
-	return fmt.Sprintf("registry %s, %s for audience %s", p.RegistryURL, registryCredential(p), registryAudience(p))
-}
-
-// apiCredential names where the platform API credential comes from.
-func apiCredential(p config.Platform) string {
-	switch {
-	case p.Identity != "":
-		return fmt.Sprintf("token of identity %s exchanged at %s", p.Identity, p.STSURL)
-	case p.TokenFile != "":
-		return "platform token from platform.token_file"
-	case p.TokenCommand != "":
-		return "platform token from platform.token_command"
-	}
-	return "platform token from platform.token"
-}
-
-// registryCredential names where the registry credential comes from.
-func registryCredential(p config.Platform) string {
-	switch {
-	case p.Identity != "":
-		return fmt.Sprintf("token of identity %s exchanged at %s", p.Identity, p.STSURL)
-	case p.RegistryToken != "":
-		return "registry token from platform.registry_token"
-	case p.RegistryTokenFile != "":
-		return "registry token from platform.registry_token_file"
-	case p.RegistryTokenCommand != "":
-		return "registry token from platform.registry_token_command"
-	case p.RegistryCredentialHelper != "":
-		return "registry token from docker-credential-" + p.RegistryCredentialHelper
-	}
-	return "no registry credential (the platform token is offered to /token)"
-}
-
-// api lists one repo of the group, and one tag of it for the registry check.
-func (pc *platformCheck) api(ctx context.Context) (string, error) {
-	detail, err := pc.findImage(ctx)
-	pc.apiErr = err
-	return detail, err
-}
-
-func (pc *platformCheck) findImage(ctx context.Context) (string, error) {
-	group := pc.cfg.Platform.Group
-	repo, found, err := firstItem(ctx, pc.client.Repos(platform.ListQuery{DescendantsOf: group, PageSize: 1}))
-	if err != nil {
-		return "", pc.explain(ctx, err, "platform.base_url")
-	}
-	if !found {
-		return fmt.Sprintf("group %s is readable, and holds no repo yet", group), nil
-	}
-	path, err := pc.registryPath(ctx, repo)
-	if err != nil {
-		return "", pc.explain(ctx, err, "platform.base_url")
-	}
-	pc.image = pc.client.PrivateImage(path)
-	tag, found, err := firstItem(ctx, pc.client.Tags(platform.ListQuery{ChildrenOf: repo.UID, PageSize: 1}))
-	if err != nil {
-		return "", pc.explain(ctx, err, "platform.base_url")
-	}
-	if found {
-		pc.tag = tag.Name
-	}
-	return fmt.Sprintf("group %s is readable (repo %s listed)", group, pc.image.Path()), nil
-}
-
-// registry reads the history of the tag api found, or asks /token for the
-// image when it has no tag.
-func (pc *platformCheck) registry(ctx context.Context) (string, error) {
-	if pc.image.Name == "" {
-		why := "the group holds no repo whose image to read"
-		if pc.apiErr != nil {
-			why = "it reads an image the platform check finds, and that check failed"
-		}
-		return pc.obtainOnly(ctx, why)
-	}
-	if pc.tag == "" {
-		if _, err := pc.client.RegistryToken(ctx, pc.image); err != nil {
-			return "", pc.explain(ctx, err, "platform.registry_url")
-		}
-		return fmt.Sprintf("a pull token for %s was issued (the repo has no tag whose history to read)", pc.image.Path()), nil
-	}
-	// A start of now asks for no record, so the answer is small and still
-	// needs the credential to be accepted for this image.
-	if _, err := pc.client.TagHistory(ctx, pc.image, pc.tag, time.Now(), time.Time{}); err != nil {
-		return "", pc.explain(ctx, err, "platform.registry_url")
-	}
-	return fmt.Sprintf("the tag history of %s:%s is readable", pc.image.Path(), pc.tag), nil
-}
-
-// obtainOnly gets the registry credential without presenting it, since
-// there is no image to present it for: an identity's exchange for the
-// registry audience, a file read or a command run still shows whether
-// that part works.
-func (pc *platformCheck) obtainOnly(ctx context.Context, why string) (string, error) {
-	_, reg := credentials(pc.cfg.Platform)
-	if reg == nil {
-		return why, errSkipped
-	}
-	if _, err := reg.Token(ctx); err != nil {
-		return "", fmt.Errorf("could not obtain the credential: %w", err)
-	}
-	return "the credential was obtained, but not presented: " + why, errSkipped
-}
-
-// registryPath is the repo's path in the registry: its name below the root
-// group, else the names of the groups between them too.
-func (pc *platformCheck) registryPath(ctx context.Context, repo platform.Repo) (string, error) {
-	root := pc.cfg.Platform.Group
-	names := map[string]string{repo.UID: repo.Name}
-	rest, _ := strings.CutPrefix(repo.UID, root+"/")
-	segs := strings.Split(rest, "/")
-	at := root
-	for _, seg := range segs[:len(segs)-1] {
-		at += "/" + seg
-		g, err := pc.client.GetGroup(ctx, at)
-		if err != nil {
-			return "", err
-		}
-		names[at] = g.Name
-	}
-	return platform.RegistryPath(root, repo.UID, func(uid string) (string, bool) { n, ok := names[uid]; return n, ok })
-}
-
-// explain says what to fix about err. A refused credential explains itself
-// (platform.AuthError names the credential, its audience and the key to
-// set); a check that ran out of time says what the last attempt got.
-func (pc *platformCheck) explain(ctx context.Context, err error, urlKey string) error {
-	if platform.IsAuthError(err) || ctx.Err() == nil {
-		return err
-	}
-	last := "no answer came (is the host reachable?)"
-	if code := pc.lastStatus.Load(); code != 0 {
-		last = fmt.Sprintf("the last answer was %d %s", code, http.StatusText(int(code)))
-	}
-	return fmt.Errorf("no success within the time allowed, %s: check %s and the network, or retry with a longer --timeout [%w]", last, urlKey, err)
-}
-
-// firstItem returns the first item of a listing: with a page size of 1, one
-// request.
-func firstItem[T any](ctx context.Context, l *platform.Lister[T]) (T, bool, error) {
-	var zero T
-	for page, err := range l.Pages(ctx) {
-		if err != nil {
-			return zero, false, err
-		}
-		if len(page) > 0 {
-			return page[0], true, nil
-		}
-	}
-	return zero, false, nil
-}
-
-// checkNATS connects to [nats] url and makes one JetStream round trip: the
-// account's info, or the stream syncd may not create.
-func checkNATS(ctx context.Context, cfg config.Config) (string, error) {
-	n := cfg.NATS
-	if n.URL == "" {
-		return fmt.Sprintf("\"syncd run\" starts it in-process, storing under %s; nothing to reach", filepath.Join(filepath.Dir(cfg.Store.Path), "nats")), errSkipped
-	}
-	pcfg := natsDialConfig(n, slog.New(slog.DiscardHandler))
-	conn, err := publish.Dial(ctx, pcfg)
-	if err != nil {
-		return "", fmt.Errorf("%w: check that the server runs and nats.url, and the credentials and TLS keys of [nats]", err)
-	}
-	defer conn.Close()
-	if !n.ManageStream {
-		if err := publish.CheckStream(ctx, conn.JS, pcfg); err != nil {
-			return "", err
-		}
-		return fmt.Sprintf("connected; stream %s exists and captures %s.>", n.Stream, n.SubjectPrefix), nil
-	}
-	info, err := conn.JS.AccountInfo(ctx)
-	if err != nil {
-		return "", fmt.Errorf("JetStream account info: %w: JetStream must be enabled for the account syncd connects as", err)
-	}
-	return fmt.Sprintf("connected; JetStream answers (%d streams in the account; syncd creates or updates %s)", info.Streams, n.Stream), nil
-}
-
-func natsSubject(n config.NATS) string {
-	if n.URL == "" {
-		return "NATS (embedded)"
-	}
-	return "NATS " + publish.RedactURL(n.URL)
-}
-
-// natsDialConfig is what publish.Dial needs to reach an external server.
-func natsDialConfig(n config.NATS, log *slog.Logger) publish.Config {
-	return publish.Config{
-		URL: n.URL, Credentials: n.Credentials, NKeySeed: n.NKeySeed, Token: n.Token, User: n.User, Password: n.Password,
-		TLSCA: n.TLSCA, TLSCert: n.TLSCert, TLSKey: n.TLSKey,
-		SubjectPrefix: n.SubjectPrefix, Stream: n.Stream, Logger: log, FailFast: true,
-	}
 }

@@ -362,8 +362,9 @@ func TestCluster_Failover(t *testing.T) {
 	if got := metaOf(late.dbPath, "role"); got != "follower" {
 		t.Errorf("late follower's role = %q, want follower", got)
 	}
+	total, distinct := rcv.counts()
 	t.Logf("takeover by %s %s after SIGKILL (lease TTL %s); %d changes; %d messages, %d distinct events; requests a=%d %s=%d %s=0",
-		leader.name, takeover.Round(time.Millisecond), clusterTTL, changes, rcv.total, len(rcv.ids),
+		leader.name, takeover.Round(time.Millisecond), clusterTTL, changes, total, distinct,
 		first(counter.get(a.token)), leader.name, first(counter.get(leader.token)), standby.name)
 
 	for _, n := range []*node{leader, standby, late} {

@@ -2,16 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/syncd-dev/syncd/internal/admin"
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/config"
-	"github.com/syncd-dev/syncd/internal/crawler"
-	"github.com/syncd-dev/syncd/internal/publish"
-	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/daemon"
 )
 
 // followCommand is "syncd follow": a mirror built from the event stream.
@@ -21,34 +17,8 @@ type followCommand struct {
 	restore cluster.RestoreMode
 }
 
-const followUsage = `Usage: syncd follow [--config FILE] [--log-level LEVEL]
-
-Keeps a mirror at [store] path from the event stream of a syncd leader
-([nats] url, stream and subject_prefix), without any request to the
-platform: every event's state is applied to the same tables "syncd run"
-fills. A durable JetStream consumer ([cluster] consumer, default
-syncd-follow-<node_id>, or syncd-follow-<host>-<hash of the mirror path>,
-the same across restarts) starts at the first message the stream holds and
-resumes where it stopped. A stream that does not exist yet is waited for
-(the leader creates it), with /readyz unready meanwhile; one that does not
-capture <subject_prefix>.> is an error. [platform] keys are not needed.
-
-An empty mirror starts from the newest snapshot a leader wrote to the
-[snapshot] bucket, and the consumer from the stream sequence after it, so a
-follower can join after the stream dropped its oldest events ([nats]
-max_age); without a snapshot it follows the whole stream.
-SIGINT or SIGTERM stops it cleanly.
-
-Examples:
-  syncd follow --config follower.toml
-  syncd follow --config follower.toml --from-snapshot=false
-  SYNCD_NATS_URL=nats://nats:4222 SYNCD_STORE_PATH=/srv/mirror.db syncd follow
-
-Flags:
-`
-
 func (c *followCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("follow", followUsage, &c.flags)
+	fs := c.m.flagSet("follow", usage("follow"), &c.flags)
 	fs.Var(&c.restore, "from-snapshot", "start the mirror from the newest snapshot in the [snapshot] bucket, then follow the stream after it: auto (when the mirror is empty), true (always, replacing the mirror; fails without a snapshot) or false (follow the whole stream)")
 	return fs.Parse(args)
 }
@@ -62,52 +32,23 @@ func (c *followCommand) Run(ctx context.Context) error {
 		return usageError{&config.Error{Key: "nats.url", Msg: "required: syncd follow reads the stream of a leader's NATS server"}}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	release, err := lockMirror(cfg, "syncd follow", log)
+	release, err := daemon.LockMirror(cfg, "syncd follow", log)
 	if err != nil {
 		return err
 	}
 	defer release()
-	st, err := openStore(ctx, cfg, log, store.Options{})
+	f, err := daemon.OpenFollower(ctx, cfg, c.restore, log)
 	if err != nil {
 		return err
 	}
-	defer closeStore(st, log)
-	pcfg := natsConfig(cfg, log)
-	nc, err := publish.Dial(ctx, pcfg)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	// A follower never changes the stream: the leader manages it. A
-	// follower may well start before its leader has created it, so a
-	// missing stream is waited for (the follower's Run retries); one that
-	// exists and does not carry the events is a mistake to fix.
-	switch err := publish.CheckStream(ctx, nc.JS, pcfg); {
-	case errors.Is(err, publish.ErrStreamNotFound):
-		log.Warn("the stream does not exist yet; following starts when a syncd leader creates it", "stream", cfg.NATS.Stream)
-	case err != nil:
-		return err
-	}
-	if err := cluster.RecordRole(ctx, st, cluster.RoleFollower, ""); err != nil {
-		return err
-	}
-	f := newFollower(nc, st, cfg, c.restore, log)
+	defer f.Close()
 	log.Info("syncd following", "version", version(), "mirror", cfg.Store.Path, "stream", cfg.NATS.Stream, "consumer", cfg.Cluster.ConsumerName(cfg.Store.Path))
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.Admin.Listen != "" {
-		m := admin.NewMetrics(version())
-		m.WatchLag(f.Lag)
-		m.WatchNATS(nc.NC)
-		checks := []admin.Check{{Name: "database", Run: st.Writable}, {Name: "stream", Run: func(context.Context) error { return f.Err() }}, admin.NATSCheck(nc.NC)}
-		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, admin.Handler(m, checks), log); err != nil {
+		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, f.AdminHandler(version()), log); err != nil {
 			return err
 		}
 	}
 	g.Go(func() error { return f.Run(gctx) })
-	g.Go(func() error {
-		return crawler.Scheduler{Logger: log}.Run(gctx, crawler.PruneJob(st, cfg.Store.EventRetention.Duration, log))
-	})
-	err = g.Wait()
-	log.Info("stopped following", "lag", f.Lag())
-	return err
+	return g.Wait()
 }

@@ -80,8 +80,8 @@ func e2eConfig(t *testing.T, simURL, natsURL, dbPath, schedule string) string {
 		crawl: fmt.Sprintf("schedule = %q\njitter = \"0s\"\nrequests_per_second = 0.0", schedule)}.write(t)
 }
 
-// daemon is a syncd command running in the test process.
-type daemon struct {
+// runningCmd is a syncd command running in the test process.
+type runningCmd struct {
 	args   []string
 	cancel context.CancelFunc
 	done   chan int
@@ -89,7 +89,7 @@ type daemon struct {
 }
 
 // startDaemon runs "syncd run --config cfg" until stop, handing it lns.
-func startDaemon(t *testing.T, cfg string, lns ...net.Listener) *daemon {
+func startDaemon(t *testing.T, cfg string, lns ...net.Listener) *runningCmd {
 	t.Helper()
 	return startCommand(t, lns, "run", "--config", cfg)
 }
@@ -97,10 +97,10 @@ func startDaemon(t *testing.T, cfg string, lns ...net.Listener) *daemon {
 // startCommand runs "syncd args..." until stop. The command takes the
 // listeners lns (opened on :0 by testutil.Listen) for the addresses they
 // have, where its config names them.
-func startCommand(t *testing.T, lns []net.Listener, args ...string) *daemon {
+func startCommand(t *testing.T, lns []net.Listener, args ...string) *runningCmd {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &daemon{args: args, cancel: cancel, done: make(chan int, 1), stderr: &syncBuffer{}}
+	d := &runningCmd{args: args, cancel: cancel, done: make(chan int, 1), stderr: &syncBuffer{}}
 	m := NewMain(&syncBuffer{}, d.stderr, nil)
 	m.Listen = func(addr string) (net.Listener, error) {
 		for _, ln := range lns {
@@ -119,7 +119,7 @@ func startCommand(t *testing.T, lns []net.Listener, args ...string) *daemon {
 }
 
 // exited reports whether the command has exited, and its exit code.
-func (d *daemon) exited() (int, bool) {
+func (d *runningCmd) exited() (int, bool) {
 	select {
 	case code := <-d.done:
 		d.done <- code // for stop and the cleanup
@@ -130,7 +130,7 @@ func (d *daemon) exited() (int, bool) {
 }
 
 // stop signals the daemon and checks that it exits 0 within 5 seconds.
-func (d *daemon) stop(t *testing.T) {
+func (d *runningCmd) stop(t *testing.T) {
 	t.Helper()
 	d.cancel()
 	select {

@@ -6,22 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"regexp"
-	"slices"
 	"strings"
 	"text/tabwriter"
-	"time"
 
-	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/platform"
 )
-
-// identityNamePattern is the platform's rule for identity names
-// (platform-api-v2.md, Identity). Checking it here saves a round trip and
-// names the flag to fix; the server checks it again.
-const identityNamePattern = `^[a-z0-9 ._-]{1,}$`
-
-var identityNameRE = regexp.MustCompile(identityNamePattern)
 
 // identityCommand is "syncd identity create": the platform identity syncd
 // runs as, created under the organization's root group and bound to a role.
@@ -36,53 +26,9 @@ type identityCommand struct {
 	group       string
 }
 
-const identityUsage = `Usage: syncd identity create --name NAME --issuer URL --subject SUBJECT [flags]
-
-Creates the platform identity syncd runs as and binds a role to it, so that
-syncd needs no personal account. An identity is recognized by the issuer and
-subject of an external OIDC token (for example a CI system's or a cloud
-workload's token): whoever holds a token from --issuer whose "sub" claim
-equals --subject exactly may act as the identity.
-
-The identity is created under the organization's root group ([platform] group,
-or --group), and the role is bound there. It must be the root group: an
-identity created under a subgroup is scoped to that subgroup and cannot reach
-the organization's registry, so syncd could list repos but never read tag
-history. A --group whose uid has a parent ("org1/team") is refused for that
-reason.
-
-Nothing is left half-done: an unknown --role is reported (with the roles that
-exist) before anything is created, and if binding the role fails the new
-identity is deleted again. A name the platform rejects, or any other field
-it rejects, is shown field by field.
-
-It prints the identity's uid, the binding as the platform returns it, and the
-[platform] lines for syncd.toml. Exit status: 0 done, 1 the platform refused
-or failed, 2 bad flags or configuration.
-
-Examples:
-  # A GitHub Actions workflow on the main branch runs syncd:
-  syncd identity create --config syncd.toml --name syncd \
-      --issuer https://token.actions.githubusercontent.com \
-      --subject repo:acme/platform-mirror:ref:refs/heads/main
-
-  # A Kubernetes service account, naming the root group explicitly:
-  syncd identity create --config syncd.toml --group org1 --name "syncd prod" \
-      --description "syncd in the prod cluster" \
-      --issuer https://oidc.prod.example.com \
-      --subject system:serviceaccount:syncd:syncd
-
-  # Try it against the simulator ("syncd sim --token sim-token" in another shell):
-  SYNCD_PLATFORM_BASE_URL=http://127.0.0.1:8080 SYNCD_PLATFORM_TOKEN=sim-token \
-  SYNCD_PLATFORM_GROUP=org1 syncd identity create --name syncd \
-      --issuer https://issuer.example.com --subject ci
-
-Flags:
-`
-
 func (c *identityCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("identity create", identityUsage, &c.flags)
-	fs.StringVar(&c.name, "name", "", "identity `name` (required); lowercase letters, digits, space, '.', '_' and '-' ("+identityNamePattern+")")
+	fs := c.m.flagSet("identity create", usage("identity"), &c.flags)
+	fs.StringVar(&c.name, "name", "", "identity `name` (required); lowercase letters, digits, space, '.', '_' and '-' ("+platform.IdentityNamePattern+")")
 	fs.StringVar(&c.issuer, "issuer", "", "`URL` of the OIDC issuer whose tokens the identity accepts (required), e.g. https://token.actions.githubusercontent.com")
 	fs.StringVar(&c.subject, "subject", "", "the `subject` the tokens carry in their \"sub\" claim, matched exactly (required), e.g. repo:acme/mirror:ref:refs/heads/main")
 	fs.StringVar(&c.description, "description", "", "free `text` shown next to the identity in the platform's console")
@@ -115,8 +61,8 @@ func (c *identityCommand) ParseFlags(args []string) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("%s required (see syncd identity create --help)", strings.Join(missing, ", "))
 	}
-	if !identityNameRE.MatchString(c.name) {
-		return fmt.Errorf("--name %q: must match %s (lowercase letters, digits, space, '.', '_' and '-')", c.name, identityNamePattern)
+	if !platform.ValidIdentityName(c.name) {
+		return fmt.Errorf("--name %q: must match %s (lowercase letters, digits, space, '.', '_' and '-')", c.name, platform.IdentityNamePattern)
 	}
 	if c.role == "" {
 		return errors.New("--role: must name a role, such as viewer")
@@ -133,117 +79,28 @@ func (c *identityCommand) Run(ctx context.Context) error {
 	if group == "" {
 		group = cfg.Platform.Group
 	}
-	if err := checkIdentityConfig(cfg, group, c.group != ""); err != nil {
+	if err := cfg.RequireIdentityAdmin(group, c.group != ""); err != nil {
 		return usageError{err}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
 	// Identity and role binding calls never reach the registry, so a
 	// config without registry_url (not needed until syncd runs) is fine.
-	client, err := newClient(cfg, log, nil)
+	client, err := daemon.NewClient(cfg, log, nil)
 	if err != nil {
 		return usageError{err}
 	}
 
-	// The role is looked up first, so an unknown one creates nothing.
-	role, err := findRole(ctx, client, group, c.role)
-	if err != nil {
+	id, binding, err := client.ProvisionIdentity(ctx, group, platform.Identity{Name: c.name, Description: c.description,
+		ClaimMatch: platform.ClaimMatch{Issuer: c.issuer, Subject: c.subject}}, c.role)
+	var unknown *platform.UnknownRoleError
+	if errors.As(err, &unknown) {
+		return fmt.Errorf("--%w", err) // it names the flag: --role "x": ...
+	} else if err != nil {
 		return err
-	}
-	id, err := client.CreateIdentity(ctx, group, platform.Identity{Name: c.name, Description: c.description,
-		ClaimMatch: platform.ClaimMatch{Issuer: c.issuer, Subject: c.subject}})
-	if err != nil {
-		if errors.Is(err, platform.ErrOutcomeUnknown) {
-			return fmt.Errorf("%w\nlook for an identity named %q in group %s before trying again", err, c.name, group)
-		}
-		return rejected("the platform did not create the identity", err)
-	}
-	binding, err := client.CreateRoleBinding(ctx, group, id.UID, role.UID)
-	if err != nil {
-		return c.rollback(ctx, client, id, rejected(fmt.Sprintf("the platform did not bind role %q to identity %s", role.Name, id.UID), err))
 	}
 	printIdentity(c.m.Stdout, id, binding, group)
 	return nil
 }
-
-// checkIdentityConfig checks the keys identity create needs: fewer than
-// syncd run, since it touches neither the registry nor NATS.
-func checkIdentityConfig(cfg config.Config, group string, fromFlag bool) error {
-	switch {
-	case cfg.Platform.BaseURL == "":
-		return &config.Error{Key: "platform.base_url", Msg: "required (the platform API address, e.g. https://console-api.example.com)"}
-	case cfg.Platform.Token == "" && cfg.Platform.TokenFile == "" && cfg.Platform.TokenCommand == "":
-		return &config.Error{Key: "platform.token", Msg: "required: set one of token, token_file or token_command, with a token allowed to create identities"}
-	case group == "":
-		return &config.Error{Key: "platform.group", Msg: "required (the uid of the organization's root group), or pass --group"}
-	}
-	// A uid is its parent's uid, a "/" and a segment, so only a root group
-	// has none; an identity below the root cannot reach the registry.
-	if parent, _, ok := strings.Cut(group, "/"); ok {
-		where := "--group"
-		if !fromFlag {
-			where = "platform.group"
-		}
-		return fmt.Errorf("%s %q is a subgroup: an identity there is scoped to it and cannot reach the organization's registry; use the root group (%s)", where, group, parent)
-	}
-	return nil
-}
-
-// findRole returns the role named name that can be bound in group, or an
-// error listing the roles that exist.
-func findRole(ctx context.Context, client *platform.Client, group, name string) (platform.Role, error) {
-	roles, err := client.Roles(platform.ListQuery{DescendantsOf: group}).Collect(ctx)
-	if err != nil {
-		return platform.Role{}, fmt.Errorf("list roles: %w", err)
-	}
-	names := make([]string, 0, len(roles))
-	for _, r := range roles {
-		if r.Name == name {
-			return r, nil
-		}
-		names = append(names, r.Name)
-	}
-	slices.Sort(names)
-	names = slices.Compact(names)
-	return platform.Role{}, fmt.Errorf("--role %q: no such role in group %s; roles that exist: %s (nothing was created)", name, group, strings.Join(names, ", "))
-}
-
-// rollback deletes the identity whose role binding failed, so a failed run
-// leaves nothing behind; the platform deletes the identity's bindings with
-// it, which also covers a binding whose creation answer was lost.
-func (c *identityCommand) rollback(ctx context.Context, client *platform.Client, id platform.Identity, cause error) error {
-	// Cleanup must run even when the failure was the user's Ctrl-C.
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if err := client.DeleteIdentity(dctx, id.UID); err != nil {
-		return fmt.Errorf("%w\ndeleting the new identity %s (%q) failed too, so delete it by hand: %v", cause, id.UID, id.Name, err)
-	}
-	return fmt.Errorf("%w\nthe new identity %s was deleted again, so nothing was left behind", cause, id.UID)
-}
-
-// rejected presents a platform error: a BadRequest as one line per field
-// violation, since each names a flag's value to fix.
-func rejected(what string, err error) error {
-	perr, ok := platform.AsError(err)
-	if !ok || !platform.IsInvalidArgument(err) || len(perr.FieldViolations) == 0 {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s: the request was invalid (HTTP %d):", what, perr.Status)
-	for _, v := range perr.FieldViolations {
-		fmt.Fprintf(&b, "\n  %s: %s", v.Field, v.Description)
-	}
-	return &rejectedError{msg: b.String(), err: err}
-}
-
-// rejectedError keeps the platform error in the chain under a message of
-// its own.
-type rejectedError struct {
-	msg string
-	err error
-}
-
-func (e *rejectedError) Error() string { return e.msg }
-func (e *rejectedError) Unwrap() error { return e.err }
 
 func printIdentity(w io.Writer, id platform.Identity, b platform.RoleBinding, group string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -192,9 +192,8 @@ func TestIdentityCreate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = client.CreateIdentity(context.Background(), "org1", platform.Identity{Name: "Syncd/Prod"})
-		got := rejected("the platform did not create the identity", err)
-		if want := "\n  name: must match ^[a-z0-9 ._-]{1,}$"; !strings.Contains(got.Error(), want) {
+		_, _, got := client.ProvisionIdentity(context.Background(), "org1", platform.Identity{Name: "Syncd/Prod"}, "viewer")
+		if want := "the platform did not create the identity: the request was invalid (HTTP 400):\n  name: must match ^[a-z0-9 ._-]{1,}$"; !strings.Contains(got.Error(), want) {
 			t.Errorf("error=%q, want it to contain %q", got, want)
 		}
 		if !platform.IsInvalidArgument(got) {

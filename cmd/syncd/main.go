@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/syncd-dev/syncd/internal/daemon"
 )
 
 func main() {
@@ -61,7 +63,7 @@ type command interface {
 // Run runs the subcommand named by args[0] and returns the exit code.
 func (m *Main) Run(ctx context.Context, args []string) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(m.Stderr, mainUsage)
+		fmt.Fprint(m.Stderr, usage("main"))
 		if len(args) == 0 {
 			return exitUsage
 		}
@@ -89,7 +91,7 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		fmt.Fprintln(m.Stdout, "syncd", version())
 		return exitOK
 	default:
-		fmt.Fprintf(m.Stderr, "syncd: unknown command %q\n\n%s", args[0], mainUsage)
+		fmt.Fprintf(m.Stderr, "syncd: unknown command %q\n\n%s", args[0], usage("main"))
 		return exitUsage
 	}
 	if err := cmd.ParseFlags(args[1:]); err != nil {
@@ -102,37 +104,11 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	if err := cmd.Run(ctx); err != nil {
 		fmt.Fprintf(m.Stderr, "syncd %s: %v\n", args[0], err)
 		var ue usageError
-		if errors.As(err, &ue) {
+		var ce daemon.ConfigError
+		if errors.As(err, &ue) || errors.As(err, &ce) {
 			return exitUsage
 		}
 		return exitFailure
 	}
 	return exitOK
 }
-
-const mainUsage = `syncd mirrors a vendor platform's repos, tags, tag history and advisories
-into SQLite and publishes every change as a CloudEvent on NATS JetStream.
-
-Usage:
-  syncd <command> [flags]
-
-Commands:
-  run            run the daemon (crawl on a schedule, publish changes)
-  sync           crawl once, publish everything, and exit (--once)
-  follow         keep a mirror from a leader's event stream, without the platform
-  status         show what is mirrored and how fresh it is
-  check          validate the config, then try each credential and NATS
-  subscriptions  list (or --remove) syncd's event subscriptions
-  identity       create the identity syncd runs as, bound to a role ("identity create")
-  sim            run the platform simulator alone
-  version        print the version
-
-Every command takes --config FILE; "syncd <command> --help" explains its flags.
-
-Examples:
-  syncd run --demo                      # simulator + embedded NATS, no account needed
-  syncd run --config /etc/syncd/syncd.toml
-  syncd sync --once --config syncd.toml
-  syncd status --config syncd.toml
-  syncd identity create --help          # the identity syncd should run as
-`

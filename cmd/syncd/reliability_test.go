@@ -283,6 +283,14 @@ type received struct {
 	total    int
 }
 
+// counts are the messages received and the distinct events among them, read
+// while the consumer may still run.
+func (r *received) counts() (total, distinct int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.total, len(r.ids)
+}
+
 // consume reads the whole stream from the start, as a downstream service
 // would, until ctx is done.
 func consume(ctx context.Context, t *testing.T, natsURL string) *received {
@@ -425,7 +433,8 @@ func TestReliability_FaultsWhileDataChanges(t *testing.T) {
 		t.Fatal("no fault was injected: the scenario proved nothing")
 	}
 	w.converge(rcv, 60*time.Second)
-	t.Logf("%d changes made, %d failed answers; %d messages received, %d distinct events", changes, w.failures.Load(), rcv.total, len(rcv.ids))
+	total, distinct := rcv.counts()
+	t.Logf("%d changes made, %d failed answers; %d messages received, %d distinct events", changes, w.failures.Load(), total, distinct)
 	d.stop(t)
 }
 
@@ -469,7 +478,8 @@ func TestReliability_CrashRecovery(t *testing.T) {
 		cmd, _ = start()
 	}
 	w.converge(rcv, 90*time.Second)
-	t.Logf("%d kills survived, %d changes made; %d messages received, %d distinct events", n, changes, rcv.total, len(rcv.ids))
+	total, distinct := rcv.counts()
+	t.Logf("%d kills survived, %d changes made; %d messages received, %d distinct events", n, changes, total, distinct)
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("syncd after SIGTERM: %v", err)
@@ -497,7 +507,8 @@ func TestReliability_NATSOutage(t *testing.T) {
 	ns.Start()
 	rcv := consume(ctx, t, w.natsURL)
 	w.converge(rcv, 60*time.Second)
-	t.Logf("NATS down %s; %d changes made; %d messages received, %d distinct events", outage, changes, rcv.total, len(rcv.ids))
+	total, distinct := rcv.counts()
+	t.Logf("NATS down %s; %d changes made; %d messages received, %d distinct events", outage, changes, total, distinct)
 	d.stop(t)
 }
 

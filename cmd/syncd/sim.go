@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 )
 
@@ -28,31 +29,8 @@ type simCommand struct {
 	inclusiv  bool
 }
 
-const simUsage = `Usage: syncd sim [--addr HOST:PORT] [--seed N] [--token T] [sizes]
-
-Serves a simulator of the platform API v2 and the registry's tag history API
-on one port, with a generated organization whose tags move over time. Point
-any client of the real API at it; /_sim/ has the control API for tests.
-
-The organization is "acme" with root group "org1" (what [platform]
-organization and group say for it); the same --seed generates the same data.
-From the config it reads only [platform] vendor and public_org, which shape
-the tag history path.
-
-Examples:
-  syncd sim --addr 127.0.0.1:8080 --token sim-token
-  syncd sim --strict --nested-repos 3 --date-tags 1   # as the vendor's service behaves
-  curl -H 'Authorization: Bearer sim-token' 'http://127.0.0.1:8080/registry/v2/repos?page_size=2'
-  # syncd against it:
-  SYNCD_PLATFORM_BASE_URL=http://127.0.0.1:8080 SYNCD_PLATFORM_REGISTRY_URL=http://127.0.0.1:8080 \
-  SYNCD_PLATFORM_TOKEN=sim-token SYNCD_PLATFORM_REGISTRY_TOKEN=sim-registry-token SYNCD_PLATFORM_GROUP=org1 SYNCD_PLATFORM_ORGANIZATION=acme \
-  syncd sync --once
-
-Flags:
-`
-
 func (c *simCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("sim", simUsage, &c.flags)
+	fs := c.m.flagSet("sim", usage("sim"), &c.flags)
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "`host:port` to serve the platform API and the registry on")
 	fs.Int64Var(&c.seed, "seed", 1, "seed of the generated organization and of its changes")
 	fs.StringVar(&c.token, "token", "sim-token", "platform bearer `token` the simulator accepts")
@@ -87,7 +65,8 @@ func (c *simCommand) Run(ctx context.Context) error {
 		return fmt.Errorf("--addr: %w", err)
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	url := serveSim(gctx, g, sim, ln, c.every, c.perStep)
+	url, serve := daemon.ServeSim(gctx, sim, ln, c.every, c.perStep)
+	g.Go(serve)
 	log.Info("simulator serving", "url", url, "org", "acme", "root_group", "org1", "repos", c.scale.Repos)
 	return g.Wait()
 }

@@ -78,9 +78,7 @@ func TestSoak(t *testing.T) {
 		checks++
 		t.Logf("check %d: converged; %d changes, %d kills so far", checks, changes, kills)
 	}
-	rcv.mu.Lock()
-	total, distinct := rcv.total, len(rcv.ids)
-	rcv.mu.Unlock()
+	total, distinct := rcv.counts()
 	t.Logf("soak figures: duration %s, changes made %d, events delivered %d (distinct %d, duplicates seen by the consumer %d), restarts survived %d, NATS outages %d, convergence checks %d, failed upstream answers %d",
 		d, changes, total, distinct, total-distinct, kills, map[bool]int{true: 1}[outageDone], checks, w.failures.Load())
 	cmd.Process.Signal(syscall.SIGTERM)

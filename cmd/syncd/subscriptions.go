@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"text/tabwriter"
 
+	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -16,25 +17,8 @@ type subscriptionsCommand struct {
 	remove bool
 }
 
-const subscriptionsUsage = `Usage: syncd subscriptions [--config FILE] [--remove]
-
-Lists the event subscriptions on [platform] group whose sink is [events]
-sink_url, that is syncd's own; others' are never touched. With --remove,
-deletes them, for example before retiring a deployment (syncd run registers
-a new one at its next start).
-
-It needs the [platform] keys and [events] sink_url: without a sink_url syncd
-crawls only and has no subscriptions, which exits 2.
-
-Examples:
-  syncd subscriptions --config syncd.toml
-  syncd subscriptions --config syncd.toml --remove
-
-Flags:
-`
-
 func (c *subscriptionsCommand) ParseFlags(args []string) error {
-	fs := c.m.flagSet("subscriptions", subscriptionsUsage, &c.flags)
+	fs := c.m.flagSet("subscriptions", usage("subscriptions"), &c.flags)
 	fs.BoolVar(&c.remove, "remove", false, "delete syncd's subscriptions (those whose sink is [events] sink_url) instead of listing them")
 	return fs.Parse(args)
 }
@@ -51,16 +35,16 @@ func (c *subscriptionsCommand) Run(ctx context.Context) error {
 		return usageError{fmt.Errorf("events.sink_url: not set, so syncd has no subscriptions to show")}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
-	st, err := openStore(ctx, cfg, log, store.Options{})
+	st, err := daemon.OpenStore(ctx, cfg, log, store.Options{})
 	if err != nil {
 		return err
 	}
-	defer closeStore(st, log)
-	client, err := newClient(cfg, log, nil)
+	defer daemon.CloseStore(st, log)
+	client, err := daemon.NewClient(cfg, log, nil)
 	if err != nil {
 		return usageError{err}
 	}
-	reg := newRegistrar(cfg, client, st, log)
+	reg := daemon.NewRegistrar(cfg, client, st, log)
 	if c.remove {
 		n, err := reg.Remove(ctx)
 		fmt.Fprintf(c.m.Stdout, "removed %d subscriptions\n", n)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/syncd-dev/syncd/internal/admin"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
@@ -118,7 +119,7 @@ func TestStatus_ReportsTheMirror(t *testing.T) {
 		}
 	}
 	code, out, _ = runMain(context.Background(), "status", "--json", "--config", cfg)
-	var rep statusReport
+	var rep admin.StatusReport
 	if code != exitOK || json.Unmarshal([]byte(out), &rep) != nil {
 		t.Fatalf("status --json exit %d: %s", code, out)
 	}

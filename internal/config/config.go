@@ -333,3 +333,12 @@ func (p *Platform) RegistryHost() string {
 	}
 	return u.Host
 }
+
+// EventTypePrefix begins the types of the platform's pushed events:
+// [events] type_prefix, or "dev.<vendor>.".
+func (c Config) EventTypePrefix() string {
+	if c.Events.TypePrefix != "" {
+		return c.Events.TypePrefix
+	}
+	return "dev." + c.Platform.Vendor + "."
+}

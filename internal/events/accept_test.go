@@ -107,7 +107,7 @@ func TestReceiver_RedeliveryIsNotAReplay(t *testing.T) {
 func TestReceiver_ReplayAfterRestart(t *testing.T) {
 	f := newFixture(t, platformsim.Options{})
 	store := &memDeliveries{}
-	cfg := events.Config{Issuer: f.simURL, Groups: []string{"org1"}, Now: f.sim.Now}
+	cfg := events.Config{Issuer: f.simURL, Groups: []string{"org1"}, TypePrefix: "dev.chainguard.", Now: f.sim.Now}
 	_, _, url := serveReceiver(t, cfg, store)
 	if code, body := post(t, url, f.pushed.header, f.pushed.body); code != http.StatusAccepted {
 		t.Fatalf("first: status=%d body=%s", code, body)

@@ -61,7 +61,7 @@ func newIssuer(t *testing.T) *issuer {
 // receiver serves a receiver trusting this issuer, with its clock.
 func (is *issuer) receiver(t *testing.T, mod func(*events.Config)) (*events.Receiver, *recordedJobs, string) {
 	t.Helper()
-	cfg := events.Config{Issuer: is.url, Groups: []string{"org1"}, Now: func() time.Time { return is.now }}
+	cfg := events.Config{Issuer: is.url, Groups: []string{"org1"}, TypePrefix: "dev.chainguard.", Now: func() time.Time { return is.now }}
 	if mod != nil {
 		mod(&cfg)
 	}

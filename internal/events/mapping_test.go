@@ -56,7 +56,7 @@ func TestMapEvent(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got calls
-			r := NewReceiver(Config{Issuer: "https://issuer.invalid"}, &got, nil)
+			r := NewReceiver(Config{Issuer: "https://issuer.invalid", TypePrefix: "dev.chainguard."}, &got, nil)
 			body, _ := json.Marshal(tc.body)
 			if s, ok := tc.body.(string); ok {
 				body = []byte(s)

@@ -55,8 +55,9 @@ type Config struct {
 	// Groups are the uids of the subscribing groups: the token's subject
 	// must be webhook:<one of them>.
 	Groups []string
-	// TypePrefix begins the event types of this deployment; default
-	// "dev.chainguard." (the vendor word differs per deployment).
+	// TypePrefix begins the event types of this deployment, such as
+	// "dev.chainguard." (the vendor word differs per deployment; the
+	// config's EventTypePrefix gives it); types without it are ignored.
 	TypePrefix string
 	// MaxBody bounds a delivery's body; default 1 MiB.
 	MaxBody int64
@@ -136,9 +137,6 @@ type job struct {
 func NewReceiver(cfg Config, jobs Jobs, deliveries Deliveries) *Receiver {
 	if cfg.Audience == "" {
 		cfg.Audience = "customer"
-	}
-	if cfg.TypePrefix == "" {
-		cfg.TypePrefix = "dev.chainguard."
 	}
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = 1 << 20

@@ -173,7 +173,7 @@ func (f *fixture) push(t *testing.T, tag platformsim.TruthTag) delivery {
 
 func (f *fixture) receiver(t *testing.T, mod func(*events.Config)) (*events.Receiver, *recordedJobs, string) {
 	t.Helper()
-	cfg := events.Config{Issuer: f.simURL, Groups: []string{"org1"}, Now: f.sim.Now}
+	cfg := events.Config{Issuer: f.simURL, Groups: []string{"org1"}, TypePrefix: "dev.chainguard.", Now: f.sim.Now}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -396,7 +396,7 @@ func FuzzReceiver(f *testing.F) {
 	srv := httptest.NewServer(sim.Handler())
 	f.Cleanup(srv.Close)
 	sim.SetBaseURL(srv.URL)
-	rcv := events.NewReceiver(events.Config{Issuer: srv.URL, Groups: []string{"org1"}, MaxBody: 4096}, &recordedJobs{}, &memDeliveries{})
+	rcv := events.NewReceiver(events.Config{Issuer: srv.URL, Groups: []string{"org1"}, TypePrefix: "dev.chainguard.", MaxBody: 4096}, &recordedJobs{}, &memDeliveries{})
 	f.Fuzz(func(t *testing.T, auth, typ, id string, body []byte) {
 		req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
 		if auth != "" {

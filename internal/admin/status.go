@@ -1,0 +1,144 @@
+package admin
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// StatusReport is what the mirror says about a syncd, as "syncd status"
+// shows it: a table, or this JSON.
+type StatusReport struct {
+	Mirror        string               `json:"mirror"`
+	SchemaVersion int                  `json:"schema_version"`
+	Tables        map[string]int64     `json:"tables"`
+	Jobs          []RunStatus          `json:"jobs"`
+	Subscriptions []SubscriptionStatus `json:"subscriptions"`
+	// Failures are the repos and tags whose reads failed and are retried
+	// with backoff; the rest of each crawl went on without them.
+	Failures          []store.Failure `json:"failures"`
+	UnpublishedEvents int             `json:"unpublished_events"`
+	OldestUnpublished string          `json:"oldest_unpublished,omitempty"`
+	// Progress is the running crawl's, when one runs.
+	Progress *crawler.Progress `json:"progress,omitempty"`
+	// Cluster mode and followers: leader, standby or follower; the lease
+	// holder; how many stream messages the follower had pending.
+	Role        string `json:"role,omitempty"`
+	LeaseHolder string `json:"lease_holder,omitempty"`
+	FollowLag   string `json:"follow_lag,omitempty"`
+}
+
+// SubscriptionStatus is an event subscription in a StatusReport.
+type SubscriptionStatus struct {
+	UID     string `json:"uid"`
+	Group   string `json:"group"`
+	Sink    string `json:"sink"`
+	Synced  string `json:"synced"`
+	Deleted string `json:"deleted,omitempty"`
+}
+
+// RunStatus is a job's latest run in a StatusReport.
+type RunStatus struct {
+	Job      string `json:"job"`
+	Started  string `json:"started"`
+	Finished string `json:"finished,omitempty"`
+	Outcome  string `json:"outcome"`
+	Requests int64  `json:"requests"`
+	Changes  int64  `json:"changes"`
+	Error    string `json:"error,omitempty"`
+}
+
+// NewStatusReport is the report of the mirror at path, whose status is s.
+func NewStatusReport(mirror string, s store.Status) StatusReport {
+	rep := StatusReport{Mirror: mirror, SchemaVersion: s.SchemaVersion, Tables: s.Tables, Failures: s.Failures,
+		UnpublishedEvents: s.Unpublished, OldestUnpublished: store.FormatTime(s.OldestUnpublished),
+		Role: s.Role, LeaseHolder: s.LeaseHolder, FollowLag: s.FollowLag}
+	if s.Progress != "" {
+		var p crawler.Progress
+		if json.Unmarshal([]byte(s.Progress), &p) == nil {
+			rep.Progress = &p
+		}
+	}
+	for _, r := range s.Runs {
+		rep.Jobs = append(rep.Jobs, RunStatus{Job: r.Job, Started: store.FormatTime(r.Started), Finished: store.FormatTime(r.Finished),
+			Outcome: r.Outcome, Requests: r.Requests, Changes: int64(r.Changes), Error: r.Error})
+	}
+	for _, sub := range s.Subscriptions {
+		rep.Subscriptions = append(rep.Subscriptions, SubscriptionStatus{UID: sub.UID, Group: sub.GroupUID, Sink: sub.Sink,
+			Synced: store.FormatTime(sub.Synced), Deleted: store.FormatTime(sub.Deleted)})
+	}
+	return rep
+}
+
+// WriteTable writes the report as a table.
+func (rep StatusReport) WriteTable(out io.Writer) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "mirror\t%s (schema v%d)\n", rep.Mirror, rep.SchemaVersion)
+	if rep.Role != "" {
+		fmt.Fprintf(w, "role\t%s (lease holder: %s)\n", rep.Role, cmp.Or(rep.LeaseHolder, "none"))
+	}
+	if rep.FollowLag != "" {
+		fmt.Fprintf(w, "follower lag\t%s messages\n", rep.FollowLag)
+	}
+	for _, t := range store.StatusTables {
+		fmt.Fprintf(w, "%s\t%d\n", t, rep.Tables[t])
+	}
+	if len(rep.Jobs) == 0 {
+		fmt.Fprintf(w, "last runs\tnone yet\n")
+	}
+	rep.writeProgress(w)
+	for _, r := range rep.Jobs {
+		fmt.Fprintf(w, "last %s\t%s, %s, %d requests, %d changes\n", r.Job, r.Started, r.Outcome, r.Requests, r.Changes)
+		if r.Error != "" {
+			fmt.Fprintf(w, "  error\t%s\n", r.Error)
+		}
+	}
+	for _, f := range rep.Failures {
+		what := f.Path
+		if f.Kind == store.FailureTag {
+			what += ":" + f.Tag
+		}
+		fmt.Fprintf(w, "failing %s\t%s: %s (%d attempts since %s, next %s)\n", f.Kind, what, f.Error, f.Attempts,
+			store.FormatTime(f.FirstFailed), store.FormatTime(f.NextAttempt))
+	}
+	rep.writeSubscriptions(w)
+	fmt.Fprintf(w, "unpublished events\t%d", rep.UnpublishedEvents)
+	if rep.OldestUnpublished != "" {
+		fmt.Fprintf(w, " (oldest recorded %s)", rep.OldestUnpublished)
+	}
+	fmt.Fprintln(w)
+	return w.Flush()
+}
+
+func (rep StatusReport) writeProgress(w io.Writer) {
+	p := rep.Progress
+	if p == nil {
+		return
+	}
+	fmt.Fprintf(w, "crawl running\tsince %s: %d of %d tags listed, %d of %d history reads, %.1f requests/s, ETA %s\n",
+		store.FormatTime(p.Started), p.TagsListed, p.TagsTotal, p.HistoryRead, p.HistoryQueued, p.RequestsPerSecond, cmp.Or(p.ETA, "unknown yet"))
+	if p.Retrying != "" {
+		fmt.Fprintf(w, "  retrying\t%s\n", p.Retrying)
+	}
+	if p.HeldByRateLimit {
+		fmt.Fprintf(w, "  held\tby [crawl] requests_per_second = %g\n", p.RateLimit)
+	}
+}
+
+func (rep StatusReport) writeSubscriptions(w io.Writer) {
+	if len(rep.Subscriptions) == 0 {
+		fmt.Fprintf(w, "subscription\tnone (crawl only, or not registered yet)\n")
+	}
+	for _, sub := range rep.Subscriptions {
+		state := "active, checked " + sub.Synced
+		if sub.Deleted != "" {
+			state = "removed " + sub.Deleted
+		}
+		fmt.Fprintf(w, "subscription\t%s -> %s (%s)\n", sub.UID, sub.Sink, state)
+	}
+}

@@ -1,0 +1,62 @@
+package config
+
+import (
+	"cmp"
+	"time"
+)
+
+// DemoToken and DemoRegistryToken are the credentials the demo's simulator
+// accepts: like the real platform, it wants one per audience.
+const (
+	DemoToken         = "demo-token"
+	DemoRegistryToken = "demo-registry-token"
+)
+
+// DemoNATSListen is where the demo's embedded NATS server listens, so
+// that "nats sub" from another shell reaches it.
+const DemoNATSListen = "127.0.0.1:4222"
+
+// DemoAddrs are the fixed addresses the demo will listen on (the admin
+// listener's and the embedded NATS server's), to check before it starts.
+func (c Config) DemoAddrs() []string {
+	var addrs []string
+	if c.Admin.Listen != "" {
+		addrs = append(addrs, c.Admin.Listen)
+	}
+	if c.NATS.URL == "" {
+		addrs = append(addrs, cmp.Or(c.NATS.Listen, DemoNATSListen))
+	}
+	return addrs
+}
+
+// Demo is every setting "syncd run --demo" changes: the platform is the
+// simulator at url, NATS an embedded server, and pushes from the
+// simulator reach syncd within seconds while quick schedules repair
+// whatever a push missed. Keys the user set keep their values; keys at
+// their defaults take the demo's.
+func (c *Config) Demo(url string) {
+	p := &c.Platform
+	p.BaseURL, p.RegistryURL = url, url
+	p.Token, p.TokenFile, p.TokenCommand = DemoToken, "", ""
+	p.RegistryToken, p.RegistryTokenFile, p.RegistryTokenCommand, p.RegistryCredentialHelper = DemoRegistryToken, "", "", ""
+	p.Identity, p.IdentityTokenFile = "", ""
+	p.Group, p.Organization = "org1", "acme"
+	def := Default()
+	if c.NATS.URL == "" {
+		orDemo(&c.NATS.Listen, "", DemoNATSListen)
+	}
+	orDemo(&c.Events.Listen, "", "127.0.0.1:0")
+	orDemo(&c.Events.Issuer, "", url)
+	orDemo(&c.Crawl.Schedule, def.Crawl.Schedule, "@every 5s")
+	orDemo(&c.Crawl.SweepSchedule, def.Crawl.SweepSchedule, "@every 30s")
+	orDemo(&c.Crawl.AdvisoriesSchedule, def.Crawl.AdvisoriesSchedule, "@every 10s")
+	orDemo(&c.Crawl.Jitter, def.Crawl.Jitter, Duration{Duration: time.Second})
+	orDemo(&c.Crawl.RequestsPerSecond, def.Crawl.RequestsPerSecond, 0)
+}
+
+// orDemo sets *v to demo while it holds def.
+func orDemo[T comparable](v *T, def, demo T) {
+	if *v == def {
+		*v = demo
+	}
+}

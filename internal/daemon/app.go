@@ -1,0 +1,251 @@
+// Package daemon builds a syncd from its configuration: each part from
+// its section (the platform client, the mirror, the NATS connection and
+// relay, the crawler, the receiver and registrar of pushed events, the
+// follower), the observers each part is given at construction, the
+// leader's role in single or cluster mode, and the admin handler that
+// watches them. Commands in cmd/syncd parse flags, call it and print.
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/syncd-dev/syncd/internal/admin"
+	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/events"
+	"github.com/syncd-dev/syncd/internal/platform"
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// ConfigError is a configuration problem found while building a part;
+// commands exit 2 for it.
+type ConfigError struct{ Err error }
+
+func (e ConfigError) Error() string { return e.Err.Error() }
+func (e ConfigError) Unwrap() error { return e.Err }
+
+// Schedules are the jobs' schedules, parsed once from [crawl]; a job whose
+// schedule is empty is off and absent.
+type Schedules map[string]cron.Schedule
+
+// ParseSchedules parses the schedule of every job in c.
+func ParseSchedules(c config.Crawl) (Schedules, error) {
+	out := Schedules{}
+	for job, spec := range map[string]string{crawler.JobCrawl: c.Schedule, crawler.JobSweep: c.SweepSchedule,
+		crawler.JobAdvisories: c.AdvisoriesSchedule, crawler.JobSubscriptions: c.SubscriptionsSchedule} {
+		sched, err := config.ParseSchedule(spec)
+		if err != nil {
+			return nil, ConfigError{fmt.Errorf("crawl: %s schedule %q: %w", job, spec, err)}
+		}
+		if sched != nil {
+			out[job] = sched
+		}
+	}
+	return out, nil
+}
+
+// App is a syncd that crawls and publishes: its parts, opened in order by
+// Open and closed in reverse, and the observers each part was given.
+type App struct {
+	Config   config.Config
+	Log      *slog.Logger
+	Jobs     Schedules
+	Metrics  *admin.Metrics
+	Fresh    *admin.Freshness
+	Store    *store.Store
+	Client   *platform.Client
+	NATS     *publish.Conn
+	Relay    *publish.Relay
+	Crawler  *crawler.Crawler
+	Receiver *events.Receiver // nil when [events] listen is empty
+	// Registrar keeps the event subscription; nil when [events] sink_url
+	// is empty (crawl only).
+	Registrar *events.Registrar
+	// Snapshots writes the leader's snapshots; nil when [snapshot] enabled
+	// is false.
+	Snapshots *cluster.Snapshotter
+}
+
+// Options are what a command chooses about an App beyond the config.
+type Options struct {
+	// Version is syncd's, for the metrics.
+	Version string
+	// Published is the level of the line logged for every published event.
+	Published slog.Level
+}
+
+// Open opens the parts.
+func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options) (*App, error) {
+	a := &App{Config: cfg, Log: log, Metrics: admin.NewMetrics(opts.Version)}
+	var err error
+	if a.Jobs, err = ParseSchedules(cfg.Crawl); err != nil {
+		return nil, err
+	}
+	if cfg.Events.SinkURL == "" {
+		delete(a.Jobs, crawler.JobSubscriptions)
+	}
+	a.Fresh = admin.NewFreshness(a.Jobs, cfg.Admin.StaleFactor, nil)
+	if a.Store, err = OpenStore(ctx, cfg, log, store.Options{OnEvents: a.Metrics.EventsRecorded}); err != nil {
+		return nil, err
+	}
+	if a.Client, err = NewClient(cfg, log, a.Metrics.ObserveRequest); err != nil {
+		a.Close()
+		return nil, ConfigError{err}
+	}
+	pcfg := NATSConfig(cfg, log)
+	if a.NATS, err = publish.Connect(ctx, pcfg); err != nil {
+		a.Close()
+		return nil, err
+	}
+	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), opts.Published))}
+	if cfg.KV.Enabled {
+		kv, err := publish.OpenKV(ctx, a.NATS.JS, kvConfig(cfg, log), a.Store)
+		if err != nil {
+			a.Close()
+			return nil, err
+		}
+		relayOpts = append(relayOpts, publish.WithKV(kv))
+	}
+	a.Relay = publish.NewRelay(a.NATS.JS, a.Store, pcfg, relayOpts...)
+	a.Crawler = newCrawler(cfg, a.Client, a.Store, a.Jobs, a.observeRun, log)
+	a.Receiver = newReceiver(cfg, a.Crawler, a.Store, log)
+	a.Registrar = NewRegistrar(cfg, a.Client, a.Store, log)
+	if sc := cfg.Snapshot; sc.Enabled {
+		a.Snapshots = cluster.NewSnapshotter(a.NATS.JS, a.Store, cluster.SnapshotConfig{Bucket: sc.Bucket, Replicas: cfg.NATS.Replicas,
+			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot")})
+	}
+	return a, nil
+}
+
+// kvConfig is the publish.KVConfig of [kv].
+func kvConfig(cfg config.Config, log *slog.Logger) publish.KVConfig {
+	k := cfg.KV
+	return publish.KVConfig{Tags: k.Tags, Repos: k.Repos, Advisories: k.Advisories, History: k.History,
+		Replicas: cfg.BucketReplicas(), CheckOnly: !cfg.NATS.ManageStream, ReconcileInterval: k.ReconcileInterval.Duration,
+		Logger: log.With("part", "kv")}
+}
+
+// observeRun is told of every finished crawl job.
+func (a *App) observeRun(job, outcome string, sum crawler.Summary, finished time.Time) {
+	a.Metrics.ObserveRun(job, outcome, sum.Duration, finished, map[string]int64{
+		"repos": sum.Repos, "tags": sum.Tags, "tag_history": sum.HistoryRecords, "advisories": sum.Advisories})
+	a.Fresh.Observe(job, outcome, finished)
+}
+
+// observePublished counts every event JetStream acknowledged and logs one
+// line for it.
+func (a *App) observePublished(format publish.Format, level slog.Level) func(store.Event) {
+	return func(e store.Event) {
+		a.Metrics.EventPublished(e.Type, e.Age())
+		a.Log.Log(context.Background(), level, "published event", "type", e.Type, "subject", format.Subject(e), "id", e.ID)
+	}
+}
+
+// Close closes what Open opened, in reverse order, logging each error.
+func (a *App) Close() error {
+	if a.NATS != nil {
+		a.NATS.Close()
+	}
+	if a.Store != nil {
+		return CloseStore(a.Store, a.Log)
+	}
+	return nil
+}
+
+// OpenStore opens the mirror at [store] path.
+func OpenStore(ctx context.Context, cfg config.Config, log *slog.Logger, opts store.Options) (*store.Store, error) {
+	opts.InitialEvents, opts.Logger = cfg.Store.InitialEvents, log.With("part", "store")
+	st, err := store.Open(ctx, cfg.Store.Path, opts)
+	if err != nil {
+		return nil, fmt.Errorf("open mirror %s: %w", cfg.Store.Path, err)
+	}
+	return st, nil
+}
+
+// CloseStore closes st, logging its error.
+func CloseStore(st *store.Store, log *slog.Logger) error {
+	err := st.Close()
+	if err != nil {
+		log.Error("close mirror", "err", err)
+	}
+	return err
+}
+
+// LockMirror takes the mirror's lock for this process, as command, before
+// anything opens it: one process writes a mirror (and the embedded NATS
+// store beside it) at a time. The lock goes with the process.
+func LockMirror(cfg config.Config, command string, log *slog.Logger) (release func(), err error) {
+	l, err := store.LockMirror(cfg.Store.Path, command)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		if err := l.Release(); err != nil {
+			log.Error("release the mirror's lock", "err", err)
+		}
+	}, nil
+}
+
+// NATSConfig is where and how events are published.
+func NATSConfig(cfg config.Config, log *slog.Logger) publish.Config {
+	n := cfg.NATS
+	return publish.Config{
+		URL: n.URL, Listen: n.Listen, DataDir: filepath.Dir(cfg.Store.Path),
+		Credentials: n.Credentials, NKeySeed: n.NKeySeed, Token: n.Token, User: n.User, Password: n.Password,
+		TLSCA: n.TLSCA, TLSCert: n.TLSCert, TLSKey: n.TLSKey,
+		SubjectPrefix: n.SubjectPrefix, Stream: n.Stream, MaxAge: n.MaxAge.Duration,
+		DuplicateWindow: n.DuplicateWindow.Duration, Replicas: n.Replicas, CheckStreamOnly: !n.ManageStream,
+		// The CloudEvents source: the platform and group the events describe.
+		Source: strings.TrimRight(cfg.Platform.BaseURL, "/") + "/" + cfg.Platform.Group,
+		Logger: log.With("part", "publish"),
+	}
+}
+
+func newCrawler(cfg config.Config, client *platform.Client, st *store.Store, jobs Schedules,
+	onRun func(job, outcome string, sum crawler.Summary, finished time.Time), log *slog.Logger) *crawler.Crawler {
+	c := cfg.Crawl
+	return crawler.New(client, st, crawler.Config{
+		Group: cfg.Platform.Group, Include: c.Include, Exclude: c.Exclude,
+		PublicImages: c.PublicImages, PublicOrg: cfg.Platform.PublicOrg, Families: crawler.ParseFamilies(c.TagFamilies),
+		UpdatedSinceMargin: c.UpdatedSinceMargin.Duration, Concurrency: c.Concurrency, Schedule: jobs[crawler.JobCrawl], SweepSchedule: jobs[crawler.JobSweep],
+		AdvisoriesSchedule: jobs[crawler.JobAdvisories], Jitter: c.Jitter.Duration, Logger: log.With("part", "crawler"), OnRun: onRun,
+	})
+}
+
+// newReceiver takes the platform's pushed events; nil when [events] listen
+// is empty.
+func newReceiver(cfg config.Config, jobs events.Jobs, st *store.Store, log *slog.Logger) *events.Receiver {
+	e := cfg.Events
+	if e.Listen == "" {
+		return nil
+	}
+	return events.NewReceiver(events.Config{Issuer: e.Issuer, Audience: e.Audience, Groups: []string{cfg.Platform.Group},
+		TypePrefix: cfg.EventTypePrefix(), MaxBody: e.MaxBody, QueueSize: e.QueueSize, Logger: log.With("part", "events")}, jobs, st)
+}
+
+// NewRegistrar keeps syncd's event subscription; nil when [events]
+// sink_url is empty.
+func NewRegistrar(cfg config.Config, client *platform.Client, st *store.Store, log *slog.Logger) *events.Registrar {
+	if cfg.Events.SinkURL == "" {
+		return nil
+	}
+	return &events.Registrar{Client: client, Store: st, Groups: []string{cfg.Platform.Group},
+		Sink: cfg.Events.SinkURL, Logger: log.With("part", "events")}
+}
+
+// NewFollower follows the stream into st, recording its lag there; restore
+// says when it starts from a snapshot.
+func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, log *slog.Logger) *cluster.Follower {
+	return cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
+		Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow"),
+		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path)})
+}

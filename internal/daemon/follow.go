@@ -1,0 +1,95 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/syncd-dev/syncd/internal/admin"
+	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// Follower is a mirror kept from a leader's event stream, without any
+// request to the platform: its parts, opened by OpenFollower.
+type Follower struct {
+	Config   config.Config
+	Log      *slog.Logger
+	Store    *store.Store
+	NATS     *publish.Conn
+	Follower *cluster.Follower
+}
+
+// OpenFollower opens the mirror and the connection to the leader's NATS
+// server, and checks the stream. A follower never changes the stream: the
+// leader manages it. A follower may well start before its leader has
+// created it, so a missing stream is waited for (the follower's Run
+// retries); one that exists and does not carry the events is a mistake to
+// fix.
+func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.RestoreMode, log *slog.Logger) (*Follower, error) {
+	f := &Follower{Config: cfg, Log: log}
+	var err error
+	if f.Store, err = OpenStore(ctx, cfg, log, store.Options{}); err != nil {
+		return nil, err
+	}
+	pcfg := NATSConfig(cfg, log)
+	if f.NATS, err = publish.Dial(ctx, pcfg); err != nil {
+		f.Close()
+		return nil, err
+	}
+	switch err := publish.CheckStream(ctx, f.NATS.JS, pcfg); {
+	case errors.Is(err, publish.ErrStreamNotFound):
+		log.Warn("the stream does not exist yet; following starts when a syncd leader creates it", "stream", cfg.NATS.Stream)
+	case err != nil:
+		f.Close()
+		return nil, err
+	}
+	if err := cluster.RecordRole(ctx, f.Store, cluster.RoleFollower, ""); err != nil {
+		f.Close()
+		return nil, err
+	}
+	f.Follower = NewFollower(f.NATS, f.Store, cfg, restore, log)
+	return f, nil
+}
+
+// AdminHandler serves the follower's metrics (lag, NATS) and readiness
+// (the mirror, the stream, NATS).
+func (f *Follower) AdminHandler(version string) http.Handler {
+	m := admin.NewMetrics(version)
+	m.WatchLag(f.Follower.Lag)
+	m.WatchNATS(f.NATS.NC)
+	checks := []admin.Check{{Name: "database", Run: f.Store.Writable},
+		{Name: "stream", Run: func(context.Context) error { return f.Follower.Err() }}, admin.NATSCheck(f.NATS.NC)}
+	return admin.Handler(m, checks)
+}
+
+// Run follows the stream, and prunes the mirror's old events, until ctx
+// is done.
+func (f *Follower) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return f.Follower.Run(gctx) })
+	g.Go(func() error { return Prune(gctx, f.Store, f.Config, f.Log) })
+	err := g.Wait()
+	f.Log.Info("stopped following", "lag", f.Follower.Lag())
+	return err
+}
+
+// Close closes what OpenFollower opened, in reverse order.
+func (f *Follower) Close() error {
+	if f.NATS != nil {
+		f.NATS.Close()
+	}
+	return CloseStore(f.Store, f.Log)
+}
+
+// Prune runs the prune job on st until ctx is done: published events
+// older than [store] event_retention, and old delivery ids, go.
+func Prune(ctx context.Context, st *store.Store, cfg config.Config, log *slog.Logger) error {
+	return crawler.Scheduler{Logger: log}.Run(ctx, crawler.PruneJob(st, cfg.Store.EventRetention.Duration, log))
+}

@@ -1,0 +1,99 @@
+package daemon
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/admin"
+	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/crawler"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// extraJobs are the jobs the crawler runs beside its own: reconciling the subscription.
+func (a *App) extraJobs() []crawler.Job {
+	if a.Registrar == nil || a.Jobs[crawler.JobSubscriptions] == nil {
+		return nil
+	}
+	return []crawler.Job{{Name: crawler.JobSubscriptions, Schedule: a.Jobs[crawler.JobSubscriptions], Run: a.Registrar.Ensure}}
+}
+
+// duties are the leader's: the crawler's jobs, the receiver's queue and
+// the relay, shut down within grace; drain as in cluster.Duties.
+func (a *App) duties(grace time.Duration, drain func() bool) *cluster.Duties {
+	jobs := a.extraJobs()
+	work := []func(context.Context) error{func(ctx context.Context) error { return a.Crawler.Run(ctx, jobs...) }}
+	if a.Receiver != nil {
+		work = append(work, a.Receiver.Run)
+	}
+	if a.Snapshots != nil {
+		work = append(work, a.Snapshots.Run)
+	}
+	return &cluster.Duties{Work: work, Relay: a.Relay, Outbox: a.Store, Grace: grace, Drain: drain, Logger: a.Log}
+}
+
+// RecordMode marks a mirror of the demo, or of cluster mode, in its meta:
+// the demo overwrites only a mirror of its own.
+func (a *App) RecordMode(ctx context.Context, demo bool) error {
+	switch {
+	case a.Config.Cluster.Enabled:
+		return a.Store.SetMeta(ctx, "mode", "cluster")
+	case demo:
+		return a.Store.SetMeta(ctx, "mode", store.ModeDemo)
+	}
+	return nil
+}
+
+// Role is how "syncd run" does the leader's duties: directly in single
+// mode, and in cluster mode as a replica, while it holds the lease.
+type Role struct {
+	Run func(ctx context.Context) error
+	// Leading reports whether this replica leads now; nil: always.
+	Leading func() bool
+	// Receiver wraps the webhook receiver: a standby answers 503.
+	Receiver func(h http.Handler) http.Handler
+	// Follower follows the stream while standing by; nil in single mode.
+	Follower *cluster.Follower
+}
+
+// Role builds the leader's duties, shut down within grace, and, in
+// cluster mode, the replica that runs them while it holds the lease.
+func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
+	if !a.Config.Cluster.Enabled {
+		return Role{Run: a.duties(grace, nil).Run, Receiver: func(h http.Handler) http.Handler { return h }}, nil
+	}
+	cl, node := a.Config.Cluster, a.Config.Cluster.Node()
+	lease, err := cluster.NewLease(ctx, a.NATS.JS, cluster.LeaseConfig{Bucket: cl.Bucket, Key: cl.Key, Node: node,
+		TTL: cl.LeaseTTL.Duration, Replicas: a.Config.NATS.Replicas, Logger: a.Log.With("part", "lease")})
+	if err != nil {
+		return Role{}, err
+	}
+	rep := &cluster.Replica{Lease: lease, Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Log),
+		Promote: a.Crawler.ResolveFollowed, Lead: a.duties(grace, lease.IsLeader).Run, Meta: a.Store, Logger: a.Log.With("part", "cluster")}
+	a.Metrics.WatchReplica(rep, cluster.RoleLeader, cluster.RoleStandby)
+	a.Metrics.WatchLag(rep.Follower.Lag)
+	return Role{Run: rep.Run, Leading: lease.IsLeader, Receiver: lease.LeaderOnly, Follower: rep.Follower}, nil
+}
+
+// AdminHandler serves the metrics and the readiness checks; r.Leading says
+// whether freshness and publishing are checked (only the leader crawls and
+// publishes), and whether the standby's following is.
+func (a *App) AdminHandler(r Role) http.Handler {
+	leading, m := r.Leading, a.Metrics
+	m.WatchOutbox(a.Store)
+	m.WatchFailures(a.Store)
+	m.WatchNATS(a.NATS.NC)
+	if a.Receiver != nil {
+		m.WatchReceiver(&a.Receiver.Stats)
+	}
+	checks := []admin.Check{{Name: "database", Run: a.Store.Writable}, admin.NATSCheck(a.NATS.NC), admin.RoleCheck("publish", a.Relay, leading),
+		admin.FreshnessCheck(a.Fresh, leading), admin.BaselineCheck(a.Store, leading), admin.CredentialsCheck(a.Client, leading)}
+	if r.Follower != nil {
+		checks = append(checks, admin.RoleCheck("stream", r.Follower, func() bool { return !leading() }))
+	}
+	if s := a.Snapshots; s != nil {
+		m.WatchSnapshots(func() (time.Time, int64) { l := s.Last(); return l.Created, l.Bytes })
+	}
+	return admin.Handler(m, checks)
+}

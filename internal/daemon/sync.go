@@ -1,0 +1,32 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/crawler"
+)
+
+// SyncOnce is "syncd sync --once": one sweep (every job in one: repos,
+// tags, history, advisories and confirmed deletions), then every
+// resulting event published. It returns the sweep's summary and how long
+// publishing took.
+func (a *App) SyncOnce(ctx context.Context) (crawler.Summary, time.Duration, error) {
+	sum, err := a.Crawler.Sweep(ctx)
+	if err != nil {
+		return sum, 0, fmt.Errorf("crawl: %w", err)
+	}
+	start := time.Now()
+	if err := a.Relay.Flush(ctx); err != nil {
+		return sum, 0, fmt.Errorf("publish: %w", err)
+	}
+	n, _, err := a.Store.UnpublishedCount(ctx)
+	if err != nil {
+		return sum, 0, err
+	}
+	if n > 0 {
+		return sum, 0, fmt.Errorf("publish: %d events still unpublished", n)
+	}
+	return sum, time.Since(start), nil
+}
