@@ -434,13 +434,20 @@ func (p *kvPipe) send(ctx context.Context, o kvOp) {
 	if p.err != nil {
 		return
 	}
-	fut, err := p.k.pub.PublishMsgAsync(p.k.message(o))
+	fut, err := p.k.pub.PublishMsgAsync(p.k.message(o), noRetry...)
 	if err != nil {
 		p.fail(o, err)
 		return
 	}
 	p.inflight = append(p.inflight, kvFlight{o, fut})
 }
+
+// noRetry turns off the client's retry of an async publish that met no
+// responders (a stream electing its leader): the retry goes out a while
+// later, after the key's next writes, and would put an older state over
+// a newer one without an error. A failure instead has the relay
+// reconcile the buckets.
+var noRetry = []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)}
 
 // oldest returns the channels of the oldest write's answer; nil ones
 // when none is in flight.
