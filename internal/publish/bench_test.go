@@ -47,13 +47,19 @@ func BenchmarkRelay(b *testing.B) {
 	b.Run("MemoryOutbox", func(b *testing.B) { benchmarkRelay(b, true) })
 }
 
+// relayBench is the setup of a relay benchmark: how many tags to relay
+// events of (5,000 at BENCH_SCALE 1), and a JetStream server to relay to.
+func relayBench(b *testing.B) (tags int, cfg publish.Config, conn *publish.Conn) {
+	srv := startServer(b, nil)
+	cfg = srv.config(nil)
+	return max(int(5000*benchScale(b)), 100), cfg, mustConnect(b, cfg)
+}
+
+const tagsPerRepo = 100
+
 func benchmarkRelay(b *testing.B, inMemory bool) {
 	ctx := context.Background()
-	tags := max(int(5000*benchScale(b)), 100)
-	const tagsPerRepo = 100
-	srv := startServer(b, nil)
-	cfg := srv.config(nil)
-	conn := mustConnect(b, cfg)
+	tags, cfg, conn := relayBench(b)
 	// The plain loop gets a JetStream context of its own, with the library's
 	// defaults, so that the relay's settings do not bound the ceiling.
 	plainJS, err := jetstream.New(conn.NC)
@@ -124,16 +130,27 @@ func benchmarkRelay(b *testing.B, inMemory bool) {
 		}
 		b.StartTimer()
 	}
-	relayRate := float64(events) / relayTime.Seconds()
-	plainRate := float64(events) / plainTime.Seconds()
-	b.ReportMetric(relayRate, "events/s")
-	b.ReportMetric(plainRate, "plain-msgs/s")
-	b.ReportMetric(relayRate/plainRate, "ratio")
-	// CPU of the process (relay or loop, client and server) per event: on
-	// a machine whose cores the server saturates, this is what the rates
-	// come down to.
-	b.ReportMetric(float64(relayCPU.Microseconds())/float64(events), "relay-cpu-us/event")
-	b.ReportMetric(float64(plainCPU.Microseconds())/float64(events), "plain-cpu-us/event")
+	reportVersus(b, events, side{"events/s", "relay-cpu-us/event", relayTime, relayCPU},
+		side{"plain-msgs/s", "plain-cpu-us/event", plainTime, plainCPU})
+}
+
+// side is one side of a benchmark's comparison: the names of its rate
+// and CPU metrics, and the wall and CPU time it took.
+type side struct {
+	rate, cpu  string
+	wall, used time.Duration
+}
+
+// reportVersus reports the rates of both sides over events, measured's
+// over plain's as the ratio, and the CPU of the process (client and
+// server) per event: on a machine whose cores the server saturates, this
+// is what the rates come down to.
+func reportVersus(b *testing.B, events int, measured, plain side) {
+	for _, s := range []side{measured, plain} {
+		b.ReportMetric(float64(events)/s.wall.Seconds(), s.rate)
+		b.ReportMetric(float64(s.used.Microseconds())/float64(events), s.cpu)
+	}
+	b.ReportMetric(plain.wall.Seconds()/measured.wall.Seconds(), "ratio")
 }
 
 // cpuTime is the CPU time the process has used, user and system.
@@ -215,3 +232,69 @@ func (m *memOutbox) MarkPublished(_ context.Context, seqs []int64) error {
 }
 
 func (m *memOutbox) Notify() <-chan struct{} { return nil }
+
+// BenchmarkRelayKV measures the relay's cost of keeping the KV buckets:
+// every iteration relays the same kind of outbox twice, to the stream
+// alone and with the buckets kept (Flush returns once the buckets hold
+// every state too), alternating which goes first so that a machine whose
+// load drifts does not favour one side. The ratio metric is the rate with
+// the buckets over the rate without.
+func BenchmarkRelayKV(b *testing.B) {
+	ctx := context.Background()
+	tags, cfg, conn := relayBench(b)
+	kcfg := publish.KVConfig{Tags: "bench_tags", Repos: "bench_repos", Advisories: "bench_advisories", History: 1}
+
+	var plainTime, kvTime, plainCPU, kvCPU time.Duration
+	var events int
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		var sts [2]*store.Store
+		for j := range sts {
+			sts[j] = mustOpenStore(b)
+			p := newProducer(b, sts[j])
+			p.addRepos(ctx, fmt.Sprintf("bench%d-%d", i, j), tags/tagsPerRepo, tagsPerRepo)
+			p.moveAll(ctx, 3)
+		}
+		n, _, err := sts[0].UnpublishedCount(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		kv, err := publish.OpenKV(ctx, conn.JS, kcfg, sts[1])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := kv.Reconcile(ctx); err != nil {
+			b.Fatal(err)
+		}
+		runs := []func(){
+			func() {
+				start, cpu := time.Now(), cpuTime()
+				if err := publish.NewRelay(conn.JS, sts[0], cfg).Flush(ctx); err != nil {
+					b.Fatalf("relay: %v", err)
+				}
+				plainTime += time.Since(start)
+				plainCPU += cpuTime() - cpu
+			},
+			func() {
+				start, cpu := time.Now(), cpuTime()
+				if err := publish.NewRelay(conn.JS, sts[1], cfg, publish.WithKV(kv)).Flush(ctx); err != nil {
+					b.Fatalf("relay keeping KV: %v", err)
+				}
+				kvTime += time.Since(start)
+				kvCPU += cpuTime() - cpu
+			},
+		}
+		if i%2 == 1 {
+			runs[0], runs[1] = runs[1], runs[0]
+		}
+		for _, run := range runs {
+			runtime.GC()
+			b.StartTimer()
+			run()
+			b.StopTimer()
+		}
+		events += n
+	}
+	reportVersus(b, events, side{"kv-events/s", "kv-cpu-us/event", kvTime, kvCPU},
+		side{"plain-events/s", "plain-cpu-us/event", plainTime, plainCPU})
+}

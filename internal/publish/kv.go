@@ -2,14 +2,18 @@ package publish
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/store"
@@ -49,15 +53,26 @@ type KVConfig struct {
 	// mirror that often, which brings in what changed without an event
 	// (a repo whose baseline was pending).
 	ReconcileInterval time.Duration
-	// Workers is how many keys are written at once; 0 means DefaultKVWorkers.
-	Workers int
-	Logger  *slog.Logger
+	// InFlight bounds the writes awaiting JetStream's acknowledgement;
+	// 0 means DefaultKVInFlight.
+	InFlight int
+	// Queue bounds the marked events waiting for their writes; 0 means
+	// DefaultKVQueue. Past it the relay drops their writes and reconciles
+	// the buckets instead of waiting.
+	Queue  int
+	Logger *slog.Logger
 }
 
-// DefaultKVWorkers is how many keys the relay writes at once: a KV write
-// waits for JetStream's acknowledgement, and one key's writes go one after
-// another to keep their order, so throughput comes from many keys at once.
-const DefaultKVWorkers = 64
+// Defaults of the KV writes. A write is a JetStream publish to the key's
+// subject, sent without waiting for the previous one's acknowledgement;
+// one connection's messages to one subject are stored in the order they
+// were sent, so a key's writes keep their order however many are in
+// flight. The queue holds a few of the relay's marking transactions
+// (markBatch events each), enough to ride out a burst.
+const (
+	DefaultKVInFlight = 1024
+	DefaultKVQueue    = 8 * markBatch
+)
 
 // KVSource is what reconciling the buckets needs of the store.
 type KVSource interface {
@@ -68,12 +83,21 @@ type KVSource interface {
 
 // KV writes the state buckets.
 type KV struct {
-	buckets  map[string]jetstream.KeyValue // by kind: tag, repo, advisory
+	buckets map[string]jetstream.KeyValue // by kind: tag, repo, advisory
+	// prefix is the subject prefix of a bucket's keys, by kind, as the
+	// client's Put builds it: $KV.<bucket>.
+	prefix map[string]string
+	// pub sends the writes; a JetStream context of its own, so that its
+	// pending writes never count against the relay's publishes.
+	pub      jetstream.JetStream
 	source   KVSource
 	cfg      KVConfig
 	log      *slog.Logger
-	workers  int
-	dirty    bool   // the buckets may lag the published events: reconcile
+	inFlight int
+	queue    int
+	// dirty: the buckets may lag the published events; reconcile. Set by
+	// the writer of a pass, read by the relay between and during passes.
+	dirty    atomic.Bool
 	epoch    string // the source's KVEpoch at the last reconciliation
 	lastSync time.Time
 	// beforeApply, when set, runs before the writes of marked events; an
@@ -90,13 +114,23 @@ type ReconcileStats struct {
 // cfg.CheckOnly) and returns their writer, which reconciles them at its
 // first use.
 func OpenKV(ctx context.Context, js jetstream.JetStream, cfg KVConfig, source KVSource) (*KV, error) {
-	k := &KV{buckets: map[string]jetstream.KeyValue{}, source: source, cfg: cfg, log: cfg.Logger, workers: cfg.Workers, dirty: true}
+	k := &KV{buckets: map[string]jetstream.KeyValue{}, prefix: map[string]string{}, source: source, cfg: cfg, log: cfg.Logger,
+		inFlight: cfg.InFlight, queue: cfg.Queue}
+	k.dirty.Store(true)
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
 	}
-	if k.workers <= 0 {
-		k.workers = DefaultKVWorkers
+	if k.inFlight <= 0 {
+		k.inFlight = DefaultKVInFlight
 	}
+	if k.queue <= 0 {
+		k.queue = DefaultKVQueue
+	}
+	pub, err := jetstream.New(js.Conn(), jetstream.WithPublishAsyncMaxPending(2*k.inFlight), jetstream.WithPublishAsyncTimeout(30*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("open KV buckets: %w", err)
+	}
+	k.pub = pub
 	for _, b := range []struct{ kind, name, what string }{
 		{"tag", cfg.Tags, "tags: <repo path>.<tag>"},
 		{"repo", cfg.Repos, "repos: <repo path>"},
@@ -116,6 +150,9 @@ func OpenKV(ctx context.Context, js jetstream.JetStream, cfg KVConfig, source KV
 			return nil, fmt.Errorf("open KV bucket %s: %w", b.name, err)
 		}
 		k.buckets[b.kind] = kv
+		if k.prefix[b.kind], err = keyPrefix(ctx, kv); err != nil {
+			return nil, fmt.Errorf("open KV bucket %s: %w", b.name, err)
+		}
 	}
 	return k, nil
 }
@@ -185,40 +222,76 @@ type kvOp struct {
 }
 
 // opsOf returns the writes an event makes: a put of its "after", a delete
-// of its "before" when the resource is gone or moved to another key.
+// of its "before" when the resource is gone or moved to another key. The
+// data is decoded once, the "after" straight into the resource's type and
+// of the "before" only its key: the writer does this for every event the
+// relay publishes.
 func opsOf(e store.Event) ([]kvOp, error) {
 	if !statefulType(e.Resource, e.Action) {
 		return nil, nil
 	}
-	var d struct {
-		Before json.RawMessage `json:"before"`
-		After  json.RawMessage `json:"after"`
-	}
-	if err := json.Unmarshal(e.Data, &d); err != nil {
-		return nil, fmt.Errorf("decode data of %s %s: %w", e.Type, e.ID, err)
-	}
-	var before, after *kvOp
+	var before, after store.PublishedResource
 	var err error
-	if present(d.Before) {
-		before, err = stateOp(e.Resource, e.Scope, d.Before, e.ID)
-	}
-	if err == nil && present(d.After) {
-		after, err = stateOp(e.Resource, e.Scope, d.After, e.ID)
+	switch e.Resource {
+	case "tag":
+		var d states[store.Tag]
+		if err = json.Unmarshal(e.Data, &d); err == nil && d.Before != nil {
+			before.Tag = &store.Tag{Name: d.Before.Name, Path: d.Before.Path}
+		}
+		after.Tag = d.After
+	case "repo":
+		var d states[store.Repo]
+		if err = json.Unmarshal(e.Data, &d); err == nil && d.Before != nil {
+			before.Repo = &store.Repo{Name: d.Before.Name, Path: d.Before.Path}
+		}
+		after.Repo = d.After
+	case "advisory":
+		var d states[store.Advisory]
+		if err = json.Unmarshal(e.Data, &d); err == nil && d.Before != nil {
+			before.Advisory = &store.Advisory{AdvisoryID: d.Before.AdvisoryID}
+		}
+		after.Advisory = d.After
+	default:
+		err = fmt.Errorf("unknown resource %q", e.Resource)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("event %s %s: %w", e.Type, e.ID, err)
+		return nil, fmt.Errorf("decode data of %s %s: %w", e.Type, e.ID, err)
 	}
 	var ops []kvOp
-	if before != nil && (after == nil || after.key != before.key) {
-		ops = append(ops, kvOp{kind: before.kind, key: before.key, subject: e.Subject})
+	var put *kvOp
+	if isSet(after) {
+		if put, err = putOp(after, e.Scope, e.ID); err != nil {
+			return nil, fmt.Errorf("event %s %s: %w", e.Type, e.ID, err)
+		}
 	}
-	if after != nil {
-		ops = append(ops, *after)
+	if isSet(before) {
+		kind, key := keyOf(before, e.Scope)
+		if put == nil || put.key != key {
+			ops = append(ops, kvOp{kind: kind, key: key, subject: e.Subject})
+		}
+	}
+	if put != nil {
+		ops = append(ops, *put)
 	}
 	return ops, nil
 }
 
-func present(b json.RawMessage) bool { return len(b) > 0 && string(b) != "null" }
+func isSet(r store.PublishedResource) bool { return r.Tag != nil || r.Repo != nil || r.Advisory != nil }
+
+// states is an event's data: the resource before and after it. Of the
+// state before, only what names the key is decoded.
+type states[T any] struct {
+	Before *keyFields `json:"before"`
+	After  *T         `json:"after"`
+}
+
+// keyFields are the fields of a tag, repo or advisory that its key is
+// made of.
+type keyFields struct {
+	Name       string `json:"name"`
+	Path       string `json:"path"`
+	AdvisoryID string `json:"advisoryId"`
+}
 
 // statefulType reports whether events of this type carry before and after
 // (an advisory's lifecycle steps do not; its advisory.updated does).
@@ -230,29 +303,18 @@ func statefulType(resource, action string) bool {
 	return resource == "repo" || resource == "tag"
 }
 
-// stateOp is the put of a resource's state as an event's data holds it.
-func stateOp(resource, scope string, state json.RawMessage, eventID string) (*kvOp, error) {
-	switch resource {
-	case "tag":
-		var t store.Tag
-		if err := json.Unmarshal(state, &t); err != nil {
-			return nil, err
-		}
-		return putOp(store.PublishedResource{Tag: &t}, scope, eventID)
-	case "repo":
-		var r store.Repo
-		if err := json.Unmarshal(state, &r); err != nil {
-			return nil, err
-		}
-		return putOp(store.PublishedResource{Repo: &r}, scope, eventID)
-	case "advisory":
-		var a store.Advisory
-		if err := json.Unmarshal(state, &a); err != nil {
-			return nil, err
-		}
-		return putOp(store.PublishedResource{Advisory: &a}, scope, eventID)
+// keyOf returns the bucket (by kind) and key of r. A tag's path is scope
+// when given (an event's scope is its repo's path).
+func keyOf(r store.PublishedResource, scope string) (kind, key string) {
+	switch {
+	case r.Tag != nil:
+		return "tag", TagKey(cmp.Or(scope, r.Tag.Path), r.Tag.Name)
+	case r.Repo != nil:
+		return "repo", RepoKey(cmp.Or(r.Repo.Path, r.Repo.Name))
+	case r.Advisory != nil:
+		return "advisory", AdvisoryKey(r.Advisory.AdvisoryID)
 	}
-	return nil, fmt.Errorf("unknown resource %q", resource)
+	return "", ""
 }
 
 // putOp is the put of r's state. A tag's path is scope when given (an
@@ -260,20 +322,17 @@ func stateOp(resource, scope string, state json.RawMessage, eventID string) (*kv
 func putOp(r store.PublishedResource, scope, eventID string) (*kvOp, error) {
 	var op kvOp
 	var v any
+	op.kind, op.key = keyOf(r, scope)
 	switch {
 	case r.Tag != nil:
-		t := tagValue(*r.Tag, scope, eventID)
-		op, v = kvOp{kind: "tag", key: TagKey(t.Repo, t.Tag), subject: t.UID}, t
+		op.subject, v = r.Tag.UID, tagValue(*r.Tag, scope, eventID)
 	case r.Repo != nil:
 		rv := RepoValue{Repo: *r.Repo, EventID: eventID}
-		if rv.Path == "" {
-			rv.Path = rv.Name
-		}
+		rv.Path = cmp.Or(rv.Path, rv.Name)
 		rv.CreateTime, rv.UpdateTime = rv.CreateTime.UTC(), rv.UpdateTime.UTC()
-		op, v = kvOp{kind: "repo", key: RepoKey(rv.Path), subject: rv.UID}, rv
+		op.subject, v = rv.UID, rv
 	case r.Advisory != nil:
-		av := advisoryValue(*r.Advisory, eventID)
-		op, v = kvOp{kind: "advisory", key: AdvisoryKey(av.AdvisoryID), subject: av.UID}, av
+		op.subject, v = r.Advisory.UID, advisoryValue(*r.Advisory, eventID)
 	default:
 		return nil, errors.New("empty resource")
 	}
@@ -285,92 +344,261 @@ func putOp(r store.PublishedResource, scope, eventID string) (*kvOp, error) {
 	return &op, nil
 }
 
-// Apply writes the state the events set, in their order for every key.
-// The events must be published and marked so.
-func (k *KV) Apply(ctx context.Context, evs []store.Event) error {
-	if k.beforeApply != nil {
-		if err := k.beforeApply(evs); err != nil {
-			return err
+// keyPrefix is the subject prefix of kv's keys, as the client's Put
+// builds it (kvs.putPre and kvs.pre in nats.go's jetstream/kv.go): a
+// bucket that mirrors another is written through the other's subjects.
+func keyPrefix(ctx context.Context, kv jetstream.KeyValue) (string, error) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return "", err
+	}
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		if m := bs.StreamInfo().Config.Mirror; m != nil {
+			origin := strings.TrimPrefix(m.Name, "KV_")
+			if m.External != nil && m.External.APIPrefix != "" {
+				return m.External.APIPrefix + ".$KV." + origin + ".", nil
+			}
+			return "$KV." + origin + ".", nil
 		}
 	}
-	var ops []kvOp
-	for _, e := range evs {
-		o, err := opsOf(e)
-		if err != nil {
-			return err
-		}
-		ops = append(ops, o...)
-	}
-	return k.write(ctx, ops)
+	return "$KV." + kv.Bucket() + ".", nil
 }
 
-// write does ops, those of one key one after another in their order, and
-// up to k.workers keys at once. It returns the first error.
+// message is the JetStream message of o, as the client's Put and Delete
+// send it: the value to the key's subject, or a delete marker (header
+// KV-Operation: DEL) that watchers see as a delete.
+func (k *KV) message(o kvOp) *nats.Msg {
+	m := &nats.Msg{Subject: k.prefix[o.kind] + o.key, Data: o.value}
+	if o.value == nil {
+		m.Header = nats.Header{"KV-Operation": []string{"DEL"}}
+	}
+	return m
+}
+
+// write does ops in their order and waits for them. It returns the first
+// error.
 func (k *KV) write(ctx context.Context, ops []kvOp) error {
-	if len(ops) == 0 {
-		return nil
-	}
-	type bucketKey struct{ kind, key string }
-	byKey := map[bucketKey][]kvOp{}
-	var order []bucketKey
+	p := k.pipe()
 	for _, o := range ops {
-		bk := bucketKey{o.kind, o.key}
-		if _, ok := byKey[bk]; !ok {
-			order = append(order, bk)
+		p.send(ctx, o)
+	}
+	return p.wait(ctx)
+}
+
+// kvPipe sends writes without waiting for each acknowledgement, up to
+// k.inFlight awaiting theirs, and keeps the first failure.
+type kvPipe struct {
+	k        *KV
+	inflight []kvFlight
+	err      error
+}
+
+type kvFlight struct {
+	op  kvOp
+	fut jetstream.PubAckFuture
+}
+
+func (k *KV) pipe() *kvPipe { return &kvPipe{k: k} }
+
+// apply sends the writes of evs, unless a write failed already: the
+// first failure most likely meets them all (NATS unreachable), and the
+// relay reconciles the buckets after it anyway.
+func (p *kvPipe) apply(ctx context.Context, evs []store.Event) {
+	if p.err != nil {
+		return
+	}
+	if p.k.beforeApply != nil {
+		if err := p.k.beforeApply(evs); err != nil {
+			p.err = err
+			return
 		}
-		byKey[bk] = append(byKey[bk], o)
 	}
-	// The first failure stops the rest: it most likely meets them all
-	// (NATS unreachable), and the relay reconciles after it anyway.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	work := make(chan []kvOp)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var first error
-	for range min(k.workers, len(order)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for seq := range work {
-				for _, o := range seq {
-					if err := k.do(ctx, o); err != nil {
-						mu.Lock()
-						if first == nil {
-							first = err
-							cancel()
-						}
-						mu.Unlock()
-						break // the key's later writes must not overtake this one
-					}
-				}
-			}
-		}()
+	for _, e := range evs {
+		ops, err := opsOf(e)
+		if err != nil {
+			p.err = err
+			return
+		}
+		for _, o := range ops {
+			p.send(ctx, o)
+		}
 	}
-	for _, bk := range order {
-		if ctx.Err() != nil {
+}
+
+// send publishes o, after waiting for the oldest write when k.inFlight
+// are in flight; it does nothing once a write failed.
+func (p *kvPipe) send(ctx context.Context, o kvOp) {
+	for p.err == nil && len(p.inflight) >= p.k.inFlight {
+		p.waitOldest(ctx)
+	}
+	if p.err != nil {
+		return
+	}
+	fut, err := p.k.pub.PublishMsgAsync(p.k.message(o), noRetry...)
+	if err != nil {
+		p.fail(o, err)
+		return
+	}
+	p.inflight = append(p.inflight, kvFlight{o, fut})
+}
+
+// noRetry turns off the client's retry of an async publish that met no
+// responders (a stream electing its leader): the retry goes out a while
+// later, after the key's next writes, and would put an older state over
+// a newer one without an error. A failure instead has the relay
+// reconcile the buckets.
+var noRetry = []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)}
+
+// oldest returns the channels of the oldest write's answer; nil ones
+// when none is in flight.
+func (p *kvPipe) oldest() (<-chan *jetstream.PubAck, <-chan error) {
+	if len(p.inflight) == 0 {
+		return nil, nil
+	}
+	return p.inflight[0].fut.Ok(), p.inflight[0].fut.Err()
+}
+
+// waitOldest waits for the oldest write's answer, or ctx.
+func (p *kvPipe) waitOldest(ctx context.Context) {
+	ok, failed := p.oldest()
+	select {
+	case <-ok:
+		p.pop(nil)
+	case err := <-failed:
+		p.pop(err)
+	case <-ctx.Done():
+		p.err = cmp.Or(p.err, ctx.Err())
+	}
+}
+
+// pop removes the oldest write, which err (if any) failed.
+func (p *kvPipe) pop(err error) {
+	f := p.inflight[0]
+	p.inflight[0] = kvFlight{}
+	p.inflight = p.inflight[1:]
+	if err != nil {
+		p.fail(f.op, err)
+	}
+}
+
+func (p *kvPipe) fail(o kvOp, err error) {
+	if p.err != nil {
+		return
+	}
+	what := "put " + o.key + " in"
+	if o.value == nil {
+		what = "delete " + o.key + " from"
+	}
+	p.err = fmt.Errorf("%s KV bucket %s: %w", what, p.k.buckets[o.kind].Bucket(), err)
+}
+
+// wait waits for every write in flight and returns the first failure.
+func (p *kvPipe) wait(ctx context.Context) error {
+	for len(p.inflight) > 0 && ctx.Err() == nil {
+		p.waitOldest(ctx)
+	}
+	if p.err == nil && ctx.Err() != nil {
+		p.err = ctx.Err()
+	}
+	return p.err
+}
+
+// kvWriter writes the state of a relay pass's marked events to the
+// buckets in a goroutine of its own, so that neither marking nor (through
+// it) publishing waits for the buckets. Its queue is bounded: when it is
+// full, the writes are dropped and the buckets marked dirty, and the
+// relay reconciles them before its next pass.
+type kvWriter struct {
+	k    *KV
+	mu   sync.Mutex
+	evs  []store.Event // queued
+	shut bool          // no more events will come
+	drop int           // events dropped because the queue was full
+	wake chan struct{}
+	done chan struct{}
+	err  error // the first failure, once done is closed
+}
+
+// startWriter starts the writer of one relay pass; close ends it.
+func (k *KV) startWriter(ctx context.Context) *kvWriter {
+	w := &kvWriter{k: k, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go w.run(ctx)
+	return w
+}
+
+// enqueue queues the writes of evs, which were just marked published,
+// without ever waiting.
+func (w *kvWriter) enqueue(evs []store.Event) {
+	w.mu.Lock()
+	if len(w.evs)+len(evs) > w.k.queue {
+		w.drop += len(evs)
+		w.k.dirty.Store(true)
+	} else {
+		w.evs = append(w.evs, evs...)
+	}
+	w.mu.Unlock()
+	w.signal()
+}
+
+func (w *kvWriter) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns what is queued, and whether more may come.
+func (w *kvWriter) take() ([]store.Event, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	evs := w.evs
+	w.evs = nil
+	return evs, !w.shut
+}
+
+// close waits for the writes of everything queued, and returns how many
+// events' writes it dropped and the first failure.
+func (w *kvWriter) close() (dropped int, err error) {
+	w.mu.Lock()
+	w.shut = true
+	w.mu.Unlock()
+	w.signal()
+	<-w.done
+	return w.drop, w.err
+}
+
+func (w *kvWriter) run(ctx context.Context) {
+	defer close(w.done)
+	p := w.k.pipe()
+	for ctx.Err() == nil {
+		evs, more := w.take()
+		if len(evs) == 0 && !more {
 			break
 		}
-		work <- byKey[bk]
-	}
-	close(work)
-	wg.Wait()
-	return first
-}
-
-// do writes one op.
-func (k *KV) do(ctx context.Context, o kvOp) error {
-	kv := k.buckets[o.kind]
-	if o.value == nil {
-		if err := kv.Delete(ctx, o.key); err != nil {
-			return fmt.Errorf("delete %s from KV bucket %s: %w", o.key, kv.Bucket(), err)
+		if len(evs) > 0 {
+			if !w.k.dirty.Load() {
+				p.apply(ctx, evs) // else a reconciliation writes them
+			}
+		} else {
+			// Take the answers in while idle: a failure marks the buckets
+			// dirty at once, and answered writes free their memory.
+			ok, failed := p.oldest()
+			select {
+			case <-w.wake:
+			case <-ok:
+				p.pop(nil)
+			case err := <-failed:
+				p.pop(err)
+			case <-ctx.Done():
+			}
 		}
-		return nil
+		if p.err != nil {
+			w.k.dirty.Store(true)
+		}
 	}
-	if _, err := kv.Put(ctx, o.key, o.value); err != nil {
-		return fmt.Errorf("put %s in KV bucket %s: %w", o.key, kv.Bucket(), err)
+	if w.err = p.wait(ctx); w.err != nil {
+		w.k.dirty.Store(true)
 	}
-	return nil
 }
 
 // due reports whether the buckets need reconciling before the next pass.
@@ -380,7 +608,7 @@ func (k *KV) due(ctx context.Context, now time.Time) (bool, string, error) {
 		return false, "", err
 	}
 	periodic := k.cfg.ReconcileInterval > 0 && now.Sub(k.lastSync) >= k.cfg.ReconcileInterval
-	return k.dirty || epoch != k.epoch || periodic, epoch, nil
+	return k.dirty.Load() || epoch != k.epoch || periodic, epoch, nil
 }
 
 // Reconcile makes the buckets hold exactly the published state of the
@@ -397,10 +625,11 @@ func (k *KV) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	}
 	st, err := k.reconcile(ctx)
 	if err != nil {
-		k.dirty = true
+		k.dirty.Store(true)
 		return st, err
 	}
-	k.dirty, k.epoch, k.lastSync = false, epoch, now
+	k.dirty.Store(false)
+	k.epoch, k.lastSync = epoch, now
 	return st, nil
 }
 

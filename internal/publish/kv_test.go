@@ -19,7 +19,7 @@ import (
 
 // kvTestConfig names the buckets of a test.
 func kvTestConfig() publish.KVConfig {
-	return publish.KVConfig{Tags: "test_tags", Repos: "test_repos", Advisories: "test_advisories", History: 5, Workers: 4}
+	return publish.KVConfig{Tags: "test_tags", Repos: "test_repos", Advisories: "test_advisories", History: 5}
 }
 
 // mustOpenKV opens the buckets on js for st.
@@ -293,5 +293,47 @@ func TestKV_RepairAfterCrash(t *testing.T) {
 	}
 	if v.EventID == "" || v.EventID != ids[v.UID] {
 		t.Errorf("repaired value's event id = %q, want the last move's %q", v.EventID, ids[v.UID])
+	}
+}
+
+// TestKV_FullQueueReconciles: when the relay marks events faster than
+// their writes go out and the writer's queue is full, the writes are
+// dropped rather than waited for, and the relay reconciles the buckets
+// before it is done: Flush returns with every state in them, though the
+// writer wrote none itself.
+func TestKV_FullQueueReconciles(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	c := mustConnect(t, srv.config(nil))
+	st := mustOpenStore(t)
+	cfg := kvTestConfig()
+	cfg.Queue = 1 // every marking holds more: all are dropped
+	k, err := publish.OpenKV(ctx, c.JS, cfg, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied := 0
+	publish.SetBeforeKVApply(k, func(evs []store.Event) error { applied += len(evs); return nil })
+	p := newProducer(t, st)
+	p.addRepos(ctx, "app", 2, 3)
+	if err := publish.NewRelay(c.JS, st, srv.config(nil), publish.WithKV(k)).Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if applied != 0 {
+		t.Errorf("the writer wrote %d events' states; want all dropped", applied)
+	}
+	if n, _, _ := st.UnpublishedCount(ctx); n != 0 {
+		t.Errorf("%d events unpublished after Flush", n)
+	}
+	tags := tagValues(t, k.Bucket("tag"))
+	for _, r := range p.repos {
+		for _, tag := range p.tags[r.UID] {
+			if v, ok := tags[publish.TagKey(r.Name, tag.Name)]; !ok || v.Digest != tag.Digest || v.EventID == "" {
+				t.Errorf("%s:%s in the bucket = %+v (present %v), want digest %s and its event's id", r.Name, tag.Name, v, ok, tag.Digest)
+			}
+		}
+	}
+	if len(tags) != 6 || len(bucketContents(t, k.Bucket("repo"))) != 2 {
+		t.Errorf("buckets hold %d tags and %d repos, want 6 and 2", len(tags), len(bucketContents(t, k.Bucket("repo"))))
 	}
 }

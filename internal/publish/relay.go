@@ -60,6 +60,9 @@ type Relay struct {
 	// when (unix nanoseconds) the last answer came or the first of them
 	// went out: Err tells a stalled pass before it ends.
 	inFlight, progress atomic.Int64
+	// kvDropped: the last pass dropped KV writes its writer could not keep
+	// up with, so the next pass, which reconciles the buckets, is due now.
+	kvDropped bool
 }
 
 // stallAfter is how long publishes may wait for an acknowledgement before
@@ -149,6 +152,9 @@ func (r *Relay) Run(ctx context.Context) error {
 					continue
 				}
 			}
+			if r.kvDropped {
+				continue // the next pass reconciles the KV buckets
+			}
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -176,7 +182,7 @@ func (r *Relay) Flush(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if n == 0 || !r.committedSince() {
+		if (n == 0 || !r.committedSince()) && !r.kvDropped {
 			return nil
 		}
 	}
@@ -218,6 +224,9 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 		blocked: make(map[string]bool),
 		marks:   make(chan marking, 4),
 		marked:  make(chan error, 1),
+	}
+	if r.kv != nil {
+		p.kvw = r.kv.startWriter(ctx)
 	}
 	go p.markLoop(context.WithoutCancel(ctx))
 	err := p.run(ctx)
@@ -273,6 +282,8 @@ type relayPass struct {
 
 	marks  chan marking
 	marked chan error
+	// kvw writes the state of marked events to the KV buckets (nil without).
+	kvw *kvWriter
 }
 
 // marking is a batch of acknowledged events to mark published: their seqs,
@@ -473,9 +484,10 @@ func wholesale(nc *nats.Conn, err error) bool {
 }
 
 // markLoop marks acknowledged events published, merging what queued up
-// while the previous transaction ran, then writes their state to the KV
-// buckets: only then, so that the buckets never show a state the outbox
-// would publish again. It reports the first error on marked.
+// while the previous transaction ran, then hands them to the writer of
+// the KV buckets: only then, so that the buckets never show a state the
+// outbox would publish again, and without waiting for the writes. It
+// reports the first error on marked.
 func (p *relayPass) markLoop(ctx context.Context) {
 	var first error
 	for m := range p.marks {
@@ -498,15 +510,8 @@ func (p *relayPass) markLoop(ctx context.Context) {
 			}
 			continue // they go out again, and then to the buckets
 		}
-		if p.r.kv == nil || p.r.kv.dirty {
-			continue // a reconciliation will write the buckets
-		}
-		if err := p.r.kv.Apply(ctx, m.evs); err != nil {
-			// The next pass reconciles the buckets with the mirror.
-			p.r.kv.dirty = true
-			if first == nil {
-				first = fmt.Errorf("write the state of %d events to the KV buckets: %w", len(m.evs), err)
-			}
+		if p.kvw != nil {
+			p.kvw.enqueue(m.evs)
 		}
 	}
 	p.marked <- first
@@ -521,6 +526,18 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 	}
 	close(p.marks)
 	markErr := <-p.marked
+	if p.kvw != nil {
+		// The writes go on while the pass publishes; this waits only for
+		// the last of them. A failure has the next pass reconcile.
+		dropped, err := p.kvw.close()
+		if err != nil && ctx.Err() == nil {
+			markErr = errors.Join(markErr, fmt.Errorf("write the state of published events to the KV buckets: %w", err))
+		}
+		p.r.kvDropped = dropped > 0
+		if dropped > 0 {
+			p.r.log.Warn("KV writes fell behind the relay; dropped them, the buckets will be reconciled", "events", dropped)
+		}
+	}
 	if ctx.Err() != nil {
 		return p.total, ctx.Err()
 	}
