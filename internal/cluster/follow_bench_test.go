@@ -3,9 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -84,7 +82,7 @@ func BenchmarkFollower_CatchUp(b *testing.B) {
 					m = st
 				}
 				f := cluster.NewFollower(js, m, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: fmt.Sprintf("bench%d", run),
-					Batch: benchBatch, MaxWait: 200 * time.Millisecond, OnBatch: func(n int, _ uint64) { events += n }})
+					MaxWait: 200 * time.Millisecond, OnBatch: func(n int, _ uint64) { events += n }})
 				start := time.Now()
 				if err := f.CatchUp(ctx); err != nil {
 					b.Fatal(err)
@@ -95,5 +93,3 @@ func BenchmarkFollower_CatchUp(b *testing.B) {
 		})
 	}
 }
-
-var benchBatch = func() int { n, _ := strconv.Atoi(os.Getenv("FOLLOW_BATCH")); return n }()
