@@ -376,7 +376,7 @@ func printTable(w io.Writer, r results) {
 	row("relay: events/s", f("%.0f", r.Relay.RelayPerSec), f("JetStream loop %.0f", r.Relay.CeilingPerSec), f("%.2f", r.Relay.RatioToCeiling), status["relay / JetStream ceiling"])
 	fo := r.Follow
 	if !r.Params.Follow {
-		row("follower joining late, snapshots", "not run", "BENCH_FOLLOW=1 at full size", "", "")
+		row("follower joining late, snapshots", "not run", "BENCH_FOLLOW=0", "", "")
 	} else {
 		row("follower joining late: events/s applied", f("%.0f", fo.ApplyPerSec), f("SQLite loop %.0f", r.CeilingRowsPerSec), f("%.2f", fo.Ratio), "")
 		row("  catch-up after the whole baseline", f("%.1f s", fo.CatchUpSeconds), f("%d events", fo.Events), "", "")

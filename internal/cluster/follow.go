@@ -26,7 +26,8 @@ type FollowerConfig struct {
 	SubjectPrefix string
 	// Consumer is the durable consumer's name; one per mirror.
 	Consumer string
-	// Batch is how many messages are applied in one transaction; default 256.
+	// Batch is how many messages are applied in one transaction; default
+	// 1000: a transaction's and a fetch's own costs matter little then.
 	Batch int
 	// MaxWait is how long a fetch waits for messages; default 1s.
 	MaxWait time.Duration
@@ -67,12 +68,15 @@ type Follower struct {
 	recorded int64
 	// restored is the snapshot this follower restored; zero: none.
 	restored SnapshotInfo
+	// ahead is the batch fetched while the last one was applied; nil:
+	// none. Like cons, only Run or CatchUp touches it.
+	ahead *pulled
 }
 
 // NewFollower returns a follower of js's stream into mirror.
 func NewFollower(js jetstream.JetStream, mirror Mirror, cfg FollowerConfig) *Follower {
 	if cfg.Batch <= 0 {
-		cfg.Batch = 256
+		cfg.Batch = 1000
 	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = time.Second
@@ -117,8 +121,9 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       30 * time.Second,
 		FilterSubject: f.cfg.SubjectPrefix + ".>",
-		// One fetch at a time, applied in order: per-resource order holds
-		// unless a message is redelivered, and applying is idempotent.
+		// A batch applied while the next is fetched, in order:
+		// per-resource order holds unless a message is redelivered, and
+		// applying is idempotent.
 		MaxAckPending: 4 * f.cfg.Batch,
 	}
 	if after > 0 {
@@ -134,6 +139,7 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		return nil, fmt.Errorf("create or update consumer %s on stream %s: %w", f.cfg.Consumer, f.cfg.Stream, err)
 	}
 	f.cons = cons
+	f.lag.Store(cons.CachedInfo().NumPending)
 	return cons, nil
 }
 
@@ -201,6 +207,7 @@ func (f *Follower) checkGap(ctx context.Context, after uint64) {
 // a stream that does not exist yet among them, are logged, kept for Err and
 // retried with backoff; only ctx ends it.
 func (f *Follower) Run(ctx context.Context) error {
+	defer f.dropAhead()
 	const firstBackoff = 100 * time.Millisecond
 	backoff := firstBackoff
 	for ctx.Err() == nil {
@@ -229,6 +236,7 @@ func (f *Follower) Run(ctx context.Context) error {
 // CatchUp applies what the stream holds until nothing is pending, so that a
 // standby about to lead has every event the old leader published.
 func (f *Follower) CatchUp(ctx context.Context) error {
+	defer f.dropAhead()
 	for {
 		_, pending, err := f.fetch(ctx)
 		if err != nil {
@@ -242,56 +250,44 @@ func (f *Follower) CatchUp(ctx context.Context) error {
 
 // fetch applies one batch and returns how many events it applied and how
 // many messages are still pending.
+//
+// While the consumer has more pending, the next batch is fetched before
+// this one is applied, so that fetching and applying overlap. A fetch while
+// messages are pending does not wait for a full batch: the last batch of a
+// catch-up would otherwise wait out MaxWait.
 func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 	cons, err := f.consumer(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
-	// The context both bounds the wait and ends it at shutdown (the
-	// library takes one or the other, not a max wait and a context).
-	fctx, cancel := context.WithTimeout(ctx, f.cfg.MaxWait)
-	defer cancel()
-	batch, err := cons.Fetch(f.cfg.Batch, jetstream.FetchContext(fctx))
-	if err != nil {
+	b := f.ahead
+	f.ahead = nil
+	if b == nil {
+		b = f.pull(ctx, cons, f.lag.Load() > 0)
+	}
+	if err := b.wait(); err != nil {
 		return 0, 0, fmt.Errorf("fetch from consumer %s: %w", f.cfg.Consumer, err)
 	}
-	var msgs []jetstream.Msg
-	var evs []store.StreamEvent
-	var pending uint64
-	known := false
-	for m := range batch.Messages() {
-		if md, err := m.Metadata(); err == nil {
-			pending, known = md.NumPending, true
-		}
-		ev, err := publish.Decode(m.Data())
-		if err != nil {
-			// Never redelivered: it would fail the same way forever.
-			f.log.Error("not a syncd event; skipping it", "subject", m.Subject(), "err", err)
-			if err := m.Term(); err != nil {
-				f.log.Warn("terminate undecodable message", "err", err)
-			}
-			continue
-		}
-		msgs, evs = append(msgs, m), append(evs, ev)
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {
-		return 0, 0, fmt.Errorf("fetch from consumer %s: %w", f.cfg.Consumer, err)
+	if b.known && b.pending > 0 {
+		f.ahead = f.pull(ctx, cons, true)
 	}
 	applied := 0
-	if len(evs) > 0 {
-		if applied, err = f.mirror.ApplyStreamEvents(ctx, evs); err != nil {
-			for _, m := range msgs {
-				m.Nak()
-			}
+	if len(b.evs) > 0 {
+		if applied, err = f.mirror.ApplyStreamEvents(ctx, b.evs); err != nil {
+			// Redelivered in order: this batch, then the one fetched
+			// ahead of it.
+			b.nak()
+			f.dropAhead()
 			return 0, 0, err
 		}
-		for _, m := range msgs {
+		for _, m := range b.msgs {
 			if err := m.Ack(); err != nil {
 				f.log.Debug("ack failed; the message comes again and changes nothing", "err", err)
 			}
 		}
 	}
-	if !known {
+	pending := b.pending
+	if !b.known {
 		// An empty fetch carries no metadata; ask the consumer.
 		info, err := cons.Info(ctx)
 		if err != nil {
@@ -305,6 +301,95 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		f.cfg.OnBatch(applied, pending)
 	}
 	return applied, pending, nil
+}
+
+// pull starts fetching a batch: with noWait (messages are pending) it
+// takes what the consumer has at once, otherwise it waits up to MaxWait
+// for a full batch. The messages are collected and decoded on a goroutine
+// of their own, beside the batch being applied.
+func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, noWait bool) *pulled {
+	b := &pulled{done: make(chan struct{})}
+	var batch jetstream.MessageBatch
+	cancel := context.CancelFunc(func() {})
+	if noWait {
+		batch, b.err = cons.FetchNoWait(f.cfg.Batch)
+	} else {
+		// The context both bounds the wait and ends it at shutdown (the
+		// library takes one or the other, not a max wait and a context).
+		var fctx context.Context
+		fctx, cancel = context.WithTimeout(ctx, f.cfg.MaxWait)
+		batch, b.err = cons.Fetch(f.cfg.Batch, jetstream.FetchContext(fctx))
+	}
+	go func() {
+		defer close(b.done)
+		defer cancel()
+		if b.err == nil {
+			b.err = b.collect(batch, f.log)
+		}
+	}()
+	return b
+}
+
+// dropAhead gives back the batch fetched ahead, if any, for redelivery.
+func (f *Follower) dropAhead() {
+	if f.ahead == nil {
+		return
+	}
+	b := f.ahead
+	f.ahead = nil
+	if b.wait() == nil {
+		b.nak()
+	}
+}
+
+// pulled is a fetch under way, and once done, its messages.
+type pulled struct {
+	done chan struct{}
+	err  error
+
+	msgs []jetstream.Msg
+	evs  []store.StreamEvent
+	// pending is what the consumer had pending after the last message;
+	// known: there was a message to tell.
+	pending uint64
+	known   bool
+}
+
+// wait waits for the fetch to end and returns its error.
+func (b *pulled) wait() error {
+	<-b.done
+	return b.err
+}
+
+// collect takes the batch's messages, decoding them; a message that is not
+// a syncd event is terminated, never to come again.
+func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
+	for m := range batch.Messages() {
+		if md, err := m.Metadata(); err == nil {
+			b.pending, b.known = md.NumPending, true
+		}
+		ev, err := publish.Decode(m.Data())
+		if err != nil {
+			// Never redelivered: it would fail the same way forever.
+			log.Error("not a syncd event; skipping it", "subject", m.Subject(), "err", err)
+			if err := m.Term(); err != nil {
+				log.Warn("terminate undecodable message", "err", err)
+			}
+			continue
+		}
+		b.msgs, b.evs = append(b.msgs, m), append(b.evs, ev)
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {
+		return err
+	}
+	return nil
+}
+
+// nak asks for the batch's messages again.
+func (b *pulled) nak() {
+	for _, m := range b.msgs {
+		m.Nak()
+	}
 }
 
 // recordLag records the lag in Meta when it changed.

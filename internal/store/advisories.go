@@ -5,7 +5,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -508,95 +507,6 @@ func loadAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs map[string]stored
 		})
 	if err != nil {
 		return fmt.Errorf("lifecycles: %w", err)
-	}
-	return nil
-}
-
-// applyFollowedAdvisory applies an advisory event from the stream and
-// returns its scope, the artifact name. A created or updated event's after
-// state replaces the advisory, a withdrawal's before state is written and
-// tombstoned, and a lifecycle step is added to the lifecycle unless the
-// advisory has it already (a state carries its steps, which come after it
-// in the stream, and a withdrawal's state may predate the steps before it).
-func (s *Store) applyFollowedAdvisory(ctx context.Context, tx *sql.Tx, e StreamEvent, now string) (string, error) {
-	switch e.Type {
-	case AdvisoryCreated, AdvisoryUpdated, AdvisoryWithdrawn:
-		var d struct{ Before, After map[string]json.RawMessage }
-		if err := json.Unmarshal(e.Data, &d); err != nil {
-			return "", fmt.Errorf("decode data: %w", err)
-		}
-		side, withdrawal := d.After, false
-		if side == nil {
-			side, withdrawal = d.Before, true
-		}
-		if side == nil {
-			return "", errors.New("data has neither before nor after")
-		}
-		// Re-encoding a map of raw members only reorders them.
-		b, _ := json.Marshal(side)
-		var a Advisory
-		if err := json.Unmarshal(b, &a); err != nil {
-			return "", fmt.Errorf("decode data: %w", err)
-		}
-		// A leader before schema version 7 sent no lifecycle: the row is
-		// then as incomplete as a migrated one.
-		_, complete := side["events"]
-		if err := s.upsertAdvisory(ctx, tx, a, now, complete, withdrawal); err != nil {
-			return "", err
-		}
-		if withdrawal {
-			return a.ArtifactName, tombstone(ctx, tx, "advisories", FormatTime(e.Time), []string{a.UID})
-		}
-		return a.ArtifactName, nil
-	}
-	var d struct {
-		Advisory *Advisory
-		Event    *AdvisoryEvent
-	}
-	if err := json.Unmarshal(e.Data, &d); err != nil {
-		return "", fmt.Errorf("decode data: %w", err)
-	}
-	if d.Advisory == nil || d.Event == nil {
-		return "", errors.New("a lifecycle step's data lacks its advisory or its event")
-	}
-	return d.Advisory.ArtifactName, s.addFollowedStep(ctx, tx, *d.Advisory, *d.Event, now)
-}
-
-// upsertAdvisory writes a as live, reviving a tombstone, with its details
-// when complete; withdrawal keeps the lifecycle steps after a's.
-func (s *Store) upsertAdvisory(ctx context.Context, tx *sql.Tx, a Advisory, now string, complete, withdrawal bool) error {
-	a.DeleteTime = time.Time{} // a withdrawal is the event's, applied after
-	if _, err := s.insertRows(ctx, tx, bulkAdvisories, advisoryRow(a, nil, now, complete)); err != nil {
-		return fmt.Errorf("upsert advisory %s: %w", a.UID, err)
-	}
-	if !complete {
-		return nil
-	}
-	if err := s.writeAdvisoryDetails(ctx, tx, []Advisory{a}, withdrawal); err != nil {
-		return fmt.Errorf("upsert advisory %s: %w", a.UID, err)
-	}
-	return nil
-}
-
-// addFollowedStep appends step e to the lifecycle of advisory a unless it
-// is there. An advisory the follower does not know (its earlier events left
-// the stream) gets an incomplete row from the step's summary of it.
-func (s *Store) addFollowedStep(ctx context.Context, tx *sql.Tx, a Advisory, e AdvisoryEvent, now string) error {
-	if _, err := tx.ExecContext(ctx, `INSERT INTO advisories (uid, advisory_id, artifact_name, first_seen_time) VALUES (?, ?, ?, ?)
-		ON CONFLICT(uid) DO NOTHING`, a.UID, a.AdvisoryID, a.ArtifactName, now); err != nil {
-		return fmt.Errorf("placeholder advisory %s: %w", a.UID, err)
-	}
-	var n, next int
-	err := tx.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE uid = ?), COALESCE(MAX(seq) + 1, 0) FROM advisory_events WHERE advisory_uid = ?`,
-		e.UID, a.UID).Scan(&n, &next)
-	if err != nil {
-		return fmt.Errorf("read lifecycle of %s: %w", a.UID, err)
-	}
-	if n > 0 {
-		return nil
-	}
-	if _, err := s.insertRows(ctx, tx, bulkAdvisoryEvents, eventRow(a.UID, next, e)); err != nil {
-		return fmt.Errorf("add step %s to %s: %w", e.UID, a.UID, err)
 	}
 	return nil
 }

@@ -36,38 +36,46 @@ const maxRecoverSeq = 1 << 17
 func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, error) {
 	applied := 0
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		applied = 0
-		var seqs []int64
+		fresh, err := newStreamEvents(ctx, tx, evs)
+		if err != nil {
+			return err
+		}
+		applied = len(fresh)
+		if applied == 0 {
+			return nil
+		}
 		now := FormatTime(s.now())
-		for _, e := range evs {
-			var exists int
-			err := tx.QueryRowContext(ctx, `SELECT count(*) FROM event_log WHERE id = ?`, e.ID).Scan(&exists)
-			if err != nil {
-				return fmt.Errorf("look up event %s: %w", e.ID, err)
-			}
-			if exists > 0 {
-				continue
-			}
-			scope, err := s.applyStreamEvent(ctx, tx, e, now)
+		b := newFollowBatch(s, tx, now)
+		rows := make([]any, 0, eventColumns*len(fresh))
+		for _, e := range fresh {
+			scope, err := b.apply(ctx, e)
 			if err != nil {
 				return fmt.Errorf("apply %s event %s of %s: %w", e.Type, e.ID, e.Subject, err)
 			}
 			resource, action, _ := strings.Cut(e.Type, ".")
-			res, err := tx.ExecContext(ctx, `INSERT INTO event_log (id, type, resource, action, scope, subject, time, data, created_time)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-				e.ID, e.Type, resource, action, scope, e.Subject, FormatTime(e.Time), string(e.Data), now)
-			if err != nil {
-				return fmt.Errorf("record event %s: %w", e.ID, err)
-			}
-			seq, err := res.LastInsertId()
-			if err != nil {
-				return fmt.Errorf("record event %s: %w", e.ID, err)
-			}
-			seqs = append(seqs, seq)
-			applied++
+			rows = append(rows, e.ID, e.Type, resource, action, scope, e.Subject, FormatTime(e.Time), string(e.Data), now)
 		}
-		if applied == 0 {
-			return nil
+		if err := b.flush(ctx); err != nil {
+			return fmt.Errorf("apply events %s..%s: %w", fresh[0].ID, fresh[len(fresh)-1].ID, err)
+		}
+		// Recorded in stream order; the seqs past the last one before are
+		// this batch's, the transaction being the only writer.
+		var last int64
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM event_log`).Scan(&last); err != nil {
+			return fmt.Errorf("read the last event's seq: %w", err)
+		}
+		if _, err := b.insert(ctx, bulkEvents, rows); err != nil {
+			return fmt.Errorf("record events %s..%s: %w", fresh[0].ID, fresh[len(fresh)-1].ID, err)
+		}
+		seqs := make([]int64, 0, len(fresh))
+		err = queryRows(ctx, tx, `SELECT seq FROM event_log WHERE seq > ?`, []any{last}, func(r *sql.Rows) error {
+			var seq int64
+			err := r.Scan(&seq)
+			seqs = append(seqs, seq)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("read the recorded events' seqs: %w", err)
 		}
 		// The stream holds these events already: they are published.
 		if err := markPublished(ctx, tx, seqs, now); err != nil {
@@ -83,9 +91,36 @@ func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, 
 	return applied, nil
 }
 
-// applyStreamEvent applies one event's state and returns the event's scope
-// (the repo's path, or the artifact name), as the leader recorded it.
-func (s *Store) applyStreamEvent(ctx context.Context, tx *sql.Tx, e StreamEvent, now string) (string, error) {
+// newStreamEvents returns the events of evs the mirror does not hold, each
+// once, in order: the ids are looked up together, not one by one.
+func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]StreamEvent, error) {
+	ids := make([]string, len(evs))
+	for i, e := range evs {
+		ids[i] = e.ID
+	}
+	seen := make(map[string]bool, len(evs))
+	err := queryByUIDs(ctx, tx, `SELECT id FROM event_log WHERE id IN (%s)`, ids, func(r *sql.Rows) error {
+		var id string
+		err := r.Scan(&id)
+		seen[id] = true
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("look up events: %w", err)
+	}
+	fresh := make([]StreamEvent, 0, len(evs))
+	for _, e := range evs {
+		if !seen[e.ID] {
+			seen[e.ID] = true
+			fresh = append(fresh, e)
+		}
+	}
+	return fresh, nil
+}
+
+// apply applies one event's state and returns the event's scope (the
+// repo's path, or the artifact name), as the leader recorded it.
+func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) {
 	resource, _, _ := strings.Cut(e.Type, ".")
 	switch resource {
 	case "repo":
@@ -94,15 +129,18 @@ func (s *Store) applyStreamEvent(ctx context.Context, tx *sql.Tx, e StreamEvent,
 			return "", fmt.Errorf("decode data: %w", err)
 		}
 		if d.After != nil {
-			return repoPath(*d.After), s.upsertRepo(ctx, tx, *d.After, now)
+			return repoPath(*d.After), b.upsertRepo(ctx, *d.After)
 		}
 		if d.Before == nil {
 			return "", errors.New("data has neither before nor after")
 		}
-		if err := s.upsertRepo(ctx, tx, *d.Before, now); err != nil {
+		if err := b.upsertRepo(ctx, *d.Before); err != nil {
 			return "", err
 		}
-		return repoPath(*d.Before), tombstone(ctx, tx, "repos", FormatTime(e.Time), []string{d.Before.UID})
+		if err := b.flush(ctx); err != nil {
+			return "", err
+		}
+		return repoPath(*d.Before), tombstone(ctx, b.tx, "repos", FormatTime(e.Time), []string{d.Before.UID})
 	case "tag":
 		var d struct{ Before, After *Tag }
 		if err := json.Unmarshal(e.Data, &d); err != nil {
@@ -112,53 +150,28 @@ func (s *Store) applyStreamEvent(ctx context.Context, tx *sql.Tx, e StreamEvent,
 			if d.Before == nil {
 				return "", errors.New("data has neither before nor after")
 			}
-			if err := s.upsertTag(ctx, tx, *d.Before, now); err != nil {
+			if err := b.upsertTag(ctx, *d.Before); err != nil {
 				return "", err
 			}
-			return scopeOf(d.Before.Path, d.Before.Repo), tombstone(ctx, tx, "tags", FormatTime(e.Time), []string{d.Before.UID})
+			if err := b.flush(ctx); err != nil {
+				return "", err
+			}
+			return scopeOf(d.Before.Path, d.Before.Repo), tombstone(ctx, b.tx, "tags", FormatTime(e.Time), []string{d.Before.UID})
 		}
-		if err := s.upsertTag(ctx, tx, *d.After, now); err != nil {
+		if err := b.upsertTag(ctx, *d.After); err != nil {
 			return "", err
 		}
 		if e.Type == TagMoved {
-			return scopeOf(d.After.Path, d.After.Repo), s.appendFollowedMove(ctx, tx, e.ID, *d.After)
+			if err := b.flush(ctx); err != nil {
+				return "", err
+			}
+			return scopeOf(d.After.Path, d.After.Repo), b.appendFollowedMove(ctx, e.ID, *d.After)
 		}
 		return scopeOf(d.After.Path, d.After.Repo), nil
 	case "advisory":
-		return s.applyFollowedAdvisory(ctx, tx, e, now)
+		return b.applyAdvisory(ctx, e)
 	}
 	return "", fmt.Errorf("unknown resource %q", resource)
-}
-
-// upsertRepo writes r as live, with its path (its name, from a leader that
-// did not know paths); it revives a tombstone, keeping its count of
-// deletions, which the ids of later deletions depend on. Events carry no
-// raw JSON, so a raw the row has is kept.
-func (s *Store) upsertRepo(ctx context.Context, tx *sql.Tx, r Repo, now string) error {
-	if _, err := s.insertRows(ctx, tx, bulkRepos, repoRow(r, nil, now)); err != nil {
-		return fmt.Errorf("upsert repo %s: %w", r.UID, err)
-	}
-	return nil
-}
-
-// upsertTag writes t as live. The stream has no order across resources, so
-// a tag may arrive before its repo: a placeholder row named as the tag says
-// keeps the foreign key, and the repo's own event fills it in.
-//
-// A tag new to the mirror is marked baseline with no history read: the
-// stream does not say how many history records the leader holds for it (a
-// snapshot carries the tag, not its history), which ResolveHistory settles
-// if this replica becomes the leader.
-func (s *Store) upsertTag(ctx context.Context, tx *sql.Tx, t Tag, now string) error {
-	if _, err := tx.ExecContext(ctx, `INSERT INTO repos (uid, name, path, first_seen_time) VALUES (?, ?, ?, ?) ON CONFLICT(uid) DO NOTHING`,
-		t.RepoUID, t.Repo, scopeOf(t.Path, t.Repo), now); err != nil {
-		return fmt.Errorf("placeholder repo %s: %w", t.RepoUID, err)
-	}
-	row := []any{t.UID, t.RepoUID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles), nullTime(t.CreateTime), nullTime(t.UpdateTime), now, true, nil}
-	if _, err := s.insertRows(ctx, tx, bulkTags, row); err != nil {
-		return fmt.Errorf("upsert tag %s: %w", t.UID, err)
-	}
-	return nil
 }
 
 // appendFollowedMove records a tag.moved event as a history row at the
@@ -171,11 +184,13 @@ func (s *Store) upsertTag(ctx context.Context, tx *sql.Tx, t Tag, now string) er
 // bookmark (the usual case), then by search. Should the id not match any
 // position (an id scheme this binary does not know), the row goes after the
 // mirror's last one.
-func (s *Store) appendFollowedMove(ctx context.Context, tx *sql.Tx, id string, after Tag) error {
+func (b *followBatch) appendFollowedMove(ctx context.Context, id string, after Tag) error {
 	var count, lastCount int
 	var lastTime string
-	err := tx.QueryRowContext(ctx, `SELECT history_count, history_last_count, COALESCE(history_last_time,'') FROM tags WHERE uid = ?`, after.UID).
-		Scan(&count, &lastCount, &lastTime)
+	row, err := b.queryRow(ctx, `SELECT history_count, history_last_count, COALESCE(history_last_time,'') FROM tags WHERE uid = ?`, after.UID)
+	if err == nil {
+		err = row.Scan(&count, &lastCount, &lastTime)
+	}
 	if err != nil {
 		return fmt.Errorf("read bookmark: %w", err)
 	}
@@ -183,9 +198,9 @@ func (s *Store) appendFollowedMove(ctx context.Context, tx *sql.Tx, id string, a
 	seq, ok := movePosition(id, after.UID, at, after.Digest, count)
 	if !ok {
 		seq = max(count, 1)
-		s.log.Warn("cannot tell the position of a followed move from its id; appending it", "event", id, "tag", after.UID, "seq", seq)
+		b.s.log.Warn("cannot tell the position of a followed move from its id; appending it", "event", id, "tag", after.UID, "seq", seq)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+	if _, err := b.exec(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
 		after.UID, seq, at, after.Digest); err != nil {
 		return fmt.Errorf("insert history: %w", err)
 	}
@@ -197,7 +212,7 @@ func (s *Store) appendFollowedMove(ctx context.Context, tx *sql.Tx, id string, a
 	} else {
 		lastCount = 1
 	}
-	_, err = tx.ExecContext(ctx, `UPDATE tags SET history_count = ?, history_last_time = ?, history_last_count = ?, history_last_digest = ?,
+	_, err = b.exec(ctx, `UPDATE tags SET history_count = ?, history_last_time = ?, history_last_count = ?, history_last_digest = ?,
 		history_update_time = ? WHERE uid = ?`, seq+1, at, lastCount, after.Digest, at, after.UID)
 	if err != nil {
 		return fmt.Errorf("move bookmark: %w", err)
