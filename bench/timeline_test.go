@@ -216,26 +216,30 @@ func BenchmarkLatency(b *testing.B) {
 	defer l.Close()
 	o.sim.SetFaults(platformsim.Fault{Pattern: "*", Latency: p.Latency})
 	tr.start = time.Now()
+	cpu0 := selfCPU()
 	res, err := syncOnce(ctx, o, l)
 	if err != nil {
 		b.Fatal(err)
 	}
+	cpu := selfCPU() - cpu0
 	floor := float64(minimum) * p.Latency.Seconds() / float64(p.Concurrency)
-	fmt.Fprintf(os.Stderr, "latency-bound sync: %.2f s, %d requests (minimum %d), floor %.2f s, ratio %.3f\n",
-		res.WallSeconds, res.Requests, minimum, floor, res.WallSeconds/floor)
+	fmt.Fprintf(os.Stderr, "latency-bound sync: %.2f s, %d requests (minimum %d), floor %.2f s, ratio %.3f; CPU %.1f s (simulator and syncd), %.0f us a request\n",
+		res.WallSeconds, res.Requests, minimum, floor, res.WallSeconds/floor, cpu.Seconds(), float64(cpu.Microseconds())/float64(res.Requests))
 	tr.report(os.Stderr, res.Wall, p.Latency, p.Concurrency)
 	b.ReportMetric(res.WallSeconds/floor, "latency/floor")
 
 	// The reference: the same kind of requests from a plain loop, as many
 	// at once as the crawl's concurrency, through a client like the
 	// crawl's, with nothing done with the answers.
+	cpu0 = selfCPU()
 	loop, n, err := requestLoop(ctx, o, p.Concurrency, 5000)
 	if err != nil {
 		b.Fatal(err)
 	}
+	cpu = selfCPU() - cpu0
 	per := loop * time.Duration(p.Concurrency) / time.Duration(n)
-	fmt.Fprintf(os.Stderr, "plain loop: %d history requests in %.2f s, %.2f ms a request and place (latency %.0f ms): the floor at that pace %.2f s, the sync's ratio to it %.3f\n",
-		n, loop.Seconds(), ms(per), ms(p.Latency), float64(minimum)*per.Seconds()/float64(p.Concurrency),
+	fmt.Fprintf(os.Stderr, "plain loop: %d history requests in %.2f s (CPU %.0f us a request), %.2f ms a request and place (latency %.0f ms): the floor at that pace %.2f s, the sync's ratio to it %.3f\n",
+		n, loop.Seconds(), float64(cpu.Microseconds())/float64(n), ms(per), ms(p.Latency), float64(minimum)*per.Seconds()/float64(p.Concurrency),
 		res.WallSeconds/(float64(minimum)*per.Seconds()/float64(p.Concurrency)))
 }
 
