@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -89,11 +90,15 @@ type org struct {
 	sc  platformsim.Scale
 }
 
-func startOrg(sc platformsim.Scale) *org {
+func startOrg(sc platformsim.Scale, wrap ...func(http.Handler) http.Handler) *org {
 	sim := platformsim.New(platformsim.Options{Seed: 1, Tokens: []string{token}, RegistryTokens: []string{registryToken}, AllowHTTPSinks: true})
 	sim.Populate(sc)
+	h := sim.Handler()
+	for _, w := range wrap {
+		h = w(h)
+	}
 	// httptest listens on 127.0.0.1.
-	srv := httptest.NewServer(sim.Handler())
+	srv := httptest.NewServer(h)
 	sim.SetBaseURL(srv.URL)
 	return &org{sim: sim, srv: srv, sc: sc}
 }
@@ -149,11 +154,15 @@ func minimumRequests(t platformsim.Truth) minimum {
 // newClient returns a platform client that opens at most conns
 // connections to the simulator, so that no more than conns requests are
 // in flight: the latency floor divides by exactly that number.
-func newClient(url string, conns int) (*platform.Client, error) {
+func newClient(url string, conns int, wrap ...func(http.RoundTripper) http.RoundTripper) (*platform.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxConnsPerHost, tr.MaxIdleConnsPerHost = conns, conns
+	var rt http.RoundTripper = tr
+	for _, w := range wrap {
+		rt = w(rt)
+	}
 	return platform.New(platform.Config{BaseURL: url, RegistryURL: url, Token: platform.StaticToken(token), PullToken: platform.StaticToken(registryToken),
-		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", HTTPClient: &http.Client{Transport: tr}})
+		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", HTTPClient: &http.Client{Transport: rt}, MaxInFlight: conns})
 }
 
 // mirror is one syncd mirror: store, client and crawler.
@@ -164,18 +173,23 @@ type mirror struct {
 	path    string
 }
 
-func openMirror(ctx context.Context, dir, url string, concurrency int, initialEvents string) (*mirror, error) {
+func openMirror(ctx context.Context, dir, url string, concurrency int, initialEvents string, wrap ...func(http.RoundTripper) http.RoundTripper) (*mirror, error) {
 	path := filepath.Join(dir, "syncd.db")
 	st, err := store.Open(ctx, path, store.Options{InitialEvents: initialEvents})
 	if err != nil {
 		return nil, err
 	}
-	client, err := newClient(url, concurrency)
+	client, err := newClient(url, concurrency, wrap...)
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
-	c := crawler.New(client, st, crawler.Config{Group: "org1", Concurrency: concurrency})
+	cfg := crawler.Config{Group: "org1", Concurrency: concurrency}
+	if os.Getenv("BENCH_LOG") != "" {
+		// The crawl's own log, for finding where a run's time went.
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	c := crawler.New(client, st, cfg)
 	return &mirror{store: st, client: client, crawler: c, path: path}, nil
 }
 

@@ -105,7 +105,12 @@ func (c *Crawler) sweepTags(ctx context.Context, repo store.Repo, seen map[strin
 // set it also records as withdrawn the ones the finished listing did not
 // show and that answer 404.
 func (c *Crawler) advisories(ctx context.Context, s *summary, sweep bool) error {
-	seen := make(map[string]bool)
+	// Only a sweep needs the set of every advisory listed: a set of the
+	// whole organization's would grow the crawl's memory with it.
+	var seen map[string]bool
+	if sweep {
+		seen = make(map[string]bool)
+	}
 	for page, err := range c.client.Advisories(platform.ListQuery{}).Pages(ctx) {
 		if err != nil {
 			return fmt.Errorf("list advisories: %w", err)
@@ -113,7 +118,9 @@ func (c *Crawler) advisories(ctx context.Context, s *summary, sweep bool) error 
 		batch := make([]store.Advisory, len(page))
 		for i, a := range page {
 			batch[i] = mirrorAdvisory(a)
-			seen[a.UID] = true
+			if sweep {
+				seen[a.UID] = true
+			}
 		}
 		n, err := c.store.ApplyAdvisories(finish(ctx), batch)
 		if err != nil {

@@ -63,11 +63,23 @@ func (c *Crawler) listTagsOnce(ctx context.Context, l *tagListing, q platform.Li
 	g, gctx := errgroup.WithContext(ctx)
 	// Pages go to one applier through a short queue, so the next page is
 	// asked for while the writer takes the last: the listing's requests do
-	// not wait for commits, and the history reads are fed without pause.
+	// not wait for commits. The applier hands the histories to read to a
+	// dispatcher through a queue of their own, so that reads go on
+	// starting while the applier waits for the writer.
 	pages := make(chan []platform.Tag, 8)
+	refs := make(chan store.TagRef, 4*tagPageSize)
 	g.Go(func() error {
+		defer close(refs)
 		for page := range pages {
-			if err := c.applyTagPage(gctx, g, l, page, s); err != nil {
+			if err := c.applyTagPage(gctx, l, page, refs, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	g.Go(func() error {
+		for ref := range refs {
+			if err := c.readHistory(gctx, g, l, ref, s); err != nil {
 				return err
 			}
 		}
@@ -98,9 +110,12 @@ func (c *Crawler) listTagsOnce(ctx context.Context, l *tagListing, q platform.Li
 	return listErr
 }
 
-// applyTagPage applies one page of the listing, repo by repo, and starts
+// tagPageSize is how many tags a page of the listing holds.
+const tagPageSize = 200
+
+// applyTagPage applies one page of the listing, repo by repo, and queues
 // the history reads the store asks for.
-func (c *Crawler) applyTagPage(ctx context.Context, g *errgroup.Group, l *tagListing, page []platform.Tag, s *summary) error {
+func (c *Crawler) applyTagPage(ctx context.Context, l *tagListing, page []platform.Tag, refs chan<- store.TagRef, s *summary) error {
 	for repoUID, tags := range byRepo(page) {
 		repo, ok := l.repos[repoUID]
 		if !ok {
@@ -124,35 +139,46 @@ func (c *Crawler) applyTagPage(ctx context.Context, g *errgroup.Group, l *tagLis
 			return err
 		}
 		s.events.Add(int64(n))
-		if err := c.readHistories(ctx, g, l, need, s); err != nil {
+		for _, ref := range need {
+			select {
+			case refs <- ref:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	return nil
+}
+
+// readHistories starts a history read of each ref in g.
+func (c *Crawler) readHistories(ctx context.Context, g *errgroup.Group, l *tagListing, refs []store.TagRef, s *summary) error {
+	for _, ref := range refs {
+		if err := c.readHistory(ctx, g, l, ref, s); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// readHistories starts a history read of each ref in g, each taking a slot
-// of the crawler's pool of history reads.
-func (c *Crawler) readHistories(ctx context.Context, g *errgroup.Group, l *tagListing, refs []store.TagRef, s *summary) error {
-	for _, ref := range refs {
-		if l.track {
-			if _, dup := l.read.LoadOrStore(ref.UID, true); dup {
-				continue
-			}
+// readHistory starts a history read of ref in g once a slot of the
+// crawler's pool of history reads is free.
+func (c *Crawler) readHistory(ctx context.Context, g *errgroup.Group, l *tagListing, ref store.TagRef, s *summary) error {
+	if l.track {
+		if _, dup := l.read.LoadOrStore(ref.UID, true); dup {
+			return nil
 		}
-		s.historyQueued.Add(1)
-		if err := c.histories.Acquire(ctx, 1); err != nil {
-			return err
-		}
-		// The read's slot is given back as soon as the request is done,
-		// not after its commit: the next request need not wait for the
-		// writer.
-		release := sync.OnceFunc(func() { c.histories.Release(1) })
-		g.Go(func() error {
-			defer release()
-			return c.syncHistory(ctx, ref, s, release)
-		})
 	}
+	s.historyQueued.Add(1)
+	if err := c.histories.Acquire(ctx, 1); err != nil {
+		return err
+	}
+	// The read's slot is given back as soon as the request is done, not
+	// after its commit: the next request need not wait for the writer.
+	release := sync.OnceFunc(func() { c.histories.Release(1) })
+	g.Go(func() error {
+		defer release()
+		return c.syncHistory(ctx, ref, s, release)
+	})
 	return nil
 }
 

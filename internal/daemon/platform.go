@@ -22,7 +22,7 @@ func NewClient(cfg config.Config, log *slog.Logger, observe func(endpoint string
 		BaseURL: p.BaseURL, RegistryURL: p.RegistryURL, Token: api, PullToken: registry,
 		APIAudience: APIAudience(p), RegistryAudience: RegistryAudience(p),
 		Organization: p.Organization, PublicOrg: p.PublicOrg, Vendor: p.Vendor,
-		Timeout: p.Timeout.Duration, RequestsPerSecond: cfg.Crawl.RequestsPerSecond, Logger: log.With("part", "platform"),
+		Timeout: p.Timeout.Duration, RequestsPerSecond: cfg.Crawl.RequestsPerSecond, MaxInFlight: cfg.Crawl.Concurrency, Logger: log.With("part", "platform"),
 		Observe: observe,
 	})
 }

@@ -52,6 +52,12 @@ type Config struct {
 	HTTPClient              *http.Client
 	Timeout                 time.Duration // per request attempt; default 30s
 	RequestsPerSecond       float64       // 0: unlimited
+	// MaxInFlight bounds the requests on the wire at once, from sending
+	// one to reading its answer's last byte (0: unbounded). A caller may
+	// then keep more calls going than that, so that a request is ready to
+	// go the moment one ends: decoding an answer, waiting for a token or
+	// for the rate limiter do not hold a place.
+	MaxInFlight int
 	// MaxRetryTime bounds the retries of one call; default 2m.
 	MaxRetryTime time.Duration
 	// RetryInitialInterval is the first backoff wait (default 100ms);
@@ -80,6 +86,9 @@ type Client struct {
 	registry *url.URL
 	limiter  *rate.Limiter
 	log      *slog.Logger
+	// inFlight holds a token per request on the wire, when MaxInFlight
+	// bounds them; nil otherwise.
+	inFlight chan struct{}
 
 	requests atomic.Int64
 	retries  atomic.Int64
@@ -162,8 +171,30 @@ func New(cfg Config) (*Client, error) {
 	if cfg.RequestsPerSecond > 0 {
 		lim = rate.NewLimiter(rate.Limit(cfg.RequestsPerSecond), max(1, int(cfg.RequestsPerSecond)))
 	}
-	return &Client{cfg: cfg, base: base, registry: registry, limiter: lim, log: cfg.Logger, regTokens: make(map[string]registryToken),
-		warnRetries: rate.Sometimes{First: 1, Interval: time.Minute}}, nil
+	c := &Client{cfg: cfg, base: base, registry: registry, limiter: lim, log: cfg.Logger, regTokens: make(map[string]registryToken),
+		warnRetries: rate.Sometimes{First: 1, Interval: time.Minute}}
+	if cfg.MaxInFlight > 0 {
+		c.inFlight = make(chan struct{}, cfg.MaxInFlight)
+	}
+	return c, nil
+}
+
+// MaxInFlight is the most requests the client has on the wire at once; 0
+// when it does not bound them.
+func (c *Client) MaxInFlight() int { return c.cfg.MaxInFlight }
+
+// enter waits for a place on the wire, when MaxInFlight bounds them, and
+// returns the func that gives it back.
+func (c *Client) enter(ctx context.Context) (func(), error) {
+	if c.inFlight == nil {
+		return func() {}, nil
+	}
+	select {
+	case c.inFlight <- struct{}{}:
+		return sync.OnceFunc(func() { <-c.inFlight }), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // Requests returns how many HTTP requests the client has sent, retries included.
@@ -347,6 +378,12 @@ func (c *Client) send(ctx context.Context, req request, out any, retry bool, tok
 		authz = v
 		*tok = presentedToken(v)
 	}
+	// The wait for a place on the wire is not part of the attempt's time.
+	leave, err := c.enter(ctx)
+	if err != nil {
+		return fmt.Errorf("%s %s: wait for a place on the wire: %w", req.method, req.url.Path, err)
+	}
+	defer leave()
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	var rd io.Reader
@@ -380,6 +417,8 @@ func (c *Client) send(ctx context.Context, req request, out any, retry bool, tok
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	// The answer is read: its decoding need not hold a place on the wire.
+	leave()
 	if err != nil {
 		return &retryable{err: fmt.Errorf("%s %s: read body: %w", req.method, req.url.Path, err)}
 	}
