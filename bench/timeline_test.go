@@ -127,7 +127,7 @@ func (t *tracer) report(w io.Writer, wall, latency time.Duration, conns int) {
 	t.mu.Unlock()
 	type agg struct {
 		n                int
-		busy, wait, over time.Duration
+		busy, wait       time.Duration
 		first, last      time.Duration
 	}
 	byKind := map[string]*agg{}
