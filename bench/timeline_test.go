@@ -126,9 +126,9 @@ func (t *tracer) report(w io.Writer, wall, latency time.Duration, conns int) {
 	reqs := slices.Clone(t.reqs)
 	t.mu.Unlock()
 	type agg struct {
-		n                int
-		busy, wait       time.Duration
-		first, last      time.Duration
+		n           int
+		busy, wait  time.Duration
+		first, last time.Duration
 	}
 	byKind := map[string]*agg{}
 	var busy time.Duration
