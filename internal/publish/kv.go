@@ -778,6 +778,15 @@ func bucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte
 // whichever event set it. A tag's update time is left out: a move's event
 // gives the time of the history record, the mirror the listing's.
 func sameState(kind string, a, b []byte) bool {
+	// Most keys are unchanged at a relay's start: compare the values
+	// without the fields left out as they are written (eventId last, a
+	// tag's updateTime before it), which spares decoding both (15 µs a
+	// key, a second at 71,000 keys); anything else goes the long way.
+	if fa, ok := cutStateFields(kind, a); ok {
+		if fb, ok := cutStateFields(kind, b); ok && bytes.Equal(fa, fb) {
+			return true
+		}
+	}
 	norm := func(v []byte) []byte {
 		var m map[string]any
 		if json.Unmarshal(v, &m) != nil {
@@ -791,6 +800,36 @@ func sameState(kind string, a, b []byte) bool {
 		return out
 	}
 	return bytes.Equal(norm(a), norm(b))
+}
+
+// cutStateFields returns v without its last field when that is eventId,
+// and for a tag without the updateTime then last, as json.Marshal writes
+// the values (TagValue, RepoValue, AdvisoryValue end so); ok is false
+// when v does not end with an eventId.
+func cutStateFields(kind string, v []byte) (_ []byte, ok bool) {
+	if v, ok = cutLastString(v, `,"eventId":"`); ok && kind == "tag" {
+		if cut, found := cutLastString(v, `,"updateTime":"`); found {
+			v = cut
+		}
+	}
+	return v, ok
+}
+
+// cutLastString returns obj, a JSON object, without its last member when
+// that is name (`,"<field>":"`) with a string value free of quotes and
+// escapes. The value ends the object, so the name cannot be inside a
+// string: a string's quotes are escaped there.
+func cutLastString(obj []byte, name string) ([]byte, bool) {
+	i := bytes.LastIndex(obj, []byte(name))
+	if i < 0 || !bytes.HasSuffix(obj, []byte(`"}`)) {
+		return obj, false
+	}
+	val := obj[i+len(name) : len(obj)-2]
+	if bytes.ContainsAny(val, `"\`) {
+		return obj, false
+	}
+	out := make([]byte, 0, i+1)
+	return append(append(out, obj[:i]...), '}'), true
 }
 
 // Bucket returns the bucket of kind (tag, repo or advisory).
