@@ -3,6 +3,7 @@ package publish_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime"
 	"sort"
@@ -239,6 +240,12 @@ func (m *memOutbox) Notify() <-chan struct{} { return nil }
 // every state too), alternating which goes first so that a machine whose
 // load drifts does not favour one side. The ratio metric is the rate with
 // the buckets over the rate without.
+//
+// BENCH_KVMOVES sets the moves per tag (default 3; 0 gives one event per
+// resource, as a full sync's outbox), BENCH_KVQUEUE the writer's queue
+// (a small one stands for a relay much faster than the writer, as on a
+// quiet machine), and BENCH_KVLOG=1 logs the relay keeping the buckets to
+// stderr (dropped writes, reconciliations).
 func BenchmarkRelayKV(b *testing.B) {
 	ctx := context.Background()
 	tags, cfg, conn := relayBench(b)
@@ -253,11 +260,18 @@ func BenchmarkRelayKV(b *testing.B) {
 			sts[j] = mustOpenStore(b)
 			p := newProducer(b, sts[j])
 			p.addRepos(ctx, fmt.Sprintf("bench%d-%d", i, j), tags/tagsPerRepo, tagsPerRepo)
-			p.moveAll(ctx, 3)
+			moves := 3
+			if v := os.Getenv("BENCH_KVMOVES"); v != "" {
+				moves, _ = strconv.Atoi(v)
+			}
+			p.moveAll(ctx, moves)
 		}
 		n, _, err := sts[0].UnpublishedCount(ctx)
 		if err != nil {
 			b.Fatal(err)
+		}
+		if v := os.Getenv("BENCH_KVQUEUE"); v != "" {
+			kcfg.Queue, _ = strconv.Atoi(v)
 		}
 		kv, err := publish.OpenKV(ctx, conn.JS, kcfg, sts[1])
 		if err != nil {
@@ -277,7 +291,11 @@ func BenchmarkRelayKV(b *testing.B) {
 			},
 			func() {
 				start, cpu := time.Now(), cpuTime()
-				if err := publish.NewRelay(conn.JS, sts[1], cfg, publish.WithKV(kv)).Flush(ctx); err != nil {
+				kc := cfg
+				if os.Getenv("BENCH_KVLOG") != "" {
+					kc.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+				}
+				if err := publish.NewRelay(conn.JS, sts[1], kc, publish.WithKV(kv)).Flush(ctx); err != nil {
 					b.Fatalf("relay keeping KV: %v", err)
 				}
 				kvTime += time.Since(start)

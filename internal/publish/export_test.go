@@ -1,8 +1,19 @@
 package publish
 
-import "github.com/syncd-dev/syncd/internal/store"
+import (
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
 
 // SetBeforeKVApply installs a crash point: fn runs after a batch of
 // events was marked published and before its state is written to the
 // buckets, and an error from it stops the writes, as a SIGKILL there would.
 func SetBeforeKVApply(k *KV, fn func([]store.Event) error) { k.beforeApply = fn }
+
+// SetKVQueueWait sets how long a marking waits for room in the KV
+// writer's queue; 0 drops the writes of a full queue at once.
+func SetKVQueueWait(k *KV, d time.Duration) { k.queueWait = d }
+
+// KVDirty reports whether the buckets are due a reconciliation.
+func KVDirty(k *KV) bool { return k.dirty.Load() }

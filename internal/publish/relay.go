@@ -486,8 +486,9 @@ func wholesale(nc *nats.Conn, err error) bool {
 // markLoop marks acknowledged events published, merging what queued up
 // while the previous transaction ran, then hands them to the writer of
 // the KV buckets: only then, so that the buckets never show a state the
-// outbox would publish again, and without waiting for the writes. It
-// reports the first error on marked.
+// outbox would publish again, and without waiting for the writes (only
+// for room in the writer's queue, see kvWriter.enqueue). It reports the
+// first error on marked.
 func (p *relayPass) markLoop(ctx context.Context) {
 	var first error
 	for m := range p.marks {
@@ -511,7 +512,9 @@ func (p *relayPass) markLoop(ctx context.Context) {
 			continue // they go out again, and then to the buckets
 		}
 		if p.kvw != nil {
-			p.kvw.enqueue(m.evs)
+			// A full queue holds the marking, and through it the
+			// publishing, until the writer takes it (see enqueue).
+			p.kvw.enqueue(ctx, m.evs)
 		}
 	}
 	p.marked <- first
