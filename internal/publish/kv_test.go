@@ -314,8 +314,17 @@ func TestKV_FullQueueReconciles(t *testing.T) {
 	}
 	publish.SetKVQueueWait(k, 0)
 	applied := 0
+	var hookErr error // set on the writer's goroutine, read after Flush
 	publish.SetBeforeKVApply(k, func(evs []store.Event) error {
-		testutil.WaitFor(t, 10*time.Second, "a full queue's writes dropped", func() bool { return publish.KVDirty(k) })
+		// Poll on the writer's goroutine, which must not call t.Fatal.
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for deadline := time.Now().Add(10 * time.Second); !publish.KVDirty(k); <-tick.C {
+			if time.Now().After(deadline) {
+				hookErr = errors.New("a full queue's writes were not dropped within 10s")
+				return hookErr
+			}
+		}
 		applied += len(evs)
 		return nil
 	})
@@ -323,6 +332,9 @@ func TestKV_FullQueueReconciles(t *testing.T) {
 	p.addRepos(ctx, "app", 2, 3)
 	if err := publish.NewRelay(c.JS, st, srv.config(nil), publish.WithKV(k)).Flush(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if hookErr != nil {
+		t.Fatal(hookErr)
 	}
 	if applied > 1 {
 		t.Errorf("the writer wrote %d events' states; want all but the first dropped", applied)
