@@ -242,8 +242,8 @@ func (l *Lister[T]) Pages(ctx context.Context) iter.Seq2[[]T, error] {
 		// In uid order, ascending uids already rule out a repeat; a set of
 		// every uid listed is kept only under another order. It held the
 		// whole listing's uids (200,000 tags and 80,000 advisories at four
-		// times the benchmark organization, 48 MB) and grew the crawl's
-		// memory with the organization.
+		// times the benchmark organization, about 35 MB) and grew the
+		// crawl's memory with the organization.
 		var seen map[string]struct{}
 		if !checkOrder {
 			seen = make(map[string]struct{})
