@@ -73,8 +73,10 @@ type Crawler struct {
 	// histories bounds the history reads in flight, shared by the crawl
 	// and the refresh jobs pushed events ask for.
 	histories *semaphore.Weighted
-	// committing bounds the history reads done and waiting for their commit.
+	// committing bounds the history reads started and not yet committed;
+	// pending the records they hold.
 	committing *semaphore.Weighted
+	pending    *recordGate
 	commits    *historyCommitter
 	// advisoriesListed is when a crawl last listed every advisory (unix
 	// nanoseconds of cfg.Now), as a baseline crawl does.
@@ -116,7 +118,8 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 	}
 	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(readers)),
 		committing: semaphore.NewWeighted(int64(8 * cfg.Concurrency)), commits: &historyCommitter{store: st, maxBatch: 256},
-		paths: newPaths(cfg.Group, client), failed: newFailures(st, cfg.Now)}
+		pending: newRecordGate(maxPendingRecords),
+		paths:   newPaths(cfg.Group, client), failed: newFailures(st, cfg.Now)}
 }
 
 // Summary is what one crawl did.
@@ -656,6 +659,20 @@ func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary,
 		s.fail(fmt.Errorf("tag %s:%s: held back until %s after %d failed attempts: %s", ref.Path, ref.Name, f.NextAttempt.UTC().Format(time.RFC3339), f.Attempts, f.Error))
 		return nil
 	}
+	// Reads waiting for their commit are bounded before the request, not
+	// after it: a read that waited with its answer decoded let the next
+	// read start, so that under a writer slower than the reads the
+	// decoded histories piled up without bound. They are bounded by count
+	// and by records, as one heavy tag holds thousands.
+	if err := c.committing.Acquire(ctx, 1); err != nil {
+		read()
+		return err
+	}
+	defer c.committing.Release(1)
+	if err := c.pending.wait(ctx); err != nil {
+		read()
+		return err
+	}
 	recs, err := c.client.HistorySince(ctx, c.client.PrivateImage(ref.Path), ref.Name, ref.Bookmark.LastTime)
 	read()
 	var unwalkable *platform.UnwalkableError
@@ -681,18 +698,15 @@ func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary,
 	for i, r := range recs {
 		out[i] = store.HistoryRecord{Time: r.UpdateTimestamp, Digest: r.Digest}
 	}
-	// Reads waiting for their commit are bounded, so a writer slower than
-	// the reads does not gather the whole organization in memory.
-	if err := c.committing.Acquire(ctx, 1); err != nil {
-		return err
-	}
+	recs = nil // the client's records are not kept while the commit waits
+	c.pending.add(len(out))
 	n, aerr := c.commits.apply(ctx, store.HistoryUpdate{Ref: ref, Records: out, Complete: unwalkable == nil})
-	c.committing.Release(1)
+	c.pending.done(len(out))
 	if aerr != nil {
 		return aerr
 	}
 	s.historyReads.Add(1)
-	s.historyRecords.Add(int64(len(recs)))
+	s.historyRecords.Add(int64(len(out)))
 	s.events.Add(int64(n))
 	if ok, err := c.failed.clear(finish(ctx), ref.UID); err != nil {
 		return err

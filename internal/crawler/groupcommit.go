@@ -72,3 +72,59 @@ func (hc *historyCommitter) commit(ctx context.Context, batch []*historyWrite) {
 		close(w.done)
 	}
 }
+
+// maxPendingRecords is how many history records may wait, read, for their
+// commit before no further read starts: about 12 MB of records, some
+// twenty of the heaviest tags, where a bound by count alone let 8 ×
+// concurrency heavy tags gather (0.6 MB each).
+const maxPendingRecords = 100_000
+
+// recordGate holds back new history reads while the records read and not
+// yet committed reach its bound. A read that has its answer always adds it
+// and goes on to its commit, which never waits for the gate, so the gate
+// cannot deadlock; it bounds what waits to the bound plus the reads in
+// flight.
+type recordGate struct {
+	mu    sync.Mutex
+	held  int
+	max   int
+	freed chan struct{} // closed, and replaced, when records are committed
+}
+
+func newRecordGate(max int) *recordGate {
+	return &recordGate{max: max, freed: make(chan struct{})}
+}
+
+// wait returns once the records held are below the bound.
+func (g *recordGate) wait(ctx context.Context) error {
+	for {
+		g.mu.Lock()
+		if g.held < g.max {
+			g.mu.Unlock()
+			return nil
+		}
+		freed := g.freed
+		g.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// add counts n records read and waiting for their commit.
+func (g *recordGate) add(n int) {
+	g.mu.Lock()
+	g.held += n
+	g.mu.Unlock()
+}
+
+// done counts n records committed (or given up) and wakes the waiters.
+func (g *recordGate) done(n int) {
+	g.mu.Lock()
+	g.held -= n
+	close(g.freed)
+	g.freed = make(chan struct{})
+	g.mu.Unlock()
+}

@@ -68,3 +68,26 @@ func TestHistoryCommitter_ConcurrentReadsShareCommits(t *testing.T) {
 		t.Logf("%d reads in %d commits", tags, n)
 	}
 }
+
+// TestRecordGate_HoldsReadsUntilCommitted: once the records waiting for
+// their commit reach the bound, a new read waits until some are committed,
+// and gives up with its context.
+func TestRecordGate_HoldsReadsUntilCommitted(t *testing.T) {
+	g := newRecordGate(10)
+	ctx := context.Background()
+	if err := g.wait(ctx); err != nil {
+		t.Fatalf("empty gate: %v", err)
+	}
+	g.add(6000) // one heavy tag read past the bound
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := g.wait(cancelled); err == nil {
+		t.Fatal("a read started with 6,000 records waiting and a bound of 10")
+	}
+	passed := make(chan error, 1)
+	go func() { passed <- g.wait(ctx) }()
+	g.done(6000)
+	if err := <-passed; err != nil {
+		t.Fatalf("after the commit: %v", err)
+	}
+}

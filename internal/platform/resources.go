@@ -238,8 +238,16 @@ func (l *Lister[T]) Pages(ctx context.Context) iter.Seq2[[]T, error] {
 	return func(yield func([]T, error) bool) {
 		l.total.Store(-1)
 		token, last := "", ""
-		seen := make(map[string]struct{})
 		checkOrder := l.q.OrderBy == "" || l.q.OrderBy == "uid" || l.q.OrderBy == "uid asc"
+		// In uid order, ascending uids already rule out a repeat; a set of
+		// every uid listed is kept only under another order. It held the
+		// whole listing's uids (200,000 tags and 80,000 advisories at four
+		// times the benchmark organization, about 35 MB) and grew the
+		// crawl's memory with the organization.
+		var seen map[string]struct{}
+		if !checkOrder {
+			seen = make(map[string]struct{})
+		}
 		for n := 1; ; n++ {
 			if n > l.c.cfg.MaxPages {
 				yield(nil, fmt.Errorf("list %s: more than %d pages; giving up rather than looping: %w", l.path, l.c.cfg.MaxPages, ErrTooManyPages))
@@ -269,7 +277,9 @@ func (l *Lister[T]) Pages(ctx context.Context) iter.Seq2[[]T, error] {
 					yield(nil, &ListRestartedError{Path: l.path, Page: n, AfterUID: last, RestartUID: u})
 					return
 				}
-				seen[u] = struct{}{}
+				if seen != nil {
+					seen[u] = struct{}{}
+				}
 				last = u
 			}
 			if !yield(p.items, nil) || p.next == "" {
