@@ -157,14 +157,7 @@ func publishedTags(ctx context.Context, tx *sql.Tx, pending map[string]*pendingE
 			return nil
 		}
 		t.Path = scopeOf(t.Path, t.Repo)
-		var err error
-		if t.Bundles, err = parseList(bundles); err != nil {
-			return err
-		}
-		if t.CreateTime, err = ParseTime(ct); err != nil {
-			return err
-		}
-		if t.UpdateTime, err = ParseTime(ut); err != nil {
+		if err := t.decodeText(bundles, ct, ut); err != nil {
 			return err
 		}
 		return fn(PublishedResource{Tag: &t})

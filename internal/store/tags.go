@@ -169,16 +169,10 @@ func loadTags(ctx context.Context, tx *sql.Tx, where string, uids []string, with
 				return err
 			}
 			t.Path = scopeOf(t.Path, t.Repo)
+			if err := t.decodeText(bundles, ct, ut); err != nil {
+				return err
+			}
 			var err error
-			if t.Bundles, err = parseList(bundles); err != nil {
-				return err
-			}
-			if t.CreateTime, err = ParseTime(ct); err != nil {
-				return err
-			}
-			if t.UpdateTime, err = ParseTime(ut); err != nil {
-				return err
-			}
 			if t.bookmark.LastTime, err = ParseTime(lt); err != nil {
 				return err
 			}
@@ -189,4 +183,18 @@ func loadTags(ctx context.Context, tx *sql.Tx, where string, uids []string, with
 		return nil, fmt.Errorf("read stored tags: %w", err)
 	}
 	return old, nil
+}
+
+// decodeText fills the fields of t that a row holds as text: its bundles
+// and its times.
+func (t *Tag) decodeText(bundles, createTime, updateTime string) error {
+	var err error
+	if t.Bundles, err = parseList(bundles); err != nil {
+		return err
+	}
+	if t.CreateTime, err = ParseTime(createTime); err != nil {
+		return err
+	}
+	t.UpdateTime, err = ParseTime(updateTime)
+	return err
 }
