@@ -157,9 +157,9 @@ func TestCommandToken_CachesUntilExpiry(t *testing.T) {
 	}
 	get(1)
 	get(1)
-	clk.Add(8 * time.Minute) // still a minute and more before exp
+	clk.Advance(8 * time.Minute) // still a minute and more before exp
 	get(1)
-	clk.Add(90 * time.Second) // within the last minute: ask again
+	clk.Advance(90 * time.Second) // within the last minute: ask again
 	get(2)
 	get(2)
 	src.Invalidate() // a 401 arrived
@@ -275,9 +275,9 @@ func TestDockerCredentialHelper_SecretCachedUntilExpiry(t *testing.T) {
 	}
 	get(1)
 	get(1)
-	clk.Add(8 * time.Minute)
+	clk.Advance(8 * time.Minute)
 	get(1)
-	clk.Add(90 * time.Second) // within the token's last minute
+	clk.Advance(90 * time.Second) // within the token's last minute
 	get(2)
 	src.Invalidate() // a refusal
 	get(3)

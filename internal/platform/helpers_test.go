@@ -14,29 +14,15 @@ import (
 
 	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 const testToken = "platform-test-token-5f0c1e"
 
-// clock is a manual clock, shared by the simulator and, where a test needs
-// it, the client.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
+// newClock is a hand-moved clock, shared by the simulator and, where a
+// test needs it, the client.
+func newClock() *testutil.Clock {
+	return testutil.NewClock(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
 }
 
 // env is a simulator on loopback HTTP.
@@ -44,7 +30,7 @@ type env struct {
 	tb  testing.TB
 	sim *platformsim.Sim
 	srv *httptest.Server
-	clk *clock
+	clk *testutil.Clock
 
 	seen  atomic.Pointer[outcomes]
 	front atomic.Pointer[frontFunc]

@@ -189,7 +189,7 @@ func TestRegistry_ChallengeGivesPerImageTokens(t *testing.T) {
 	checkTokens(2, 3)
 	// The client's clock passes the tokens' expires_in: new ones are
 	// fetched without a 401.
-	clk.Add(5 * time.Minute)
+	clk.Advance(5 * time.Minute)
 	read()
 	checkTokens(3, 3)
 	for _, a := range f.authorizations {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/platform"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // fakeSTS is a security token service on loopback: it checks each exchange
@@ -103,7 +104,7 @@ func externalFile(t *testing.T, tok string) (*platform.FileToken, func(string)) 
 	return &platform.FileToken{Path: path}, write
 }
 
-func exchangeFor(f *fakeSTS, ext platform.TokenSource, clk *clock) *platform.ExchangeToken {
+func exchangeFor(f *fakeSTS, ext platform.TokenSource, clk *testutil.Clock) *platform.ExchangeToken {
 	return &platform.ExchangeToken{STSURL: f.srv.URL, Identity: "org1/ident7", Audience: "https://api.test",
 		ExternalToken: ext, Now: clk.Now}
 }
@@ -142,9 +143,9 @@ func TestExchangeToken_CachesUntilShortlyBeforeExpiry(t *testing.T) {
 			get("exchanged-1")
 			get("exchanged-1")
 			rotate("external-bbbb")
-			clk.Add(tc.renew - time.Second)
+			clk.Advance(tc.renew - time.Second)
 			get("exchanged-1")
-			clk.Add(time.Second)
+			clk.Advance(time.Second)
 			get("exchanged-2")
 			if got, want := f.count(), 2; got != want {
 				t.Errorf("%d exchanges, want %d", got, want)
