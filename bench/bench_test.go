@@ -200,7 +200,7 @@ func BenchmarkSyncd(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer l.Close()
-	o.sim.SetFaults(platformsim.Fault{Pattern: "*", Latency: p.Latency})
+	o.sim.SetFaults(platformsim.Fault{Pattern: "*", RespondAfter: p.Latency})
 	r.LatencySync, err = syncOnce(ctx, o, l)
 	o.sim.SetFaults()
 	if err != nil {

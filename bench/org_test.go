@@ -175,7 +175,13 @@ type mirror struct {
 
 func openMirror(ctx context.Context, dir, url string, concurrency int, initialEvents string, wrap ...func(http.RoundTripper) http.RoundTripper) (*mirror, error) {
 	path := filepath.Join(dir, "syncd.db")
-	st, err := store.Open(ctx, path, store.Options{InitialEvents: initialEvents})
+	var log *slog.Logger
+	if os.Getenv("BENCH_LOG") != "" {
+		// The crawl's and the store's own log, for finding where a run's
+		// time went.
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	st, err := store.Open(ctx, path, store.Options{InitialEvents: initialEvents, Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -184,11 +190,7 @@ func openMirror(ctx context.Context, dir, url string, concurrency int, initialEv
 		st.Close()
 		return nil, err
 	}
-	cfg := crawler.Config{Group: "org1", Concurrency: concurrency}
-	if os.Getenv("BENCH_LOG") != "" {
-		// The crawl's own log, for finding where a run's time went.
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
+	cfg := crawler.Config{Group: "org1", Concurrency: concurrency, Logger: log}
 	c := crawler.New(client, st, cfg)
 	return &mirror{store: st, client: client, crawler: c, path: path}, nil
 }

@@ -101,7 +101,7 @@ func measureRealistic(ctx context.Context, p params, dir string, progress func(s
 		return r, err
 	}
 	defer l.Close()
-	o.sim.SetFaults(platformsim.Fault{Pattern: "*", Latency: p.Latency})
+	o.sim.SetFaults(platformsim.Fault{Pattern: "*", RespondAfter: p.Latency})
 	r.LatencySync, err = syncOnce(ctx, o, l)
 	o.sim.SetFaults()
 	if err != nil {

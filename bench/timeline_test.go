@@ -214,7 +214,7 @@ func BenchmarkLatency(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer l.Close()
-	o.sim.SetFaults(platformsim.Fault{Pattern: "*", Latency: p.Latency})
+	o.sim.SetFaults(platformsim.Fault{Pattern: "*", RespondAfter: p.Latency})
 	tr.start = time.Now()
 	cpu0 := selfCPU()
 	res, err := syncOnce(ctx, o, l)

@@ -78,6 +78,8 @@ type Crawler struct {
 	committing *semaphore.Weighted
 	pending    *recordGate
 	commits    *historyCommitter
+	// reading counts the history reads whose request is under way.
+	reading atomic.Int64
 	// advisoriesListed is when a crawl last listed every advisory (unix
 	// nanoseconds of cfg.Now), as a baseline crawl does.
 	advisoriesListed atomic.Int64
@@ -116,10 +118,12 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 	if m := client.MaxInFlight(); m > 0 && m <= cfg.Concurrency {
 		readers = 2 * cfg.Concurrency
 	}
-	return &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(readers)),
-		committing: semaphore.NewWeighted(int64(8 * cfg.Concurrency)), commits: &historyCommitter{store: st, maxBatch: 256},
-		pending: newRecordGate(maxPendingRecords),
-		paths:   newPaths(cfg.Group, client), failed: newFailures(st, cfg.Now)}
+	c := &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(readers)),
+		committing: semaphore.NewWeighted(int64(8 * cfg.Concurrency)),
+		pending:    newRecordGate(maxPendingRecords),
+		paths:      newPaths(cfg.Group, client), failed: newFailures(st, cfg.Now)}
+	c.commits = newHistoryCommitter(st, &c.reading)
+	return c
 }
 
 // Summary is what one crawl did.
@@ -673,7 +677,10 @@ func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary,
 		read()
 		return err
 	}
+	c.reading.Add(1)
 	recs, err := c.client.HistorySince(ctx, c.client.PrivateImage(ref.Path), ref.Name, ref.Bookmark.LastTime)
+	c.reading.Add(-1)
+	c.commits.signal()
 	read()
 	var unwalkable *platform.UnwalkableError
 	if err != nil && !errors.As(err, &unwalkable) {

@@ -973,6 +973,28 @@ func TestFaults(t *testing.T) {
 				t.Fatalf("answered in %v, want at least 40ms", d)
 			}
 		}},
+		{name: "Fault_RespondAfter", run: func(t *testing.T, e *env) {
+			// Set through the control API, which reads and echoes it.
+			r := e.do(http.MethodPut, "/_sim/faults", "", map[string]any{"faults": []map[string]any{
+				{"pattern": "GET /registry/v2/tags", "respondAfter": "60ms"}}})
+			e.mustStatus(r, http.StatusOK)
+			r = e.do(http.MethodGet, "/_sim/faults", "", nil)
+			if !strings.Contains(string(r.raw), `"respondAfter":"60ms"`) {
+				t.Fatalf("control API answered %s, want the fault with respondAfter 60ms", r.raw)
+			}
+			start := time.Now()
+			st, body, err := e.rawDo(http.MethodGet, "/registry/v2/tags", testToken)
+			took := time.Since(start)
+			var page struct {
+				Tags []json.RawMessage `json:"tags"`
+			}
+			if st != http.StatusOK || err != nil || json.Unmarshal(body, &page) != nil || len(page.Tags) == 0 {
+				t.Fatalf("status=%d err=%v body=%.200s, want a whole page of tags", st, err, body)
+			}
+			if took < 60*time.Millisecond {
+				t.Fatalf("answered in %v, want no sooner than 60ms after the request", took)
+			}
+		}},
 		{name: "Fault_SeededReproducible", run: func(t *testing.T, e *env) {
 			seq := func() string {
 				e.sim.SetFaults(platformsim.Fault{Pattern: "GET /ping/v2/ping", ErrorRate: 0.5, ErrorStatuses: []int{503}})

@@ -198,6 +198,7 @@ type faultJSON struct {
 	Latency            string  `json:"latency,omitempty"`
 	LatencyJitter      string  `json:"latencyJitter,omitempty"`
 	LatencyExpMean     string  `json:"latencyExpMean,omitempty"`
+	RespondAfter       string  `json:"respondAfter,omitempty"`
 	ErrorRate          float64 `json:"errorRate,omitempty"`
 	ErrorStatuses      []int   `json:"errorStatuses,omitempty"`
 	RateLimitRate      float64 `json:"rateLimitRate,omitempty"`
@@ -228,7 +229,8 @@ func (fj faultJSON) fault() (Fault, error) {
 		p    *time.Duration
 	}{
 		{"latency", fj.Latency, &f.Latency}, {"latencyJitter", fj.LatencyJitter, &f.LatencyJitter},
-		{"latencyExpMean", fj.LatencyExpMean, &f.LatencyExpMean}, {"retryAfter", fj.RetryAfter, &f.RetryAfter},
+		{"latencyExpMean", fj.LatencyExpMean, &f.LatencyExpMean}, {"respondAfter", fj.RespondAfter, &f.RespondAfter},
+		{"retryAfter", fj.RetryAfter, &f.RetryAfter},
 		{"stall", fj.Stall, &f.Stall},
 	} {
 		if d.v == "" {
@@ -251,7 +253,7 @@ func toFaultJSON(f Fault) faultJSON {
 		return d.String()
 	}
 	return faultJSON{Name: f.Name, Pattern: f.Pattern, Path: f.Path, Image: f.Image, Status: f.Status, Latency: dur(f.Latency), LatencyJitter: dur(f.LatencyJitter),
-		LatencyExpMean: dur(f.LatencyExpMean), ErrorRate: f.ErrorRate, ErrorStatuses: f.ErrorStatuses,
+		LatencyExpMean: dur(f.LatencyExpMean), RespondAfter: dur(f.RespondAfter), ErrorRate: f.ErrorRate, ErrorStatuses: f.ErrorStatuses,
 		RateLimitRate: f.RateLimitRate, RetryAfter: dur(f.RetryAfter), RetryAfterHTTPDate: f.RetryAfterHTTPDate,
 		ResetRate: f.ResetRate, TruncateRate: f.TruncateRate, StallRate: f.StallRate, Stall: dur(f.Stall),
 		Remaining: f.Remaining}

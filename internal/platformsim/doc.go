@@ -223,7 +223,8 @@
 //
 // SetFaults installs per-endpoint-pattern faults (patterns as in Stats,
 // "GET /registry/v2/tags", with a trailing "*" or "*" alone): added latency
-// (fixed, uniform jitter, exponential), 500/502/503, 429 with Retry-After in
+// (fixed, uniform jitter, exponential) or a response time the simulator's
+// own work counts toward (RespondAfter), 500/502/503, 429 with Retry-After in
 // seconds or as an HTTP-date, connection resets, truncated bodies and
 // stalled bodies, each at a rate, optionally for the next N requests only.
 // Decisions come from a generator seeded by Options.Seed. A fault can be

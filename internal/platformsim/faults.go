@@ -40,6 +40,14 @@ type Fault struct {
 	// uniform extra in [0, LatencyJitter); LatencyExpMean adds an
 	// exponentially distributed extra with that mean.
 	Latency, LatencyJitter, LatencyExpMean time.Duration
+	// RespondAfter answers every matching request that long after it
+	// arrived, the simulator's own time answering it included: a service
+	// whose answers each take exactly RespondAfter (unless its work takes
+	// longer), where Latency comes on top of that work. Benchmarks use it,
+	// so that their floor (requests × RespondAfter ÷ connections) is one a
+	// client could reach. Latency, when also set, comes before the answer
+	// is made and counts toward RespondAfter.
+	RespondAfter time.Duration
 	// ErrorRate answers with a status drawn from ErrorStatuses (default
 	// 500, 502 and 503).
 	ErrorRate     float64
@@ -82,12 +90,13 @@ const (
 )
 
 type faultDecision struct {
-	latency    time.Duration
-	outcome    faultOutcome
-	status     int
-	retryAfter time.Duration
-	httpDate   bool
-	stall      time.Duration
+	latency      time.Duration
+	respondAfter time.Duration
+	outcome      faultOutcome
+	status       int
+	retryAfter   time.Duration
+	httpDate     bool
+	stall        time.Duration
 }
 
 // SetFaults replaces the active faults. Fault decisions come from a
@@ -183,6 +192,7 @@ func (fs *faultSet) decide(q request) faultDecision {
 			continue
 		}
 		d.latency += f.Latency
+		d.respondAfter = max(d.respondAfter, f.RespondAfter)
 		if f.LatencyJitter > 0 {
 			d.latency += time.Duration(fs.rng.Int64N(int64(f.LatencyJitter)))
 		}
@@ -249,10 +259,20 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 
 // serveWithFaults runs serve and delivers its answer, perturbed as decided.
 func (s *Sim) serveWithFaults(w http.ResponseWriter, r *http.Request, pattern string, serve func(http.ResponseWriter, *http.Request)) {
+	arrived := time.Now()
 	image := s.registryImage(r)
 	d := s.faults.decide(request{pattern: pattern, path: r.URL.Path, image: image})
 	if d.latency > 0 && !sleepCtx(r.Context(), d.latency) {
 		return
+	}
+	if d.respondAfter > 0 {
+		if d.outcome == outcomeNone {
+			s.serveAt(w, r, arrived.Add(d.respondAfter), serve)
+			return
+		}
+		if !sleepCtx(r.Context(), time.Until(arrived.Add(d.respondAfter))) {
+			return
+		}
 	}
 	switch d.outcome {
 	case outcomeNone:
@@ -297,6 +317,23 @@ func (s *Sim) serveWithFaults(w http.ResponseWriter, r *http.Request, pattern st
 	}
 	// Returning short of the declared Content-Length makes the server close
 	// the connection: the client sees an unexpected EOF.
+}
+
+// serveAt makes serve's answer at once and sends it at the time given.
+func (s *Sim) serveAt(w http.ResponseWriter, r *http.Request, at time.Time, serve func(http.ResponseWriter, *http.Request)) {
+	bw := &bufferedWriter{header: http.Header{}}
+	serve(bw, r)
+	if !sleepCtx(r.Context(), time.Until(at)) {
+		return
+	}
+	for k, v := range bw.header {
+		w.Header()[k] = v
+	}
+	if bw.status == 0 {
+		bw.status = http.StatusOK
+	}
+	w.WriteHeader(bw.status)
+	_, _ = w.Write(bw.body.Bytes())
 }
 
 // isRegistry reports whether an endpoint pattern is the registry's, which
@@ -370,6 +407,9 @@ func resetConn(w http.ResponseWriter) {
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
