@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 )
 
@@ -133,15 +134,15 @@ func (s *Store) sortingTx(ctx context.Context, fn func(*sql.Tx) error) (err erro
 		return err
 	}
 	defer conn.Close()
-	set := func(temp string, cacheKiB int) error {
-		_, err := conn.ExecContext(ctx, fmt.Sprintf(`PRAGMA temp_store = %s; PRAGMA cache_size = -%d`, temp, cacheKiB))
+	set := func(temp string, cacheKiB, threads int) error {
+		_, err := conn.ExecContext(ctx, fmt.Sprintf(`PRAGMA temp_store = %s; PRAGMA cache_size = -%d; PRAGMA threads = %d`, temp, cacheKiB, threads))
 		return err
 	}
-	if err := set("FILE", min(sortCacheKiB, s.cacheKiB)); err != nil {
+	if err := set("FILE", min(sortCacheKiB, s.cacheKiB), sortThreads()); err != nil {
 		return err
 	}
 	defer func() {
-		if rerr := set("MEMORY", s.cacheKiB); rerr != nil && err == nil {
+		if rerr := set("MEMORY", s.cacheKiB, 0); rerr != nil && err == nil {
 			// The connection cannot be trusted with the wrong settings.
 			err = errors.Join(rerr, conn.Raw(func(any) error { return driver.ErrBadConn }))
 		}
@@ -159,3 +160,9 @@ func (s *Store) sortingTx(ctx context.Context, fn func(*sql.Tx) error) (err erro
 // and 29 MB with 4 MiB, in no more time (2.9 s against 3.6 s; 4 million
 // rows: the same 103 MB against 18 MB with 2 MiB).
 const sortCacheKiB = 4 << 10
+
+// sortThreads is how many helper threads SQLite's sort may use for an index
+// build, beside the writer's own: one per processor Go runs on, up to two.
+// Building both history indexes over a million rows took 1.7 s with two
+// against 2.25 s with none, on two cores.
+func sortThreads() int { return min(runtime.GOMAXPROCS(0), 2) }

@@ -106,8 +106,8 @@ func TestDeferredIndexes(t *testing.T) {
 			t.Fatalf("a lookup by digest does not use the index: %s", plan)
 		}
 		// The writer is back to its own settings: statement journals in
-		// memory, its whole page cache.
-		for name, want := range map[string]string{"temp_store": "2", "cache_size": fmt.Sprint(-store.DefaultCacheKiB)} {
+		// memory, its whole page cache, no sorting threads.
+		for name, want := range map[string]string{"temp_store": "2", "cache_size": fmt.Sprint(-store.DefaultCacheKiB), "threads": "0"} {
 			if got, err := st.WriterPragma(ctx, name); err != nil || got != want {
 				t.Fatalf("writer's %s = %q (%v), want %q", name, got, err, want)
 			}
