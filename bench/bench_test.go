@@ -41,6 +41,12 @@ type results struct {
 	LatencySync  syncResult `json:"latency_sync"`
 	LatencyFloor float64    `json:"latency_floor_s"`
 	LatencyRatio float64    `json:"latency_ratio"`
+	// LatencyCeiling is the same sync's ratio to a plain loop of its
+	// requests, and MachineLatencyRatio a bare net/http pair's ratio to its
+	// own floor: what the machine leaves of the floor before syncd or the
+	// simulator does anything.
+	LatencyCeiling      latencyCeiling `json:"latency_ceiling"`
+	MachineLatencyRatio float64        `json:"machine_latency_ratio"`
 
 	Idle syncResult `json:"idle_resync"`
 	// IdleLimit is the most requests an idle crawl may make: the repo
@@ -208,6 +214,13 @@ func BenchmarkSyncd(b *testing.B) {
 	}
 	r.LatencyFloor = float64(r.MinimumTotal) * p.Latency.Seconds() / float64(p.Concurrency)
 	r.LatencyRatio = r.LatencySync.WallSeconds / r.LatencyFloor
+	progress("latency-bound sync's ceilings: a plain loop of its requests, a bare net/http pair")
+	if r.LatencyCeiling, err = measureLatencyCeiling(ctx, o, p, r.MinimumTotal, r.LatencySync.WallSeconds); err != nil {
+		b.Fatal(err)
+	}
+	if r.MachineLatencyRatio, err = measureMachineLatency(ctx, p.Concurrency, p.Latency, 4000); err != nil {
+		b.Fatal(err)
+	}
 
 	pcfg := publishConfig(filepath.Join(dir, "nats"), o.URL()+"/org1")
 	conn, err := publish.Connect(ctx, pcfg)
@@ -364,6 +377,8 @@ func printTable(w io.Writer, r results) {
 	row("full sync: requests", f("%d", r.FullSync.Requests), f("minimum %d", r.MinimumTotal), f("%.3f", r.RequestRatio), status["requests / minimum"])
 	row("  (minimum repo by repo, a token per image)", "", f("%d", r.Minimum.PerRepoTotal()), f("%.3f", float64(r.FullSync.Requests)/float64(r.Minimum.PerRepoTotal())), "")
 	row(f("latency sync (%s/req): wall", r.Params.Latency), f("%.1f s", r.LatencySync.WallSeconds), f("floor %.1f s", r.LatencyFloor), f("%.2f", r.LatencyRatio), status["latency-bound sync / floor"])
+	row("  against its requests in a plain loop", f("%.2f ms a request", r.LatencyCeiling.PerRequestMs), f("ceiling %.1f s", r.LatencyCeiling.CeilingSeconds), f("%.2f", r.LatencyCeiling.Ratio), "")
+	row("  a bare net/http pair's own ratio", "", "", f("%.3f", r.MachineLatencyRatio), "")
 	row("idle resync: crawl requests", f("%d (history %d)", r.Idle.Requests, r.Idle.HistoryRequests), f("limit %d", r.IdleLimit), "", status["idle resync requests"]+"; history "+status["idle resync history requests"])
 	row("idle resync: wall", f("%.2f s", r.Idle.WallSeconds), "", "", "")
 	row("  advisories job beside it: requests", f("%d", r.Idle.AdvisoryRequests), f("minimum %d", r.Minimum.AdvisoryPages), "", "")
@@ -403,6 +418,7 @@ func printTable(w io.Writer, r results) {
 	row("  full sync: requests", f("%d", rr.FullSync.Requests), f("minimum %d", rr.MinimumTotal), f("%.3f", rr.RequestRatio), status["realistic: requests / minimum"])
 	row("  full sync: wall, peak RSS", f("%.1f s, %.0f MB", rr.FullSync.WallSeconds, rr.Memory.PeakMB), "", "", status["realistic: peak memory (MB)"])
 	row(f("  latency sync (%s/req): wall", r.Params.Latency), f("%.1f s", rr.LatencySync.WallSeconds), f("floor %.1f s", rr.LatencyFloor), f("%.2f", rr.LatencyRatio), status["realistic: latency-bound / floor"])
+	row("    against its requests in a plain loop", f("%.2f ms a request", rr.LatencyCeiling.PerRequestMs), f("ceiling %.1f s", rr.LatencyCeiling.CeilingSeconds), f("%.2f", rr.LatencyCeiling.Ratio), "")
 	row(f("  at requests_per_second %g", rr.RequestsPerSecond), f("%.1f h", rr.RateBoundHours), "minimum / rate", "", "")
 	row("  idle resync: crawl requests", f("%d (history %d)", rr.Idle.Requests, rr.Idle.HistoryRequests), f("limit %d", rr.IdleLimit), "", status["realistic: idle requests"])
 	row(f("  incremental (%d moved): crawl requests", rr.Moved), f("%d (history %d)", rr.Incremental.Requests, rr.Incremental.HistoryRequests), f("minimum %d", rr.IncrementalMinimum), f("%.3f", rr.IncrementalRatio), status["realistic: incremental / minimum"])

@@ -16,14 +16,15 @@ import (
 // date and epoch tags with one or two history records.
 type realisticResult struct {
 	Repos, Tags, HistoryRecords int
-	Minimum                     minimum    `json:"minimum_requests"`
-	MinimumTotal                int        `json:"minimum_requests_total"`
-	FullSync                    syncResult `json:"full_sync"`
-	RequestRatio                float64    `json:"request_ratio"`
-	Memory                      memResult  `json:"memory"`
-	LatencySync                 syncResult `json:"latency_sync"`
-	LatencyFloor                float64    `json:"latency_floor_s"`
-	LatencyRatio                float64    `json:"latency_ratio"`
+	Minimum                     minimum        `json:"minimum_requests"`
+	MinimumTotal                int            `json:"minimum_requests_total"`
+	FullSync                    syncResult     `json:"full_sync"`
+	RequestRatio                float64        `json:"request_ratio"`
+	Memory                      memResult      `json:"memory"`
+	LatencySync                 syncResult     `json:"latency_sync"`
+	LatencyFloor                float64        `json:"latency_floor_s"`
+	LatencyRatio                float64        `json:"latency_ratio"`
+	LatencyCeiling              latencyCeiling `json:"latency_ceiling"`
 	// RequestsPerSecond is [crawl] requests_per_second's default, and
 	// RateBoundHours the full sync's time under it: the minimum requests
 	// divided by the rate, which the client's limiter holds exactly.
@@ -112,5 +113,6 @@ func measureRealistic(ctx context.Context, p params, dir string, progress func(s
 	floorRequests := minimumRequests(o.sim.Truth()).Total()
 	r.LatencyFloor = float64(floorRequests) * p.Latency.Seconds() / float64(p.Concurrency)
 	r.LatencyRatio = r.LatencySync.WallSeconds / r.LatencyFloor
-	return r, nil
+	r.LatencyCeiling, err = measureLatencyCeiling(ctx, o, p, floorRequests, r.LatencySync.WallSeconds)
+	return r, err
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httptrace"
 	"os"
 	"path/filepath"
@@ -228,19 +229,105 @@ func BenchmarkLatency(b *testing.B) {
 	tr.report(os.Stderr, res.Wall, p.Latency, p.Concurrency)
 	b.ReportMetric(res.WallSeconds/floor, "latency/floor")
 
-	// The reference: the same kind of requests from a plain loop, as many
-	// at once as the crawl's concurrency, through a client like the
-	// crawl's, with nothing done with the answers.
-	cpu0 = selfCPU()
-	loop, n, err := requestLoop(ctx, o, p.Concurrency, 5000)
+	ceil, err := measureLatencyCeiling(ctx, o, p, minimum, res.WallSeconds)
 	if err != nil {
 		b.Fatal(err)
 	}
-	cpu = selfCPU() - cpu0
-	per := loop * time.Duration(p.Concurrency) / time.Duration(n)
 	fmt.Fprintf(os.Stderr, "plain loop: %d history requests in %.2f s (CPU %.0f us a request), %.2f ms a request and place (latency %.0f ms): the floor at that pace %.2f s, the sync's ratio to it %.3f\n",
-		n, loop.Seconds(), float64(cpu.Microseconds())/float64(n), ms(per), ms(p.Latency), float64(minimum)*per.Seconds()/float64(p.Concurrency),
-		res.WallSeconds/(float64(minimum)*per.Seconds()/float64(p.Concurrency)))
+		ceil.Requests, ceil.Seconds, ceil.CPUPerRequestUs, ceil.PerRequestMs, ms(p.Latency), ceil.CeilingSeconds, ceil.Ratio)
+	machine, err := measureMachineLatency(ctx, p.Concurrency, p.Latency, 4000)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fmt.Fprintf(os.Stderr, "bare net/http pair on this machine: %d requests, %d at once, %.0f ms each: %.3f of their floor\n", 4000, p.Concurrency, ms(p.Latency), machine)
+}
+
+// latencyCeiling is the latency-bound sync's measured ceiling: the same
+// kind of requests (history reads) from a plain loop, as many at once as
+// the crawl's concurrency, through a client like the crawl's, against the
+// same simulator with the same response time, with nothing done with the
+// answers. Its pace, times the minimum requests, is the wall no crawl
+// could beat on this machine.
+type latencyCeiling struct {
+	Requests        int     `json:"requests"`
+	Seconds         float64 `json:"seconds"`
+	CPUPerRequestUs float64 `json:"cpu_per_request_us"`
+	PerRequestMs    float64 `json:"per_request_and_place_ms"`
+	CeilingSeconds  float64 `json:"ceiling_s"`
+	Ratio           float64 `json:"ratio"` // the sync's wall to CeilingSeconds
+}
+
+// measureLatencyCeiling runs the plain loop with o's simulator answering
+// every request p.Latency after it arrives, and compares wall, the sync's,
+// to minimum requests at the loop's pace.
+func measureLatencyCeiling(ctx context.Context, o *org, p params, minimum int, wall float64) (latencyCeiling, error) {
+	o.sim.SetFaults(platformsim.Fault{Pattern: "*", RespondAfter: p.Latency})
+	defer o.sim.SetFaults()
+	cpu0 := selfCPU()
+	loop, n, err := requestLoop(ctx, o, p.Concurrency, 5000)
+	if err != nil {
+		return latencyCeiling{}, err
+	}
+	cpu := selfCPU() - cpu0
+	per := loop * time.Duration(p.Concurrency) / time.Duration(n)
+	c := latencyCeiling{Requests: n, Seconds: loop.Seconds(), CPUPerRequestUs: float64(cpu.Microseconds()) / float64(n), PerRequestMs: ms(per),
+		CeilingSeconds: float64(minimum) * per.Seconds() / float64(p.Concurrency)}
+	c.Ratio = wall / c.CeilingSeconds
+	return c, nil
+}
+
+// measureMachineLatency is what this machine allows any client: n requests
+// to a bare net/http server on loopback that answers each after latency,
+// conc at once from a bare net/http client, as a ratio to their floor (n ×
+// latency ÷ conc). The difference is Go's timers firing late and the
+// requests' own round trips, with nothing of syncd or the simulator in it.
+func measureMachineLatency(ctx context.Context, conc int, latency time.Duration, n int) (float64, error) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t := time.NewTimer(latency)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			_, _ = w.Write([]byte(`{"items":[]}`))
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxConnsPerHost, tr.MaxIdleConnsPerHost = conc, conc
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	next := make(chan struct{})
+	g, gctx := errgroup.WithContext(ctx)
+	start := time.Now()
+	for range conc {
+		g.Go(func() error {
+			for range next {
+				req, err := http.NewRequestWithContext(gctx, http.MethodGet, srv.URL, nil)
+				if err != nil {
+					return err
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					return err
+				}
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	for range n {
+		next <- struct{}{}
+	}
+	close(next)
+	if err := g.Wait(); err != nil {
+		return 0, err
+	}
+	floor := time.Duration(n) * latency / time.Duration(conc)
+	return time.Since(start).Seconds() / floor.Seconds(), nil
 }
 
 // requestLoop reads one history window of up to n tags of o, conc at once,
