@@ -218,7 +218,7 @@ func BenchmarkSyncd(b *testing.B) {
 	if r.LatencyCeiling, err = measureLatencyCeiling(ctx, o, p, r.MinimumTotal, r.LatencySync.WallSeconds); err != nil {
 		b.Fatal(err)
 	}
-	if r.MachineLatencyRatio, err = measureMachineLatency(ctx, p.Concurrency, p.Latency, 4000); err != nil {
+	if r.MachineLatencyRatio, err = measureMachineLatency(ctx, p.Concurrency, p.Latency, machineRequests); err != nil {
 		b.Fatal(err)
 	}
 
