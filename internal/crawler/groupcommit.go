@@ -19,9 +19,11 @@ import (
 // for them, up to linger or until minBatch reads are queued, before it
 // commits: with requests slower than commits, reads otherwise arrived one
 // or two at a time, and a latency-bound sync made a commit of 1.7 tags on
-// average, whose fixed cost (the bookmarks' lookup, the WAL frames of the
-// pages every commit rewrites) was two thirds of its writer's time. A lone
-// read, such as the one a push asks for, is committed at once.
+// average, whose fixed cost (the bookmarks' lookup, statements parsed
+// anew, the WAL frames of the pages every commit rewrites) was more than
+// half of its writer's time: 2.6 s for 5,000 reads in 3,007 commits, 1.4 s
+// in 530. A lone read, such as the one a push asks for, is committed at
+// once.
 type historyCommitter struct {
 	store *store.Store
 	// maxBatch bounds the tags in one transaction, so a large batch does
