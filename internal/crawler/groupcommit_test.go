@@ -13,18 +13,18 @@ import (
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
-// TestHistoryCommitter_ConcurrentReadsShareCommits: reads finishing at once
-// are all written, each exactly once, with every event counted, in no more
-// commits than reads.
-func TestHistoryCommitter_ConcurrentReadsShareCommits(t *testing.T) {
+// committerStore opens a mirror past its baseline holding one repo, and
+// counts its commits.
+func committerStore(t *testing.T) (*store.Store, store.Repo, *atomic.Int64) {
+	t.Helper()
 	ctx := context.Background()
-	var commits atomic.Int64
+	commits := new(atomic.Int64)
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "m.db"), store.Options{
 		BeforeCommit: func(context.Context) error { commits.Add(1); return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(func() { st.Close() })
 	if err := st.EndBaseline(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -32,6 +32,15 @@ func TestHistoryCommitter_ConcurrentReadsShareCommits(t *testing.T) {
 	if _, err := st.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
 		t.Fatal(err)
 	}
+	return st, repo, commits
+}
+
+// TestHistoryCommitter_ConcurrentReadsShareCommits: reads finishing at once
+// are all written, each exactly once, with every event counted, in no more
+// commits than reads.
+func TestHistoryCommitter_ConcurrentReadsShareCommits(t *testing.T) {
+	ctx := context.Background()
+	st, repo, commits := committerStore(t)
 	const tags = 40
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var list []store.Tag
@@ -76,20 +85,7 @@ func TestHistoryCommitter_ConcurrentReadsShareCommits(t *testing.T) {
 // so waiting for it would hang the test).
 func TestHistoryCommitter_WaitsForReadsOnTheWire(t *testing.T) {
 	ctx := context.Background()
-	var commits atomic.Int64
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "m.db"), store.Options{
-		BeforeCommit: func(context.Context) error { commits.Add(1); return nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := st.EndBaseline(ctx); err != nil {
-		t.Fatal(err)
-	}
-	repo := store.Repo{UID: "org1/r", Name: "r"}
-	if _, err := st.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
-		t.Fatal(err)
-	}
+	st, repo, commits := committerStore(t)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var list []store.Tag
 	for i := range 4 {
