@@ -128,7 +128,15 @@ func (s *Store) repairIndexes(ctx context.Context) error {
 // sortCacheKiB, instead of keeping all of it in memory as temp_store=MEMORY
 // would, and a page cache larger than that shrinks to it, so that the memory
 // it gives back holds the sort. The writer's settings are restored after.
-func (s *Store) sortingTx(ctx context.Context, fn func(*sql.Tx) error) (err error) {
+func (s *Store) sortingTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	return s.sortingConn(ctx, func(conn *sql.Conn) error {
+		tx, err := conn.BeginTx(ctx, nil)
+		return runTx(tx, err, fn)
+	})
+}
+
+// sortingConn runs fn on the writer's connection with sortingTx's settings.
+func (s *Store) sortingConn(ctx context.Context, fn func(*sql.Conn) error) (err error) {
 	conn, err := s.w.Conn(ctx)
 	if err != nil {
 		return err
@@ -147,8 +155,7 @@ func (s *Store) sortingTx(ctx context.Context, fn func(*sql.Tx) error) (err erro
 			err = errors.Join(rerr, conn.Raw(func(any) error { return driver.ErrBadConn }))
 		}
 	}()
-	tx, err := conn.BeginTx(ctx, nil)
-	return runTx(tx, err, fn)
+	return fn(conn)
 }
 
 // sortCacheKiB is the memory an index build sorts in before it spills.

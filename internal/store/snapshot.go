@@ -105,17 +105,16 @@ func (s *Store) Restore(ctx context.Context, path string, seq uint64) error {
 	if err := snap.Close(); err != nil {
 		return fmt.Errorf("close snapshot: %w", err)
 	}
-	conn, err := s.w.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("restore snapshot: %w", err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `ATTACH DATABASE ? AS snap`, "file:"+path+"?mode=ro"); err != nil {
-		return fmt.Errorf("attach snapshot %s: %w", path, err)
-	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), `DETACH DATABASE snap`)
-	tx, err := conn.BeginTx(ctx, nil)
-	err = runTx(tx, err, func(tx *sql.Tx) error { return s.restoreTables(ctx, tx, seq) })
+	// The indexes are rebuilt after the copy, with the index build's
+	// settings.
+	err = s.sortingConn(ctx, func(conn *sql.Conn) error {
+		if _, err := conn.ExecContext(ctx, `ATTACH DATABASE ? AS snap`, "file:"+path+"?mode=ro"); err != nil {
+			return fmt.Errorf("attach snapshot %s: %w", path, err)
+		}
+		defer conn.ExecContext(context.WithoutCancel(ctx), `DETACH DATABASE snap`)
+		tx, err := conn.BeginTx(ctx, nil)
+		return runTx(tx, err, func(tx *sql.Tx) error { return s.restoreTables(ctx, tx, seq) })
+	})
 	if err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
@@ -123,11 +122,19 @@ func (s *Store) Restore(ctx context.Context, path string, seq uint64) error {
 }
 
 // restoreTables copies the snapshot's tables over the mirror's, in tx.
+// The tables' own indexes are dropped while they are filled and built
+// again from a sort after: kept up row by row, the indexes by time and
+// digest alone (inserted in no order) made a restore of a million history
+// rows several times slower than the copy.
 func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error {
 	for i := len(snapshotTables) - 1; i >= 0; i-- {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM main.`+snapshotTables[i]); err != nil {
 			return fmt.Errorf("empty %s: %w", snapshotTables[i], err)
 		}
+	}
+	indexes, err := dropIndexes(ctx, tx, snapshotTables)
+	if err != nil {
+		return err
 	}
 	for _, t := range snapshotTables {
 		cols, err := columns(ctx, tx, t)
@@ -137,6 +144,11 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 		list := strings.Join(cols, ", ")
 		if _, err := tx.ExecContext(ctx, `INSERT INTO main.`+t+` (`+list+`) SELECT `+list+` FROM snap.`+t); err != nil {
 			return fmt.Errorf("copy %s: %w", t, err)
+		}
+	}
+	for _, ix := range indexes {
+		if _, err := tx.ExecContext(ctx, ix.create); err != nil {
+			return fmt.Errorf("build index %s: %w", ix.name, err)
 		}
 	}
 	// event_log's trigger put every copied event in the outbox: none is
@@ -171,6 +183,36 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 		return s.buildIndexes(ctx, tx)
 	}
 	return nil
+}
+
+// dropIndexes drops the indexes of tables in the main database that a
+// statement created (not those of their UNIQUE and PRIMARY KEY
+// constraints), and returns them with the statements that build them.
+func dropIndexes(ctx context.Context, tx *sql.Tx, tables []string) ([]struct{ name, create string }, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT name, sql FROM main.sqlite_schema
+		WHERE type = 'index' AND sql IS NOT NULL AND tbl_name IN (SELECT value FROM json_each(?)) ORDER BY name`, jsonList(tables))
+	if err != nil {
+		return nil, fmt.Errorf("list indexes: %w", err)
+	}
+	var out []struct{ name, create string }
+	for rows.Next() {
+		var ix struct{ name, create string }
+		if err := rows.Scan(&ix.name, &ix.create); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, ix)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, ix := range out {
+		if _, err := tx.ExecContext(ctx, `DROP INDEX main."`+ix.name+`"`); err != nil {
+			return nil, fmt.Errorf("drop index %s: %w", ix.name, err)
+		}
+	}
+	return out, nil
 }
 
 // columns lists the columns of table in the main database.
