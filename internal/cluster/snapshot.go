@@ -266,7 +266,7 @@ func (s *Snapshotter) prune(ctx context.Context, obj jetstream.ObjectStore) erro
 
 // listSnapshots lists the bucket's snapshots, newest first.
 func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotInfo, error) {
-	objs, err := obj.List(ctx)
+	objs, err := listObjects(ctx, obj)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, nil
 	}
@@ -288,6 +288,30 @@ func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotIn
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.After(out[j].Created) })
 	return out, nil
+}
+
+// listAttempt bounds one listing of a bucket. A listing is a watcher that
+// returns once it has been handed the last object's entry, and it can miss
+// that hand-over (a test saw one wait 8 minutes while a snapshot was
+// deleted beside it): so each attempt has a deadline, and a fresh watcher
+// tries again.
+var listAttempt = 10 * time.Second
+
+const listAttempts = 3
+
+// listObjects lists obj's objects, listAttempts times at most.
+func listObjects(ctx context.Context, obj jetstream.ObjectStore) ([]*jetstream.ObjectInfo, error) {
+	var err error
+	for range listAttempts {
+		actx, cancel := context.WithTimeout(ctx, listAttempt)
+		var objs []*jetstream.ObjectInfo
+		objs, err = obj.List(actx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			return objs, err
+		}
+	}
+	return nil, fmt.Errorf("no answer in %d attempts of %s: %w", listAttempts, listAttempt, err)
 }
 
 // newestSnapshot is the newest snapshot in obj; false when it has none.

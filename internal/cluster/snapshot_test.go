@@ -175,7 +175,9 @@ func TestSnapshot_FollowerAfterStreamDroppedEvents(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- snaps.Run(rctx) }()
 	testutil.Eventually(t, 5*time.Second, func() error {
-		list, err := obj.List(ctx)
+		lctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		list, err := obj.List(lctx)
 		if err != nil || len(list) != 2 {
 			return fmt.Errorf("%d snapshots (%v), want 2", len(list), err)
 		}
