@@ -222,12 +222,20 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	created := time.Now().UTC()
 	name := snapshotPrefix + created.Format("20060102T150405.000Z")
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(compress(pw, f)) }()
+	compressed := make(chan struct{})
+	go func() {
+		defer close(compressed)
+		pw.CloseWithError(compress(pw, f))
+	}()
 	oi, err := obj.Put(ctx, jetstream.ObjectMeta{Name: name, Description: "syncd mirror, zstd-compressed SQLite database",
 		Metadata: map[string]string{snapshotSeqKey: strconv.FormatUint(seq, 10), snapshotCreatedKey: created.Format(time.RFC3339Nano),
 			snapshotRawKey: strconv.FormatInt(fi.Size(), 10)},
 		Opts: &jetstream.ObjectMetaOptions{ChunkSize: snapshotChunk}}, pr)
-	pr.CloseWithError(io.ErrClosedPipe) // ends the compressor if Put stopped early
+	// Closing the pipe ends the compressor if Put stopped early (a
+	// shutdown cancels it); the file is closed and removed only after the
+	// compressor has stopped reading it.
+	pr.CloseWithError(io.ErrClosedPipe)
+	<-compressed
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("put snapshot %s into %s: %w", name, s.cfg.Bucket, err)
 	}
