@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -243,7 +244,7 @@ func TestCluster_ThreeNodes(t *testing.T) {
 	rcv := consume(ctx, t, urls)
 	w.converge(rcv, 60*time.Second)
 	expected := eventIDs(t, leader.dbPath)
-	onStream, total := streamIDs(ctx, t, js)
+	onStream, total, described := streamIDs(ctx, t, js)
 	missing, extra := 0, 0
 	for id := range expected {
 		if onStream[id] == 0 {
@@ -257,6 +258,14 @@ func TestCluster_ThreeNodes(t *testing.T) {
 	for id := range onStream {
 		if !expected[id] {
 			extra++
+			t.Logf("on the stream, not in the new leader's mirror: %s", described[id])
+		}
+	}
+	if extra > 0 {
+		for _, line := range strings.Split(leader.out.String(), "\n") {
+			if strings.Contains(line, `"cluster role"`) || strings.Contains(line, "catching up") || strings.Contains(line, `"leading"`) || strings.Contains(line, "readying") {
+				t.Logf("%s: %s", leader.name, line)
+			}
 		}
 	}
 	delivered := len(onStream)
@@ -327,7 +336,7 @@ func TestCluster_ThreeNodes(t *testing.T) {
 
 // streamIDs reads the SYNCD stream message by message and returns how
 // many messages carry each event id, and how many messages there are.
-func streamIDs(ctx context.Context, t *testing.T, js jetstream.JetStream) (map[string]int, int) {
+func streamIDs(ctx context.Context, t *testing.T, js jetstream.JetStream) (map[string]int, int, map[string]string) {
 	t.Helper()
 	s, err := js.Stream(ctx, "SYNCD")
 	if err != nil {
@@ -337,7 +346,7 @@ func streamIDs(ctx context.Context, t *testing.T, js jetstream.JetStream) (map[s
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, total := map[string]int{}, 0
+	ids, total, described := map[string]int{}, 0, map[string]string{}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -352,8 +361,9 @@ func streamIDs(ctx context.Context, t *testing.T, js jetstream.JetStream) (map[s
 		}
 		ids[ev.ID]++
 		total++
+		described[ev.ID] = fmt.Sprintf("seq %d %s %s %s (at %s)", seq, ev.ID, ev.Type, ev.Subject, m.Time.UTC().Format(time.RFC3339Nano))
 	}
-	return ids, total
+	return ids, total, described
 }
 
 // eventIDs is the set of event ids in a mirror.

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -71,6 +73,9 @@ type Follower struct {
 	// ahead is the batch fetched while the last one was applied; nil:
 	// none. Like cons, only Run or CatchUp touches it.
 	ahead *pulled
+	// next is the stream sequence after the last one applied; 0: not
+	// known yet. Like cons, only Run or CatchUp touches it.
+	next uint64
 }
 
 // NewFollower returns a follower of js's stream into mirror.
@@ -243,9 +248,45 @@ func (f *Follower) CatchUp(ctx context.Context) error {
 			return err
 		}
 		if pending == 0 {
-			return nil
+			return f.catchUpTail(ctx)
 		}
 	}
+}
+
+// catchUpTail applies the stream's last messages when the consumer has
+// none pending but the mirror lacks them: delivered, and lost on their
+// way (see withMissing), with nothing after them to show the gap.
+func (f *Follower) catchUpTail(ctx context.Context) error {
+	if f.next == 0 {
+		return nil
+	}
+	stream, err := f.js.Stream(ctx, f.cfg.Stream)
+	if err != nil {
+		return fmt.Errorf("look up stream %s: %w", f.cfg.Stream, err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("stream %s info: %w", f.cfg.Stream, err)
+	}
+	last := info.State.LastSeq
+	if last < f.next || last-f.next >= maxMissing {
+		return nil
+	}
+	evs, err := f.readRange(ctx, f.next, last)
+	if err != nil {
+		return err
+	}
+	if len(evs) > 0 {
+		n, err := f.mirror.ApplyStreamEvents(ctx, evs)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			f.log.Info("events the consumer had delivered but not received were read from the stream", "from", f.next, "to", last, "applied", n)
+		}
+	}
+	f.next = last + 1
+	return nil
 }
 
 // fetch applies one batch and returns how many events it applied and how
@@ -273,7 +314,13 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 	}
 	applied := 0
 	if len(b.evs) > 0 {
-		if applied, err = f.mirror.ApplyStreamEvents(ctx, b.evs); err != nil {
+		evs, err := f.withMissing(ctx, b)
+		if err != nil {
+			b.nak()
+			f.dropAhead()
+			return 0, 0, err
+		}
+		if applied, err = f.mirror.ApplyStreamEvents(ctx, evs); err != nil {
 			// Redelivered in order: this batch, then the one fetched
 			// ahead of it.
 			b.nak()
@@ -285,6 +332,7 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 				f.log.Debug("ack failed; the message comes again and changes nothing", "err", err)
 			}
 		}
+		f.next = max(f.next, slices.Max(b.seqs)+1)
 	}
 	pending := b.pending
 	if !b.known {
@@ -330,6 +378,59 @@ func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, noWait boo
 	return b
 }
 
+// maxMissing bounds the events withMissing reads from the stream itself;
+// a longer gap is left to the consumer's redelivery.
+const maxMissing = 10_000
+
+// withMissing returns b's events after those the consumer skipped: the
+// messages between the last one applied and b's first. A message the
+// consumer delivered but this follower never received (its fetch lost to
+// a stream leader's failure) comes again only after the AckWait, after the
+// messages that followed it, and not at all before a promotion's catch-up
+// ends; so the gap is read from the stream directly, in order. The
+// message, when it comes again, changes nothing: its event is applied.
+func (f *Follower) withMissing(ctx context.Context, b *pulled) ([]store.StreamEvent, error) {
+	first := b.seqs[0]
+	if f.next == 0 || first <= f.next || first-f.next > maxMissing {
+		return b.evs, nil
+	}
+	missing, err := f.readRange(ctx, f.next, first-1)
+	if err != nil {
+		return nil, err
+	}
+	if len(missing) > 0 {
+		f.log.Info("events the consumer skipped were read from the stream", "from", f.next, "to", first-1, "events", len(missing))
+	}
+	return append(missing, b.evs...), nil
+}
+
+// readRange reads the syncd events of the stream's sequences from..to.
+func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.StreamEvent, error) {
+	stream, err := f.js.Stream(ctx, f.cfg.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", f.cfg.Stream, err)
+	}
+	var evs []store.StreamEvent
+	for seq := from; seq <= to; seq++ {
+		m, err := stream.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read stream %s message %d: %w", f.cfg.Stream, seq, err)
+		}
+		if !strings.HasPrefix(m.Subject, f.cfg.SubjectPrefix+".") {
+			continue
+		}
+		ev, err := publish.Decode(m.Data)
+		if err != nil {
+			continue // the consumer terminates it when it comes
+		}
+		evs = append(evs, ev)
+	}
+	return evs, nil
+}
+
 // dropAhead gives back the batch fetched ahead, if any, for redelivery.
 func (f *Follower) dropAhead() {
 	if f.ahead == nil {
@@ -349,6 +450,7 @@ type pulled struct {
 
 	msgs []jetstream.Msg
 	evs  []store.StreamEvent
+	seqs []uint64 // the messages' stream sequences (0: not known)
 	// pending is what the consumer had pending after the last message;
 	// known: there was a message to tell.
 	pending uint64
@@ -365,8 +467,9 @@ func (b *pulled) wait() error {
 // a syncd event is terminated, never to come again.
 func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 	for m := range batch.Messages() {
+		var seq uint64
 		if md, err := m.Metadata(); err == nil {
-			b.pending, b.known = md.NumPending, true
+			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream
 		}
 		ev, err := publish.Decode(m.Data())
 		if err != nil {
@@ -377,7 +480,7 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 			}
 			continue
 		}
-		b.msgs, b.evs = append(b.msgs, m), append(b.evs, ev)
+		b.msgs, b.evs, b.seqs = append(b.msgs, m), append(b.evs, ev), append(b.seqs, seq)
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {
 		return err
