@@ -49,9 +49,13 @@ func TestConnect_CheckStreamOnly(t *testing.T) {
 	if err := admin.JS.DeleteStream(ctx, testStream); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.JS.CreateStream(ctx, jetstream.StreamConfig{Name: testStream, Subjects: []string{"other.>"}, MaxMsgs: 1000}); err != nil {
-		t.Fatal(err)
-	}
+	// The server removes a deleted stream's files after it answers, and
+	// a new stream of the same name fails while it does ("error creating
+	// store for stream"): the administrator tries again.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		_, err := admin.JS.CreateStream(ctx, jetstream.StreamConfig{Name: testStream, Subjects: []string{"other.>"}, MaxMsgs: 1000})
+		return err
+	})
 	if _, err := publish.Connect(ctx, cfg); err == nil || !strings.Contains(err.Error(), `does not capture "syncd.>"`) {
 		t.Fatalf("Connect with a stream of other subjects = %v, want an error saying it does not capture syncd.>", err)
 	}
