@@ -444,9 +444,9 @@ func TestRelay_ErrWhileNotPublishing(t *testing.T) {
 	}
 	p.addRepos(ctx, "during", 2, 2)
 	testutil.WaitFor(t, 10*time.Second, "Err to say the relay does not publish", func() bool { return r.Err() != nil })
-	if err := publish.EnsureStream(ctx, conn.JS, cfg); err != nil {
-		t.Fatal(err)
-	}
+	// Until the server has removed the deleted stream's files, creating it
+	// again can fail ("error creating store for stream").
+	testutil.Eventually(t, 10*time.Second, func() error { return publish.EnsureStream(ctx, conn.JS, cfg) })
 	testutil.Eventually(t, 20*time.Second, unpublished(t, st))
 	testutil.WaitFor(t, 10*time.Second, "Err to clear", func() bool { return r.Err() == nil })
 }
