@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -282,7 +281,7 @@ func (f *Follower) catchUpTail(ctx context.Context) error {
 			return err
 		}
 		if n > 0 {
-			f.log.Info("events the consumer had delivered but not received were read from the stream", "from", f.next, "to", last, "applied", n)
+			f.log.Info("events the consumer skipped were read from the stream", "from", f.next, "to", last, "events", n)
 		}
 	}
 	f.next = last + 1
@@ -410,18 +409,22 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 	if err != nil {
 		return nil, fmt.Errorf("look up stream %s: %w", f.cfg.Stream, err)
 	}
+	// Each read is of the first syncd message at or after seq, so that the
+	// messages of other subjects a shared stream holds are not read.
+	subject := f.cfg.SubjectPrefix + ".>"
 	var evs []store.StreamEvent
-	for seq := from; seq <= to; seq++ {
-		m, err := stream.GetMsg(ctx, seq)
+	for seq := from; seq <= to; {
+		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
+			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read stream %s message %d: %w", f.cfg.Stream, seq, err)
+			return nil, fmt.Errorf("read stream %s from message %d: %w", f.cfg.Stream, seq, err)
 		}
-		if !strings.HasPrefix(m.Subject, f.cfg.SubjectPrefix+".") {
-			continue
+		if m.Sequence > to {
+			break
 		}
+		seq = m.Sequence + 1
 		ev, err := publish.Decode(m.Data)
 		if err != nil {
 			continue // the consumer terminates it when it comes

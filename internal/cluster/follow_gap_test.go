@@ -51,6 +51,17 @@ func TestFollower_DeliveryLostOnTheWay(t *testing.T) {
 			t.Fatalf("took %d messages, want 1 (%v)", n, batch.Error())
 		}
 	}
+	// The stream also holds messages of other subjects, which the reads
+	// of a gap pass over.
+	stream, err := js.Stream(ctx, "EV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg := stream.CachedInfo().Config
+	scfg.Subjects = append(scfg.Subjects, "other.>")
+	if _, err := js.UpdateStream(ctx, scfg); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name          string
 		before, after int
@@ -58,6 +69,11 @@ func TestFollower_DeliveryLostOnTheWay(t *testing.T) {
 		leader.change(c.before)
 		leader.publish()
 		lose()
+		for range 3 {
+			if _, err := js.Publish(ctx, "other.x", []byte("not a syncd event")); err != nil {
+				t.Fatal(err)
+			}
+		}
 		leader.change(c.after)
 		leader.publish()
 		if err := f.CatchUp(ctx); err != nil {
