@@ -58,6 +58,9 @@ func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, 
 		if err := b.flush(ctx); err != nil {
 			return fmt.Errorf("apply events %s..%s: %w", fresh[0].ID, fresh[len(fresh)-1].ID, err)
 		}
+		if err := addHistoryDigest(ctx, tx, b.history); err != nil {
+			return err
+		}
 		// Recorded in stream order; the seqs past the last one before are
 		// this batch's, the transaction being the only writer.
 		var last int64
@@ -200,9 +203,15 @@ func (b *followBatch) appendFollowedMove(ctx context.Context, id string, after T
 		seq = max(count, 1)
 		b.s.log.Warn("cannot tell the position of a followed move from its id; appending it", "event", id, "tag", after.UID, "seq", seq)
 	}
-	if _, err := b.exec(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
-		after.UID, seq, at, after.Digest); err != nil {
+	res, err := b.exec(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+		after.UID, seq, at, after.Digest)
+	if err != nil {
 		return fmt.Errorf("insert history: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("insert history: %w", err)
+	} else if n > 0 {
+		b.history = append(b.history, after.UID, seq, at, after.Digest)
 	}
 	if seq < count {
 		return nil // an older move arriving late: the bookmark is already past it
@@ -293,6 +302,9 @@ func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []Histor
 		}
 		if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
 			return fmt.Errorf("insert history: %w", err)
+		}
+		if err := addHistoryDigest(ctx, tx, args); err != nil {
+			return err
 		}
 		nb := bookmarkAfter(Bookmark{}, known)
 		_, err := tx.ExecContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ?, baseline = 0

@@ -154,6 +154,9 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 	if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
 		return 0, fmt.Errorf("insert history of %d tags: %w", len(ups), err)
 	}
+	if err := addHistoryDigest(ctx, tx, args); err != nil {
+		return 0, err
+	}
 	if len(marks) > 0 {
 		// history_update_time moves only when the walk was complete. The
 		// tag's digest is its newest record's, written with the records

@@ -142,6 +142,10 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		w.Close()
 		return nil, fmt.Errorf("open %s: %w", path, explain(path, err))
 	}
+	if err := s.ensureDigest(ctx); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open %s: %w", path, explain(path, err))
+	}
 
 	r, err := sql.Open("sqlite", dsn(path, true, 0))
 	if err != nil {
