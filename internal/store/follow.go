@@ -173,8 +173,66 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 		return scopeOf(d.After.Path, d.After.Repo), nil
 	case "advisory":
 		return b.applyAdvisory(ctx, e)
+	case "history":
+		var d RecordedHistory
+		if err := json.Unmarshal(e.Data, &d); err != nil {
+			return "", fmt.Errorf("decode data: %w", err)
+		}
+		if err := b.flush(ctx); err != nil {
+			return "", err
+		}
+		return d.Path, b.appendRecorded(ctx, d)
 	}
 	return "", fmt.Errorf("unknown resource %q", resource)
+}
+
+// appendRecorded stores a history.recorded event's records at their
+// positions and, when they continue the tag's history, moves its bookmark
+// and digest after them, as the leader's history read did.
+func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) error {
+	if len(d.Records) == 0 || d.Tag == "" {
+		return errors.New("history.recorded event without a tag or records")
+	}
+	var old Bookmark
+	var lastTime string
+	row, err := b.queryRow(ctx, `SELECT history_count, history_last_count, COALESCE(history_last_time,'') FROM tags WHERE uid = ?`, d.Tag)
+	if err == nil {
+		err = row.Scan(&old.Count, &old.LastCount, &lastTime)
+	}
+	if err != nil {
+		return fmt.Errorf("read bookmark of tag %s: %w", d.Tag, err)
+	}
+	if old.LastTime, err = ParseTime(lastTime); err != nil {
+		return err
+	}
+	var fresh []HistoryRecord
+	for _, r := range d.Records {
+		at := FormatTime(r.Time)
+		res, err := b.exec(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+			d.Tag, r.Seq, at, r.Digest)
+		if err != nil {
+			return fmt.Errorf("insert history of tag %s: %w", d.Tag, err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n > 0 {
+			b.history = append(b.history, d.Tag, r.Seq, at, r.Digest)
+		}
+		if r.Seq == old.Count+len(fresh) {
+			fresh = append(fresh, HistoryRecord{Time: r.Time.UTC().Truncate(time.Millisecond), Digest: r.Digest})
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	nb, last := bookmarkAfter(old, fresh), fresh[len(fresh)-1]
+	_, err = b.exec(ctx, `UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4, digest = ?4,
+		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END WHERE uid = ?5`,
+		FormatTime(nb.LastTime), nb.LastCount, nb.Count, last.Digest, d.Tag)
+	if err != nil {
+		return fmt.Errorf("move bookmark of tag %s: %w", d.Tag, err)
+	}
+	return nil
 }
 
 // appendFollowedMove records a tag.moved event as a history row at the
@@ -289,27 +347,32 @@ func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []Histor
 	if len(known) == 0 {
 		return 0, nil // nothing to anchor on: the tag stays baseline, read silently
 	}
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	// The records go on the stream as a replication record, so that the
+	// followers hold them too.
+	_, err := s.commit(ctx, func(tx *sql.Tx) (int, error) {
 		// Only a tag with no history yet is resolved: one that a move
 		// already placed, or a second resolution, is left alone.
 		var count int
 		if err := tx.QueryRowContext(ctx, `SELECT history_count FROM tags WHERE uid = ?`, ref.UID).Scan(&count); err != nil || count > 0 {
-			return err
+			return 0, err
 		}
 		args := make([]any, 0, historyColumns*len(known))
 		for i, r := range known {
 			args = append(args, ref.UID, i, FormatTime(r.Time), r.Digest)
 		}
 		if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
-			return fmt.Errorf("insert history: %w", err)
+			return 0, fmt.Errorf("insert history: %w", err)
 		}
 		if err := addHistoryDigest(ctx, tx, args); err != nil {
-			return err
+			return 0, err
 		}
 		nb := bookmarkAfter(Bookmark{}, known)
 		_, err := tx.ExecContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ?, baseline = 0
 			WHERE uid = ?`, FormatTime(nb.LastTime), nb.LastCount, nb.Count, known[len(known)-1].Digest, ref.UID)
-		return err
+		if err != nil {
+			return 0, err
+		}
+		return s.appendEvents(ctx, tx, []change{recordedChange(ref.UID, ref.Path, 0, known)})
 	})
 	if err != nil {
 		return 0, fmt.Errorf("resolve history of tag %s:%s: %w", ref.Repo, ref.Name, err)

@@ -105,7 +105,9 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		return 0, err
 	}
 	var args []any
-	var cs []change
+	// cs are the moves, recorded the replication records, which are not
+	// counted as events: they change no resource.
+	var cs, recorded []change
 	type bookmarkRow struct {
 		ref      TagRef
 		b        Bookmark
@@ -131,6 +133,12 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		// before is the tag as the previous record left it: its digest and
 		// its time.
 		prev, prevTime := st.historyLastDigest, b.LastTime
+		// What is stored without a move (the first record, or a silent
+		// read's) after the baseline goes on the stream as a replication
+		// record; the baseline's own reach followers in a snapshot.
+		if unannounced := unannouncedRecords(fresh, b.Count, silent); !baseline && unannounced > 0 {
+			recorded = append(recorded, recordedChange(ref.UID, cur.Path, b.Count, fresh[:unannounced]))
+		}
 		for i, r := range fresh {
 			seq := b.Count + i
 			if seq > 0 && !silent {
@@ -187,7 +195,23 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 			}
 		}
 	}
+	if _, err := s.appendEvents(ctx, tx, recorded); err != nil {
+		return 0, err
+	}
 	return s.appendEvents(ctx, tx, cs)
+}
+
+// unannouncedRecords is how many of the fresh records, the first at
+// position first, are stored without a tag.moved event: all of a silent
+// read, else the tag's first record.
+func unannouncedRecords(fresh []HistoryRecord, first int, silent bool) int {
+	switch {
+	case silent:
+		return len(fresh)
+	case first == 0 && len(fresh) > 0:
+		return 1
+	}
+	return 0
 }
 
 // storedPrecision returns records with times cut to the millisecond the
