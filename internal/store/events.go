@@ -35,8 +35,8 @@ const (
 
 // RecordedHistory is a history.recorded event's data.
 type RecordedHistory struct {
-	Tag     string            `json:"tag"`
-	Path    string            `json:"path"`
+	Tag     string           `json:"tag"`
+	Path    string           `json:"path"`
 	Records []RecordedRecord `json:"records"`
 }
 
