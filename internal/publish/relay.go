@@ -63,6 +63,34 @@ type Relay struct {
 	// kvDropped: the last pass dropped KV writes its writer could not keep
 	// up with, so the next pass, which reconciles the buckets, is due now.
 	kvDropped bool
+	// cp, when set, is where checkpoints are read from (see checkpoint.go):
+	// one is due every cpEvery, and at once after RequestCheckpoint.
+	cp       CheckpointSource
+	cpEvery  time.Duration
+	cpLeader string
+	cpKick   chan struct{}
+	cpLast   time.Time
+}
+
+// CheckpointSource is what the relay reads a checkpoint from.
+type CheckpointSource interface {
+	CheckpointState(ctx context.Context) (store.CheckpointState, error)
+}
+
+// WithCheckpoints has the relay put a checkpoint of src's state on the
+// stream every every (and when asked), each once the outbox is drained:
+// leader names the replica in it.
+func WithCheckpoints(src CheckpointSource, every time.Duration, leader string) RelayOption {
+	return func(r *Relay) { r.cp, r.cpEvery, r.cpLeader = src, every, leader }
+}
+
+// RequestCheckpoint asks for a checkpoint as soon as the outbox is drained
+// (after a crawl, say), without waiting for the next one due.
+func (r *Relay) RequestCheckpoint() {
+	select {
+	case r.cpKick <- struct{}{}:
+	default:
+	}
 }
 
 // stallAfter is how long publishes may wait for an acknowledgement before
@@ -117,6 +145,7 @@ func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOp
 		log = slog.New(slog.DiscardHandler)
 	}
 	r := &Relay{js: js, outbox: outbox, format: cfg.Format(), log: log, batch: DefaultBatch, maxInFlight: DefaultMaxInFlight}
+	r.cpKick = make(chan struct{}, 1)
 	for _, o := range opts {
 		o(r)
 	}
@@ -155,12 +184,22 @@ func (r *Relay) Run(ctx context.Context) error {
 			if r.kvDropped {
 				continue // the next pass reconciles the KV buckets
 			}
+			if until, ok := r.checkpointIn(); ok {
+				if until <= 0 {
+					r.checkpoint(ctx)
+					until = r.cpEvery
+				}
+				wait = min(wait, until)
+			}
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil
+		case <-r.cpKick:
+			r.cpLast = time.Time{}
+			t.Stop()
 		case <-r.outbox.Notify():
 			if err != nil {
 				// A commit does not cure a broken connection: wait out the backoff.
@@ -549,4 +588,46 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 		errs = append(errs, fmt.Errorf("and %d more resources failed", n-len(p.errs)))
 	}
 	return p.total, errors.Join(append(errs, markErr)...)
+}
+
+// checkpointIn is how long until the next checkpoint is due; false when
+// the relay writes none.
+func (r *Relay) checkpointIn() (time.Duration, bool) {
+	if r.cp == nil || r.cpEvery <= 0 {
+		return 0, false
+	}
+	select {
+	case <-r.cpKick:
+		return 0, true
+	default:
+	}
+	return time.Until(r.cpLast.Add(r.cpEvery)), true
+}
+
+// checkpoint publishes a checkpoint of the mirror's state, if it can be
+// one now: with nothing in the outbox, every event the digest covers is on
+// the stream before it, and the relay publishes nothing else meanwhile. A
+// checkpoint that cannot be written now is tried at the next one due.
+func (r *Relay) checkpoint(ctx context.Context) {
+	r.cpLast = time.Now()
+	st, err := r.cp.CheckpointState(ctx)
+	if err != nil {
+		r.log.Warn("read the checkpoint state", "err", err)
+		return
+	}
+	if !st.Ready {
+		r.log.Debug("no checkpoint now", "why", st.Why)
+		return
+	}
+	msg, err := NewCheckpoint(r.cpLeader, st.EventSeq, time.Now(), st.Digest).Message(r.format.SubjectPrefix)
+	if err != nil {
+		r.log.Warn("encode a checkpoint", "err", err)
+		return
+	}
+	ack, err := r.js.PublishMsg(ctx, msg)
+	if err != nil {
+		r.log.Warn("publish a checkpoint; the next one is due in "+r.cpEvery.String(), "err", err)
+		return
+	}
+	r.log.Debug("published a checkpoint", "stream_seq", ack.Sequence, "event_seq", st.EventSeq, "duplicate", ack.Duplicate)
 }
