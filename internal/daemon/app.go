@@ -198,12 +198,13 @@ func LockMirror(cfg config.Config, command string, log *slog.Logger) (release fu
 // NATSConfig is where and how events are published.
 func NATSConfig(cfg config.Config, log *slog.Logger) publish.Config {
 	n := cfg.NATS
+	sync, _ := publish.ParseSync(n.SyncInterval) // validated with the config; the default otherwise
 	return publish.Config{
 		URL: n.URL, Listen: n.Listen, DataDir: filepath.Dir(cfg.Store.Path),
 		Credentials: n.Credentials, NKeySeed: n.NKeySeed, Token: n.Token, User: n.User, Password: n.Password,
 		TLSCA: n.TLSCA, TLSCert: n.TLSCert, TLSKey: n.TLSKey,
 		SubjectPrefix: n.SubjectPrefix, Stream: n.Stream, MaxAge: n.MaxAge.Duration,
-		DuplicateWindow: n.DuplicateWindow.Duration, Replicas: n.Replicas, CheckStreamOnly: !n.ManageStream,
+		DuplicateWindow: n.DuplicateWindow.Duration, Replicas: n.Replicas, CheckStreamOnly: !n.ManageStream, Sync: sync,
 		// The CloudEvents source: the platform and group the events describe.
 		Source: strings.TrimRight(cfg.Platform.BaseURL, "/") + "/" + cfg.Platform.Group,
 		Logger: log.With("part", "publish"),
