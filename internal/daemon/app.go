@@ -73,6 +73,8 @@ type App struct {
 	// Snapshots writes the leader's snapshots; nil when [snapshot] enabled
 	// is false.
 	Snapshots *cluster.Snapshotter
+	// Auditor audits the stream against the mirror, as the leader.
+	Auditor *publish.Auditor
 }
 
 // Options are what a command chooses about an App beyond the config.
@@ -116,6 +118,9 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		relayOpts = append(relayOpts, publish.WithKV(kv))
 	}
 	a.Relay = publish.NewRelay(a.NATS.JS, a.Store, pcfg, relayOpts...)
+	a.Auditor = publish.NewAuditor(a.NATS.JS, a.Store, a.Relay.Message, publish.AuditConfig{Stream: cfg.NATS.Stream,
+		SubjectPrefix: cfg.NATS.SubjectPrefix, Every: cfg.Verify.AuditEvery.Duration, Logger: log.With("part", "audit"),
+		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }})
 	a.Crawler = newCrawler(cfg, a.Client, a.Store, a.Jobs, a.observeRun, log)
 	a.Receiver = newReceiver(cfg, a.Crawler, a.Store, log)
 	a.Registrar = NewRegistrar(cfg, a.Client, a.Store, log)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -91,6 +92,9 @@ type Auditor struct {
 	log     *slog.Logger
 	trigger chan struct{}
 	last    atomic.Pointer[AuditReport]
+	// mu makes audits take turns: two at once would publish the same
+	// missing event twice.
+	mu sync.Mutex
 }
 
 // readSlack widens the stream reads around a publication time, for the
@@ -156,6 +160,8 @@ type audit struct {
 // Audit checks the events published since the last audit, from where it
 // stopped, up to those published a duplicate window (and the margin) ago.
 func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	au, err := a.begin(ctx)
 	if err != nil {
 		return AuditReport{}, err
