@@ -444,9 +444,9 @@ func bySeq(seq uint64) scanStart {
 const scanBatch = 1000
 
 // scan reads the stream's messages on the syncd subjects from start up to
-// sequence until (or its end), headers only, through an ephemeral
-// consumer, batch by batch, and returns where it found those whose
-// Nats-Msg-Id is in want. A message the read skipped (a lost fetch) fails
+// sequence until (or its end, or until it found all of want), headers
+// only, through an ephemeral consumer, batch by batch, and returns where
+// it found those whose Nats-Msg-Id is in want. A message the read skipped (a lost fetch) fails
 // it: the audit must never take a message for missing that it did not
 // read.
 func (au *audit) scan(ctx context.Context, start scanStart, until uint64, want map[string]bool) (map[string]streamPos, error) {
@@ -497,7 +497,9 @@ func (au *audit) scan(ctx context.Context, start scanStart, until uint64, want m
 			if id := m.Headers().Get(jetstream.MsgIDHeader); want[id] {
 				found[id] = streamPos{md.Sequence.Stream}
 			}
-			if md.Sequence.Stream >= until || md.NumPending == 0 {
+			// Once all it looks for is found, the rest need not be read:
+			// an audit whose events are all there stops at the last.
+			if md.Sequence.Stream >= until || md.NumPending == 0 || len(found) == len(want) {
 				done = true
 			}
 		}
