@@ -26,6 +26,7 @@ type Metrics struct {
 	recorded       *prometheus.CounterVec
 	published      *prometheus.CounterVec
 	publishLatency prometheus.Histogram
+	streamRepaired prometheus.Counter
 }
 
 // NewMetrics registers syncd's series, and the Go and process collectors, on
@@ -52,6 +53,8 @@ func NewMetrics(version string) *Metrics {
 			Help: "Events acknowledged by JetStream, by type."}, []string{"type"}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "syncd_publish_latency_seconds",
 			Help: "From an event's commit to its JetStream acknowledgement.", Buckets: prometheus.ExponentialBuckets(0.001, 3, 12)}),
+		streamRepaired: prometheus.NewCounter(prometheus.CounterOpts{Name: "syncd_stream_repaired_total",
+			Help: "Events the mirror marks published that the stream audit found missing from the stream and published again."}),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "syncd_build_info", Help: "syncd's version.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
@@ -66,7 +69,7 @@ func NewMetrics(version string) *Metrics {
 			m.crawlRuns.WithLabelValues(job, outcome)
 		}
 	}
-	reg.MustRegister(m.requests, m.retries, m.crawlDuration, m.crawlRuns, m.lastSuccess, m.rows, m.recorded, m.published, m.publishLatency, build,
+	reg.MustRegister(m.requests, m.retries, m.crawlDuration, m.crawlRuns, m.lastSuccess, m.rows, m.recorded, m.published, m.publishLatency, m.streamRepaired, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -110,6 +113,9 @@ func (m *Metrics) EventPublished(typ string, latency time.Duration) {
 	m.published.WithLabelValues(typ).Inc()
 	m.publishLatency.Observe(latency.Seconds())
 }
+
+// StreamRepaired counts an event the stream audit published again.
+func (m *Metrics) StreamRepaired() { m.streamRepaired.Inc() }
 
 // GaugeFunc registers a gauge read at every scrape.
 func (m *Metrics) GaugeFunc(name, help string, fn func() float64) {

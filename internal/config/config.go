@@ -30,6 +30,19 @@ type Config struct {
 	Cluster  Cluster  `toml:"cluster"`
 	KV       KV       `toml:"kv"`
 	Snapshot Snapshot `toml:"snapshot"`
+	Verify   Verify   `toml:"verify"`
+}
+
+// Verify configures how the replicas and the stream are checked against
+// the leader's mirror.
+type Verify struct {
+	// CheckpointEvery is the time between two checkpoints the leader puts
+	// on the stream, for followers and standbys to compare their mirrors at.
+	CheckpointEvery Duration `toml:"checkpoint_every"`
+	// AuditEvery is the time between two audits of the stream by the
+	// leader: every event its mirror marks published must be on the stream,
+	// and is published again, under the same id, when it is not.
+	AuditEvery Duration `toml:"audit_every"`
 }
 
 // KV configures the key-value buckets of current state that the leader
@@ -174,6 +187,9 @@ type NATS struct {
 	DuplicateWindow Duration `toml:"duplicate_window"`
 	Replicas        int      `toml:"replicas"`
 	ManageStream    bool     `toml:"manage_stream"`
+	// SyncInterval is the embedded server's JetStream sync_interval:
+	// "always" or a duration (see publish.ParseSync); unused with url.
+	SyncInterval string `toml:"sync_interval"`
 
 	// Authentication to an external server: at most one of a credentials
 	// file, an nkey seed file, a token, or user and password.
@@ -250,6 +266,7 @@ func Default() Config {
 			DuplicateWindow: Duration{2 * time.Hour},
 			Replicas:        1,
 			ManageStream:    true,
+			SyncInterval:    "1s",
 		},
 		Store: Store{
 			Path:           "data/syncd.db",
@@ -276,6 +293,10 @@ func Default() Config {
 			Every:   Duration{6 * time.Hour},
 			Keep:    2,
 			Bucket:  "syncd_snapshots",
+		},
+		Verify: Verify{
+			CheckpointEvery: Duration{time.Minute},
+			AuditEvery:      Duration{5 * time.Minute},
 		},
 	}
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"net/url"
 	"strings"
+	"time"
 )
 
 func (n *NATS) validate(p *problems) {
@@ -15,6 +16,11 @@ func (n *NATS) validate(p *problems) {
 		}
 	}
 	checkListen(p, "nats.listen", n.Listen)
+	if !strings.EqualFold(n.SyncInterval, "always") {
+		if d, err := time.ParseDuration(n.SyncInterval); err != nil || d <= 0 {
+			p.addf("nats.sync_interval", `must be "always" or a positive duration such as "1s" or "2m", got %q`, n.SyncInterval)
+		}
+	}
 	if !validToken(n.SubjectPrefix) {
 		p.addf("nats.subject_prefix", "must be a non-empty NATS subject without wildcards or spaces: %q", n.SubjectPrefix)
 	}

@@ -73,6 +73,8 @@ type App struct {
 	// Snapshots writes the leader's snapshots; nil when [snapshot] enabled
 	// is false.
 	Snapshots *cluster.Snapshotter
+	// Auditor audits the stream against the mirror, as the leader.
+	Auditor *publish.Auditor
 }
 
 // Options are what a command chooses about an App beyond the config.
@@ -116,6 +118,9 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		relayOpts = append(relayOpts, publish.WithKV(kv))
 	}
 	a.Relay = publish.NewRelay(a.NATS.JS, a.Store, pcfg, relayOpts...)
+	a.Auditor = publish.NewAuditor(a.NATS.JS, a.Store, a.Relay.Message, publish.AuditConfig{Stream: cfg.NATS.Stream,
+		SubjectPrefix: cfg.NATS.SubjectPrefix, Every: cfg.Verify.AuditEvery.Duration, Logger: log.With("part", "audit"),
+		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }})
 	a.Crawler = newCrawler(cfg, a.Client, a.Store, a.Jobs, a.observeRun, log)
 	a.Receiver = newReceiver(cfg, a.Crawler, a.Store, log)
 	a.Registrar = NewRegistrar(cfg, a.Client, a.Store, log)
@@ -198,12 +203,13 @@ func LockMirror(cfg config.Config, command string, log *slog.Logger) (release fu
 // NATSConfig is where and how events are published.
 func NATSConfig(cfg config.Config, log *slog.Logger) publish.Config {
 	n := cfg.NATS
+	sync, _ := publish.ParseSync(n.SyncInterval) // validated with the config; the default otherwise
 	return publish.Config{
 		URL: n.URL, Listen: n.Listen, DataDir: filepath.Dir(cfg.Store.Path),
 		Credentials: n.Credentials, NKeySeed: n.NKeySeed, Token: n.Token, User: n.User, Password: n.Password,
 		TLSCA: n.TLSCA, TLSCert: n.TLSCert, TLSKey: n.TLSKey,
 		SubjectPrefix: n.SubjectPrefix, Stream: n.Stream, MaxAge: n.MaxAge.Duration,
-		DuplicateWindow: n.DuplicateWindow.Duration, Replicas: n.Replicas, CheckStreamOnly: !n.ManageStream,
+		DuplicateWindow: n.DuplicateWindow.Duration, Replicas: n.Replicas, CheckStreamOnly: !n.ManageStream, Sync: sync,
 		// The CloudEvents source: the platform and group the events describe.
 		Source: strings.TrimRight(cfg.Platform.BaseURL, "/") + "/" + cfg.Platform.Group,
 		Logger: log.With("part", "publish"),

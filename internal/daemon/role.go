@@ -19,8 +19,9 @@ func (a *App) extraJobs() []crawler.Job {
 	return []crawler.Job{{Name: crawler.JobSubscriptions, Schedule: a.Jobs[crawler.JobSubscriptions], Run: a.Registrar.Ensure}}
 }
 
-// duties are the leader's: the crawler's jobs, the receiver's queue and
-// the relay, shut down within grace; drain as in cluster.Duties.
+// duties are the leader's: the crawler's jobs, the receiver's queue, the
+// snapshots, the stream audit and the relay, shut down within grace; drain
+// as in cluster.Duties.
 func (a *App) duties(grace time.Duration, drain func() bool) *cluster.Duties {
 	jobs := a.extraJobs()
 	work := []func(context.Context) error{func(ctx context.Context) error { return a.Crawler.Run(ctx, jobs...) }}
@@ -29,6 +30,9 @@ func (a *App) duties(grace time.Duration, drain func() bool) *cluster.Duties {
 	}
 	if a.Snapshots != nil {
 		work = append(work, a.Snapshots.Run)
+	}
+	if a.Auditor != nil {
+		work = append(work, a.Auditor.Run)
 	}
 	return &cluster.Duties{Work: work, Relay: a.Relay, Outbox: a.Store, Grace: grace, Drain: drain, Logger: a.Log}
 }

@@ -1,6 +1,7 @@
 package publish_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -255,17 +256,11 @@ func BenchmarkRelayKV(b *testing.B) {
 	var events int
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		var sts [2]*store.Store
-		for j := range sts {
-			sts[j] = mustOpenStore(b)
-			p := newProducer(b, sts[j])
-			p.addRepos(ctx, fmt.Sprintf("bench%d-%d", i, j), tags/tagsPerRepo, tagsPerRepo)
-			moves := 3
-			if v := os.Getenv("BENCH_KVMOVES"); v != "" {
-				moves, _ = strconv.Atoi(v)
-			}
-			p.moveAll(ctx, moves)
+		moves := 3
+		if v := os.Getenv("BENCH_KVMOVES"); v != "" {
+			moves, _ = strconv.Atoi(v)
 		}
+		sts := twoOutboxes(ctx, b, i, tags, moves)
 		n, _, err := sts[0].UnpublishedCount(ctx)
 		if err != nil {
 			b.Fatal(err)
@@ -315,4 +310,72 @@ func BenchmarkRelayKV(b *testing.B) {
 	}
 	reportVersus(b, events, side{"kv-events/s", "kv-cpu-us/event", kvTime, kvCPU},
 		side{"plain-events/s", "plain-cpu-us/event", plainTime, plainCPU})
+}
+
+// BenchmarkRelaySync measures what the embedded server's sync_interval
+// costs the relay: every iteration relays the same kind of outbox to an
+// embedded server with JetStream's lazy default (a background fsync every
+// 2 minutes) and to one with BENCH_SYNC (default "always": every message
+// on disk before its acknowledgement; "1s" is syncd's default), both
+// storing on the same disk, alternating which goes first. The ratio metric
+// is the rate with BENCH_SYNC over the rate with the lazy default.
+func BenchmarkRelaySync(b *testing.B) {
+	ctx := context.Background()
+	tags := max(int(5000*benchScale(b)), 100)
+	setting := cmp.Or(os.Getenv("BENCH_SYNC"), "always")
+	measured, err := publish.ParseSync(setting)
+	if err != nil {
+		b.Fatalf("BENCH_SYNC: %v", err)
+	}
+	conns := make([]*publish.Conn, 2)
+	for j, sync := range []publish.EmbeddedSync{{Interval: 2 * time.Minute}, measured} {
+		cfg := publish.Config{DataDir: b.TempDir(), SubjectPrefix: testPrefix, Stream: testStream, MaxAge: time.Hour,
+			DuplicateWindow: 10 * time.Minute, Source: testSource, Sync: sync}
+		conns[j] = mustConnect(b, cfg)
+	}
+	cfg := publish.Config{SubjectPrefix: testPrefix, Stream: testStream, Source: testSource}
+
+	var times, cpus [2]time.Duration
+	var events int
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		sts := twoOutboxes(ctx, b, i, tags, 3)
+		n, _, err := sts[0].UnpublishedCount(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		order := []int{0, 1}
+		if i%2 == 1 {
+			order = []int{1, 0}
+		}
+		for _, j := range order {
+			runtime.GC()
+			b.StartTimer()
+			start, cpu := time.Now(), cpuTime()
+			if err := publish.NewRelay(conns[j].JS, sts[j], cfg).Flush(ctx); err != nil {
+				b.Fatalf("relay (side %d): %v", j, err)
+			}
+			times[j] += time.Since(start)
+			cpus[j] += cpuTime() - cpu
+			b.StopTimer()
+		}
+		events += n
+	}
+	reportVersus(b, events, side{"sync-events/s", "sync-cpu-us/event", times[1], cpus[1]},
+		side{"lazy-events/s", "lazy-cpu-us/event", times[0], cpus[0]})
+}
+
+// twoOutboxes opens two stores whose outboxes hold the same kind of
+// events, under names of their own (iteration i), so that JetStream's
+// duplicate window drops none: tags tags, each created and moved moves
+// times.
+func twoOutboxes(ctx context.Context, b *testing.B, i, tags, moves int) [2]*store.Store {
+	var sts [2]*store.Store
+	for j := range sts {
+		sts[j] = mustOpenStore(b)
+		p := newProducer(b, sts[j])
+		p.addRepos(ctx, fmt.Sprintf("bench%d-%d", i, j), tags/tagsPerRepo, tagsPerRepo)
+		p.moveAll(ctx, moves)
+	}
+	return sts
 }

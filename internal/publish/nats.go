@@ -44,6 +44,9 @@ type Config struct {
 	// ReconnectMaxWait caps the backoff between reconnection attempts;
 	// zero means 10s.
 	ReconnectMaxWait time.Duration
+	// Sync is the embedded server's JetStream sync_interval: when written
+	// messages are flushed to disk (see EmbeddedSync).
+	Sync EmbeddedSync
 
 	SubjectPrefix   string
 	Stream          string
@@ -107,7 +110,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	}
 	url := cfg.URL
 	if url == "" {
-		ns, err := StartEmbedded(cfg.DataDir, cfg.Listen, log.With("part", "nats-server"))
+		ns, err := StartEmbedded(cfg.DataDir, cfg.Listen, log.With("part", "nats-server"), cfg.Sync)
 		if err != nil {
 			return nil, err
 		}
@@ -243,16 +246,70 @@ func RedactURL(urls string) string {
 	return strings.Join(parts, ",")
 }
 
+// EmbeddedSync is when the embedded server's JetStream flushes what it
+// stored to disk: its sync_interval. The zero value is syncd's default, a
+// background fsync every second (DefaultSyncInterval); see docs/cluster.md,
+// "Durability", for the choice and its measured cost.
+type EmbeddedSync struct {
+	// Always has every message on disk before JetStream acknowledges it
+	// (sync_interval "always").
+	Always bool
+	// Interval is the time between background fsyncs when not Always;
+	// zero: DefaultSyncInterval. Until its next fsync, what the server
+	// acknowledged survives a crash of the process but not of the OS or
+	// the machine.
+	Interval time.Duration
+}
+
+// DefaultSyncInterval is the embedded server's sync_interval unless
+// configured: JetStream's own default is 2 minutes.
+const DefaultSyncInterval = time.Second
+
+// ParseSync reads a sync_interval as NATS writes it: "always", or a
+// duration.
+func ParseSync(v string) (EmbeddedSync, error) {
+	if strings.EqualFold(v, "always") {
+		return EmbeddedSync{Always: true}, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return EmbeddedSync{}, fmt.Errorf("want \"always\" or a positive duration such as \"1s\" or \"2m\", got %q", v)
+	}
+	return EmbeddedSync{Interval: d}, nil
+}
+
+// String is the setting as NATS writes it.
+func (s EmbeddedSync) String() string {
+	if s.Always {
+		return "always"
+	}
+	return s.interval().String()
+}
+
+func (s EmbeddedSync) interval() time.Duration {
+	if s.Interval > 0 {
+		return s.Interval
+	}
+	return DefaultSyncInterval
+}
+
 // StartEmbedded starts a NATS server with JetStream storing under
 // dataDir/nats. With listen empty it accepts in-process connections only.
 // The server's warnings and errors go to log (its notices at debug): a
 // damaged store ("could not locate msg block") must not pass unseen.
-func StartEmbedded(dataDir, listen string, log *slog.Logger) (*server.Server, error) {
+// sync, when given, says when it flushes to disk (the default otherwise).
+func StartEmbedded(dataDir, listen string, log *slog.Logger, sync ...EmbeddedSync) (*server.Server, error) {
+	var sy EmbeddedSync
+	if len(sync) > 0 {
+		sy = sync[0]
+	}
 	opts := &server.Options{
-		ServerName: "syncd",
-		JetStream:  true,
-		StoreDir:   filepath.Join(dataDir, "nats"),
-		NoSigs:     true,
+		ServerName:   "syncd",
+		JetStream:    true,
+		StoreDir:     filepath.Join(dataDir, "nats"),
+		NoSigs:       true,
+		SyncAlways:   sy.Always,
+		SyncInterval: sy.interval(),
 	}
 	if listen == "" {
 		opts.DontListen = true

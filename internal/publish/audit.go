@@ -1,0 +1,526 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// The stream audit. JetStream can lose messages it acknowledged (an OS
+// crash before its fsync, a damaged file, an operator's DeleteMsg), and
+// the relay marked those events published when the acknowledgement came:
+// nobody would publish them again. So the leader reads the stream back and
+// publishes again, under the same id, every event of its log the stream
+// lacks.
+//
+// Only events published more than the stream's duplicate window ago are
+// audited: within it, JetStream still remembers the id of a message it
+// lost (a DeleteMsg does not forget it) and drops a re-publish as a
+// duplicate. A re-publish it drops all the same (its clock or window
+// differ from what the audit read) is not counted as repaired: the audit
+// stops before that event and tries again at the next audit.
+//
+// A re-published event lands after the later events of its resource, and
+// a reader of the stream applies the last it reads: so the later events
+// of the resource are deleted from the stream and published again behind
+// it, which keeps every event on the stream once and each resource's in
+// order. That needs every later event of the resource out of the window
+// too; until then its repair waits (Deferred).
+
+// AuditStore is what the audit needs of the mirror.
+type AuditStore interface {
+	AuditEvents(ctx context.Context, after int64, limit int) ([]store.AuditEvent, error)
+	ResourceEvents(ctx context.Context, subject string, from int64) ([]store.AuditEvent, error)
+	AuditPosition(ctx context.Context) (int64, error)
+	SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64) error
+}
+
+// AuditConfig configures an Auditor.
+type AuditConfig struct {
+	Stream, SubjectPrefix string
+	// Every is the time between two audits.
+	Every time.Duration
+	// Margin is how much older than the stream's duplicate window an
+	// event's publication must be to be audited, for the clocks of syncd
+	// and the server and the server's timer; zero: half the window, at
+	// most a minute.
+	Margin time.Duration
+	// Batch is how many events one read of the stream checks; zero: 20,000.
+	Batch int
+	// Now is the audit's clock; nil: time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger
+	// OnRepaired, when set, is called for every event the stream lacked
+	// that was published again.
+	OnRepaired func(store.Event)
+}
+
+// AuditReport is what an audit did.
+type AuditReport struct {
+	// Checked is how many events were looked for on the stream.
+	Checked int
+	// Repaired is how many of them the stream lacked and were published
+	// again; Reordered, how many later events of their resources were
+	// moved behind them.
+	Repaired, Reordered int
+	// Deferred is how many missing events wait for the later events of
+	// their resource to leave the duplicate window; Duplicates, how many
+	// re-publishes JetStream dropped as duplicates. Both are tried again
+	// at the next audit.
+	Deferred, Duplicates int
+	// Position is the seq of the last event checked, and StreamSeq the
+	// stream's last sequence when the audit began.
+	Position  int64
+	StreamSeq uint64
+}
+
+// Auditor audits the stream against the mirror's event log.
+type Auditor struct {
+	js      jetstream.JetStream
+	st      AuditStore
+	message func(store.Event) *nats.Msg
+	cfg     AuditConfig
+	log     *slog.Logger
+	trigger chan struct{}
+	last    atomic.Pointer[AuditReport]
+	// mu makes audits take turns: two at once would publish the same
+	// missing event twice.
+	mu sync.Mutex
+}
+
+// readSlack widens the stream reads around a publication time, for the
+// difference between syncd's clock and the server's and the time between a
+// message's acknowledgement and its marking.
+const readSlack = time.Minute
+
+// NewAuditor returns an auditor of cfg.Stream against st; message encodes
+// an event as the relay publishes it (Relay.Message).
+func NewAuditor(js jetstream.JetStream, st AuditStore, message func(store.Event) *nats.Msg, cfg AuditConfig) *Auditor {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 20000
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Auditor{js: js, st: st, message: message, cfg: cfg, log: log, trigger: make(chan struct{}, 1)}
+}
+
+// Run audits every Every until ctx is done, and when Trigger asks. A
+// failed audit is logged and tried again at the next.
+func (a *Auditor) Run(ctx context.Context) error {
+	t := time.NewTicker(a.cfg.Every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-a.trigger:
+		}
+		if _, err := a.Audit(ctx); err != nil && ctx.Err() == nil {
+			a.log.Warn("stream audit failed; trying again at the next", "err", err, "next_in", a.cfg.Every.String())
+		}
+	}
+}
+
+// Trigger has Run audit now (or after the audit under way).
+func (a *Auditor) Trigger() {
+	select {
+	case a.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Last is the report of the last audit that finished; nil before any.
+func (a *Auditor) Last() *AuditReport { return a.last.Load() }
+
+// audit is the state of one audit.
+type audit struct {
+	a       *Auditor
+	stream  jetstream.Stream
+	window  time.Duration
+	cutoff  time.Time // events published after it are not audited yet
+	retains time.Time // events published before it are past what the stream retains
+	rep     AuditReport
+}
+
+// Audit checks the events published since the last audit, from where it
+// stopped, up to those published a duplicate window (and the margin) ago.
+func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	au, err := a.begin(ctx)
+	if err != nil {
+		return AuditReport{}, err
+	}
+	for {
+		evs, err := a.st.AuditEvents(ctx, au.rep.Position, a.cfg.Batch)
+		if err != nil {
+			return au.rep, err
+		}
+		// The events from the position on that JetStream acknowledged
+		// long enough ago; the first still in the outbox or too recent
+		// ends them, as the position passes no event unchecked.
+		n := 0
+		for n < len(evs) && !evs[n].Published.IsZero() && !evs[n].Published.After(au.cutoff) {
+			n++
+		}
+		if n == 0 {
+			break
+		}
+		end, err := au.check(ctx, evs[:n])
+		if err != nil {
+			return au.rep, err
+		}
+		if end > au.rep.Position {
+			au.rep.Position = end
+			if err := a.st.SetAuditPosition(ctx, end, au.rep.StreamSeq); err != nil {
+				return au.rep, err
+			}
+		}
+		if end < evs[n-1].Seq || n < len(evs) || len(evs) < a.cfg.Batch {
+			break
+		}
+	}
+	a.last.Store(&au.rep)
+	if au.rep.Repaired+au.rep.Deferred+au.rep.Duplicates > 0 {
+		a.log.Warn("stream audited: the stream lacked events", "checked", au.rep.Checked, "repaired", au.rep.Repaired,
+			"reordered", au.rep.Reordered, "deferred", au.rep.Deferred, "duplicates", au.rep.Duplicates, "position", au.rep.Position)
+	} else {
+		a.log.Debug("stream audited", "checked", au.rep.Checked, "position", au.rep.Position, "stream_seq", au.rep.StreamSeq)
+	}
+	return au.rep, nil
+}
+
+// begin reads the stream's state and the audit's position.
+func (a *Auditor) begin(ctx context.Context) (*audit, error) {
+	pos, err := a.st.AuditPosition(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s, err := a.js.Stream(ctx, a.cfg.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("audit: look up stream %s: %w", a.cfg.Stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("audit: stream %s info: %w", a.cfg.Stream, err)
+	}
+	au := &audit{a: a, stream: s, window: info.Config.Duplicates, rep: AuditReport{Position: pos, StreamSeq: info.State.LastSeq}}
+	margin := a.cfg.Margin
+	if margin <= 0 {
+		margin = min(au.window/2, time.Minute)
+	}
+	now := a.cfg.Now()
+	au.cutoff = now.Add(-au.window - margin)
+	// What the stream no longer holds because of its limits (max_age) or
+	// an operator (a purge, the stream deleted and created again) is not
+	// for the audit to bring back: it checks only events published after
+	// the stream's first message and younger than max_age.
+	au.retains = now.Add(time.Hour) // an empty stream retains nothing
+	if info.State.Msgs > 0 {
+		au.retains = info.State.FirstTime.Add(-readSlack)
+	}
+	if age := info.Config.MaxAge; age > 0 {
+		au.retains = later(au.retains, now.Add(-age+readSlack))
+	}
+	return au, nil
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// check looks for evs, in seq order, on the stream, repairs what it lacks
+// and returns the seq up to which every event is on the stream.
+func (au *audit) check(ctx context.Context, evs []store.AuditEvent) (int64, error) {
+	end := evs[len(evs)-1].Seq
+	want := make(map[string]bool, len(evs))
+	from := time.Time{}
+	for _, e := range evs {
+		if e.Published.Before(au.retains) {
+			continue
+		}
+		want[e.ID] = true
+		if from.IsZero() || e.Published.Before(from) {
+			from = e.Published
+		}
+	}
+	au.rep.Checked += len(want)
+	if len(want) == 0 {
+		return end, nil
+	}
+	found, err := au.scan(ctx, byTime(from.Add(-readSlack)), au.rep.StreamSeq, want)
+	if err != nil {
+		return 0, err
+	}
+	// The first missing event of each resource, in seq order.
+	var first []store.AuditEvent
+	seen := map[string]bool{}
+	for _, e := range evs {
+		if want[e.ID] && !found[e.ID].ok() && !seen[e.Subject] {
+			seen[e.Subject] = true
+			first = append(first, e)
+		}
+	}
+	if len(first) == 0 {
+		return end, nil
+	}
+	return au.repair(ctx, first, end)
+}
+
+// repair publishes again the missing events of the resources of first
+// (each resource's first missing event) and moves their later events
+// behind them. It returns the seq up to which every event is on the
+// stream: end, or less when a repair waits.
+func (au *audit) repair(ctx context.Context, first []store.AuditEvent, end int64) (int64, error) {
+	// The resources' events from their first missing one on, looked for
+	// from a duplicate window before it: a message stored then and
+	// acknowledged again as a duplicate of itself is marked that late.
+	tails := make([][]store.AuditEvent, len(first))
+	want := map[string]bool{}
+	from := first[0].Published
+	for i, f := range first {
+		evs, err := au.a.st.ResourceEvents(ctx, f.Subject, f.Seq)
+		if err != nil {
+			return 0, err
+		}
+		tails[i] = evs
+		for _, e := range evs {
+			want[e.ID] = true
+		}
+		if f.Published.Before(from) {
+			from = f.Published
+		}
+	}
+	found, err := au.scan(ctx, byTime(from.Add(-au.window-readSlack)), au.rep.StreamSeq, want)
+	if err != nil {
+		return 0, err
+	}
+	hold := end + 1
+	for _, tail := range tails {
+		at, err := au.repairResource(ctx, tail, found)
+		if err != nil {
+			return 0, err
+		}
+		if at > 0 {
+			hold = min(hold, at)
+		}
+	}
+	return min(end, hold-1), nil
+}
+
+// repairResource repairs one resource from its events tail (in seq order,
+// from the first the first read missed), found being where the stream has
+// them. It returns 0, or the seq of an event that is not on the stream
+// yet, before which the audit's position stays.
+func (au *audit) repairResource(ctx context.Context, tail []store.AuditEvent, found map[string]streamPos) (int64, error) {
+	a := au.a
+	start := -1
+	for i, e := range tail {
+		if !found[e.ID].ok() && !e.Published.IsZero() && !e.Published.Before(au.retains) {
+			start = i
+			break
+		}
+	}
+	if start < 0 {
+		return 0, nil // on the stream after all, before the first read's start
+	}
+	tail = tail[start:]
+	for _, e := range tail {
+		if e.Published.IsZero() || e.Published.After(au.cutoff) {
+			missing := 0
+			for _, m := range tail {
+				if !found[m.ID].ok() && !m.Published.IsZero() {
+					missing++
+				}
+			}
+			au.rep.Deferred += missing
+			a.log.Warn("stream lacks an event; publishing it again waits until its resource's later events are older than the duplicate window",
+				"id", tail[0].ID, "type", tail[0].Type, "seq", tail[0].Seq, "resource", tail[0].Subject, "waits_for", e.ID)
+			return tail[0].Seq, nil
+		}
+	}
+	var lastCopy uint64
+	for _, e := range tail {
+		pos := found[e.ID]
+		if pos.ok() {
+			// Behind the repaired event goes every later one, once.
+			if err := au.stream.DeleteMsg(ctx, pos.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				return 0, fmt.Errorf("audit: move %s %s (stream seq %d) behind the repaired events of %s: %w", e.Type, e.ID, pos.seq, e.Subject, err)
+			}
+		}
+		ack, err := a.js.PublishMsg(ctx, a.message(e.Event), jetstream.WithExpectStream(a.cfg.Stream))
+		if err != nil {
+			return 0, fmt.Errorf("audit: publish %s %s again: %w", e.Type, e.ID, err)
+		}
+		if ack.Duplicate {
+			au.rep.Duplicates++
+			a.log.Warn("stream lacks an event, but JetStream dropped it again as a duplicate; trying again at the next audit",
+				"id", e.ID, "type", e.Type, "seq", e.Seq, "window", au.window.String())
+			return e.Seq, nil
+		}
+		lastCopy = ack.Sequence
+		if pos.ok() {
+			au.rep.Reordered++
+			continue
+		}
+		au.rep.Repaired++
+		a.log.Warn("event missing from the stream published again", "id", e.ID, "type", e.Type, "seq", e.Seq, "stream_seq", ack.Sequence)
+		if a.cfg.OnRepaired != nil {
+			a.cfg.OnRepaired(e.Event)
+		}
+	}
+	return 0, au.behindCopies(ctx, tail[len(tail)-1], lastCopy)
+}
+
+// behindCopies deletes the events of last's resource recorded after last
+// that reached the stream while the repair published its copies, and
+// before the last of them (the relay publishes on): they are young, so
+// they cannot be published again behind it now, and a later audit does,
+// as it finds them missing.
+func (au *audit) behindCopies(ctx context.Context, last store.AuditEvent, lastCopy uint64) error {
+	newer, err := au.a.st.ResourceEvents(ctx, last.Subject, last.Seq+1)
+	if err != nil || len(newer) == 0 {
+		return err
+	}
+	want := make(map[string]bool, len(newer))
+	for _, e := range newer {
+		want[e.ID] = true
+	}
+	found, err := au.scan(ctx, bySeq(au.rep.StreamSeq+1), lastCopy, want)
+	if err != nil {
+		return err
+	}
+	for _, e := range newer {
+		if pos := found[e.ID]; pos.ok() && pos.seq < lastCopy {
+			if err := au.stream.DeleteMsg(ctx, pos.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				return fmt.Errorf("audit: delete %s %s, ahead of the repaired events of its resource: %w", e.Type, e.ID, err)
+			}
+			au.a.log.Warn("an event published during the repair of its resource went ahead of it; deleted it from the stream for a later audit to publish again",
+				"id", e.ID, "type", e.Type, "seq", e.Seq)
+		}
+	}
+	return nil
+}
+
+// streamPos is where the stream holds a message; the zero value: nowhere.
+type streamPos struct{ seq uint64 }
+
+func (p streamPos) ok() bool { return p.seq > 0 }
+
+// scanStart is where a read of the stream begins.
+type scanStart func(*jetstream.ConsumerConfig)
+
+func byTime(t time.Time) scanStart {
+	return func(c *jetstream.ConsumerConfig) {
+		c.DeliverPolicy, c.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+	}
+}
+
+func bySeq(seq uint64) scanStart {
+	return func(c *jetstream.ConsumerConfig) {
+		c.DeliverPolicy, c.OptStartSeq = jetstream.DeliverByStartSequencePolicy, seq
+	}
+}
+
+// scanBatch is how many messages one fetch of a stream read asks for.
+const scanBatch = 1000
+
+// scan reads the stream's messages on the syncd subjects from start up to
+// sequence until (or its end, or until it found all of want), headers
+// only, through an ephemeral consumer, batch by batch, and returns where
+// it found those whose Nats-Msg-Id is in want. A message the read skipped (a lost fetch) fails
+// it: the audit must never take a message for missing that it did not
+// read.
+func (au *audit) scan(ctx context.Context, start scanStart, until uint64, want map[string]bool) (map[string]streamPos, error) {
+	a := au.a
+	cfg := jetstream.ConsumerConfig{
+		AckPolicy:         jetstream.AckNonePolicy,
+		FilterSubject:     a.cfg.SubjectPrefix + ".>",
+		HeadersOnly:       true,
+		InactiveThreshold: time.Minute,
+		MemoryStorage:     true,
+		Replicas:          1,
+	}
+	start(&cfg)
+	cons, err := au.stream.CreateConsumer(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("audit: read stream %s: create a consumer: %w", a.cfg.Stream, err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := au.stream.DeleteConsumer(dctx, cons.CachedInfo().Name); err != nil {
+			a.log.Debug("delete the audit's consumer; it goes after a minute idle", "err", err)
+		}
+	}()
+	found := make(map[string]streamPos)
+	if cons.CachedInfo().NumPending == 0 {
+		return found, nil
+	}
+	var next uint64 = 1 // the consumer sequence expected
+	for empty := 0; ; {
+		// What is stored is there to take: no waiting for a full batch.
+		batch, err := cons.FetchNoWait(scanBatch)
+		if err != nil {
+			return nil, fmt.Errorf("audit: read stream %s: %w", a.cfg.Stream, err)
+		}
+		n, done := 0, false
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, fmt.Errorf("audit: read stream %s: %w", a.cfg.Stream, err)
+			}
+			if md.Sequence.Consumer != next {
+				return nil, fmt.Errorf("audit: read stream %s: message %d of the read came as %d (lost on the way); reading again at the next audit",
+					a.cfg.Stream, next, md.Sequence.Consumer)
+			}
+			next++
+			if id := m.Headers().Get(jetstream.MsgIDHeader); want[id] {
+				found[id] = streamPos{md.Sequence.Stream}
+			}
+			// Once all it looks for is found, the rest need not be read:
+			// an audit whose events are all there stops at the last.
+			if md.Sequence.Stream >= until || md.NumPending == 0 || len(found) == len(want) {
+				done = true
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, fmt.Errorf("audit: read stream %s: %w", a.cfg.Stream, err)
+		}
+		if done {
+			return found, nil
+		}
+		if n == 0 {
+			info, err := cons.Info(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("audit: read stream %s: %w", a.cfg.Stream, err)
+			}
+			if info.NumPending == 0 {
+				return found, nil // the rest was removed while reading
+			}
+			if empty++; empty < 3 {
+				continue
+			}
+			return nil, fmt.Errorf("audit: read stream %s: no message came with %d pending", a.cfg.Stream, info.NumPending)
+		}
+	}
+}

@@ -1,0 +1,183 @@
+package publish_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
+)
+
+// auditWorld is a store whose events the relay published to a stream with
+// a duplicate window of window, and an auditor of the stream.
+type auditWorld struct {
+	st       *store.Store
+	conn     *publish.Conn
+	relay    *publish.Relay
+	p        *producer
+	log      *logBuffer
+	repaired atomic.Int64
+}
+
+func newAuditWorld(t *testing.T, window time.Duration) *auditWorld {
+	t.Helper()
+	srv := startServer(t, nil)
+	w := &auditWorld{log: &logBuffer{}}
+	cfg := srv.config(w.log.logger())
+	cfg.DuplicateWindow = window
+	w.conn = mustConnect(t, cfg)
+	w.st = mustOpenStore(t)
+	w.p = newProducer(t, w.st)
+	w.relay = publish.NewRelay(w.conn.JS, w.st, cfg)
+	return w
+}
+
+// auditor returns an auditor of the world's stream with the clock now.
+func (w *auditWorld) auditor(now func() time.Time) *publish.Auditor {
+	return publish.NewAuditor(w.conn.JS, w.st, w.relay.Message, publish.AuditConfig{Stream: testStream, SubjectPrefix: testPrefix,
+		Every: time.Hour, Now: now, Batch: 7, Logger: w.log.logger(), OnRepaired: func(store.Event) { w.repaired.Add(1) }})
+}
+
+// flush publishes the outbox.
+func (w *auditWorld) flush(t *testing.T) {
+	t.Helper()
+	if err := w.relay.Flush(context.Background()); err != nil {
+		t.Fatalf("relay: %v", err)
+	}
+}
+
+// deleteMsgs deletes the messages of the stream at seqs behind the relay's
+// back, as a lost write would.
+func (w *auditWorld) deleteMsgs(t *testing.T, seqs ...uint64) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := w.conn.JS.Stream(ctx, testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seq := range seqs {
+		if err := s.DeleteMsg(ctx, seq); err != nil {
+			t.Fatalf("delete stream message %d: %v", seq, err)
+		}
+	}
+}
+
+// TestAuditor_RepublishesWhatTheStreamLost: messages deleted from the stream
+// behind the relay's back, among them a tag's creation with moves after it,
+// are published again once they are older than the duplicate window; the
+// stream then holds every event once, each resource's in order (the moves
+// went behind the repaired creation); the counter counts the lost ones
+// alone, and the log names them. An audit after it, and one by a new
+// auditor (a restart), find nothing more to do.
+func TestAuditor_RepublishesWhatTheStreamLost(t *testing.T) {
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "audit", 3, 2) // seqs 1-3 repos, then 2 tags each
+	w.flush(t)
+	w.p.moveAll(ctx, 2)
+	w.flush(t)
+	stored := storedEvents(t, w.st)
+	got := consumeAll(t, w.conn.JS, len(stored))
+	seqOf := map[string]uint64{}
+	for _, m := range got {
+		seqOf[first(m.Header, jetstream.MsgIDHeader)] = m.StreamSeq
+	}
+	// A repo's creation (its tags are other resources), a tag's creation
+	// (its two moves come after it) and the first of another tag's moves.
+	nth := func(subject string, n int) storedEvent {
+		for _, e := range stored {
+			if e.Subject == subject {
+				if n == 0 {
+					return e
+				}
+				n--
+			}
+		}
+		t.Fatalf("no such event of %s", subject)
+		return storedEvent{}
+	}
+	lost := []storedEvent{nth("audit-uid-1", 0), nth("audit-uid-0-tag-0", 0), nth("audit-uid-2-tag-1", 1)}
+	for _, e := range lost {
+		w.deleteMsgs(t, seqOf[e.ID])
+	}
+
+	au := w.auditor(time.Now)
+	// Until the lost events are older than the window, the audit leaves
+	// them (JetStream would drop them as duplicates).
+	rep, err := au.Audit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Repaired != 0 || rep.Duplicates != 0 {
+		t.Fatalf("audit within the window = %+v, want nothing published again", rep)
+	}
+	testutil.WaitFor(t, 20*time.Second, "an audit to publish the lost events again", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return w.repaired.Load() >= int64(len(lost))
+	})
+	if n := w.repaired.Load(); n != int64(len(lost)) {
+		t.Errorf("repaired %d events, want the %d lost", n, len(lost))
+	}
+	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(stored)), stored)
+	for _, e := range lost {
+		if !strings.Contains(w.log.String(), "event missing from the stream published again") || !strings.Contains(w.log.String(), e.ID) {
+			t.Errorf("the log does not name the repaired event %s", e.ID)
+		}
+	}
+
+	rep, err = au.Audit(ctx)
+	if err != nil || rep.Repaired+rep.Reordered+rep.Deferred+rep.Duplicates != 0 {
+		t.Errorf("audit after the repair = %+v, %v; want nothing to do", rep, err)
+	}
+	rep, err = w.auditor(time.Now).Audit(ctx)
+	if err != nil || rep.Checked != 0 || rep.Position != stored[len(stored)-1].Seq {
+		t.Errorf("a new auditor's audit = %+v, %v; want it to resume after seq %d and check nothing", rep, err, stored[len(stored)-1].Seq)
+	}
+	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(stored)), stored)
+}
+
+// TestAuditor_DuplicateIsNotARepair: an audit whose clock runs ahead of the
+// server's duplicate window publishes a lost event again, JetStream drops
+// it as a duplicate, and the audit counts nothing, says so, and stays
+// before the event for the next audit; the stream has not got it twice.
+func TestAuditor_DuplicateIsNotARepair(t *testing.T) {
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Minute)
+	w.p.addRepos(ctx, "dup", 2, 0)
+	w.flush(t)
+	stored := storedEvents(t, w.st)
+	w.deleteMsgs(t, 2)
+	au := w.auditor(func() time.Time { return time.Now().Add(3 * time.Minute) })
+	rep, err := au.Audit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Duplicates != 1 || rep.Repaired != 0 || w.repaired.Load() != 0 {
+		t.Errorf("audit = %+v (counter %d), want one duplicate and nothing repaired", rep, w.repaired.Load())
+	}
+	if rep.Position != stored[0].Seq {
+		t.Errorf("position = %d, want %d: before the event JetStream dropped", rep.Position, stored[0].Seq)
+	}
+	if !strings.Contains(w.log.String(), "dropped it again as a duplicate") {
+		t.Errorf("the log does not say JetStream dropped the event:\n%s", w.log.String())
+	}
+	s, err := w.conn.JS.Stream(ctx, testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetMsg(ctx, 2); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("stream message 2: %v, want it still deleted", err)
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Errorf("stream holds %v messages (%v), want 1", info.State.Msgs, err)
+	}
+}

@@ -1,0 +1,157 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// The leader's audit of the stream (publish.Auditor) checks that every
+// event the mirror marks published is on the stream. It reads the event
+// log in seq order from where the last audit stopped, which the meta table
+// keeps across restarts.
+
+// Meta keys of the stream audit: the seq of the last event it checked (every
+// event up to it was found on the stream, or published again), and the
+// stream's last sequence when that audit began.
+const (
+	AuditSeqKey       = "audit_event_seq"
+	AuditStreamSeqKey = "audit_stream_seq"
+)
+
+// AuditEvent is an event of the log and when JetStream acknowledged it.
+type AuditEvent struct {
+	Event
+	// Published is when the relay marked the event published (zero: it is
+	// still in the outbox).
+	Published time.Time
+}
+
+// AuditEvents returns up to limit events after seq after, in seq order,
+// each with its publication time; their Data is left out (ResourceEvents
+// has it).
+func (s *Store) AuditEvents(ctx context.Context, after int64, limit int) ([]AuditEvent, error) {
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("read events to audit: %w", err)
+	}
+	defer tx.Rollback()
+	var evs []AuditEvent
+	err = queryRows(ctx, tx, `SELECT seq, id, type, resource, action, scope, subject FROM event_log WHERE seq > ? ORDER BY seq LIMIT ?`,
+		[]any{after, limit}, func(rows *sql.Rows) error {
+			var e AuditEvent
+			if err := rows.Scan(&e.Seq, &e.ID, &e.Type, &e.Resource, &e.Action, &e.Scope, &e.Subject); err != nil {
+				return err
+			}
+			evs = append(evs, e)
+			return nil
+		})
+	if err != nil {
+		return nil, fmt.Errorf("read events to audit after seq %d: %w", after, err)
+	}
+	if err := publicationTimes(ctx, tx, evs); err != nil {
+		return nil, fmt.Errorf("read events to audit after seq %d: %w", after, err)
+	}
+	return evs, nil
+}
+
+// ResourceEvents returns the events about the resource subject (its uid)
+// from seq from on, in seq order, data included, each with its
+// publication time.
+func (s *Store) ResourceEvents(ctx context.Context, subject string, from int64) ([]AuditEvent, error) {
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("read events of %s: %w", subject, err)
+	}
+	defer tx.Rollback()
+	var evs []AuditEvent
+	err = queryRows(ctx, tx, `SELECT `+outboxColumns+` FROM event_log l WHERE l.subject = ? AND l.seq >= ? ORDER BY l.seq`,
+		[]any{subject, from}, func(rows *sql.Rows) error {
+			e, err := scanEvent(rows)
+			evs = append(evs, AuditEvent{Event: e})
+			return err
+		})
+	if err != nil {
+		return nil, fmt.Errorf("read events of %s from seq %d: %w", subject, from, err)
+	}
+	// A resource's events are few and far apart: a lookup each.
+	for i := range evs {
+		if err := publicationTimes(ctx, tx, evs[i:i+1]); err != nil {
+			return nil, fmt.Errorf("read events of %s from seq %d: %w", subject, from, err)
+		}
+	}
+	return evs, nil
+}
+
+// publicationTimes sets the Published time of evs, which are in seq order,
+// from the runs of event_publishes that cover them: the runs from the one
+// that may cover the first to the last, read in one range of the primary
+// key and merged.
+func publicationTimes(ctx context.Context, tx *sql.Tx, evs []AuditEvent) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	type run struct {
+		first, last int64
+		at          time.Time
+	}
+	var runs []run
+	err := queryRows(ctx, tx, `SELECT first_seq, last_seq, published_time FROM event_publishes
+		WHERE first_seq >= (SELECT COALESCE(MAX(first_seq), 0) FROM event_publishes WHERE first_seq <= ?) AND first_seq <= ?
+		ORDER BY first_seq`, []any{evs[0].Seq, evs[len(evs)-1].Seq}, func(rows *sql.Rows) error {
+		var r run
+		var at string
+		if err := rows.Scan(&r.first, &r.last, &at); err != nil {
+			return err
+		}
+		t, err := ParseTime(at)
+		if err != nil {
+			return fmt.Errorf("publication of events %d..%d: %w", r.first, r.last, err)
+		}
+		r.at = t
+		runs = append(runs, r)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read publication times: %w", err)
+	}
+	i := 0
+	for k := range evs {
+		for i < len(runs) && runs[i].last < evs[k].Seq {
+			i++
+		}
+		if i < len(runs) && runs[i].first <= evs[k].Seq {
+			evs[k].Published = runs[i].at
+		}
+	}
+	return nil
+}
+
+// AuditPosition returns the seq of the last event the stream audit
+// checked (0: none yet).
+func (s *Store) AuditPosition(ctx context.Context) (int64, error) {
+	v, err := s.meta(ctx, s.r, AuditSeqKey)
+	if err != nil || v == "" {
+		return 0, err
+	}
+	seq, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("meta %s: %w", AuditSeqKey, err)
+	}
+	return seq, nil
+}
+
+// SetAuditPosition records that the stream audit checked the events up to
+// seq, reading the stream up to its sequence streamSeq.
+func (s *Store) SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		for k, v := range map[string]string{AuditSeqKey: strconv.FormatInt(seq, 10), AuditStreamSeqKey: strconv.FormatUint(streamSeq, 10)} {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`, k, v); err != nil {
+				return fmt.Errorf("record the audit's position: %w", err)
+			}
+		}
+		return nil
+	})
+}
