@@ -108,7 +108,8 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		a.Close()
 		return nil, err
 	}
-	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), opts.Published))}
+	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), opts.Published)),
+		publish.WithCheckpoints(a.Store, cfg.Verify.CheckpointEvery.Duration, cfg.Cluster.NodeID)}
 	if cfg.KV.Enabled {
 		kv, err := publish.OpenKV(ctx, a.NATS.JS, kvConfig(cfg, log), a.Store)
 		if err != nil {
@@ -144,6 +145,10 @@ func (a *App) observeRun(job, outcome string, sum crawler.Summary, finished time
 	a.Metrics.ObserveRun(job, outcome, sum.Duration, finished, map[string]int64{
 		"repos": sum.Repos, "tags": sum.Tags, "tag_history": sum.HistoryRecords, "advisories": sum.Advisories})
 	a.Fresh.Observe(job, outcome, finished)
+	if outcome == "ok" && a.Relay != nil {
+		// The replicas compare their mirrors with what this crawl left.
+		a.Relay.RequestCheckpoint()
+	}
 }
 
 // observePublished counts every event JetStream acknowledged and logs one

@@ -410,7 +410,7 @@ func TestRelay_CommitsDuringAPass(t *testing.T) {
 			commits++
 		}
 	}
-	const want = 10 + 10*50 + 500 // repos, tags, one move each
+	const want = 10 + 10*50 + 500 + 500 // repos, tags, each tag's first record (history.recorded), one move each
 	if commits != 500 {
 		t.Fatalf("made %d moves, want 500", commits)
 	}
