@@ -101,7 +101,7 @@ func checkListen(p *problems, key, addr string) {
 func checkHTTPURL(p *problems, key, raw string, allowInsecure bool, carries string) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		p.addf(key, "not an http(s) URL: %q", raw)
+		p.addf(key, "not an http(s) URL: %q", redactURL(raw))
 		return
 	}
 	if u.Scheme == "http" && !allowInsecure && !isLoopback(u.Hostname()) {

@@ -10,7 +10,7 @@ func (n *NATS) validate(p *problems) {
 		for _, u := range strings.Split(n.URL, ",") {
 			pu, err := url.Parse(strings.TrimSpace(u))
 			if err != nil || pu.Host == "" || !strings.HasPrefix(pu.Scheme, "nats") && !strings.HasPrefix(pu.Scheme, "tls") && !strings.HasPrefix(pu.Scheme, "ws") {
-				p.addf("nats.url", "not a NATS URL (want nats://host:port): %q", u)
+				p.addf("nats.url", "not a NATS URL (want nats://host:port): %q", redactURL(u))
 			}
 		}
 	}
