@@ -175,6 +175,10 @@ type NATS struct {
 	Replicas        int      `toml:"replicas"`
 	ManageStream    bool     `toml:"manage_stream"`
 
+	// ListenPublic lets the embedded server listen beyond loopback, where
+	// it then requires Token, or User and Password, of every client.
+	ListenPublic bool `toml:"listen_public"`
+
 	// Authentication to an external server: at most one of a credentials
 	// file, an nkey seed file, a token, or user and password.
 	Credentials string `toml:"credentials"`

@@ -31,7 +31,9 @@ type Config struct {
 	DataDir string // embedded server: JetStream storage lives under DataDir/nats
 
 	// Authentication to an external server: at most one of a credentials
-	// file, an nkey seed file, a token, or user and password.
+	// file, an nkey seed file, a token, or user and password. The
+	// embedded server, given a token or a user and password, requires
+	// them of every client.
 	Credentials string
 	NKeySeed    string
 	Token       string
@@ -107,7 +109,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	}
 	url := cfg.URL
 	if url == "" {
-		ns, err := StartEmbedded(cfg.DataDir, cfg.Listen, log.With("part", "nats-server"))
+		ns, err := StartEmbedded(cfg, log.With("part", "nats-server"))
 		if err != nil {
 			return nil, err
 		}
@@ -244,31 +246,25 @@ func RedactURL(urls string) string {
 }
 
 // StartEmbedded starts a NATS server with JetStream storing under
-// dataDir/nats. With listen empty it accepts in-process connections only.
-// The server's warnings and errors go to log (its notices at debug): a
-// damaged store ("could not locate msg block") must not pass unseen.
-func StartEmbedded(dataDir, listen string, log *slog.Logger) (*server.Server, error) {
+// cfg.DataDir/nats. With cfg.Listen empty it accepts in-process
+// connections only. With cfg.Token, or cfg.User and cfg.Password, every
+// client must present them (syncd's own connection does, see connOptions);
+// without, it refuses to listen beyond loopback, where an anonymous client
+// could delete the stream. The server's warnings and errors go to log
+// (its notices at debug): a damaged store ("could not locate msg block")
+// must not pass unseen.
+func StartEmbedded(cfg Config, log *slog.Logger) (*server.Server, error) {
 	opts := &server.Options{
-		ServerName: "syncd",
-		JetStream:  true,
-		StoreDir:   filepath.Join(dataDir, "nats"),
-		NoSigs:     true,
+		ServerName:    "syncd",
+		JetStream:     true,
+		StoreDir:      filepath.Join(cfg.DataDir, "nats"),
+		NoSigs:        true,
+		Authorization: cfg.Token,
+		Username:      cfg.User,
+		Password:      cfg.Password,
 	}
-	if listen == "" {
-		opts.DontListen = true
-	} else {
-		host, port, err := net.SplitHostPort(listen)
-		if err != nil {
-			return nil, fmt.Errorf("nats listen %q: %w", listen, err)
-		}
-		p, err := strconv.Atoi(port)
-		if err != nil {
-			return nil, fmt.Errorf("nats listen %q: bad port", listen)
-		}
-		opts.Host, opts.Port = host, p
-		if p == 0 {
-			opts.Port = server.RANDOM_PORT
-		}
+	if err := listenOptions(opts, cfg.Listen); err != nil {
+		return nil, err
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
@@ -281,6 +277,31 @@ func StartEmbedded(dataDir, listen string, log *slog.Logger) (*server.Server, er
 		return nil, errors.New("embedded NATS did not become ready in 15s (is the listen address in use?)")
 	}
 	return ns, nil
+}
+
+// listenOptions sets where opts listens: nowhere when listen is empty, and
+// beyond loopback only when opts holds credentials.
+func listenOptions(opts *server.Options, listen string) error {
+	if listen == "" {
+		opts.DontListen = true
+		return nil
+	}
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("nats listen %q: %w", listen, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return fmt.Errorf("nats listen %q: bad port", listen)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) && opts.Authorization == "" && opts.Username == "" {
+		return fmt.Errorf("nats listen %s: the embedded NATS server takes clients beyond loopback only with credentials (a token, or a user and password)", listen)
+	}
+	opts.Host, opts.Port = host, p
+	if p == 0 {
+		opts.Port = server.RANDOM_PORT
+	}
+	return nil
 }
 
 // EnsureStream creates the stream or updates it to cfg.
