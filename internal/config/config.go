@@ -30,6 +30,7 @@ type Config struct {
 	Cluster  Cluster  `toml:"cluster"`
 	KV       KV       `toml:"kv"`
 	Snapshot Snapshot `toml:"snapshot"`
+	Sync     Sync     `toml:"sync"`
 }
 
 // KV configures the key-value buckets of current state that the leader
@@ -281,6 +282,7 @@ func Default() Config {
 			Keep:    2,
 			Bucket:  "syncd_snapshots",
 		},
+		Sync: Sync{Timeout: Duration{DefaultSyncTimeout}},
 	}
 }
 

@@ -25,6 +25,7 @@ func (c *Config) Validate() error {
 	c.validateCluster(&p)
 	c.validateKV(&p)
 	c.Snapshot.validate(&p)
+	c.Sync.validate(&p)
 	return p.err()
 }
 

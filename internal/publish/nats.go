@@ -62,6 +62,10 @@ type Config struct {
 	// FailFast connects once, for callers that report a server that is
 	// down (syncd check) rather than wait for it as the daemon does.
 	FailFast bool
+	// ConnectWait bounds the wait for a server that does not answer at the
+	// first connection (syncd sync --once); 0: wait for ever, as the
+	// daemon does.
+	ConnectWait time.Duration
 }
 
 // Conn is a NATS connection with JetStream, and the embedded server behind
@@ -123,7 +127,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	if cfg.FailFast {
 		nc, err = nats.Connect(url, opts...)
 	} else {
-		nc, err = connectWaiting(ctx, url, opts, log)
+		nc, err = connectWaiting(ctx, url, opts, cfg.ConnectWait, log)
 	}
 	if err != nil {
 		c.Close()
@@ -421,9 +425,12 @@ func (l serverLog) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(fo
 // connectWaiting connects to url, waiting with backoff (and a warning per
 // try) while no server answers, as syncd does once connected: a NATS
 // server that starts after syncd, or is restarting, is waited for, not a
-// reason to exit. Other failures (credentials, TLS) are returned at once.
-func connectWaiting(ctx context.Context, url string, opts []nats.Option, log *slog.Logger) (*nats.Conn, error) {
+// reason to exit; up to maxWait when it is not 0, then it gives up as the
+// platform client does. Other failures (credentials, TLS) are returned at
+// once.
+func connectWaiting(ctx context.Context, url string, opts []nats.Option, maxWait time.Duration, log *slog.Logger) (*nats.Conn, error) {
 	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(250*time.Millisecond), backoff.WithMaxInterval(15*time.Second), backoff.WithMaxElapsedTime(0))
+	giveUp := time.Now().Add(maxWait)
 	for attempt := 1; ; attempt++ {
 		nc, err := nats.Connect(url, opts...)
 		if err == nil {
@@ -436,6 +443,9 @@ func connectWaiting(ctx context.Context, url string, opts []nats.Option, log *sl
 			return nil, err
 		}
 		wait := b.NextBackOff()
+		if maxWait > 0 && time.Now().Add(wait).After(giveUp) {
+			return nil, fmt.Errorf("giving up after %d attempts: %w", attempt, err)
+		}
 		log.Warn("NATS not reachable; waiting for it", "url", RedactURL(url), "attempt", attempt, "next_try_in", wait.Round(time.Millisecond).String(), "err", err)
 		t := time.NewTimer(wait)
 		select {
