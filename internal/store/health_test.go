@@ -57,9 +57,9 @@ func TestWritable_ReportsAFullDisk(t *testing.T) {
 	if _, err := st.WriterPragma(ctx, "max_page_count = "+pages); err != nil {
 		t.Fatal(err)
 	}
-	repos := make([]store.Repo, 500)
+	repos := make([]store.Repo, 50)
 	for i := range repos {
-		repos[i] = store.Repo{UID: fmt.Sprintf("org1/r%d", i), Name: fmt.Sprintf("r%d", i), Description: strings.Repeat("x", 500)}
+		repos[i] = store.Repo{UID: fmt.Sprintf("org1/r%d", i), Name: fmt.Sprintf("r%d", i), Description: strings.Repeat("x", 1000)}
 	}
 	if _, err := st.ApplyRepos(ctx, repos); err == nil {
 		t.Fatal("ApplyRepos past max_page_count succeeded; the test needs a refused write")
