@@ -604,30 +604,44 @@ func (r *Relay) checkpointIn() (time.Duration, bool) {
 	return time.Until(r.cpLast.Add(r.cpEvery)), true
 }
 
-// checkpoint publishes a checkpoint of the mirror's state, if it can be
-// one now: with nothing in the outbox, every event the digest covers is on
-// the stream before it, and the relay publishes nothing else meanwhile. A
-// checkpoint that cannot be written now is tried at the next one due.
+// checkpoint publishes a checkpoint when it can be one now; one that
+// cannot is tried at the next one due.
 func (r *Relay) checkpoint(ctx context.Context) {
 	r.cpLast = time.Now()
-	st, err := r.cp.CheckpointState(ctx)
-	if err != nil {
-		r.log.Warn("read the checkpoint state", "err", err)
-		return
+	seq, why, err := r.PublishCheckpoint(ctx)
+	switch {
+	case err != nil:
+		r.log.Warn("publish a checkpoint; the next one is due in "+r.cpEvery.String(), "err", err)
+	case why != "":
+		r.log.Debug("no checkpoint now", "why", why)
+	default:
+		r.log.Debug("published a checkpoint", "stream_seq", seq)
 	}
-	if !st.Ready {
-		r.log.Debug("no checkpoint now", "why", st.Why)
-		return
+}
+
+// PublishCheckpoint publishes a checkpoint of the mirror's state and
+// returns its stream sequence, if it can be one now: with nothing in the
+// outbox, every event the digest covers is on the stream before it, and
+// the relay publishes nothing else meanwhile (it must not be called beside
+// Run). Otherwise it returns why not.
+func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
+	if r.cp == nil {
+		return 0, "the relay writes no checkpoints", nil
+	}
+	st, err := r.cp.CheckpointState(ctx)
+	if err != nil || !st.Ready {
+		return 0, st.Why, err
 	}
 	msg, err := NewCheckpoint(r.cpLeader, st.EventSeq, time.Now(), st.Digest).Message(r.format.SubjectPrefix)
 	if err != nil {
-		r.log.Warn("encode a checkpoint", "err", err)
-		return
+		return 0, "", err
 	}
 	ack, err := r.js.PublishMsg(ctx, msg)
 	if err != nil {
-		r.log.Warn("publish a checkpoint; the next one is due in "+r.cpEvery.String(), "err", err)
-		return
+		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
 	}
-	r.log.Debug("published a checkpoint", "stream_seq", ack.Sequence, "event_seq", st.EventSeq, "duplicate", ack.Duplicate)
+	if ack.Duplicate {
+		return 0, "the same checkpoint is on the stream already", nil
+	}
+	return ack.Sequence, "", nil
 }
