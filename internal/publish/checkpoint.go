@@ -68,32 +68,50 @@ func (cp Checkpoint) ReplicaDigest() (store.ReplicaDigest, error) {
 	return out, nil
 }
 
-// Message encodes cp as the message the relay publishes; its Nats-Msg-Id
-// names the event seq and the digest, so a checkpoint published twice is
-// stored once.
-func (cp Checkpoint) Message(prefix string) (*nats.Msg, error) {
+// CheckpointType is a checkpoint's CloudEvents type: a consumer of
+// <subject_prefix>.> that parses every message as a CloudEvent reads it,
+// and ignores it as a type it does not know.
+const CheckpointType = TypePrefix + "checkpoint"
+
+// Message encodes cp as the message the relay publishes, a CloudEvent of
+// source; its id, also the Nats-Msg-Id, names the event seq, the time and
+// the digest: checkpoints of a quiet mirror are all alike but their time,
+// and a consumer must not take them for one event delivered twice.
+func (cp Checkpoint) Message(prefix, source string) (*nats.Msg, error) {
 	data, err := json.Marshal(cp)
 	if err != nil {
 		return nil, fmt.Errorf("encode checkpoint: %w", err)
 	}
-	id := "checkpoint-" + strconv.FormatInt(cp.EventSeq, 10)
+	id := "checkpoint-" + strconv.FormatInt(cp.EventSeq, 10) + "-" + strconv.FormatInt(cp.Time.UnixMilli(), 10)
 	for _, e := range cp.Digest {
 		id += "-" + e.Sum
 	}
+	ce, err := json.Marshal(CloudEvent{SpecVersion: "1.0", ID: id, Source: source, Type: CheckpointType,
+		Time: cp.Time.Format(time.RFC3339Nano), DataContentType: "application/json", Data: data})
+	if err != nil {
+		return nil, fmt.Errorf("encode checkpoint: %w", err)
+	}
 	return &nats.Msg{
 		Subject: CheckpointSubject(prefix),
-		Header:  nats.Header{"Content-Type": []string{"application/json"}, jetstream.MsgIDHeader: []string{id}},
-		Data:    data,
+		Header:  nats.Header{"Content-Type": []string{ContentType}, jetstream.MsgIDHeader: []string{id}},
+		Data:    ce,
 	}, nil
 }
 
-// DecodeCheckpoint reads a checkpoint message's body.
+// DecodeCheckpoint reads a checkpoint message.
 func DecodeCheckpoint(b []byte) (Checkpoint, error) {
 	var cp Checkpoint
 	if len(b) > maxCheckpointBytes {
 		return cp, fmt.Errorf("checkpoint of %d bytes: more than %d", len(b), maxCheckpointBytes)
 	}
-	if err := json.Unmarshal(b, &cp); err != nil {
+	var ce CloudEvent
+	if err := json.Unmarshal(b, &ce); err != nil {
+		return cp, fmt.Errorf("decode checkpoint: %w", err)
+	}
+	if ce.Type != CheckpointType {
+		return cp, fmt.Errorf("decode checkpoint: type %q, want %q", ce.Type, CheckpointType)
+	}
+	if err := json.Unmarshal(ce.Data, &cp); err != nil {
 		return cp, fmt.Errorf("decode checkpoint: %w", err)
 	}
 	if len(cp.Digest) == 0 {

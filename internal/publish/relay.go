@@ -632,7 +632,7 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	if err != nil || !st.Ready {
 		return 0, st.Why, err
 	}
-	msg, err := NewCheckpoint(r.cpLeader, st.EventSeq, time.Now(), st.Digest).Message(r.format.SubjectPrefix)
+	msg, err := NewCheckpoint(r.cpLeader, st.EventSeq, time.Now(), st.Digest).Message(r.format.SubjectPrefix, r.format.Source)
 	if err != nil {
 		return 0, "", err
 	}
