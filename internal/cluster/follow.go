@@ -88,6 +88,12 @@ type Follower struct {
 	checked atomic.Pointer[CheckpointResult]
 }
 
+// Positioned is a mirror that knows the stream sequence it reflects.
+type Positioned interface {
+	StreamPosition(ctx context.Context) (seq uint64, unpublished int, err error)
+	SetStreamSeq(ctx context.Context, seq uint64) error
+}
+
 // CheckpointResult is the outcome of comparing the mirror with a checkpoint.
 type CheckpointResult struct {
 	// Seq is the checkpoint's stream sequence; Leader who wrote it.
@@ -438,12 +444,25 @@ func (f *Follower) applyEvents(ctx context.Context, evs []store.StreamEvent) (in
 // compare compares the mirror, which holds every event before c on the
 // stream, with c's digest: a difference marks the mirror diverged, to be
 // repaired from the newest snapshot, and a match clears a divergence.
-// A checkpoint the mirror's snapshot already covers tells nothing: the
-// snapshot may hold events published after it.
+// A checkpoint tells nothing about a mirror that reflects later messages
+// already (a redelivery after a crash, a restored snapshot, a standby
+// that led: its stream position is at or past c), nor about one with
+// events of its own the stream does not hold yet (an old leader's
+// outbox): such a checkpoint is passed over.
 func (f *Follower) compare(ctx context.Context, c pendingCheck) error {
-	if m, ok := f.mirror.(Restorable); ok {
-		if snap, err := m.SnapshotSeq(ctx); err != nil || snap >= c.seq {
+	if m, ok := f.mirror.(Positioned); ok {
+		pos, pending, err := m.StreamPosition(ctx)
+		if err != nil {
 			return err
+		}
+		defer func() {
+			if err := m.SetStreamSeq(ctx, c.seq); err != nil {
+				f.log.Warn("record the stream position", "err", err)
+			}
+		}()
+		if pos >= c.seq || pending > 0 {
+			f.log.Debug("a checkpoint this mirror cannot be compared at", "stream_seq", c.seq, "position", pos, "unpublished", pending)
+			return nil
 		}
 	}
 	want, err := c.cp.ReplicaDigest()
@@ -570,6 +589,7 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 		if err != nil {
 			continue // the consumer terminates it when it comes
 		}
+		ev.Seq = m.Sequence
 		evs = append(evs, ev)
 	}
 	return evs, nil
@@ -647,6 +667,7 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 			}
 			continue
 		}
+		ev.Seq = seq
 		b.msgs, b.evs, b.seqs = append(b.msgs, m), append(b.evs, ev), append(b.seqs, seq)
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {

@@ -70,6 +70,17 @@ type Relay struct {
 	cpLeader string
 	cpKick   chan struct{}
 	cpLast   time.Time
+	// cpSent is the last checkpoint published (event seq and digest) and
+	// when: one asked for after a quiet crawl, with nothing changed since,
+	// waits for the next one due.
+	cpSent     string
+	cpSentTime time.Time
+}
+
+// StreamPosition is a mirror that records the stream sequence it reflects
+// up to (see store.SetStreamSeq).
+type StreamPosition interface {
+	SetStreamSeq(ctx context.Context, seq uint64) error
 }
 
 // CheckpointSource is what the relay reads a checkpoint from.
@@ -303,6 +314,8 @@ func (r *Relay) syncKV(ctx context.Context) error {
 // touches it, except marks, which markLoop consumes.
 type relayPass struct {
 	r *Relay
+	// streamSeq is the highest stream sequence JetStream acknowledged.
+	streamSeq uint64
 	// inflight holds the publishes awaiting acknowledgement in publish
 	// order, which is the order JetStream acknowledges them in, so waiting
 	// on the oldest first costs nothing.
@@ -382,8 +395,8 @@ func (p *relayPass) run(ctx context.Context) error {
 			for _, e := range evs {
 				p.submit(e)
 			}
-		case <-acked:
-			p.acknowledged(p.pop())
+		case ack := <-acked:
+			p.acknowledged(p.pop(), ack)
 			p.answered()
 		case err := <-failed:
 			p.failed(p.pop(), err)
@@ -425,8 +438,8 @@ func (p *relayPass) answered() {
 	for len(p.inflight) > 0 {
 		f := p.inflight[0].fut
 		select {
-		case <-f.Ok():
-			p.acknowledged(p.pop())
+		case ack := <-f.Ok():
+			p.acknowledged(p.pop(), ack)
 		case err := <-f.Err():
 			p.failed(p.pop(), err)
 		default:
@@ -473,7 +486,10 @@ func (p *relayPass) publish(e store.Event) {
 	p.r.inFlight.Store(int64(len(p.inflight)))
 }
 
-func (p *relayPass) acknowledged(e store.Event) {
+func (p *relayPass) acknowledged(e store.Event, ack *jetstream.PubAck) {
+	if ack != nil {
+		p.streamSeq = max(p.streamSeq, ack.Sequence)
+	}
 	p.acked = append(p.acked, e.Seq)
 	if p.r.kv != nil {
 		p.ackedEvs = append(p.ackedEvs, e)
@@ -583,6 +599,13 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 	if ctx.Err() != nil {
 		return p.total, ctx.Err()
 	}
+	if pos, ok := p.r.outbox.(StreamPosition); ok && p.streamSeq > 0 && markErr == nil {
+		// The mirror reflects the stream up to here: a checkpoint before
+		// it, met again as a standby, tells nothing about this mirror.
+		if err := pos.SetStreamSeq(ctx, p.streamSeq); err != nil {
+			markErr = err
+		}
+	}
 	errs := append([]error{runErr}, p.errs...)
 	if n := len(p.blocked); n > len(p.errs) {
 		errs = append(errs, fmt.Errorf("and %d more resources failed", n-len(p.errs)))
@@ -632,6 +655,10 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	if err != nil || !st.Ready {
 		return 0, st.Why, err
 	}
+	same := fmt.Sprint(st.EventSeq, st.Digest)
+	if same == r.cpSent && time.Since(r.cpSentTime) < r.cpEvery {
+		return 0, "nothing changed since the last checkpoint", nil
+	}
 	msg, err := NewCheckpoint(r.cpLeader, st.EventSeq, time.Now(), st.Digest).Message(r.format.SubjectPrefix, r.format.Source)
 	if err != nil {
 		return 0, "", err
@@ -642,6 +669,12 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	}
 	if ack.Duplicate {
 		return 0, "the same checkpoint is on the stream already", nil
+	}
+	r.cpSent, r.cpSentTime = same, time.Now()
+	if pos, ok := r.outbox.(StreamPosition); ok {
+		if err := pos.SetStreamSeq(ctx, ack.Sequence); err != nil {
+			return ack.Sequence, "", err
+		}
 	}
 	return ack.Sequence, "", nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 )
 
 // CheckpointState is what a leader's checkpoint says: the digest of the
@@ -49,4 +50,40 @@ func (s *Store) CheckpointState(ctx context.Context) (CheckpointState, error) {
 		st.Ready = true
 	}
 	return st, nil
+}
+
+// StreamSeqKey is the meta key of the highest stream sequence whose
+// messages the mirror reflects: what a follower applied, a leader had
+// acknowledged, or a restored snapshot covers. A checkpoint at or before
+// it tells nothing about the mirror (it holds later changes).
+const StreamSeqKey = "stream_seq"
+
+// SetStreamSeq records that the mirror reflects the stream up to seq, if
+// that is further than it had recorded.
+func (s *Store) SetStreamSeq(ctx context.Context, seq uint64) error {
+	_, err := s.w.ExecContext(ctx, setStreamSeqSQL, strconv.FormatUint(seq, 10))
+	if err != nil {
+		return fmt.Errorf("record stream position %d: %w", seq, err)
+	}
+	return nil
+}
+
+const setStreamSeqSQL = `INSERT INTO meta (key, value) VALUES ('` + StreamSeqKey + `', ?1)
+	ON CONFLICT(key) DO UPDATE SET value = ?1 WHERE CAST(value AS INTEGER) < CAST(?1 AS INTEGER)`
+
+// StreamPosition returns the highest stream sequence the mirror reflects
+// (its recorded position, or the snapshot it was restored from) and how
+// many of its events wait in its outbox: a mirror with events the stream
+// does not hold yet is ahead of every checkpoint until they arrive there.
+func (s *Store) StreamPosition(ctx context.Context) (uint64, int, error) {
+	var pos, snap string
+	var pending int
+	err := s.r.QueryRowContext(ctx, `SELECT COALESCE((SELECT value FROM meta WHERE key = ?), '0'),
+		COALESCE((SELECT value FROM meta WHERE key = ?), '0'), (SELECT count(*) FROM outbox)`, StreamSeqKey, SnapshotSeqKey).Scan(&pos, &snap, &pending)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read stream position: %w", err)
+	}
+	p, _ := strconv.ParseUint(pos, 10, 64)
+	q, _ := strconv.ParseUint(snap, 10, 64)
+	return max(p, q), pending, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -24,6 +25,8 @@ type StreamEvent struct {
 	Subject string // uid of the resource
 	Time    time.Time
 	Data    json.RawMessage // {"before": …, "after": …}
+	// Seq is the message's stream sequence; 0: not known.
+	Seq uint64
 }
 
 // maxRecoverSeq bounds the search for a move's position in its tag's
@@ -36,8 +39,17 @@ const maxRecoverSeq = 1 << 17
 func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, error) {
 	applied := 0
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		fresh, err := newStreamEvents(ctx, tx, evs)
+		fresh, known, err := newStreamEvents(ctx, tx, evs)
 		if err != nil {
+			return err
+		}
+		if err := recordStreamSeq(ctx, tx, evs); err != nil {
+			return err
+		}
+		// Events of this mirror's own outbox (committed here while it
+		// led, and never published) are on the stream now, published by
+		// whoever leads: as a leader again it must not publish them anew.
+		if err := markPublished(ctx, tx, known, FormatTime(s.now())); err != nil {
 			return err
 		}
 		applied = len(fresh)
@@ -94,22 +106,44 @@ func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, 
 	return applied, nil
 }
 
+// recordStreamSeq records the highest stream sequence of evs as the
+// mirror's stream position, in the transaction that applies them.
+func recordStreamSeq(ctx context.Context, tx *sql.Tx, evs []StreamEvent) error {
+	var top uint64
+	for _, e := range evs {
+		top = max(top, e.Seq)
+	}
+	if top == 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, setStreamSeqSQL, strconv.FormatUint(top, 10)); err != nil {
+		return fmt.Errorf("record stream position %d: %w", top, err)
+	}
+	return nil
+}
+
 // newStreamEvents returns the events of evs the mirror does not hold, each
-// once, in order: the ids are looked up together, not one by one.
-func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]StreamEvent, error) {
+// once, in order, and the seqs of those it holds in its outbox: the ids are
+// looked up together, not one by one.
+func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]StreamEvent, []int64, error) {
 	ids := make([]string, len(evs))
 	for i, e := range evs {
 		ids[i] = e.ID
 	}
 	seen := make(map[string]bool, len(evs))
-	err := queryByUIDs(ctx, tx, `SELECT id FROM event_log WHERE id IN (%s)`, ids, func(r *sql.Rows) error {
+	var unpublished []int64
+	err := queryByUIDs(ctx, tx, `SELECT l.id, o.seq FROM event_log l LEFT JOIN outbox o ON o.seq = l.seq WHERE l.id IN (%s)`, ids, func(r *sql.Rows) error {
 		var id string
-		err := r.Scan(&id)
+		var seq sql.NullInt64
+		err := r.Scan(&id, &seq)
 		seen[id] = true
+		if seq.Valid {
+			unpublished = append(unpublished, seq.Int64)
+		}
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("look up events: %w", err)
+		return nil, nil, fmt.Errorf("look up events: %w", err)
 	}
 	fresh := make([]StreamEvent, 0, len(evs))
 	for _, e := range evs {
@@ -118,7 +152,7 @@ func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]Stre
 			fresh = append(fresh, e)
 		}
 	}
-	return fresh, nil
+	return fresh, unpublished, nil
 }
 
 // apply applies one event's state and returns the event's scope (the

@@ -179,7 +179,8 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 	if err := tx.QueryRowContext(ctx, `SELECT value FROM snap.meta WHERE key = 'baseline_time'`).Scan(&snapBaseline); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("read the snapshot's baseline: %w", err)
 	}
-	for k, v := range map[string]string{SnapshotSeqKey: strconv.FormatUint(seq, 10), "baseline_time": snapBaseline} {
+	for k, v := range map[string]string{SnapshotSeqKey: strconv.FormatUint(seq, 10), StreamSeqKey: strconv.FormatUint(seq, 10),
+		"baseline_time": snapBaseline} {
 		if v == "" || k == "baseline_time" && baseline != "" {
 			continue
 		}
