@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
@@ -320,6 +321,16 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		after = int(info.State.LastSeq - seq)
 	}
 
+	// Every replica that follows ends equal to the leader at the same
+	// checkpoint: the standby and the follower compared the same one, and
+	// matched it.
+	var cpSeq string
+	testutil.WaitFor(t, 30*time.Second, "the standby and the follower to match the same checkpoint", func() bool {
+		cpSeq = metaOf(old.dbPath, "checkpoint_seq")
+		return cpSeq != "" && cpSeq == metaOf(late.dbPath, "checkpoint_seq") &&
+			metaOf(old.dbPath, "checkpoint_result") == "match" && metaOf(late.dbPath, "checkpoint_result") == "match"
+	})
+	t.Logf("three-node figures: standby %s and follower %s matched the leader's checkpoint at stream sequence %s", old.name, late.name, cpSeq)
 	t.Logf("three-node figures: stream leader %s killed, %s leads after %s; %s stopped: both replicas not-ready within %s (%q); quorum back, a leader publishing %s after the restart; syncd leader %s SIGKILLed, %s took over after %s (lease TTL %s)",
 		first, second, streamTakeover.Round(time.Millisecond), second, notReadyAfter.Round(time.Millisecond), notReady,
 		quorumBack.Round(time.Millisecond), old.name, leader.name, takeover.Round(time.Millisecond), clusterTTL)
@@ -358,6 +369,9 @@ func streamIDs(ctx context.Context, t *testing.T, js jetstream.JetStream) (map[s
 		var ev cloudEvent
 		if err := json.Unmarshal(m.Data, &ev); err != nil {
 			t.Fatalf("stream message %d: %v", seq, err)
+		}
+		if ev.Type == publish.CheckpointType {
+			continue // the leader's checkpoints: no events
 		}
 		ids[ev.ID]++
 		total++

@@ -381,3 +381,69 @@ func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
+
+// TestCluster_LeaderFrozenPastItsLease freezes the leader (SIGSTOP) for
+// three lease TTLs while tags are created and moved, so that the standby
+// takes over; the old leader wakes up (SIGCONT), stands by, and leads again
+// when the other one stops. Its mirror must then equal the truth, history
+// included: the first records of the tags created while it was frozen
+// reached it only from the stream (history.recorded). Before, it lacked
+// them and, as the leader, never read them again.
+func TestCluster_LeaderFrozenPastItsLease(t *testing.T) {
+	natsURL := startNATSProcess(t)
+	nodes := []*node{{name: "a", token: "tok-a-1f3c"}, {name: "b", token: "tok-b-7d2e"}}
+	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 71, Tokens: []string{nodes[0].token, nodes[1].token}},
+		platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 3, Advisories: 2, PublicImages: -1})
+	dir := t.TempDir()
+	for _, n := range nodes {
+		n.dbPath = filepath.Join(dir, n.name+".db")
+		n.cfg = clusterNodeConfig(t, simURL, natsURL, n)
+	}
+	w := &world{t: t, sim: sim, simURL: simURL, natsURL: natsURL}
+	w.takeBaseline()
+	a, b := nodes[0], nodes[1]
+	a.start(t, "run")
+	testutil.WaitFor(t, 30*time.Second, "a to lead and finish its baseline", func() bool {
+		return metaOf(a.dbPath, "role") == "leader" && metaOf(a.dbPath, "baseline_time") != ""
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rcv := consume(ctx, t, natsURL)
+	b.start(t, "run")
+	testutil.WaitFor(t, 30*time.Second, "b to stand by", func() bool {
+		return metaOf(b.dbPath, "role") == "standby" && metaOf(b.dbPath, "lease_holder") == "a"
+	})
+
+	sim.SetRates(platformsim.Rates{CreateTag: 40, MoveTag: 60})
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	created := 0
+	for time.Since(frozen) < 3*clusterTTL {
+		created += len(sim.Step(2))
+		time.Sleep(300 * time.Millisecond) // the data changes while b takes over
+	}
+	testutil.WaitFor(t, 4*clusterTTL, "b to take over from the frozen leader", func() bool { return metaOf(b.dbPath, "role") == "leader" })
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 4*clusterTTL, "a to stand by after it woke", func() bool {
+		return metaOf(a.dbPath, "role") == "standby" && metaOf(a.dbPath, "lease_holder") == "b"
+	})
+	created += len(sim.Step(2))
+	// b stops; a leads again, with the mirror it followed.
+	b.cmd.Process.Signal(syscall.SIGTERM)
+	if err := b.cmd.Wait(); err != nil {
+		t.Errorf("b after SIGTERM: %v", err)
+	}
+	testutil.WaitFor(t, 4*clusterTTL, "a to lead again", func() bool { return metaOf(a.dbPath, "role") == "leader" })
+	w.dbPath = a.dbPath
+	w.converge(rcv, 40*time.Second)
+	total, distinct := rcv.counts()
+	t.Logf("frozen %s; %d changes; %d messages, %d distinct events", 3*clusterTTL, created, total, distinct)
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	if err := a.cmd.Wait(); err != nil {
+		t.Errorf("a after SIGTERM: %v; log tail:\n%s", err, tail(a.out.String(), 20))
+	}
+}

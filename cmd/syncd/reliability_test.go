@@ -217,10 +217,14 @@ func mirrorDiff(db *sql.DB, truth platformsim.Truth) string {
 		digest     string
 		deprecated bool
 		history    int
+		rows       int
 		last       string
 	}
 	tags := map[string]tagRow{}
+	// The bookmark's count and the rows themselves: a replica that lacked
+	// a tag's first record kept the bookmark's count right.
 	rows, err = db.Query(`SELECT t.uid, t.digest, t.deprecated, t.history_count,
+		(SELECT count(*) FROM tag_history h WHERE h.tag_uid = t.uid),
 		COALESCE((SELECT h.digest FROM tag_history h WHERE h.tag_uid = t.uid ORDER BY h.seq DESC LIMIT 1), '')
 		FROM tags t WHERE t.deleted_time IS NULL AND t.uid LIKE 'org1/%'`)
 	if err != nil {
@@ -229,7 +233,7 @@ func mirrorDiff(db *sql.DB, truth platformsim.Truth) string {
 	for rows.Next() {
 		var uid string
 		var r tagRow
-		rows.Scan(&uid, &r.digest, &r.deprecated, &r.history, &r.last)
+		rows.Scan(&uid, &r.digest, &r.deprecated, &r.history, &r.rows, &r.last)
 		tags[uid] = r
 	}
 	rows.Close()
@@ -241,8 +245,8 @@ func mirrorDiff(db *sql.DB, truth platformsim.Truth) string {
 			add("tag %s missing from the mirror", tg.UID)
 		case got.digest != tg.Digest || got.deprecated != tg.Deprecated:
 			add("tag %s: mirror (%s %v), truth (%s %v)", tg.UID, got.digest, got.deprecated, tg.Digest, tg.Deprecated)
-		case got.history != len(h) || (len(h) > 0 && got.last != h[len(h)-1].Digest):
-			add("tag %s: %d history rows ending %s, truth %d", tg.UID, got.history, got.last, len(h))
+		case got.history != len(h) || got.rows != len(h) || (len(h) > 0 && got.last != h[len(h)-1].Digest):
+			add("tag %s: %d history records (%d rows) ending %s, truth %d", tg.UID, got.history, got.rows, got.last, len(h))
 		}
 		delete(tags, tg.UID)
 	}

@@ -23,13 +23,17 @@ type runCommand struct {
 
 func (c *runCommand) ParseFlags(args []string) error {
 	fs := c.m.flagSet("run", usage("run"), &c.flags)
-	fs.BoolVar(&c.demo, "demo", false, "run against the built-in simulator, whose data changes every few seconds, with an embedded NATS server on 127.0.0.1:4222; no account or [platform] keys needed")
+	fs.BoolVar(&c.demo, "demo", false, "run against the built-in simulator, whose data changes every few seconds, with its own embedded NATS server on 127.0.0.1:4222; no account or [platform] keys needed")
 	fs.DurationVar(&c.grace, "grace", 4*time.Second, "on SIGINT/SIGTERM, how long to finish the page in flight and publish what is committed; events left unpublished go out at the next start")
 	return fs.Parse(args)
 }
 
 func (c *runCommand) Run(ctx context.Context) error {
-	cfg, err := c.m.loadConfig(c.flags)
+	load := config.Load
+	if c.demo {
+		load = config.LoadForDemo // never a configured NATS server, nor cluster mode
+	}
+	cfg, err := c.m.loadConfigWith(load, c.flags)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -14,11 +15,14 @@ type syncCommand struct {
 	m     *Main
 	flags commonFlags
 	once  bool
+	// timeout overrides [sync] timeout when set.
+	timeout time.Duration
 }
 
 func (c *syncCommand) ParseFlags(args []string) error {
 	fs := c.m.flagSet("sync", usage("sync"), &c.flags)
 	fs.BoolVar(&c.once, "once", false, "crawl everything once, publish every resulting event, print a summary and exit (required, so that \"syncd sync\" alone is not mistaken for the daemon)")
+	fs.DurationVar(&c.timeout, "timeout", 0, "how long to wait for an unreachable platform or NATS server before giving up (exit 1); default: [sync] timeout")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -42,7 +46,7 @@ func (c *syncCommand) Run(ctx context.Context) error {
 		return err
 	}
 	defer release()
-	a, err := daemon.Open(ctx, cfg, log, daemon.Options{Version: version(), Published: slog.LevelDebug})
+	a, err := daemon.Open(ctx, cfg, log, daemon.Options{Version: version(), Published: slog.LevelDebug, GiveUpAfter: cmp.Or(c.timeout, cfg.Sync.Timeout.Duration)})
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,9 @@ type StatusReport struct {
 	Role        string `json:"role,omitempty"`
 	LeaseHolder string `json:"lease_holder,omitempty"`
 	FollowLag   string `json:"follow_lag,omitempty"`
+	// Checkpoint is the last leader's checkpoint compared (followers and
+	// standbys).
+	Checkpoint *CheckpointStatus `json:"checkpoint,omitempty"`
 }
 
 // SubscriptionStatus is an event subscription in a StatusReport.
@@ -58,6 +61,9 @@ func NewStatusReport(mirror string, s store.Status) StatusReport {
 	rep := StatusReport{Mirror: mirror, SchemaVersion: s.SchemaVersion, Tables: s.Tables, Failures: s.Failures,
 		UnpublishedEvents: s.Unpublished, OldestUnpublished: store.FormatTime(s.OldestUnpublished),
 		Role: s.Role, LeaseHolder: s.LeaseHolder, FollowLag: s.FollowLag}
+	if s.CheckpointSeq != "" {
+		rep.Checkpoint = &CheckpointStatus{StreamSeq: s.CheckpointSeq, Result: s.CheckpointResult, Time: s.CheckpointTime}
+	}
 	if s.Progress != "" {
 		var p crawler.Progress
 		if json.Unmarshal([]byte(s.Progress), &p) == nil {
@@ -81,6 +87,9 @@ func (rep StatusReport) WriteTable(out io.Writer) error {
 	fmt.Fprintf(w, "mirror\t%s (schema v%d)\n", rep.Mirror, rep.SchemaVersion)
 	if rep.Role != "" {
 		fmt.Fprintf(w, "role\t%s (lease holder: %s)\n", rep.Role, cmp.Or(rep.LeaseHolder, "none"))
+	}
+	if c := rep.Checkpoint; c != nil {
+		fmt.Fprintf(w, "checkpoint\tstream sequence %s (%s): %s\n", c.StreamSeq, c.Time, c.Result)
 	}
 	if rep.FollowLag != "" {
 		fmt.Fprintf(w, "follower lag\t%s messages\n", rep.FollowLag)
@@ -141,4 +150,12 @@ func (rep StatusReport) writeSubscriptions(w io.Writer) {
 		}
 		fmt.Fprintf(w, "subscription\t%s -> %s (%s)\n", sub.UID, sub.Sink, state)
 	}
+}
+
+// CheckpointStatus is the last leader's checkpoint a replica compared its
+// mirror with.
+type CheckpointStatus struct {
+	StreamSeq string `json:"stream_seq"`
+	Result    string `json:"result"`
+	Time      string `json:"time"`
 }

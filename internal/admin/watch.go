@@ -101,6 +101,22 @@ func (m *Metrics) WatchLag(lag func() uint64) {
 	m.GaugeFunc("syncd_follower_lag_events", "Messages the follower's consumer has pending.", func() float64 { return float64(lag()) })
 }
 
+// VerifiedReplica is a replica that compares its mirror with the leader's
+// checkpoints.
+type VerifiedReplica interface {
+	Diverged() bool
+	Repairs() uint64
+}
+
+// WatchVerification exports whether r's mirror differs from the leader's
+// at the last checkpoint compared, and how many repairs it started.
+func (m *Metrics) WatchVerification(r VerifiedReplica) {
+	m.GaugeFunc("syncd_replica_diverged", "1 while the mirror differs from the leader's last checkpoint compared.",
+		func() float64 { return boolGauge(r.Diverged()) })
+	m.CounterFunc("syncd_replica_repairs_total", "Repairs of a mirror that differed from the leader's checkpoint.", nil,
+		func() float64 { return float64(r.Repairs()) })
+}
+
 func boolGauge(b bool) float64 {
 	if b {
 		return 1

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,8 @@ import (
 // Mirror is what a follower needs of the store.
 type Mirror interface {
 	ApplyStreamEvents(ctx context.Context, evs []store.StreamEvent) (int, error)
+	// ReplicaDigest is compared with the leader's at each checkpoint.
+	ReplicaDigest(ctx context.Context) (store.ReplicaDigest, error)
 }
 
 // FollowerConfig configures a Follower.
@@ -75,6 +78,30 @@ type Follower struct {
 	// next is the stream sequence after the last one applied; 0: not
 	// known yet. Like cons, only Run or CatchUp touches it.
 	next uint64
+	// diverged is why the mirror differs from the leader's at the last
+	// checkpoint compared (nil: it did not); repairs counts the repairs
+	// started; repair asks the next fetch to restore the newest snapshot.
+	diverged atomic.Pointer[string]
+	repairs  atomic.Uint64
+	repair   bool
+	// checked is the outcome of the last checkpoint compared.
+	checked atomic.Pointer[CheckpointResult]
+}
+
+// Positioned is a mirror that knows the stream sequence it reflects.
+type Positioned interface {
+	StreamPosition(ctx context.Context) (seq uint64, unpublished int, err error)
+	SetStreamSeq(ctx context.Context, seq uint64) error
+}
+
+// CheckpointResult is the outcome of comparing the mirror with a checkpoint.
+type CheckpointResult struct {
+	// Seq is the checkpoint's stream sequence; Leader who wrote it.
+	Seq    uint64
+	Leader string
+	Time   time.Time
+	// Diff names the first table that differs; "" when the digests match.
+	Diff string
 }
 
 // NewFollower returns a follower of js's stream into mirror.
@@ -96,10 +123,33 @@ func NewFollower(js jetstream.JetStream, mirror Mirror, cfg FollowerConfig) *Fol
 // followState is the outcome of Run's last fetch.
 type followState struct{ err error }
 
-// Err is nil while Run follows the stream: its last fetch succeeded.
-// Otherwise it is why not, for a readiness check: the last fetch's error,
-// such as a stream that does not exist yet.
-func (f *Follower) Err() error { return f.state.Load().err }
+// Err is nil while Run follows the stream: its last fetch succeeded and
+// the mirror matched the last checkpoint it compared. Otherwise it is why
+// not, for a readiness check: the last fetch's error, such as a stream
+// that does not exist yet, or the divergence being repaired.
+func (f *Follower) Err() error {
+	if d := f.diverged.Load(); d != nil {
+		return errors.New(*d)
+	}
+	return f.state.Load().err
+}
+
+// Diverged reports whether the mirror differed from the leader's at the
+// last checkpoint compared.
+func (f *Follower) Diverged() bool { return f.diverged.Load() != nil }
+
+// Repairs is how many repairs of a divergence were started.
+func (f *Follower) Repairs() uint64 { return f.repairs.Load() }
+
+// LastCheckpoint is the outcome of the last checkpoint compared; false
+// before the first.
+func (f *Follower) LastCheckpoint() (CheckpointResult, bool) {
+	r := f.checked.Load()
+	if r == nil {
+		return CheckpointResult{}, false
+	}
+	return *r, true
+}
 
 // Lag is how many messages the consumer had pending after the last fetch.
 func (f *Follower) Lag() uint64 { return f.lag.Load() }
@@ -155,8 +205,8 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 	if !ok || f.cfg.SnapshotBucket == "" {
 		return 0, nil
 	}
-	due := f.cfg.Restore == RestoreAlways && f.restored.Name == ""
-	if f.cfg.Restore == RestoreWhenEmpty {
+	due := f.cfg.Restore == RestoreAlways && f.restored.Name == "" || f.repair
+	if f.cfg.Restore == RestoreWhenEmpty && !f.repair {
 		empty, err := m.Empty(ctx)
 		if err != nil {
 			return 0, err
@@ -168,6 +218,7 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
+		defer func() { f.repair = false }()
 		switch {
 		case found:
 			// A consumer of this name left from before would resume at
@@ -178,6 +229,9 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 			f.restored = info
 			f.log.Info("restored the mirror from a snapshot", "bucket", f.cfg.SnapshotBucket, "name", info.Name, "stream_seq", info.Seq,
 				"bytes", info.Bytes, "raw_bytes", info.RawBytes, "took", info.Took.Round(time.Millisecond).String())
+		case f.repair:
+			f.log.Error("cannot repair the mirror: no snapshot to restore yet; following on, and trying again at the next checkpoint that differs",
+				"bucket", f.cfg.SnapshotBucket)
 		case f.cfg.Restore == RestoreAlways:
 			return 0, fmt.Errorf("no snapshot in bucket %s to restore the mirror from", f.cfg.SnapshotBucket)
 		default:
@@ -312,14 +366,9 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		f.ahead = f.pull(ctx, cons, true)
 	}
 	applied := 0
-	if len(b.evs) > 0 {
-		evs, err := f.withMissing(ctx, b)
-		if err != nil {
-			b.nak()
-			f.dropAhead()
-			return 0, 0, err
-		}
-		if applied, err = f.mirror.ApplyStreamEvents(ctx, evs); err != nil {
+	if len(b.evs) > 0 || len(b.checks) > 0 {
+		var err error
+		if applied, err = f.apply(ctx, b); err != nil {
 			// Redelivered in order: this batch, then the one fetched
 			// ahead of it.
 			b.nak()
@@ -332,6 +381,12 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 			}
 		}
 		f.next = max(f.next, slices.Max(b.seqs)+1)
+		if f.repair {
+			// The next fetch restores the newest snapshot first, and
+			// follows the stream from after it on a new consumer.
+			f.dropAhead()
+			f.cons = nil
+		}
 	}
 	pending := b.pending
 	if !b.known {
@@ -348,6 +403,111 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		f.cfg.OnBatch(applied, pending)
 	}
 	return applied, pending, nil
+}
+
+// apply applies b's events, comparing the mirror with each checkpoint
+// among them once the events before it are applied, and returns how many
+// events it applied.
+func (f *Follower) apply(ctx context.Context, b *pulled) (int, error) {
+	var evs []store.StreamEvent
+	if len(b.evs) > 0 {
+		var err error
+		if evs, err = f.withMissing(ctx, b); err != nil {
+			return 0, err
+		}
+	}
+	// The gap read from the stream comes before b's first event.
+	shift := len(evs) - len(b.evs)
+	applied, from := 0, 0
+	for _, c := range b.checks {
+		n, err := f.applyEvents(ctx, evs[from:c.at+shift])
+		applied += n
+		if err != nil {
+			return applied, err
+		}
+		from = c.at + shift
+		if err := f.compare(ctx, c); err != nil {
+			return applied, err
+		}
+	}
+	n, err := f.applyEvents(ctx, evs[from:])
+	return applied + n, err
+}
+
+func (f *Follower) applyEvents(ctx context.Context, evs []store.StreamEvent) (int, error) {
+	if len(evs) == 0 {
+		return 0, nil
+	}
+	return f.mirror.ApplyStreamEvents(ctx, evs)
+}
+
+// compare compares the mirror, which holds every event before c on the
+// stream, with c's digest: a difference marks the mirror diverged, to be
+// repaired from the newest snapshot, and a match clears a divergence.
+// A checkpoint tells nothing about a mirror that reflects later messages
+// already (a redelivery after a crash, a restored snapshot, a standby
+// that led: its stream position is at or past c), nor about one with
+// events of its own the stream does not hold yet (an old leader's
+// outbox): such a checkpoint is passed over.
+func (f *Follower) compare(ctx context.Context, c pendingCheck) error {
+	if m, ok := f.mirror.(Positioned); ok {
+		pos, pending, err := m.StreamPosition(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := m.SetStreamSeq(ctx, c.seq); err != nil {
+				f.log.Warn("record the stream position", "err", err)
+			}
+		}()
+		if pos >= c.seq || pending > 0 {
+			f.log.Debug("a checkpoint this mirror cannot be compared at", "stream_seq", c.seq, "position", pos, "unpublished", pending)
+			return nil
+		}
+	}
+	want, err := c.cp.ReplicaDigest()
+	if err != nil {
+		return nil // DecodeCheckpoint checked it
+	}
+	have, err := f.mirror.ReplicaDigest(ctx)
+	if err != nil {
+		return err
+	}
+	res := CheckpointResult{Seq: c.seq, Leader: c.cp.Leader, Time: c.cp.Time, Diff: have.Diff(want)}
+	f.checked.Store(&res)
+	f.recordCheckpoint(res)
+	if res.Diff == "" {
+		if f.diverged.Swap(nil) != nil {
+			f.log.Info("the mirror matches the leader's checkpoint again", "stream_seq", c.seq)
+		}
+		return nil
+	}
+	why := fmt.Sprintf("the mirror differs from the leader's checkpoint at stream sequence %d, first in table %s", c.seq, res.Diff)
+	f.diverged.Store(&why)
+	f.log.Error("the mirror diverged from the leader's; repairing it from the newest snapshot", "stream_seq", c.seq,
+		"table", res.Diff, "leader", c.cp.Leader)
+	if f.cfg.SnapshotBucket != "" {
+		f.repair = true
+		f.repairs.Add(1)
+	}
+	return nil
+}
+
+// recordCheckpoint records res in Meta, where "syncd status" reads it.
+func (f *Follower) recordCheckpoint(res CheckpointResult) {
+	if f.cfg.Meta == nil {
+		return
+	}
+	result := "match"
+	if res.Diff != "" {
+		result = "differs: " + res.Diff
+	}
+	for k, v := range map[string]string{"checkpoint_seq": strconv.FormatUint(res.Seq, 10), "checkpoint_result": result,
+		"checkpoint_time": store.FormatTime(res.Time)} {
+		if err := f.cfg.Meta.SetMeta(context.Background(), k, v); err != nil {
+			f.log.Warn("record the checkpoint compared", "err", err)
+		}
+	}
 }
 
 // pull starts fetching a batch: with noWait (messages are pending) it
@@ -429,6 +589,7 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 		if err != nil {
 			continue // the consumer terminates it when it comes
 		}
+		ev.Seq = m.Sequence
 		evs = append(evs, ev)
 	}
 	return evs, nil
@@ -454,6 +615,8 @@ type pulled struct {
 	msgs []jetstream.Msg
 	evs  []store.StreamEvent
 	seqs []uint64 // the messages' stream sequences (0: not known)
+	// checks are the batch's checkpoints, each after the events before it.
+	checks []pendingCheck
 	// pending is what the consumer had pending after the last message;
 	// known: there was a message to tell.
 	pending uint64
@@ -466,13 +629,34 @@ func (b *pulled) wait() error {
 	return b.err
 }
 
+// pendingCheck is a checkpoint of a batch: at is how many of the batch's
+// events come before it, seq its stream sequence.
+type pendingCheck struct {
+	at  int
+	seq uint64
+	cp  publish.Checkpoint
+}
+
 // collect takes the batch's messages, decoding them; a message that is not
-// a syncd event is terminated, never to come again.
+// a syncd event or checkpoint is terminated, never to come again.
 func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 	for m := range batch.Messages() {
 		var seq uint64
 		if md, err := m.Metadata(); err == nil {
 			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream
+		}
+		if strings.HasSuffix(m.Subject(), "."+publish.CheckpointToken) {
+			cp, err := publish.DecodeCheckpoint(m.Data())
+			if err != nil || seq == 0 {
+				log.Error("not a syncd checkpoint; skipping it", "subject", m.Subject(), "err", err)
+				if err := m.Term(); err != nil {
+					log.Warn("terminate undecodable message", "err", err)
+				}
+				continue
+			}
+			b.checks = append(b.checks, pendingCheck{at: len(b.evs), seq: seq, cp: cp})
+			b.msgs, b.seqs = append(b.msgs, m), append(b.seqs, seq)
+			continue
 		}
 		ev, err := publish.Decode(m.Data())
 		if err != nil {
@@ -483,6 +667,7 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 			}
 			continue
 		}
+		ev.Seq = seq
 		b.msgs, b.evs, b.seqs = append(b.msgs, m), append(b.evs, ev), append(b.seqs, seq)
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {

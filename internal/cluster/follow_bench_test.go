@@ -20,6 +20,8 @@ func (discard) ApplyStreamEvents(_ context.Context, evs []store.StreamEvent) (in
 	return len(evs), nil
 }
 
+func (discard) ReplicaDigest(context.Context) (store.ReplicaDigest, error) { return nil, nil }
+
 // BenchmarkFollower_CatchUp measures a follower joining after a leader's
 // baseline (repos, tags and advisories created): "fetch" into a mirror that
 // applies nothing, "apply" into an empty SQLite mirror.

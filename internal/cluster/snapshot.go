@@ -145,7 +145,11 @@ func (s *Snapshotter) Run(ctx context.Context) error {
 			}
 		}
 		if in, err := s.src.InBaseline(ctx); err != nil || in {
-			continue // a snapshot of part of the organization helps nobody
+			// A snapshot of part of the organization helps nobody; the
+			// first is written as soon as the baseline ends, since a
+			// follower gets the baseline's history from it alone.
+			next = time.Now().Add(min(poll, time.Second))
+			continue
 		}
 		info, err := s.Write(ctx, obj)
 		if ctx.Err() != nil {

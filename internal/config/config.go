@@ -31,6 +31,7 @@ type Config struct {
 	KV       KV       `toml:"kv"`
 	Snapshot Snapshot `toml:"snapshot"`
 	Verify   Verify   `toml:"verify"`
+	Sync     Sync     `toml:"sync"`
 }
 
 // Verify configures how the replicas and the stream are checked against
@@ -191,6 +192,10 @@ type NATS struct {
 	// "always" or a duration (see publish.ParseSync); unused with url.
 	SyncInterval string `toml:"sync_interval"`
 
+	// ListenPublic lets the embedded server listen beyond loopback, where
+	// it then requires Token, or User and Password, of every client.
+	ListenPublic bool `toml:"listen_public"`
+
 	// Authentication to an external server: at most one of a credentials
 	// file, an nkey seed file, a token, or user and password.
 	Credentials string `toml:"credentials"`
@@ -298,6 +303,7 @@ func Default() Config {
 			CheckpointEvery: Duration{time.Minute},
 			AuditEvery:      Duration{5 * time.Minute},
 		},
+		Sync: Sync{Timeout: Duration{DefaultSyncTimeout}},
 	}
 }
 

@@ -29,12 +29,45 @@ func (c Config) DemoAddrs() []string {
 	return addrs
 }
 
+// The demo's stream, subjects and buckets: its own, whatever the
+// configuration says, so that the simulator's events never land in a real
+// deployment's stream, and its reconciliation never deletes a real
+// deployment's keys, even in a store a real deployment's embedded server
+// used too.
+const (
+	DemoStream        = "SYNCD_DEMO"
+	DemoSubjectPrefix = "syncd_demo"
+	// DemoBucketPrefix begins the names of the demo's KV and Object Store
+	// buckets: syncd_demo_tags, syncd_demo_repos, syncd_demo_advisories,
+	// syncd_demo_snapshots.
+	DemoBucketPrefix = "syncd_demo_"
+)
+
+// RequireDemo checks what "syncd run --demo" refuses, and returns every
+// problem as Errors (nil when none): a configured NATS server (it
+// publishes to its own embedded one only) and cluster mode.
+func (c *Config) RequireDemo() error {
+	var p problems
+	if c.NATS.URL != "" {
+		p.addf("nats.url", "syncd run --demo publishes to its own embedded NATS server only: unset it "+
+			"(the simulator's events must never reach a real deployment)")
+	}
+	if c.Cluster.Enabled {
+		p.addf("cluster.enabled", "syncd run --demo runs alone: set it to false "+
+			"(a demo must never take a real deployment's lease, stream or buckets)")
+	}
+	return p.err()
+}
+
 // Demo is every setting "syncd run --demo" changes: the platform is the
-// simulator at url, NATS an embedded server, and pushes from the
-// simulator reach syncd within seconds while quick schedules repair
-// whatever a push missed. Keys the user set keep their values; keys at
-// their defaults take the demo's.
+// simulator at url, NATS an embedded server with the demo's own stream,
+// subjects and buckets, and pushes from the simulator reach syncd within
+// seconds while quick schedules repair whatever a push missed. Other keys
+// the user set keep their values; keys at their defaults take the demo's.
 func (c *Config) Demo(url string) {
+	c.NATS.Stream, c.NATS.SubjectPrefix = DemoStream, DemoSubjectPrefix
+	c.KV.Tags, c.KV.Repos, c.KV.Advisories = DemoBucketPrefix+"tags", DemoBucketPrefix+"repos", DemoBucketPrefix+"advisories"
+	c.Snapshot.Bucket = DemoBucketPrefix + "snapshots"
 	p := &c.Platform
 	p.BaseURL, p.RegistryURL = url, url
 	p.Token, p.TokenFile, p.TokenCommand = DemoToken, "", ""

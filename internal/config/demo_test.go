@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,6 +36,30 @@ func TestConfig_Demo(t *testing.T) {
 			t.Errorf("DemoAddrs=%v: an external NATS server needs no port here", got)
 		}
 	})
+}
+
+// TestConfig_DemoNames: the demo's stream, subjects and buckets are its
+// own whatever the configuration says, and a configured NATS server or
+// cluster mode is refused, naming the key.
+func TestConfig_DemoNames(t *testing.T) {
+	cfg := config.Default()
+	cfg.NATS.Stream, cfg.KV.Tags, cfg.Snapshot.Bucket = "PROD", "prod_tags", "prod_snapshots"
+	cfg.Demo("http://127.0.0.1:9")
+	if cfg.NATS.Stream != config.DemoStream || cfg.NATS.SubjectPrefix != config.DemoSubjectPrefix {
+		t.Errorf("stream %q, subjects %q: want the demo's", cfg.NATS.Stream, cfg.NATS.SubjectPrefix)
+	}
+	for _, b := range []string{cfg.KV.Tags, cfg.KV.Repos, cfg.KV.Advisories, cfg.Snapshot.Bucket} {
+		if !strings.HasPrefix(b, config.DemoBucketPrefix) {
+			t.Errorf("bucket %q: want the demo's", b)
+		}
+	}
+	path := writeConfig(t, "[cluster]\nenabled = true\n")
+	_, err := config.LoadForDemo(path, []string{"SYNCD_NATS_URL=nats://127.0.0.1:4222"})
+	for _, want := range []string{"SYNCD_NATS_URL: nats.url: syncd run --demo", "syncd.toml:2: cluster.enabled: syncd run --demo"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("LoadForDemo = %v, want it to say %q", err, want)
+		}
+	}
 }
 
 func TestConfig_EventTypePrefix(t *testing.T) {

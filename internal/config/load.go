@@ -20,17 +20,25 @@ import (
 // unknown keys, bad environment overrides and invalid values are all
 // reported together.
 func Load(path string, environ []string) (Config, error) {
-	return load(path, environ, false)
+	return load(path, environ, nil)
 }
 
 // LoadForPlatform is Load followed by RequirePlatform, with the problems
 // of both in one list: what a command that talks to a real platform (not
 // the demo) checks before anything else.
 func LoadForPlatform(path string, environ []string) (Config, error) {
-	return load(path, environ, true)
+	return load(path, environ, (*Config).RequirePlatform)
 }
 
-func load(path string, environ []string, requirePlatform bool) (Config, error) {
+// LoadForDemo is Load followed by RequireDemo, with the problems of both
+// in one list, each naming its line or variable: what "syncd run --demo"
+// checks before anything else.
+func LoadForDemo(path string, environ []string) (Config, error) {
+	return load(path, environ, (*Config).RequireDemo)
+}
+
+// load is Load, then require (when not nil) on the result.
+func load(path string, environ []string, require func(*Config) error) (Config, error) {
 	cfg := Default()
 	var src []byte
 	var found Errors
@@ -51,7 +59,7 @@ func load(path string, environ []string, requirePlatform bool) (Config, error) {
 	if errors.As(cfg.Validate(), &invalid) {
 		found = append(found, invalid...)
 	}
-	if requirePlatform && errors.As(cfg.RequirePlatform(), &missing) {
+	if require != nil && errors.As(require(&cfg), &missing) {
 		found = append(found, missing...)
 	}
 	if len(found) > 0 {

@@ -68,6 +68,17 @@ func TestNATS_Validate(t *testing.T) {
 		{"ReplicasSix", external(func(n *config.NATS) { n.Replicas = 6 }), "nats.replicas", "between 1 and 5"},
 		{"EmbeddedReplicas", func(n *config.NATS) { n.Replicas = 3 }, "nats.replicas", "embedded"},
 		{"EmbeddedToken", func(n *config.NATS) { n.Token = "t" }, "nats.token", "nats.url"},
+		{"ListenAllInterfaces", func(n *config.NATS) { n.Listen = "0.0.0.0:4222" }, "nats.listen", "not a loopback address"},
+		{"ListenAnyHost", func(n *config.NATS) { n.Listen = ":4222" }, "nats.listen", "not a loopback address"},
+		{"ListenLANAddress", func(n *config.NATS) { n.Listen = "10.1.2.3:4222" }, "nats.listen", "listen_public"},
+		{"ListenPublicWithoutCredentials", func(n *config.NATS) { n.Listen, n.ListenPublic = "0.0.0.0:4222", true }, "nats.listen_public", "requires credentials"},
+		{"ListenPublicWithToken", func(n *config.NATS) { n.Listen, n.ListenPublic, n.Token = "0.0.0.0:4222", true, "t" }, "", ""},
+		{"ListenPublicWithUserPassword", func(n *config.NATS) { n.Listen, n.ListenPublic, n.User, n.Password = "[::]:4222", true, "u", "p" }, "", ""},
+		{"ListenLoopbackWithToken", func(n *config.NATS) { n.Listen, n.Token = "127.0.0.1:4222", "t" }, "", ""},
+		{"ListenLocalhost", func(n *config.NATS) { n.Listen = "localhost:4222" }, "", ""},
+		{"ListenUserWithoutPassword", func(n *config.NATS) { n.Listen, n.User = "127.0.0.1:4222", "u" }, "nats.user", "come together"},
+		{"ListenCredentialsFile", func(n *config.NATS) { n.Listen, n.Credentials = "127.0.0.1:4222", file }, "nats.credentials", "nats.url"},
+		{"ListenPublicWithURL", external(func(n *config.NATS) { n.ListenPublic = true }), "nats.listen_public", "embedded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config.Default()

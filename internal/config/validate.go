@@ -26,6 +26,7 @@ func (c *Config) Validate() error {
 	c.validateKV(&p)
 	c.Snapshot.validate(&p)
 	c.Verify.validate(&p)
+	c.Sync.validate(&p)
 	return p.err()
 }
 
@@ -102,7 +103,7 @@ func checkListen(p *problems, key, addr string) {
 func checkHTTPURL(p *problems, key, raw string, allowInsecure bool, carries string) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		p.addf(key, "not an http(s) URL: %q", raw)
+		p.addf(key, "not an http(s) URL: %q", redactURL(raw))
 		return
 	}
 	if u.Scheme == "http" && !allowInsecure && !isLoopback(u.Hostname()) {

@@ -9,7 +9,7 @@ func (e *Events) validate(p *problems, allowInsecure bool) {
 	if e.SinkURL != "" {
 		u, err := url.Parse(e.SinkURL)
 		if err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopback(u.Hostname()))) {
-			p.addf("events.sink_url", "must be an https:// URL (http:// only on loopback): %q", e.SinkURL)
+			p.addf("events.sink_url", "must be an https:// URL (http:// only on loopback): %q", redactURL(e.SinkURL))
 		}
 		if e.Listen == "" {
 			p.addf("events.listen", "required when sink_url is set: the address the receiver listens on")

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -11,7 +12,7 @@ func (n *NATS) validate(p *problems) {
 		for _, u := range strings.Split(n.URL, ",") {
 			pu, err := url.Parse(strings.TrimSpace(u))
 			if err != nil || pu.Host == "" || !strings.HasPrefix(pu.Scheme, "nats") && !strings.HasPrefix(pu.Scheme, "tls") && !strings.HasPrefix(pu.Scheme, "ws") {
-				p.addf("nats.url", "not a NATS URL (want nats://host:port): %q", u)
+				p.addf("nats.url", "not a NATS URL (want nats://host:port): %q", redactURL(u))
 			}
 		}
 	}
@@ -21,6 +22,7 @@ func (n *NATS) validate(p *problems) {
 			p.addf("nats.sync_interval", `must be "always" or a positive duration such as "1s" or "2m", got %q`, n.SyncInterval)
 		}
 	}
+	n.validateListen(p)
 	if !validToken(n.SubjectPrefix) {
 		p.addf("nats.subject_prefix", "must be a non-empty NATS subject without wildcards or spaces: %q", n.SubjectPrefix)
 	}
@@ -61,19 +63,57 @@ func (n *NATS) validateConnection(p *problems) {
 		{"nats.tls_ca", n.TLSCA}, {"nats.tls_cert", n.TLSCert}, {"nats.tls_key", n.TLSKey},
 	}
 	if n.URL == "" {
-		// The embedded server has neither authentication nor TLS: a key set
-		// here most likely means nats.url was forgotten, and the rest of
-		// what is checked below would only repeat that.
+		// The embedded server has no TLS, and takes a token or a user and
+		// password only when it listens: another key set here most likely
+		// means nats.url was forgotten, and the rest of what is checked
+		// below would only repeat that.
 		for _, k := range external {
-			if k.val != "" {
-				p.addf(k.key, "only applies to an external server: set nats.url too")
+			if k.val != "" && !(n.Listen != "" && embeddedAuth[k.key]) {
+				p.addf(k.key, "only applies to an external server (or, for token, user and password, an embedded one with nats.listen): set nats.url too")
 			}
 		}
 		if n.Replicas > 1 && n.Replicas <= 5 {
 			p.addf("nats.replicas", "the embedded server is a single node: replicas must be 1 unless nats.url names a cluster")
 		}
+		if n.Listen != "" {
+			n.validateAuth(p)
+		}
 		return
 	}
+	n.validateAuth(p)
+	n.validateFiles(p)
+}
+
+// embeddedAuth are the [nats] keys that also apply to the embedded server
+// when it listens: what its clients must present.
+var embeddedAuth = map[string]bool{"nats.token": true, "nats.user": true, "nats.password": true}
+
+// validateListen keeps the embedded server on loopback unless
+// listen_public says otherwise, and then wants credentials: an anonymous
+// client on the network could delete the stream.
+func (n *NATS) validateListen(p *problems) {
+	if n.URL != "" {
+		if n.ListenPublic {
+			p.addf("nats.listen_public", "only applies to the embedded server, and nats.url names an external one")
+		}
+		return
+	}
+	host, _, err := net.SplitHostPort(n.Listen)
+	if err != nil {
+		return // no listener, or checkListen said what is wrong
+	}
+	if !isLoopback(host) && !n.ListenPublic {
+		p.addf("nats.listen", "%s is not a loopback address: the embedded NATS server would take clients from the network; "+
+			"listen on 127.0.0.1, or set nats.listen_public = true with nats.token, or nats.user and nats.password", n.Listen)
+	}
+	if n.ListenPublic && n.Token == "" && n.User == "" {
+		p.addf("nats.listen_public", "requires credentials that every client must present: set nats.token, or nats.user and nats.password")
+	}
+}
+
+// validateAuth checks that at most one way to authenticate is set, and
+// user and password together.
+func (n *NATS) validateAuth(p *problems) {
 	// Pairs name the key that is set, so the error can point at its line.
 	if n.User != "" && n.Password == "" {
 		p.addf("nats.user", "set nats.password too: user and password come together")
@@ -92,6 +132,10 @@ func (n *NATS) validateConnection(p *problems) {
 	if len(methods) > 1 {
 		p.addf(methods[1], "set only one way to authenticate: %s", strings.Join(methods, " and "))
 	}
+}
+
+// validateFiles checks the TLS pairs and that every file named can be read.
+func (n *NATS) validateFiles(p *problems) {
 	if n.TLSCert != "" && n.TLSKey == "" {
 		p.addf("nats.tls_cert", "set nats.tls_key too: the client certificate and its key come together")
 	}

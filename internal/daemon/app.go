@@ -83,6 +83,10 @@ type Options struct {
 	Version string
 	// Published is the level of the line logged for every published event.
 	Published slog.Level
+	// GiveUpAfter bounds the wait for an unreachable platform (each
+	// request's retries) and NATS server (the first connection), for a
+	// command that must end; 0: the daemon's (2m, and for ever).
+	GiveUpAfter time.Duration
 }
 
 // Open opens the parts.
@@ -99,16 +103,18 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	if a.Store, err = OpenStore(ctx, cfg, log, store.Options{OnEvents: a.Metrics.EventsRecorded}); err != nil {
 		return nil, err
 	}
-	if a.Client, err = NewClient(cfg, log, a.Metrics.ObserveRequest); err != nil {
+	if a.Client, err = newClient(cfg, log, a.Metrics.ObserveRequest, opts.GiveUpAfter); err != nil {
 		a.Close()
 		return nil, ConfigError{err}
 	}
 	pcfg := NATSConfig(cfg, log)
+	pcfg.ConnectWait = opts.GiveUpAfter
 	if a.NATS, err = publish.Connect(ctx, pcfg); err != nil {
 		a.Close()
 		return nil, err
 	}
-	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), opts.Published))}
+	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), opts.Published)),
+		publish.WithCheckpoints(a.Store, cfg.Verify.CheckpointEvery.Duration, cfg.Cluster.NodeID)}
 	if cfg.KV.Enabled {
 		kv, err := publish.OpenKV(ctx, a.NATS.JS, kvConfig(cfg, log), a.Store)
 		if err != nil {
@@ -144,6 +150,10 @@ func (a *App) observeRun(job, outcome string, sum crawler.Summary, finished time
 	a.Metrics.ObserveRun(job, outcome, sum.Duration, finished, map[string]int64{
 		"repos": sum.Repos, "tags": sum.Tags, "tag_history": sum.HistoryRecords, "advisories": sum.Advisories})
 	a.Fresh.Observe(job, outcome, finished)
+	if outcome == "ok" && a.Relay != nil {
+		// The replicas compare their mirrors with what this crawl left.
+		a.Relay.RequestCheckpoint()
+	}
 }
 
 // observePublished counts every event JetStream acknowledged and logs one

@@ -63,6 +63,7 @@ func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.Restor
 func (f *Follower) AdminHandler(version string) http.Handler {
 	m := admin.NewMetrics(version)
 	m.WatchLag(f.Follower.Lag)
+	m.WatchVerification(f.Follower)
 	m.WatchNATS(f.NATS.NC)
 	checks := []admin.Check{{Name: "database", Run: f.Store.Writable},
 		{Name: "stream", Run: func(context.Context) error { return f.Follower.Err() }}, admin.NATSCheck(f.NATS.NC)}

@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/platform"
@@ -13,6 +14,12 @@ import (
 // registry_url stands in as base_url, for commands that never reach the
 // registry.
 func NewClient(cfg config.Config, log *slog.Logger, observe func(endpoint string, code int, retry bool)) (*platform.Client, error) {
+	return newClient(cfg, log, observe, 0)
+}
+
+// newClient is NewClient whose requests retry for maxRetry (0: the
+// client's default).
+func newClient(cfg config.Config, log *slog.Logger, observe func(endpoint string, code int, retry bool), maxRetry time.Duration) (*platform.Client, error) {
 	p := cfg.Platform
 	if p.RegistryURL == "" {
 		p.RegistryURL = p.BaseURL
@@ -23,7 +30,7 @@ func NewClient(cfg config.Config, log *slog.Logger, observe func(endpoint string
 		APIAudience: APIAudience(p), RegistryAudience: RegistryAudience(p),
 		Organization: p.Organization, PublicOrg: p.PublicOrg, Vendor: p.Vendor,
 		Timeout: p.Timeout.Duration, RequestsPerSecond: cfg.Crawl.RequestsPerSecond, MaxInFlight: cfg.Crawl.Concurrency, Logger: log.With("part", "platform"),
-		Observe: observe,
+		Observe: observe, MaxRetryTime: maxRetry,
 	})
 }
 

@@ -77,6 +77,7 @@ func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
 		Promote: a.Crawler.ResolveFollowed, Lead: a.duties(grace, lease.IsLeader).Run, Meta: a.Store, Logger: a.Log.With("part", "cluster")}
 	a.Metrics.WatchReplica(rep, cluster.RoleLeader, cluster.RoleStandby)
 	a.Metrics.WatchLag(rep.Follower.Lag)
+	a.Metrics.WatchVerification(rep.Follower)
 	return Role{Run: rep.Run, Leading: lease.IsLeader, Receiver: lease.LeaderOnly, Follower: rep.Follower}, nil
 }
 

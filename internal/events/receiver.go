@@ -73,10 +73,14 @@ type Config struct {
 	MaxTokenAge time.Duration
 	// ClockSkew is how far the issuer's clock may be from ours when
 	// checking iat; default 1 minute.
-	ClockSkew  time.Duration
-	HTTPClient *http.Client // for discovery and JWKS
-	Now        func() time.Time
-	Logger     *slog.Logger
+	ClockSkew time.Duration
+	// KeyRefreshInterval is how often, at most, the issuer's key set is
+	// fetched again, and only for a token naming a key id not in it;
+	// default DefaultKeyRefreshInterval.
+	KeyRefreshInterval time.Duration
+	HTTPClient         *http.Client // for discovery and JWKS
+	Now                func() time.Time
+	Logger             *slog.Logger
 }
 
 // Stats counts what the receiver did, by outcome.
@@ -153,6 +157,9 @@ func NewReceiver(cfg Config, jobs Jobs, deliveries Deliveries) *Receiver {
 	if cfg.ClockSkew <= 0 {
 		cfg.ClockSkew = time.Minute
 	}
+	if cfg.KeyRefreshInterval <= 0 {
+		cfg.KeyRefreshInterval = DefaultKeyRefreshInterval
+	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
 	}
@@ -219,7 +226,15 @@ func (r *Receiver) getVerifier(ctx context.Context) (*oidc.IDTokenVerifier, erro
 	if err != nil {
 		return nil, fmt.Errorf("discover OIDC issuer %s: %w", r.cfg.Issuer, err)
 	}
-	r.verifier = p.Verifier(&oidc.Config{ClientID: r.cfg.Audience, Now: r.cfg.Now})
+	var meta struct {
+		JWKS string   `json:"jwks_uri"`
+		Algs []string `json:"id_token_signing_alg_values_supported"`
+	}
+	if err := p.Claims(&meta); err != nil || meta.JWKS == "" {
+		return nil, fmt.Errorf("discover OIDC issuer %s: no jwks_uri in its discovery document (%v)", r.cfg.Issuer, err)
+	}
+	keys := newKeySet(meta.JWKS, r.cfg.HTTPClient, r.cfg.Now, r.cfg.KeyRefreshInterval)
+	r.verifier = oidc.NewVerifier(r.cfg.Issuer, keys, &oidc.Config{ClientID: r.cfg.Audience, Now: r.cfg.Now, SupportedSigningAlgs: meta.Algs})
 	return r.verifier, nil
 }
 

@@ -16,27 +16,40 @@ import (
 )
 
 // oidcKey is the issuer's signing key, generated on first use because RSA
-// key generation is slow and most simulators never sign anything.
+// key generation is slow and most simulators never sign anything, and
+// again after rotate.
 type oidcKey struct {
-	once sync.Once
-	key  *rsa.PrivateKey
-	kid  string
-	err  error
+	mu  sync.Mutex
+	key *rsa.PrivateKey
+	kid string
 }
 
 // get returns the key, generating it on first use.
 func (k *oidcKey) get() (*rsa.PrivateKey, string, error) {
-	k.once.Do(func() {
-		k.key, k.err = rsa.GenerateKey(rand.Reader, 2048)
-		if k.err != nil {
-			k.err = fmt.Errorf("generate OIDC signing key: %w", k.err)
-			return
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.key == nil {
+		key, err := rsa.GenerateKey(rand.Reader, 2048)
+		if err != nil {
+			return nil, "", fmt.Errorf("generate OIDC signing key: %w", err)
 		}
-		h := sha256.Sum256(k.key.N.Bytes())
-		k.kid = hex.EncodeToString(h[:8])
-	})
-	return k.key, k.kid, k.err
+		h := sha256.Sum256(key.N.Bytes())
+		k.key, k.kid = key, hex.EncodeToString(h[:8])
+	}
+	return k.key, k.kid, nil
 }
+
+// rotate drops the key: the next use generates a new one, with a new key id.
+func (k *oidcKey) rotate() {
+	k.mu.Lock()
+	k.key, k.kid = nil, ""
+	k.mu.Unlock()
+}
+
+// RotateSigningKey replaces the OIDC issuer's signing key, as an issuer's
+// key rotation does: tokens signed from now on name a new key id, and the
+// JWKS serves the new key only.
+func (s *Sim) RotateSigningKey() { s.oidcKey.rotate() }
 
 func (s *Sim) signingKey() (*rsa.PrivateKey, string, error) { return s.oidcKey.get() }
 

@@ -1,6 +1,8 @@
 package publish
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -183,10 +185,14 @@ func escaped(c byte) bool {
 	return c <= ' ' || c == 0x7f || c == '.' || c == '*' || c == '>' || c == '%'
 }
 
-// UnescapeToken reverses EscapeToken.
+// UnescapeToken reverses EscapeToken. A token ScopeToken capped has no
+// way back: it is refused.
 func UnescapeToken(tok string) (string, error) {
 	if tok == "%" {
 		return "", nil
+	}
+	if strings.Contains(tok, cappedMark) {
+		return "", fmt.Errorf("subject token %.40q… is capped: the scope was longer than %d bytes; read it from the event's data", tok, MaxScopeToken)
 	}
 	var b strings.Builder
 	for i := 0; i < len(tok); i++ {
@@ -209,5 +215,47 @@ func UnescapeToken(tok string) (string, error) {
 
 // Subject is where an event is published: <prefix>.<resource>.<action>.<scope>.
 func Subject(prefix, resource, action, scope string) string {
-	return prefix + "." + resource + "." + action + "." + EscapeToken(scope) // one allocation
+	return prefix + "." + resource + "." + action + "." + ScopeToken(scope) // one allocation
+}
+
+// MaxScopeToken is the most bytes a subject's scope token takes. A repo
+// name escaped to kilobytes made a PUB line longer than the server's
+// control-line limit (4 KiB by default), and the server closed the
+// connection, failing every publish in flight.
+const MaxScopeToken = 200
+
+// cappedMark separates a capped token's kept prefix from its hash. It is
+// no escape ('~' is not a hex digit), so no escaped scope contains it and
+// UnescapeToken refuses a capped token.
+const cappedMark = "%~"
+
+// ScopeToken is the scope's token in a subject: EscapeToken(scope), or
+// when that exceeds MaxScopeToken bytes, as much of it as fits before
+// cappedMark and the first 32 hex digits of the SHA-256 of the whole
+// scope. The prefix keeps such a subject readable and the hash keeps it
+// distinct; the full scope is in the event's data (docs/events.md).
+func ScopeToken(scope string) string {
+	tok := EscapeToken(scope)
+	if len(tok) <= MaxScopeToken {
+		return tok
+	}
+	sum := sha256.Sum256([]byte(scope))
+	tail := cappedMark + hex.EncodeToString(sum[:16])
+	return tok[:cutPoint(tok, MaxScopeToken-len(tail))] + tail
+}
+
+// cutPoint is the largest n <= limit at which tok may be cut: not inside a
+// UTF-8 character, nor inside a %XX escape.
+func cutPoint(tok string, limit int) int {
+	n := limit
+	for n > 0 && !utf8.RuneStart(tok[n]) {
+		n--
+	}
+	switch {
+	case n >= 1 && tok[n-1] == '%':
+		n--
+	case n >= 2 && tok[n-2] == '%':
+		n -= 2
+	}
+	return n
 }

@@ -31,7 +31,9 @@ type Config struct {
 	DataDir string // embedded server: JetStream storage lives under DataDir/nats
 
 	// Authentication to an external server: at most one of a credentials
-	// file, an nkey seed file, a token, or user and password.
+	// file, an nkey seed file, a token, or user and password. The
+	// embedded server, given a token or a user and password, requires
+	// them of every client.
 	Credentials string
 	NKeySeed    string
 	Token       string
@@ -63,6 +65,10 @@ type Config struct {
 	// FailFast connects once, for callers that report a server that is
 	// down (syncd check) rather than wait for it as the daemon does.
 	FailFast bool
+	// ConnectWait bounds the wait for a server that does not answer at the
+	// first connection (syncd sync --once); 0: wait for ever, as the
+	// daemon does.
+	ConnectWait time.Duration
 }
 
 // Conn is a NATS connection with JetStream, and the embedded server behind
@@ -110,7 +116,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	}
 	url := cfg.URL
 	if url == "" {
-		ns, err := StartEmbedded(cfg.DataDir, cfg.Listen, log.With("part", "nats-server"), cfg.Sync)
+		ns, err := StartEmbedded(cfg, log.With("part", "nats-server"))
 		if err != nil {
 			return nil, err
 		}
@@ -124,7 +130,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	if cfg.FailFast {
 		nc, err = nats.Connect(url, opts...)
 	} else {
-		nc, err = connectWaiting(ctx, url, opts, log)
+		nc, err = connectWaiting(ctx, url, opts, cfg.ConnectWait, log)
 	}
 	if err != nil {
 		c.Close()
@@ -294,38 +300,27 @@ func (s EmbeddedSync) interval() time.Duration {
 }
 
 // StartEmbedded starts a NATS server with JetStream storing under
-// dataDir/nats. With listen empty it accepts in-process connections only.
-// The server's warnings and errors go to log (its notices at debug): a
-// damaged store ("could not locate msg block") must not pass unseen.
-// sync, when given, says when it flushes to disk (the default otherwise).
-func StartEmbedded(dataDir, listen string, log *slog.Logger, sync ...EmbeddedSync) (*server.Server, error) {
-	var sy EmbeddedSync
-	if len(sync) > 0 {
-		sy = sync[0]
-	}
+// cfg.DataDir/nats. With cfg.Listen empty it accepts in-process
+// connections only. With cfg.Token, or cfg.User and cfg.Password, every
+// client must present them (syncd's own connection does, see connOptions);
+// without, it refuses to listen beyond loopback, where an anonymous client
+// could delete the stream. The server's warnings and errors go to log
+// (its notices at debug): a damaged store ("could not locate msg block")
+// must not pass unseen. cfg.Sync says when it flushes to disk.
+func StartEmbedded(cfg Config, log *slog.Logger) (*server.Server, error) {
 	opts := &server.Options{
-		ServerName:   "syncd",
-		JetStream:    true,
-		StoreDir:     filepath.Join(dataDir, "nats"),
-		NoSigs:       true,
-		SyncAlways:   sy.Always,
-		SyncInterval: sy.interval(),
+		ServerName:    "syncd",
+		JetStream:     true,
+		StoreDir:      filepath.Join(cfg.DataDir, "nats"),
+		NoSigs:        true,
+		Authorization: cfg.Token,
+		Username:      cfg.User,
+		Password:      cfg.Password,
+		SyncAlways:    cfg.Sync.Always,
+		SyncInterval:  cfg.Sync.interval(),
 	}
-	if listen == "" {
-		opts.DontListen = true
-	} else {
-		host, port, err := net.SplitHostPort(listen)
-		if err != nil {
-			return nil, fmt.Errorf("nats listen %q: %w", listen, err)
-		}
-		p, err := strconv.Atoi(port)
-		if err != nil {
-			return nil, fmt.Errorf("nats listen %q: bad port", listen)
-		}
-		opts.Host, opts.Port = host, p
-		if p == 0 {
-			opts.Port = server.RANDOM_PORT
-		}
+	if err := listenOptions(opts, cfg.Listen); err != nil {
+		return nil, err
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
@@ -338,6 +333,31 @@ func StartEmbedded(dataDir, listen string, log *slog.Logger, sync ...EmbeddedSyn
 		return nil, errors.New("embedded NATS did not become ready in 15s (is the listen address in use?)")
 	}
 	return ns, nil
+}
+
+// listenOptions sets where opts listens: nowhere when listen is empty, and
+// beyond loopback only when opts holds credentials.
+func listenOptions(opts *server.Options, listen string) error {
+	if listen == "" {
+		opts.DontListen = true
+		return nil
+	}
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("nats listen %q: %w", listen, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return fmt.Errorf("nats listen %q: bad port", listen)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) && opts.Authorization == "" && opts.Username == "" {
+		return fmt.Errorf("nats listen %s: the embedded NATS server takes clients beyond loopback only with credentials (a token, or a user and password)", listen)
+	}
+	opts.Host, opts.Port = host, p
+	if p == 0 {
+		opts.Port = server.RANDOM_PORT
+	}
+	return nil
 }
 
 // EnsureStream creates the stream or updates it to cfg.
@@ -457,9 +477,12 @@ func (l serverLog) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(fo
 // connectWaiting connects to url, waiting with backoff (and a warning per
 // try) while no server answers, as syncd does once connected: a NATS
 // server that starts after syncd, or is restarting, is waited for, not a
-// reason to exit. Other failures (credentials, TLS) are returned at once.
-func connectWaiting(ctx context.Context, url string, opts []nats.Option, log *slog.Logger) (*nats.Conn, error) {
+// reason to exit; up to maxWait when it is not 0, then it gives up as the
+// platform client does. Other failures (credentials, TLS) are returned at
+// once.
+func connectWaiting(ctx context.Context, url string, opts []nats.Option, maxWait time.Duration, log *slog.Logger) (*nats.Conn, error) {
 	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(250*time.Millisecond), backoff.WithMaxInterval(15*time.Second), backoff.WithMaxElapsedTime(0))
+	giveUp := time.Now().Add(maxWait)
 	for attempt := 1; ; attempt++ {
 		nc, err := nats.Connect(url, opts...)
 		if err == nil {
@@ -472,6 +495,9 @@ func connectWaiting(ctx context.Context, url string, opts []nats.Option, log *sl
 			return nil, err
 		}
 		wait := b.NextBackOff()
+		if maxWait > 0 && time.Now().Add(wait).After(giveUp) {
+			return nil, fmt.Errorf("giving up after %d attempts: %w", attempt, err)
+		}
 		log.Warn("NATS not reachable; waiting for it", "url", RedactURL(url), "attempt", attempt, "next_try_in", wait.Round(time.Millisecond).String(), "err", err)
 		t := time.NewTimer(wait)
 		select {

@@ -63,6 +63,45 @@ type Relay struct {
 	// kvDropped: the last pass dropped KV writes its writer could not keep
 	// up with, so the next pass, which reconciles the buckets, is due now.
 	kvDropped bool
+	// cp, when set, is where checkpoints are read from (see checkpoint.go):
+	// one is due every cpEvery, and at once after RequestCheckpoint.
+	cp       CheckpointSource
+	cpEvery  time.Duration
+	cpLeader string
+	cpKick   chan struct{}
+	cpLast   time.Time
+	// cpSent is the last checkpoint published (event seq and digest) and
+	// when: one asked for after a quiet crawl, with nothing changed since,
+	// waits for the next one due.
+	cpSent     string
+	cpSentTime time.Time
+}
+
+// StreamPosition is a mirror that records the stream sequence it reflects
+// up to (see store.SetStreamSeq).
+type StreamPosition interface {
+	SetStreamSeq(ctx context.Context, seq uint64) error
+}
+
+// CheckpointSource is what the relay reads a checkpoint from.
+type CheckpointSource interface {
+	CheckpointState(ctx context.Context) (store.CheckpointState, error)
+}
+
+// WithCheckpoints has the relay put a checkpoint of src's state on the
+// stream every every (and when asked), each once the outbox is drained:
+// leader names the replica in it.
+func WithCheckpoints(src CheckpointSource, every time.Duration, leader string) RelayOption {
+	return func(r *Relay) { r.cp, r.cpEvery, r.cpLeader = src, every, leader }
+}
+
+// RequestCheckpoint asks for a checkpoint as soon as the outbox is drained
+// (after a crawl, say), without waiting for the next one due.
+func (r *Relay) RequestCheckpoint() {
+	select {
+	case r.cpKick <- struct{}{}:
+	default:
+	}
 }
 
 // stallAfter is how long publishes may wait for an acknowledgement before
@@ -117,6 +156,7 @@ func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOp
 		log = slog.New(slog.DiscardHandler)
 	}
 	r := &Relay{js: js, outbox: outbox, format: cfg.Format(), log: log, batch: DefaultBatch, maxInFlight: DefaultMaxInFlight}
+	r.cpKick = make(chan struct{}, 1)
 	for _, o := range opts {
 		o(r)
 	}
@@ -155,12 +195,22 @@ func (r *Relay) Run(ctx context.Context) error {
 			if r.kvDropped {
 				continue // the next pass reconciles the KV buckets
 			}
+			if until, ok := r.checkpointIn(); ok {
+				if until <= 0 {
+					r.checkpoint(ctx)
+					until = r.cpEvery
+				}
+				wait = min(wait, until)
+			}
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil
+		case <-r.cpKick:
+			r.cpLast = time.Time{}
+			t.Stop()
 		case <-r.outbox.Notify():
 			if err != nil {
 				// A commit does not cure a broken connection: wait out the backoff.
@@ -264,6 +314,8 @@ func (r *Relay) syncKV(ctx context.Context) error {
 // touches it, except marks, which markLoop consumes.
 type relayPass struct {
 	r *Relay
+	// streamSeq is the highest stream sequence JetStream acknowledged.
+	streamSeq uint64
 	// inflight holds the publishes awaiting acknowledgement in publish
 	// order, which is the order JetStream acknowledges them in, so waiting
 	// on the oldest first costs nothing.
@@ -343,8 +395,8 @@ func (p *relayPass) run(ctx context.Context) error {
 			for _, e := range evs {
 				p.submit(e)
 			}
-		case <-acked:
-			p.acknowledged(p.pop())
+		case ack := <-acked:
+			p.acknowledged(p.pop(), ack)
 			p.answered()
 		case err := <-failed:
 			p.failed(p.pop(), err)
@@ -386,8 +438,8 @@ func (p *relayPass) answered() {
 	for len(p.inflight) > 0 {
 		f := p.inflight[0].fut
 		select {
-		case <-f.Ok():
-			p.acknowledged(p.pop())
+		case ack := <-f.Ok():
+			p.acknowledged(p.pop(), ack)
 		case err := <-f.Err():
 			p.failed(p.pop(), err)
 		default:
@@ -434,7 +486,10 @@ func (p *relayPass) publish(e store.Event) {
 	p.r.inFlight.Store(int64(len(p.inflight)))
 }
 
-func (p *relayPass) acknowledged(e store.Event) {
+func (p *relayPass) acknowledged(e store.Event, ack *jetstream.PubAck) {
+	if ack != nil {
+		p.streamSeq = max(p.streamSeq, ack.Sequence)
+	}
 	p.acked = append(p.acked, e.Seq)
 	if p.r.kv != nil {
 		p.ackedEvs = append(p.ackedEvs, e)
@@ -544,9 +599,82 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 	if ctx.Err() != nil {
 		return p.total, ctx.Err()
 	}
+	if pos, ok := p.r.outbox.(StreamPosition); ok && p.streamSeq > 0 && markErr == nil {
+		// The mirror reflects the stream up to here: a checkpoint before
+		// it, met again as a standby, tells nothing about this mirror.
+		if err := pos.SetStreamSeq(ctx, p.streamSeq); err != nil {
+			markErr = err
+		}
+	}
 	errs := append([]error{runErr}, p.errs...)
 	if n := len(p.blocked); n > len(p.errs) {
 		errs = append(errs, fmt.Errorf("and %d more resources failed", n-len(p.errs)))
 	}
 	return p.total, errors.Join(append(errs, markErr)...)
+}
+
+// checkpointIn is how long until the next checkpoint is due; false when
+// the relay writes none.
+func (r *Relay) checkpointIn() (time.Duration, bool) {
+	if r.cp == nil || r.cpEvery <= 0 {
+		return 0, false
+	}
+	select {
+	case <-r.cpKick:
+		return 0, true
+	default:
+	}
+	return time.Until(r.cpLast.Add(r.cpEvery)), true
+}
+
+// checkpoint publishes a checkpoint when it can be one now; one that
+// cannot is tried at the next one due.
+func (r *Relay) checkpoint(ctx context.Context) {
+	r.cpLast = time.Now()
+	seq, why, err := r.PublishCheckpoint(ctx)
+	switch {
+	case err != nil:
+		r.log.Warn("publish a checkpoint; the next one is due in "+r.cpEvery.String(), "err", err)
+	case why != "":
+		r.log.Debug("no checkpoint now", "why", why)
+	default:
+		r.log.Debug("published a checkpoint", "stream_seq", seq)
+	}
+}
+
+// PublishCheckpoint publishes a checkpoint of the mirror's state and
+// returns its stream sequence, if it can be one now: with nothing in the
+// outbox, every event the digest covers is on the stream before it, and
+// the relay publishes nothing else meanwhile (it must not be called beside
+// Run). Otherwise it returns why not.
+func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
+	if r.cp == nil {
+		return 0, "the relay writes no checkpoints", nil
+	}
+	st, err := r.cp.CheckpointState(ctx)
+	if err != nil || !st.Ready {
+		return 0, st.Why, err
+	}
+	same := fmt.Sprint(st.EventSeq, st.Digest)
+	if same == r.cpSent && time.Since(r.cpSentTime) < r.cpEvery {
+		return 0, "nothing changed since the last checkpoint", nil
+	}
+	msg, err := NewCheckpoint(r.cpLeader, st.EventSeq, time.Now(), st.Digest).Message(r.format.SubjectPrefix, r.format.Source)
+	if err != nil {
+		return 0, "", err
+	}
+	ack, err := r.js.PublishMsg(ctx, msg)
+	if err != nil {
+		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
+	}
+	if ack.Duplicate {
+		return 0, "the same checkpoint is on the stream already", nil
+	}
+	r.cpSent, r.cpSentTime = same, time.Now()
+	if pos, ok := r.outbox.(StreamPosition); ok {
+		if err := pos.SetStreamSeq(ctx, ack.Sequence); err != nil {
+			return ack.Sequence, "", err
+		}
+	}
+	return ack.Sequence, "", nil
 }

@@ -82,6 +82,9 @@ func TestRelay_CloudEvents(t *testing.T) {
 	p.moveAll(ctx, 2)
 	for _, r := range p.repos {
 		for _, tag := range p.tags[r.UID] {
+			// The tag's first history record, which no move announces,
+			// as a replication record.
+			want = append(want, expectedEvent{typ: store.HistoryRecorded, subject: tag.UID, scope: r.Name, time: baseTime})
 			for n := 1; n <= 2; n++ {
 				want = append(want, expectedEvent{typ: store.TagMoved, subject: tag.UID, scope: r.Name, time: baseTime.Add(time.Duration(n) * time.Minute),
 					check: func(before, after map[string]any) error {
@@ -173,6 +176,13 @@ func TestRelay_CloudEvents(t *testing.T) {
 		ev, ok := byKey[w.key()]
 		if !ok {
 			t.Errorf("no %s event for %s at %s", w.typ, w.subject, w.time)
+			continue
+		}
+		if w.typ == store.HistoryRecorded {
+			var rec store.RecordedHistory
+			if err := ev.DataAs(&rec); err != nil || rec.Tag != w.subject || len(rec.Records) != 1 || rec.Records[0].Seq != 0 {
+				t.Errorf("%s: data %+v (%v), want the tag's first record", w.key(), rec, err)
+			}
 			continue
 		}
 		var data struct{ Before, After map[string]any }
@@ -337,7 +347,8 @@ func TestRelay_WakesOnCommit(t *testing.T) {
 	for i := range 3 {
 		p.moveAll(ctx, 1)
 		testutil.Eventually(t, 5*time.Second, unpublished(t, st))
-		if got, want := len(storedEvents(t, st)), 2+i+1; got != want {
+		// repo.created, tag.created, history.recorded, and a move a round.
+		if got, want := len(storedEvents(t, st)), 3+i+1; got != want {
 			t.Fatalf("events = %d, want %d", got, want)
 		}
 	}
@@ -410,7 +421,7 @@ func TestRelay_CommitsDuringAPass(t *testing.T) {
 			commits++
 		}
 	}
-	const want = 10 + 10*50 + 500 // repos, tags, one move each
+	const want = 10 + 10*50 + 500 + 500 // repos, tags, each tag's first record (history.recorded), one move each
 	if commits != 500 {
 		t.Fatalf("made %d moves, want 500", commits)
 	}

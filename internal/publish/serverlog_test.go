@@ -32,7 +32,7 @@ func (w *syncWriter) String() string {
 func TestStartEmbedded_LogsReachSyncd(t *testing.T) {
 	var out syncWriter
 	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ns, err := publish.StartEmbedded(t.TempDir(), "", log)
+	ns, err := publish.StartEmbedded(publish.Config{DataDir: t.TempDir()}, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,8 +131,16 @@ func TestApplyTags(t *testing.T) {
 		if got, want := need[0].Bookmark.Count, 1; got != want {
 			t.Fatalf("bookmark count=%d, want %d", got, want)
 		}
+		// The digest moves with the history read, with its event.
+		if got, want := queryString(t, st.Reader(), `SELECT digest FROM tags WHERE uid = ?`, latest.UID), digest(1); got != want {
+			t.Fatalf("stored digest before the history read=%s, want %s", got, want)
+		}
+		recs := []store.HistoryRecord{{Time: latest.UpdateTime, Digest: latest.Digest}, {Time: moved.UpdateTime, Digest: moved.Digest}}
+		if n, err := st.ApplyHistory(ctx, need[0], recs, true); err != nil || n != 1 {
+			t.Fatalf("history read: %d events, %v; want the move", n, err)
+		}
 		if got, want := queryString(t, st.Reader(), `SELECT digest FROM tags WHERE uid = ?`, latest.UID), digest(2); got != want {
-			t.Fatalf("stored digest=%s, want %s", got, want)
+			t.Fatalf("stored digest after the history read=%s, want %s", got, want)
 		}
 		latest = moved
 	})

@@ -24,7 +24,40 @@ const (
 	AdvisoryCreated   = "advisory.created"
 	AdvisoryUpdated   = "advisory.updated"
 	AdvisoryWithdrawn = "advisory.withdrawn"
+	// HistoryRecorded carries history records the mirror stored without a
+	// tag.moved event (a tag's first record, the history of a tag whose
+	// baseline was pending, a history a new leader settled), so that a
+	// follower holds the whole history too. It is a replication record,
+	// not a change of a resource: consumers of the resources' subjects
+	// never see it.
+	HistoryRecorded = "history.recorded"
 )
+
+// RecordedHistory is a history.recorded event's data.
+type RecordedHistory struct {
+	Tag     string           `json:"tag"`
+	Path    string           `json:"path"`
+	Records []RecordedRecord `json:"records"`
+}
+
+// RecordedRecord is one record of RecordedHistory, at its position.
+type RecordedRecord struct {
+	Seq    int       `json:"seq"`
+	Time   time.Time `json:"time"`
+	Digest string    `json:"digest"`
+}
+
+// recordedChange is the history.recorded event of records stored without
+// events, the first at position first, of the tag at path.
+func recordedChange(tag, path string, first int, records []HistoryRecord) change {
+	d := RecordedHistory{Tag: tag, Path: path, Records: make([]RecordedRecord, len(records))}
+	for i, r := range records {
+		d.Records[i] = RecordedRecord{Seq: first + i, Time: r.Time, Digest: r.Digest}
+	}
+	last := records[len(records)-1]
+	return change{typ: HistoryRecorded, scope: path, subject: tag, time: last.Time, data: d,
+		disc: moveDisc(first, FormatTime(records[0].Time), records[0].Digest) + "/" + moveDisc(first+len(records)-1, FormatTime(last.Time), last.Digest)}
+}
 
 // change is an event about to be appended to the outbox.
 type change struct {

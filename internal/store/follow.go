@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -24,6 +25,8 @@ type StreamEvent struct {
 	Subject string // uid of the resource
 	Time    time.Time
 	Data    json.RawMessage // {"before": …, "after": …}
+	// Seq is the message's stream sequence; 0: not known.
+	Seq uint64
 }
 
 // maxRecoverSeq bounds the search for a move's position in its tag's
@@ -36,8 +39,17 @@ const maxRecoverSeq = 1 << 17
 func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, error) {
 	applied := 0
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		fresh, err := newStreamEvents(ctx, tx, evs)
+		fresh, known, err := newStreamEvents(ctx, tx, evs)
 		if err != nil {
+			return err
+		}
+		if err := recordStreamSeq(ctx, tx, evs); err != nil {
+			return err
+		}
+		// Events of this mirror's own outbox (committed here while it
+		// led, and never published) are on the stream now, published by
+		// whoever leads: as a leader again it must not publish them anew.
+		if err := markPublished(ctx, tx, known, FormatTime(s.now())); err != nil {
 			return err
 		}
 		applied = len(fresh)
@@ -57,6 +69,9 @@ func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, 
 		}
 		if err := b.flush(ctx); err != nil {
 			return fmt.Errorf("apply events %s..%s: %w", fresh[0].ID, fresh[len(fresh)-1].ID, err)
+		}
+		if err := addHistoryDigest(ctx, tx, b.history); err != nil {
+			return err
 		}
 		// Recorded in stream order; the seqs past the last one before are
 		// this batch's, the transaction being the only writer.
@@ -91,22 +106,44 @@ func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, 
 	return applied, nil
 }
 
+// recordStreamSeq records the highest stream sequence of evs as the
+// mirror's stream position, in the transaction that applies them.
+func recordStreamSeq(ctx context.Context, tx *sql.Tx, evs []StreamEvent) error {
+	var top uint64
+	for _, e := range evs {
+		top = max(top, e.Seq)
+	}
+	if top == 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, setStreamSeqSQL, strconv.FormatUint(top, 10)); err != nil {
+		return fmt.Errorf("record stream position %d: %w", top, err)
+	}
+	return nil
+}
+
 // newStreamEvents returns the events of evs the mirror does not hold, each
-// once, in order: the ids are looked up together, not one by one.
-func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]StreamEvent, error) {
+// once, in order, and the seqs of those it holds in its outbox: the ids are
+// looked up together, not one by one.
+func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]StreamEvent, []int64, error) {
 	ids := make([]string, len(evs))
 	for i, e := range evs {
 		ids[i] = e.ID
 	}
 	seen := make(map[string]bool, len(evs))
-	err := queryByUIDs(ctx, tx, `SELECT id FROM event_log WHERE id IN (%s)`, ids, func(r *sql.Rows) error {
+	var unpublished []int64
+	err := queryByUIDs(ctx, tx, `SELECT l.id, o.seq FROM event_log l LEFT JOIN outbox o ON o.seq = l.seq WHERE l.id IN (%s)`, ids, func(r *sql.Rows) error {
 		var id string
-		err := r.Scan(&id)
+		var seq sql.NullInt64
+		err := r.Scan(&id, &seq)
 		seen[id] = true
+		if seq.Valid {
+			unpublished = append(unpublished, seq.Int64)
+		}
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("look up events: %w", err)
+		return nil, nil, fmt.Errorf("look up events: %w", err)
 	}
 	fresh := make([]StreamEvent, 0, len(evs))
 	for _, e := range evs {
@@ -115,7 +152,7 @@ func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]Stre
 			fresh = append(fresh, e)
 		}
 	}
-	return fresh, nil
+	return fresh, unpublished, nil
 }
 
 // apply applies one event's state and returns the event's scope (the
@@ -170,8 +207,66 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 		return scopeOf(d.After.Path, d.After.Repo), nil
 	case "advisory":
 		return b.applyAdvisory(ctx, e)
+	case "history":
+		var d RecordedHistory
+		if err := json.Unmarshal(e.Data, &d); err != nil {
+			return "", fmt.Errorf("decode data: %w", err)
+		}
+		if err := b.flush(ctx); err != nil {
+			return "", err
+		}
+		return d.Path, b.appendRecorded(ctx, d)
 	}
 	return "", fmt.Errorf("unknown resource %q", resource)
+}
+
+// appendRecorded stores a history.recorded event's records at their
+// positions and, when they continue the tag's history, moves its bookmark
+// and digest after them, as the leader's history read did.
+func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) error {
+	if len(d.Records) == 0 || d.Tag == "" {
+		return errors.New("history.recorded event without a tag or records")
+	}
+	var old Bookmark
+	var lastTime string
+	row, err := b.queryRow(ctx, `SELECT history_count, history_last_count, COALESCE(history_last_time,'') FROM tags WHERE uid = ?`, d.Tag)
+	if err == nil {
+		err = row.Scan(&old.Count, &old.LastCount, &lastTime)
+	}
+	if err != nil {
+		return fmt.Errorf("read bookmark of tag %s: %w", d.Tag, err)
+	}
+	if old.LastTime, err = ParseTime(lastTime); err != nil {
+		return err
+	}
+	var fresh []HistoryRecord
+	for _, r := range d.Records {
+		at := FormatTime(r.Time)
+		res, err := b.exec(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+			d.Tag, r.Seq, at, r.Digest)
+		if err != nil {
+			return fmt.Errorf("insert history of tag %s: %w", d.Tag, err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n > 0 {
+			b.history = append(b.history, d.Tag, r.Seq, at, r.Digest)
+		}
+		if r.Seq == old.Count+len(fresh) {
+			fresh = append(fresh, HistoryRecord{Time: r.Time.UTC().Truncate(time.Millisecond), Digest: r.Digest})
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	nb, last := bookmarkAfter(old, fresh), fresh[len(fresh)-1]
+	_, err = b.exec(ctx, `UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4, digest = ?4,
+		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END WHERE uid = ?5`,
+		FormatTime(nb.LastTime), nb.LastCount, nb.Count, last.Digest, d.Tag)
+	if err != nil {
+		return fmt.Errorf("move bookmark of tag %s: %w", d.Tag, err)
+	}
+	return nil
 }
 
 // appendFollowedMove records a tag.moved event as a history row at the
@@ -200,9 +295,15 @@ func (b *followBatch) appendFollowedMove(ctx context.Context, id string, after T
 		seq = max(count, 1)
 		b.s.log.Warn("cannot tell the position of a followed move from its id; appending it", "event", id, "tag", after.UID, "seq", seq)
 	}
-	if _, err := b.exec(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
-		after.UID, seq, at, after.Digest); err != nil {
+	res, err := b.exec(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+		after.UID, seq, at, after.Digest)
+	if err != nil {
 		return fmt.Errorf("insert history: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("insert history: %w", err)
+	} else if n > 0 {
+		b.history = append(b.history, after.UID, seq, at, after.Digest)
 	}
 	if seq < count {
 		return nil // an older move arriving late: the bookmark is already past it
@@ -280,24 +381,32 @@ func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []Histor
 	if len(known) == 0 {
 		return 0, nil // nothing to anchor on: the tag stays baseline, read silently
 	}
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	// The records go on the stream as a replication record, so that the
+	// followers hold them too.
+	_, err := s.commit(ctx, func(tx *sql.Tx) (int, error) {
 		// Only a tag with no history yet is resolved: one that a move
 		// already placed, or a second resolution, is left alone.
 		var count int
 		if err := tx.QueryRowContext(ctx, `SELECT history_count FROM tags WHERE uid = ?`, ref.UID).Scan(&count); err != nil || count > 0 {
-			return err
+			return 0, err
 		}
 		args := make([]any, 0, historyColumns*len(known))
 		for i, r := range known {
 			args = append(args, ref.UID, i, FormatTime(r.Time), r.Digest)
 		}
 		if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
-			return fmt.Errorf("insert history: %w", err)
+			return 0, fmt.Errorf("insert history: %w", err)
+		}
+		if err := addHistoryDigest(ctx, tx, args); err != nil {
+			return 0, err
 		}
 		nb := bookmarkAfter(Bookmark{}, known)
 		_, err := tx.ExecContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ?, baseline = 0
 			WHERE uid = ?`, FormatTime(nb.LastTime), nb.LastCount, nb.Count, known[len(known)-1].Digest, ref.UID)
-		return err
+		if err != nil {
+			return 0, err
+		}
+		return s.appendEvents(ctx, tx, []change{recordedChange(ref.UID, ref.Path, 0, known)})
 	})
 	if err != nil {
 		return 0, fmt.Errorf("resolve history of tag %s:%s: %w", ref.Repo, ref.Name, err)

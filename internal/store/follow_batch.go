@@ -32,6 +32,9 @@ type followBatch struct {
 	details, detailsKeep []Advisory
 	// pending holds the resources with a pending row, by table and uid.
 	pending map[followKey]bool
+	// history holds the tag_history rows the batch inserted, as
+	// bulkHistory's values, for the replica digest.
+	history []any
 
 	stmts map[string]*sql.Stmt
 }

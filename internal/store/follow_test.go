@@ -91,4 +91,25 @@ func TestApplyStreamEvents_FollowerEqualsLeader(t *testing.T) {
 	if n := queryInt(t, follower.Reader(), `SELECT count(*) FROM events WHERE published_time IS NULL`); n != 0 {
 		t.Errorf("%d followed events left unpublished in the follower's outbox", n)
 	}
+	// The whole history, the records no move announced included (each
+	// tag's first, carried by history.recorded): the replicas' digests are
+	// equal.
+	q := `SELECT group_concat(tag_uid || ':' || seq || ':' || update_time || ':' || digest, ',') FROM (SELECT * FROM tag_history ORDER BY tag_uid, seq)`
+	if l, f := queryString(t, leader.Reader(), q), queryString(t, follower.Reader(), q); l != f {
+		t.Errorf("history:\n leader:   %s\n follower: %s", l, f)
+	}
+	if recs := replicationRecords(t, leader); len(recs) != 2 {
+		t.Errorf("leader recorded %d history.recorded events, want 2 (each tag's first record)", len(recs))
+	}
+	ld, err := leader.ReplicaDigest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := follower.ReplicaDigest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := fd.Diff(ld); diff != "" {
+		t.Errorf("follower's digest differs from the leader's in %s:\n leader:   %v\n follower: %v", diff, ld, fd)
+	}
 }

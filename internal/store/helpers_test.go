@@ -63,10 +63,23 @@ func openTemp(tb testing.TB, clk *clock, baseline bool, opts store.Options) (*st
 	return st, path
 }
 
-// allEvents returns every event row, published or not, in commit order.
+// allEvents returns every change event, published or not, in commit order:
+// the replication records (history.recorded) are left out, see
+// replicationRecords.
 func allEvents(tb testing.TB, st *store.Store) []store.Event {
 	tb.Helper()
-	rows, err := st.Reader().Query(`SELECT seq, id, type, resource, action, scope, subject, time, data FROM events ORDER BY seq`)
+	return eventRows(tb, st, `type != 'history.recorded'`)
+}
+
+// replicationRecords returns the history.recorded events in commit order.
+func replicationRecords(tb testing.TB, st *store.Store) []store.Event {
+	tb.Helper()
+	return eventRows(tb, st, `type = 'history.recorded'`)
+}
+
+func eventRows(tb testing.TB, st *store.Store, where string) []store.Event {
+	tb.Helper()
+	rows, err := st.Reader().Query(`SELECT seq, id, type, resource, action, scope, subject, time, data FROM events WHERE ` + where + ` ORDER BY seq`)
 	if err != nil {
 		tb.Fatal(err)
 	}

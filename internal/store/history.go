@@ -105,12 +105,17 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		return 0, err
 	}
 	var args []any
-	var cs []change
+	// cs are the moves, recorded the replication records, which are not
+	// counted as events: they change no resource.
+	var cs, recorded []change
 	type bookmarkRow struct {
 		ref      TagRef
 		b        Bookmark
 		digest   string
 		complete bool
+		// moved: the read appended records, so the tag points at the
+		// newest one's digest.
+		moved bool
 	}
 	marks := make([]bookmarkRow, 0, len(ups))
 	for _, u := range ups {
@@ -128,6 +133,12 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		// before is the tag as the previous record left it: its digest and
 		// its time.
 		prev, prevTime := st.historyLastDigest, b.LastTime
+		// What is stored without a move (the first record, or a silent
+		// read's) after the baseline goes on the stream as a replication
+		// record; the baseline's own reach followers in a snapshot.
+		if unannounced := unannouncedRecords(fresh, b.Count, silent); !baseline && unannounced > 0 {
+			recorded = append(recorded, recordedChange(ref.UID, cur.Path, b.Count, fresh[:unannounced]))
+		}
 		for i, r := range fresh {
 			seq := b.Count + i
 			if seq > 0 && !silent {
@@ -145,16 +156,27 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 			if len(fresh) > 0 {
 				nb = bookmarkAfter(b, fresh)
 			}
-			marks = append(marks, bookmarkRow{ref: ref, b: nb, digest: prev, complete: u.Complete})
+			marks = append(marks, bookmarkRow{ref: ref, b: nb, digest: prev, complete: u.Complete, moved: len(fresh) > 0})
 		}
 	}
 	if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
 		return 0, fmt.Errorf("insert history of %d tags: %w", len(ups), err)
 	}
+	if err := addHistoryDigest(ctx, tx, args); err != nil {
+		return 0, err
+	}
 	if len(marks) > 0 {
-		// history_update_time moves only when the walk was complete.
-		stmt, err := tx.PrepareContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?,
-			history_last_digest = ?, history_update_time = COALESCE(?, history_update_time) WHERE uid = ?`)
+		// history_update_time moves only when the walk was complete. The
+		// tag's digest is its newest record's, written with the records
+		// and their tag.moved events: a snapshot copied between this read
+		// and the next listing (a pushed move is read before any listing
+		// shows it) must not hold the events without the state they
+		// announce, since a follower that restores it skips them by id.
+		stmt, err := tx.PrepareContext(ctx, `UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3,
+			history_last_digest = ?4, history_update_time = COALESCE(?5, history_update_time),
+			digest = CASE WHEN ?6 THEN ?4 ELSE digest END,
+			update_time = CASE WHEN ?6 AND (update_time IS NULL OR update_time < ?1) THEN ?1 ELSE update_time END
+			WHERE uid = ?7`)
 		if err != nil {
 			return 0, fmt.Errorf("move bookmarks: %w", err)
 		}
@@ -168,12 +190,28 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 			if !m.b.LastTime.IsZero() {
 				last = FormatTime(m.b.LastTime)
 			}
-			if _, err := stmt.ExecContext(ctx, last, m.b.LastCount, m.b.Count, m.digest, read, m.ref.UID); err != nil {
+			if _, err := stmt.ExecContext(ctx, last, m.b.LastCount, m.b.Count, m.digest, read, m.moved, m.ref.UID); err != nil {
 				return 0, fmt.Errorf("move bookmark of tag %s:%s: %w", m.ref.Repo, m.ref.Name, err)
 			}
 		}
 	}
+	if _, err := s.appendEvents(ctx, tx, recorded); err != nil {
+		return 0, err
+	}
 	return s.appendEvents(ctx, tx, cs)
+}
+
+// unannouncedRecords is how many of the fresh records, the first at
+// position first, are stored without a tag.moved event: all of a silent
+// read, else the tag's first record.
+func unannouncedRecords(fresh []HistoryRecord, first int, silent bool) int {
+	switch {
+	case silent:
+		return len(fresh)
+	case first == 0 && len(fresh) > 0:
+		return 1
+	}
+	return 0
 }
 
 // storedPrecision returns records with times cut to the millisecond the

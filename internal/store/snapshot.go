@@ -24,14 +24,15 @@ const SnapshotSeqKey = "snapshot_stream_seq"
 // change log), plus the history the stream never carried. The others are
 // the leader's own bookkeeping, which a follower does not have:
 // crawl_runs, crawl_failures, subscriptions, webhook_deliveries; meta
-// gives only baseline_time; outbox is emptied (see Restore).
+// gives only baseline_time; outbox is emptied (see Restore);
+// replica_digest is computed from the copied rows.
 // TestSnapshotTables fails when a table is in neither list.
 var snapshotTables = []string{"repos", "tags", "tag_history", "advisories", "advisory_aliases", "advisory_severities",
 	"advisory_events", "event_log", "event_publishes"}
 
 // SnapshotSkippedTables are the tables a restore leaves alone (see
 // snapshotTables).
-var SnapshotSkippedTables = []string{"meta", "schema_migrations", "outbox", "crawl_runs", "crawl_failures", "subscriptions", "webhook_deliveries"}
+var SnapshotSkippedTables = []string{"meta", "schema_migrations", "outbox", "replica_digest", "crawl_runs", "crawl_failures", "subscriptions", "webhook_deliveries"}
 
 // SnapshotTables returns the tables a restore copies.
 func SnapshotTables() []string { return append([]string(nil), snapshotTables...) }
@@ -127,6 +128,11 @@ func (s *Store) Restore(ctx context.Context, path string, seq uint64) error {
 // digest alone (inserted in no order) made a restore of a million history
 // rows several times slower than the copy.
 func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error {
+	// The digest is computed from the copied rows once, not a row at a
+	// time: a snapshot's own sums are not taken on trust.
+	if err := dropDigestTriggers(ctx, tx); err != nil {
+		return err
+	}
 	for i := len(snapshotTables) - 1; i >= 0; i-- {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM main.`+snapshotTables[i]); err != nil {
 			return fmt.Errorf("empty %s: %w", snapshotTables[i], err)
@@ -151,6 +157,9 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 			return fmt.Errorf("build index %s: %w", ix.name, err)
 		}
 	}
+	if err := createDigest(ctx, tx); err != nil {
+		return err
+	}
 	// event_log's trigger put every copied event in the outbox: none is
 	// to be published from here. Those the snapshot's outbox held get a
 	// publication of their own, so the events view shows them published.
@@ -170,7 +179,8 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 	if err := tx.QueryRowContext(ctx, `SELECT value FROM snap.meta WHERE key = 'baseline_time'`).Scan(&snapBaseline); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("read the snapshot's baseline: %w", err)
 	}
-	for k, v := range map[string]string{SnapshotSeqKey: strconv.FormatUint(seq, 10), "baseline_time": snapBaseline} {
+	for k, v := range map[string]string{SnapshotSeqKey: strconv.FormatUint(seq, 10), StreamSeqKey: strconv.FormatUint(seq, 10),
+		"baseline_time": snapBaseline} {
 		if v == "" || k == "baseline_time" && baseline != "" {
 			continue
 		}

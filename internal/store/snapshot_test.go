@@ -147,3 +147,67 @@ func TestSnapshot_Tables(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshot_BetweenAPushedMoveAndTheListing is the late follower's
+// divergence (TestCluster_Failover, 2 runs in 5): a push makes the leader
+// read a tag's history, which records the move and its tag.moved event,
+// before the next listing shows the tag's new digest. A snapshot written in
+// between holds the event in its log; a follower that restores it skips
+// the event when the stream delivers it, so the tag row the snapshot holds
+// is all it will ever have. That row must already be the moved one.
+func TestSnapshot_BetweenAPushedMoveAndTheListing(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	leader, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
+	repo := nginx()
+	mustApplyRepos(t, leader, repo)
+	t1 := tag("g1/r1/t1", "latest", 1)
+	need := mustApplyTags(t, leader, repo, t1)
+	first := store.HistoryRecord{Time: t1.UpdateTime, Digest: digest(1)}
+	if _, err := leader.ApplyHistory(ctx, need[0], []store.HistoryRecord{first}, true); err != nil {
+		t.Fatal(err)
+	}
+	// The push: the tag's history read before any listing saw the move.
+	pushed := need[0]
+	pushed.UpdateTime = ts("2025-03-01T00:00:00Z")
+	pushed.Bookmark = store.Bookmark{LastTime: first.Time, LastCount: 1, Count: 1}
+	move := store.HistoryRecord{Time: pushed.UpdateTime, Digest: digest(2)}
+	if n, err := leader.ApplyHistory(ctx, pushed, []store.HistoryRecord{first, move}, true); err != nil || n != 1 {
+		t.Fatalf("pushed history read: %d events, %v; want the move", n, err)
+	}
+	evs, err := leader.Unpublished(ctx, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs := make([]int64, len(evs))
+	stream := make([]store.StreamEvent, len(evs))
+	for i, e := range evs {
+		seqs[i] = e.Seq
+		stream[i] = store.StreamEvent{ID: e.ID, Type: e.Type, Subject: e.Subject, Time: e.Time, Data: e.Data}
+	}
+	if err := leader.MarkPublished(ctx, seqs); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "snap.db")
+	if err := store.CreateEmpty(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Backup(ctx, path); err != nil {
+		t.Fatal(err)
+	}
+	// The listing catches up with the push after the snapshot.
+	t1.Digest, t1.UpdateTime = digest(2), move.Time
+	mustApplyTags(t, leader, repo, t1)
+
+	follower, _ := openTemp(t, clk, true, store.Options{})
+	if err := follower.Restore(ctx, path, uint64(len(evs))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := follower.ApplyStreamEvents(ctx, stream); err != nil {
+		t.Fatal(err)
+	}
+	q := `SELECT digest FROM tags WHERE uid = 'g1/r1/t1'`
+	if l, f := queryString(t, leader.Reader(), q), queryString(t, follower.Reader(), q); l != f || f != digest(2) {
+		t.Errorf("tag's digest after the stream: leader %s, follower %s; want both %s", l, f, digest(2))
+	}
+}

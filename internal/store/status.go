@@ -33,6 +33,10 @@ type Status struct {
 	// recorded in meta: leader, standby or follower; the lease holder; the
 	// stream messages the follower had pending.
 	Role, LeaseHolder, FollowLag string
+	// Checkpoint is the last leader's checkpoint a follower or standby
+	// compared its mirror with: its stream sequence, the result ("match",
+	// or "differs: <table>") and the checkpoint's time; empty before one.
+	CheckpointSeq, CheckpointResult, CheckpointTime string
 	// Progress is the running crawl's progress as it last wrote it (JSON;
 	// "" when no crawl is running).
 	Progress string
@@ -71,7 +75,8 @@ func (s *Store) Status(ctx context.Context) (Status, error) {
 	if st.Unpublished, st.OldestUnpublished, err = s.UnpublishedCount(ctx); err != nil {
 		return st, err
 	}
-	for key, v := range map[string]*string{"role": &st.Role, "lease_holder": &st.LeaseHolder, "follow_lag": &st.FollowLag, ProgressKey: &st.Progress} {
+	for key, v := range map[string]*string{"role": &st.Role, "lease_holder": &st.LeaseHolder, "follow_lag": &st.FollowLag, ProgressKey: &st.Progress,
+		"checkpoint_seq": &st.CheckpointSeq, "checkpoint_result": &st.CheckpointResult, "checkpoint_time": &st.CheckpointTime} {
 		if *v, err = s.Meta(ctx, key); err != nil {
 			return st, fmt.Errorf("read meta %s: %w", key, err)
 		}

@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -96,6 +97,9 @@ type Store struct {
 	// beforeCommit is Options.BeforeCommit.
 	beforeCommit func(ctx context.Context) error
 	onEvents     func(map[string]int)
+	// writeErr is the last write transaction's refusal by the file, nil
+	// once one succeeds (see Writable).
+	writeErr atomic.Pointer[error]
 
 	bulk [numBulk]*sql.Stmt // full-size multi-row statements, prepared at Open
 }
@@ -139,6 +143,10 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("migrate %s: %w", path, explain(path, err))
 	}
 	if err := s.repairIndexes(ctx); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open %s: %w", path, explain(path, err))
+	}
+	if err := s.ensureDigest(ctx); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open %s: %w", path, explain(path, err))
 	}
@@ -327,7 +335,9 @@ func (s *Store) migrate(ctx context.Context) error {
 // tx runs fn in a write transaction.
 func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 	tx, err := s.w.BeginTx(ctx, nil)
-	return runTx(tx, err, fn)
+	err = runTx(tx, err, fn)
+	s.noteWrite(err)
+	return err
 }
 
 // runTx runs fn in tx, which began with err, and commits it, or rolls it

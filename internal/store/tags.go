@@ -96,6 +96,13 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 				return 0, fmt.Errorf("tag %s: %w", t.UID, err)
 			}
 			o, seen := old[t.UID]
+			listed := t.Digest
+			if seen && !o.deleted && o.bookmark.Count > 0 {
+				// The digest moves with the history read this listing
+				// asks for, with its tag.moved events: a digest changed
+				// here, silently, would be state no event carries.
+				t.Digest = o.Digest
+			}
 			changed := true
 			switch {
 			case !seen || o.deleted:
@@ -115,7 +122,7 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 				args = append(args, t.UID, repo.UID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles),
 					nullTime(t.CreateTime), nullTime(t.UpdateTime), now, baseline, raw)
 			}
-			if !seen || o.historyUpdateTime != FormatTime(t.UpdateTime) || o.historyLastDigest != t.Digest {
+			if !seen || o.historyUpdateTime != FormatTime(t.UpdateTime) || o.historyLastDigest != listed {
 				need = append(need, TagRef{UID: t.UID, RepoUID: repo.UID, Repo: repo.Name, Path: path, Name: t.Name, UpdateTime: t.UpdateTime, Bookmark: o.bookmark})
 			}
 		}

@@ -1,0 +1,232 @@
+package cluster_test
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
+)
+
+// TestFollower_RepairsADivergence: a row of a following mirror changed
+// behind its back (an UPDATE on the file) is found at the next checkpoint:
+// the follower reports the divergence, naming the table, repairs its
+// mirror from the newest snapshot and the stream after it, and matches the
+// leader's checkpoints again, with the leader's rows.
+func TestFollower_RepairsADivergence(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
+	relay := publish.NewRelay(js, leader.st, pcfg, publish.WithCheckpoints(leader.st, time.Hour, "leader"))
+	checkpoint := func() uint64 {
+		t.Helper()
+		if err := relay.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		seq, why, err := relay.PublishCheckpoint(ctx)
+		if err != nil || why != "" {
+			t.Fatalf("checkpoint: %v %s", err, why)
+		}
+		return seq
+	}
+	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
+	leader.change(3)
+	leader.publish()
+	if _, err := snaps.Write(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	leader.change(2)
+	first := checkpoint()
+
+	path := filepath.Join(t.TempDir(), "follower.db")
+	fst, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fst.Close() })
+	f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f", MaxWait: 100 * time.Millisecond,
+		Meta: fst, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir()})
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	waitCheckpoint := func(seq uint64, diff string) {
+		t.Helper()
+		testutil.WaitFor(t, 10*time.Second, "the follower to compare the checkpoint", func() bool {
+			r, ok := f.LastCheckpoint()
+			return ok && r.Seq >= seq && (r.Diff == "") == (diff == "")
+		})
+	}
+	waitCheckpoint(first, "")
+	testutil.WaitFor(t, 10*time.Second, "the follower to be ready", func() bool { return f.Err() == nil })
+	if f.Diverged() {
+		t.Fatal("diverged after a matching checkpoint")
+	}
+
+	// Behind the follower's back.
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`UPDATE tags SET digest = 'sha256:forged' WHERE uid = 'g/r1/t1'`); err != nil {
+		t.Fatal(err)
+	}
+	leader.change(1)
+	second := checkpoint()
+	testutil.WaitFor(t, 10*time.Second, "the follower to find the divergence and repair it", func() bool { return f.Repairs() == 1 })
+
+	leader.change(1)
+	third := checkpoint()
+	waitCheckpoint(third, "")
+	testutil.WaitFor(t, 10*time.Second, "the divergence to clear", func() bool { return !f.Diverged() && f.Err() == nil })
+	if got, want := mirrorRows(t, fst), mirrorRows(t, leader.st); got != want {
+		t.Fatalf("repaired mirror:\n%s\nleader's:\n%s", got, want)
+	}
+	ld, _ := leader.st.ReplicaDigest(ctx)
+	fd, _ := fst.ReplicaDigest(ctx)
+	if diff := fd.Diff(ld); diff != "" {
+		t.Fatalf("digests differ after the repair in %s", diff)
+	}
+	if got := metaValue(t, fst, "checkpoint_result"); got != "match" {
+		t.Errorf("checkpoint_result = %q, want match", got)
+	}
+	if f.Repairs() != 1 {
+		t.Errorf("repairs = %d, want 1", f.Repairs())
+	}
+	t.Logf("checkpoints at %d, %d (diverged), %d; repairs %d", first, second, third, f.Repairs())
+}
+
+func metaValue(t *testing.T, st *store.Store, key string) string {
+	t.Helper()
+	v, err := st.Meta(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestFollower_JoinedBeforeTheFirstSnapshot: a follower that starts before
+// any snapshot exists builds what the stream carries, which lacks the
+// history the baseline read silently; the first checkpoint tells it, and it
+// ends with the leader's whole history, from before and after the
+// baseline, once the first snapshot exists.
+func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
+	ctx := context.Background()
+	js := mustJetStream(t)
+	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
+	if err := publish.EnsureStream(ctx, js, pcfg); err != nil {
+		t.Fatal(err)
+	}
+	lst, err := store.Open(ctx, filepath.Join(t.TempDir(), "leader.db"), store.Options{InitialEvents: "snapshot"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lst.Close() })
+	relay := publish.NewRelay(js, lst, pcfg, publish.WithCheckpoints(lst, time.Hour, "leader"))
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	repo := store.Repo{UID: "g/r1", Name: "nginx", CreateTime: t0, UpdateTime: t0}
+	if _, err := lst.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
+		t.Fatal(err)
+	}
+	// The baseline: a tag with three records, read silently.
+	old := store.Tag{UID: "g/r1/old", Name: "1.0", Digest: "sha256:c", CreateTime: t0, UpdateTime: t0.Add(2 * time.Hour)}
+	need, _, err := lst.ApplyTags(ctx, repo, []store.Tag{old})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := []store.HistoryRecord{{Time: t0, Digest: "sha256:a"}, {Time: t0.Add(time.Hour), Digest: "sha256:b"}, {Time: t0.Add(2 * time.Hour), Digest: "sha256:c"}}
+	if _, err := lst.ApplyHistory(ctx, need[0], recs, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := lst.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	path := filepath.Join(t.TempDir(), "follower.db")
+	fst, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fst.Close() })
+	f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f", MaxWait: 100 * time.Millisecond,
+		Meta: fst, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir()})
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	testutil.WaitFor(t, 10*time.Second, "the follower to apply the baseline's events", func() bool {
+		return queryCount(t, fst, `SELECT count(*) FROM tags`) == 1
+	})
+	if n := queryCount(t, fst, `SELECT count(*) FROM tag_history`); n != 0 {
+		t.Fatalf("the follower has %d history rows before any snapshot; the stream carries none of the baseline's", n)
+	}
+
+	// After the baseline: the first snapshot, a new tag (its first record
+	// is no move) and a move of the old one; then checkpoints.
+	snaps := cluster.NewSnapshotter(js, lst, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
+	if _, err := snaps.Write(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	fresh := store.Tag{UID: "g/r1/new", Name: "2.0", Digest: "sha256:n", CreateTime: t0.Add(3 * time.Hour), UpdateTime: t0.Add(3 * time.Hour)}
+	old.Digest, old.UpdateTime = "sha256:d", t0.Add(4*time.Hour)
+	need, _, err = lst.ApplyTags(ctx, repo, []store.Tag{old, fresh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range need {
+		r := []store.HistoryRecord{{Time: fresh.CreateTime, Digest: "sha256:n"}}
+		if ref.UID == old.UID {
+			r = append(recs, store.HistoryRecord{Time: old.UpdateTime, Digest: "sha256:d"})
+		}
+		if _, err := lst.ApplyHistory(ctx, ref, r, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkpoint := func() uint64 {
+		t.Helper()
+		if err := relay.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		seq, why, err := relay.PublishCheckpoint(ctx)
+		if err != nil || why != "" {
+			t.Fatalf("checkpoint: %v %s", err, why)
+		}
+		return seq
+	}
+	checkpoint()
+	testutil.WaitFor(t, 10*time.Second, "the follower to repair its partial mirror", func() bool { return f.Repairs() == 1 })
+	fresh.Deprecated, fresh.UpdateTime = true, t0.Add(5*time.Hour)
+	if _, _, err := lst.ApplyTags(ctx, repo, []store.Tag{old, fresh}); err != nil {
+		t.Fatal(err)
+	}
+	last := checkpoint()
+	testutil.WaitFor(t, 10*time.Second, "the follower to match the checkpoint", func() bool {
+		r, ok := f.LastCheckpoint()
+		return ok && r.Seq >= last && r.Diff == "" && !f.Diverged()
+	})
+	q := `SELECT group_concat(tag_uid || ':' || seq || ':' || update_time || ':' || digest, ',') FROM (SELECT * FROM tag_history ORDER BY tag_uid, seq)`
+	var l, fo string
+	lst.Reader().QueryRow(q).Scan(&l)
+	fst.Reader().QueryRow(q).Scan(&fo)
+	if l != fo || queryCount(t, fst, `SELECT count(*) FROM tag_history`) != 5 {
+		t.Fatalf("history:\n leader:   %s\n follower: %s", l, fo)
+	}
+}
+
+func queryCount(t *testing.T, st *store.Store, q string) int {
+	t.Helper()
+	var n int
+	if err := st.Reader().QueryRow(q).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
