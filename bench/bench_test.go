@@ -70,6 +70,9 @@ type results struct {
 	// KV is the relay keeping the KV buckets: its rate against Relay's,
 	// and the pushes timed to the bucket.
 	KV kvResult `json:"kv"`
+	// SyncInterval is the relay against an embedded server with each
+	// JetStream sync_interval.
+	SyncInterval syncIntervalResult `json:"sync_interval"`
 
 	Memory       []memResult `json:"memory"`
 	MemoryGrowth float64     `json:"memory_growth_1x_to_4x"`
@@ -241,6 +244,12 @@ func BenchmarkSyncd(b *testing.B) {
 		b.Fatal(err)
 	}
 
+	syncEvents := max(200, int(4000*p.Scale))
+	progress("relay against embedded servers with sync_interval 2m, 1s and always: %d events each", syncEvents)
+	if r.SyncInterval, err = measureSyncInterval(ctx, syncEvents); err != nil {
+		b.Fatal(err)
+	}
+
 	if p.Follow {
 		progress("a follower joining after the baseline; a snapshot of the full mirror written and restored")
 		if r.Follow, err = measureFollow(ctx, conn, a.store, pcfg, filepath.Join(dir, "follow"), r.CeilingRowsPerSec); err != nil {
@@ -402,6 +411,9 @@ func printTable(w io.Writer, r results) {
 	row("relay keeping KV buckets: events/s", f("%.0f", r.KV.RelayPerSec), f("plain relay %.0f", r.Relay.RelayPerSec), f("%.2f", r.KV.RatioToPlain), "")
 	row("  KV reconciled at a start (up to date)", f("%.2f s", r.KV.ReconcileSeconds), f("%d keys", r.KV.Keys), "", "")
 	row("push to KV value: p50 / p99", f("%.1f / %.1f ms", r.KV.PushP50ms, r.KV.PushP99ms), "", "", "")
+	si := r.SyncInterval
+	row("relay, embedded sync_interval 1s (default): events/s", f("%.0f", si.DefaultPerSec), f("2m (JetStream's) %.0f", si.LazyPerSec), f("%.2f", si.DefaultRatio), "")
+	row("relay, embedded sync_interval always: events/s", f("%.0f", si.AlwaysPerSec), f("2m (JetStream's) %.0f", si.LazyPerSec), f("%.2f", si.AlwaysRatio), f("%d events each, in %s", si.Events, si.Dir))
 	for i, m := range r.Memory {
 		st := ""
 		switch i {

@@ -229,10 +229,15 @@ func (a *Auditor) begin(ctx context.Context) (*audit, error) {
 	// What the stream no longer holds because of its limits (max_age) or
 	// an operator (a purge, the stream deleted and created again) is not
 	// for the audit to bring back: it checks only events published after
-	// the stream's first message and younger than max_age.
+	// the stream's first message and younger than max_age. An event is
+	// marked after its message was stored, so one marked before the first
+	// message was stored before it (the clocks of syncd and the server
+	// agreeing); one stored before it but marked after (the same relay
+	// pass) is published again.
 	au.retains = now.Add(time.Hour) // an empty stream retains nothing
 	if info.State.Msgs > 0 {
-		au.retains = info.State.FirstTime.Add(-readSlack)
+		// Publication times are kept to the millisecond.
+		au.retains = info.State.FirstTime.Truncate(time.Millisecond)
 	}
 	if age := info.Config.MaxAge; age > 0 {
 		au.retains = later(au.retains, now.Add(-age+readSlack))

@@ -181,3 +181,36 @@ func TestAuditor_DuplicateIsNotARepair(t *testing.T) {
 		t.Errorf("stream holds %v messages (%v), want 1", info.State.Msgs, err)
 	}
 }
+
+// TestAuditor_LeavesWhatTheStreamDropped: events whose messages an operator
+// purged from the head of the stream (or max_age removed) are not the
+// audit's to bring back: it checks only what was published after the
+// stream's first message, and publishes nothing.
+func TestAuditor_LeavesWhatTheStreamDropped(t *testing.T) {
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "old", 3, 0)
+	w.flush(t)
+	w.p.addRepos(ctx, "new", 2, 0)
+	w.flush(t)
+	s, err := w.conn.JS.Stream(ctx, testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeKeep(2)); err != nil {
+		t.Fatal(err)
+	}
+	// The clock past every window: everything is due for the audit.
+	rep, err := w.auditor(func() time.Time { return time.Now().Add(3 * time.Minute) }).Audit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := storedEvents(t, w.st)
+	if rep.Checked != 2 || rep.Repaired+rep.Reordered+rep.Deferred+rep.Duplicates != 0 || rep.Position != stored[len(stored)-1].Seq {
+		t.Errorf("audit = %+v, want the 2 events after the stream's first message checked, nothing published and the position at seq %d",
+			rep, stored[len(stored)-1].Seq)
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 2 {
+		t.Errorf("stream holds %v messages (%v), want the 2 kept", info.State.Msgs, err)
+	}
+}
