@@ -30,6 +30,24 @@ type Config struct {
 	Cluster  Cluster  `toml:"cluster"`
 	KV       KV       `toml:"kv"`
 	Snapshot Snapshot `toml:"snapshot"`
+	Query    Query    `toml:"query"`
+}
+
+// Query configures the query service every replica runs on NATS (a NATS
+// micro service): questions answered from the replica's own mirror.
+type Query struct {
+	Enabled bool `toml:"enabled"`
+	// Prefix begins the request subjects (<prefix>.tag.at, …); it must lie
+	// outside the stream's <nats.subject_prefix>.>.
+	Prefix string `toml:"prefix"`
+	// MaxWait bounds the wait for a request's min_seq.
+	MaxWait Duration `toml:"max_wait"`
+	// MaxLimit caps the records, tags, intervals or advisories of one answer.
+	MaxLimit int `toml:"max_limit"`
+	// Concurrency is how many requests are read from the mirror at once.
+	Concurrency int `toml:"concurrency"`
+	// MaxPending is how many requests may wait their turn; more are refused.
+	MaxPending int `toml:"max_pending"`
 }
 
 // KV configures the key-value buckets of current state that the leader
@@ -276,6 +294,14 @@ func Default() Config {
 			Every:   Duration{6 * time.Hour},
 			Keep:    2,
 			Bucket:  "syncd_snapshots",
+		},
+		Query: Query{
+			Enabled:     true,
+			Prefix:      "syncd-query",
+			MaxWait:     Duration{5 * time.Second},
+			MaxLimit:    1000,
+			Concurrency: 4,
+			MaxPending:  256,
 		},
 	}
 }

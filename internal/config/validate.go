@@ -25,6 +25,7 @@ func (c *Config) Validate() error {
 	c.validateCluster(&p)
 	c.validateKV(&p)
 	c.Snapshot.validate(&p)
+	c.validateQuery(&p)
 	return p.err()
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -64,4 +65,20 @@ func ReplyError(msg *nats.Msg) *Error {
 		e = &Error{Code: n, Message: msg.Header.Get(micro.ErrorHeader)}
 	}
 	return e
+}
+
+// SubjectsOverlap reports whether some subject matches both filters a and
+// b (each may hold '*' and a final '>'): whether a stream capturing a
+// would capture requests to b.
+func SubjectsOverlap(a, b string) bool {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(at) && i < len(bt); i++ {
+		switch x, y := at[i], bt[i]; {
+		case x == ">" || y == ">":
+			return true
+		case x != "*" && y != "*" && x != y:
+			return false
+		}
+	}
+	return len(at) == len(bt)
 }

@@ -178,18 +178,20 @@ func (r *TagAtRequest) validate(s *Service) error {
 }
 
 // instant is the time the request asks about.
+// The mirror keeps times to the millisecond, so the instant is taken to it.
 func (r *TagAtRequest) instant(now time.Time) (time.Time, error) {
 	switch {
 	case r.Time != "":
-		return parseTime("time", r.Time)
+		t, err := parseTime("time", r.Time)
+		return t.Truncate(time.Millisecond), err
 	case r.Ago != "":
 		d, err := time.ParseDuration(r.Ago)
 		if err != nil || d < 0 {
 			return time.Time{}, errorf(CodeBadRequest, "ago: not a non-negative Go duration (72h, 90m): %q", r.Ago)
 		}
-		return now.Add(-d).UTC(), nil
+		now = now.Add(-d)
 	}
-	return now.UTC(), nil
+	return now.UTC().Truncate(time.Millisecond), nil
 }
 
 func (r *TagAtRequest) read(ctx context.Context, s *Service, rd *store.MirrorRead) (answer, error) {
@@ -216,8 +218,14 @@ func (r *TagAtRequest) read(ctx context.Context, s *Service, rd *store.MirrorRea
 		switch {
 		case err != nil:
 			return nil, err
+		case !ok && tag.Digest != "" && !at.Before(tag.FirstSeen):
+			// A follower that knows the tag from its current state only:
+			// any move since it learned of it would be a record.
+			out.Digest, out.Until = tag.Digest, timePtr(end)
+			return out, nil
 		case !ok:
-			return nil, errorf(CodeNotFound, "this mirror holds no history of %s:%s (a follower's history begins at its snapshot or at the stream's first event)", repo.Path, tag.Name)
+			return nil, errorf(CodeNotFound, "this mirror holds no history of %s:%s before %s, when it learnt of the tag (a follower's history begins at its snapshot or at the stream's first event)",
+				repo.Path, tag.Name, tag.FirstSeen.Format(time.RFC3339Nano))
 		case first.Seq > 0:
 			return nil, errorf(CodeNotFound, "this mirror's history of %s:%s begins at %s, after %s (a follower's history begins at its snapshot or at the stream's first event)",
 				repo.Path, tag.Name, first.Time.Format(time.RFC3339Nano), at.Format(time.RFC3339Nano))

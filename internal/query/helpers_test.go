@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"path/filepath"
-	"sort"
 	"testing"
 	"time"
 
@@ -132,34 +131,6 @@ func (w *world) refused(t *testing.T, endpoint string, req any, code int, reason
 		t.Errorf("%s %+v: %d without a message", endpoint, req, code)
 	}
 	return e
-}
-
-// tagTruth is a tag of the simulator with its repo's path and history.
-type tagTruth struct {
-	path    string
-	tag     platformsim.TruthTag
-	history []platformsim.TruthRecord
-}
-
-// tags are the simulator's tags that have a history, by path and name.
-func tags(truth platformsim.Truth) []tagTruth {
-	paths := map[string]string{}
-	for _, r := range truth.Repos {
-		paths[r.UID] = r.Path
-	}
-	var out []tagTruth
-	for _, tg := range truth.Tags {
-		if h := truth.History[tg.UID]; len(h) > 0 {
-			out = append(out, tagTruth{path: paths[tg.RepoUID], tag: tg, history: h})
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].path != out[j].path {
-			return out[i].path < out[j].path
-		}
-		return out[i].tag.Name < out[j].tag.Name
-	})
-	return out
 }
 
 // ms is t as the mirror keeps it: UTC, to the millisecond.

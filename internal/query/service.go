@@ -199,6 +199,11 @@ func (s *Service) Start() error {
 			return fmt.Errorf("add query endpoint %s: %w", ep.subject, err)
 		}
 	}
+	// Once the server has the subscriptions, a request finds a responder.
+	// Without a connection they go out when it is back.
+	if err := s.nc.FlushTimeout(5 * time.Second); err != nil {
+		s.log.Warn("query service: NATS has not confirmed its subscriptions yet", "err", err)
+	}
 	s.svc = svc
 	for range s.cfg.Concurrency {
 		s.wg.Add(1)

@@ -27,12 +27,12 @@ func TestService_TagAt(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, query.Config{})
 	w.pos.Advance(42)
-	all := tags(w.sim.Truth())
+	all := testutil.TagsWithHistory(w.sim.Truth())
 	if len(all) < 5 {
 		t.Fatalf("only %d tags with a history", len(all))
 	}
 	for _, tt := range all {
-		h := tt.history
+		h := tt.History
 		for i, rec := range h {
 			at := ms(rec.UpdateTime)
 			// The record in force: the last one at or before at (several
@@ -42,31 +42,31 @@ func TestService_TagAt(t *testing.T) {
 				j++
 			}
 			var got query.TagAtReply
-			w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name, Time: at.Format(time.RFC3339Nano)}, &got)
+			w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, Time: at.Format(time.RFC3339Nano)}, &got)
 			wantUntil := "null"
 			if j+1 < len(h) {
 				wantUntil = ms(h[j+1].UpdateTime).Format(time.RFC3339Nano)
 			}
 			if got.Digest != h[j].Digest || got.Deleted || timeOf(got.Since) != ms(h[j].UpdateTime).Format(time.RFC3339Nano) ||
 				timeOf(got.Until) != wantUntil || got.HistorySeq == nil || *got.HistorySeq != int64(j) {
-				t.Fatalf("%s:%s at %s = %+v (since %s until %s), want record %d %s until %s", tt.path, tt.tag.Name, at,
+				t.Fatalf("%s:%s at %s = %+v (since %s until %s), want record %d %s until %s", tt.Path, tt.Tag.Name, at,
 					got, timeOf(got.Since), timeOf(got.Until), j, h[j].Digest, wantUntil)
 			}
-			if got.StreamSeq != 42 || got.Repo != tt.path || got.Tag != tt.tag.Name {
-				t.Fatalf("answer %+v: want stream_seq 42, repo %s, tag %s", got, tt.path, tt.tag.Name)
+			if got.StreamSeq != 42 || got.Repo != tt.Path || got.Tag != tt.Tag.Name {
+				t.Fatalf("answer %+v: want stream_seq 42, repo %s, tag %s", got, tt.Path, tt.Tag.Name)
 			}
 		}
 		// A millisecond before the first record: the tag did not exist.
 		var before query.TagAtReply
-		w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name, Time: ms(h[0].UpdateTime).Add(-time.Millisecond).Format(time.RFC3339Nano)}, &before)
+		w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, Time: ms(h[0].UpdateTime).Add(-time.Millisecond).Format(time.RFC3339Nano)}, &before)
 		if !before.Deleted || before.Digest != "" || before.Since != nil || timeOf(before.Until) != ms(h[0].UpdateTime).Format(time.RFC3339Nano) {
-			t.Fatalf("%s:%s before its first record = %+v, want deleted until %s", tt.path, tt.tag.Name, before, h[0].UpdateTime)
+			t.Fatalf("%s:%s before its first record = %+v, want deleted until %s", tt.Path, tt.Tag.Name, before, h[0].UpdateTime)
 		}
 		// Now (no time): the current digest, in force until further notice.
 		var now query.TagAtReply
-		w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name, Ago: "0s"}, &now)
+		w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, Ago: "0s"}, &now)
 		if now.Digest != h[len(h)-1].Digest || now.Until != nil {
-			t.Fatalf("%s:%s now = %+v, want %s until null", tt.path, tt.tag.Name, now, h[len(h)-1].Digest)
+			t.Fatalf("%s:%s now = %+v, want %s until null", tt.Path, tt.Tag.Name, now, h[len(h)-1].Digest)
 		}
 	}
 }
@@ -76,23 +76,23 @@ func TestService_TagAt(t *testing.T) {
 func TestService_TagAtDeleted(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, query.Config{})
-	tt := tags(w.sim.Truth())[0]
-	if _, err := w.sim.Apply(platformsim.Mutation{Kind: platformsim.TagDeleted, UID: tt.tag.UID}); err != nil {
+	tt := testutil.TagsWithHistory(w.sim.Truth())[0]
+	if _, err := w.sim.Apply(platformsim.Mutation{Kind: platformsim.TagDeleted, UID: tt.Tag.UID}); err != nil {
 		t.Fatal(err)
 	}
 	w.crawl(t)
 	var deleted string
-	if err := w.store.Reader().QueryRow(`SELECT deleted_time FROM tags WHERE uid = ?`, tt.tag.UID).Scan(&deleted); err != nil {
+	if err := w.store.Reader().QueryRow(`SELECT deleted_time FROM tags WHERE uid = ?`, tt.Tag.UID).Scan(&deleted); err != nil {
 		t.Fatalf("the tag's deletion is not in the mirror: %v", err)
 	}
 	del, _ := store.ParseTime(deleted)
 	var after, last query.TagAtReply
-	w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name, Time: del.Format(time.RFC3339Nano)}, &after)
+	w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, Time: del.Format(time.RFC3339Nano)}, &after)
 	if !after.Deleted || after.Digest != "" || !after.Since.Equal(del) {
 		t.Errorf("at its deletion = %+v, want deleted since %s", after, del)
 	}
-	lastRec := tt.history[len(tt.history)-1]
-	w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name, Time: del.Add(-time.Millisecond).Format(time.RFC3339Nano)}, &last)
+	lastRec := tt.History[len(tt.History)-1]
+	w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, Time: del.Add(-time.Millisecond).Format(time.RFC3339Nano)}, &last)
 	if last.Deleted || last.Digest != lastRec.Digest || last.Until == nil || !last.Until.Equal(del) {
 		t.Errorf("just before its deletion = %+v (until %s), want %s until %s", last, timeOf(last.Until), lastRec.Digest, del)
 	}
@@ -103,12 +103,12 @@ func TestService_TagAtDeleted(t *testing.T) {
 func TestService_TagHistory(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, query.Config{})
-	for _, tt := range tags(w.sim.Truth()) {
+	for _, tt := range testutil.TagsWithHistory(w.sim.Truth()) {
 		var got []query.HistoryRecord
 		cursor, pages := "", 0
 		for {
 			var page query.TagHistoryReply
-			w.ask(t, query.TagHistory, query.TagHistoryRequest{Repo: tt.path, Tag: tt.tag.Name, Limit: 2, Cursor: cursor}, &page)
+			w.ask(t, query.TagHistory, query.TagHistoryRequest{Repo: tt.Path, Tag: tt.Tag.Name, Limit: 2, Cursor: cursor}, &page)
 			got = append(got, page.Records...)
 			pages++
 			if cursor = page.NextCursor; cursor == "" {
@@ -118,26 +118,26 @@ func TestService_TagHistory(t *testing.T) {
 				t.Fatal("paging does not end")
 			}
 		}
-		if len(got) != len(tt.history) {
-			t.Fatalf("%s:%s: %d records, want %d", tt.path, tt.tag.Name, len(got), len(tt.history))
+		if len(got) != len(tt.History) {
+			t.Fatalf("%s:%s: %d records, want %d", tt.Path, tt.Tag.Name, len(got), len(tt.History))
 		}
 		for i, rec := range got {
-			if rec.Seq != int64(i) || rec.Digest != tt.history[i].Digest || !rec.Time.Equal(ms(tt.history[i].UpdateTime)) {
-				t.Fatalf("%s:%s record %d = %+v, want %+v", tt.path, tt.tag.Name, i, rec, tt.history[i])
+			if rec.Seq != int64(i) || rec.Digest != tt.History[i].Digest || !rec.Time.Equal(ms(tt.History[i].UpdateTime)) {
+				t.Fatalf("%s:%s record %d = %+v, want %+v", tt.Path, tt.Tag.Name, i, rec, tt.History[i])
 			}
 		}
 		// [from, to): from the second record's time to the last's.
-		h := tt.history
+		h := tt.History
 		var window query.TagHistoryReply
-		w.ask(t, query.TagHistory, query.TagHistoryRequest{Repo: tt.path, Tag: tt.tag.Name,
+		w.ask(t, query.TagHistory, query.TagHistoryRequest{Repo: tt.Path, Tag: tt.Tag.Name,
 			From: ms(h[1].UpdateTime).Format(time.RFC3339Nano), To: ms(h[len(h)-1].UpdateTime).Format(time.RFC3339Nano)}, &window)
 		for _, rec := range window.Records {
 			if rec.Time.Before(ms(h[1].UpdateTime)) || !rec.Time.Before(ms(h[len(h)-1].UpdateTime)) {
-				t.Fatalf("%s:%s: record %+v outside the window", tt.path, tt.tag.Name, rec)
+				t.Fatalf("%s:%s: record %+v outside the window", tt.Path, tt.Tag.Name, rec)
 			}
 		}
 		if len(window.Records) == 0 || window.NextCursor != "" {
-			t.Fatalf("%s:%s window = %+v", tt.path, tt.tag.Name, window)
+			t.Fatalf("%s:%s window = %+v", tt.Path, tt.Tag.Name, window)
 		}
 	}
 }
@@ -147,20 +147,20 @@ func TestService_TagHistory(t *testing.T) {
 func TestService_DigestWhere(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, query.Config{})
-	all := tags(w.sim.Truth())
+	all := testutil.TagsWithHistory(w.sim.Truth())
 	tt := all[0]
 	// Another tag comes to point at tt's first digest, and a third at a
 	// digest that shares a 12-digit prefix with it.
-	d := tt.history[0].Digest
+	d := tt.History[0].Digest
 	other, third := all[1], all[2]
-	if err := w.sim.MoveTag(other.tag.UID, d); err != nil {
+	if err := w.sim.MoveTag(other.Tag.UID, d); err != nil {
 		t.Fatal(err)
 	}
 	twin := d[:len("sha256:")+12] + strings.Repeat("0", 64-12)
 	if twin == d {
 		twin = d[:len("sha256:")+12] + strings.Repeat("1", 64-12)
 	}
-	if err := w.sim.MoveTag(third.tag.UID, twin); err != nil {
+	if err := w.sim.MoveTag(third.Tag.UID, twin); err != nil {
 		t.Fatal(err)
 	}
 	w.crawl(t)
@@ -169,8 +169,8 @@ func TestService_DigestWhere(t *testing.T) {
 	// The expected intervals, from the simulator's histories.
 	type iv struct{ repo, tag, from, until string }
 	var want []iv
-	for _, x := range tags(truth) {
-		h := x.history
+	for _, x := range testutil.TagsWithHistory(truth) {
+		h := x.History
 		for i, rec := range h {
 			if rec.Digest != d {
 				continue
@@ -179,7 +179,7 @@ func TestService_DigestWhere(t *testing.T) {
 			if i+1 < len(h) {
 				until = ms(h[i+1].UpdateTime).Format(time.RFC3339Nano)
 			}
-			want = append(want, iv{x.path, x.tag.Name, ms(rec.UpdateTime).Format(time.RFC3339Nano), until})
+			want = append(want, iv{x.Path, x.Tag.Name, ms(rec.UpdateTime).Format(time.RFC3339Nano), until})
 		}
 	}
 	if len(want) < 2 {
@@ -313,7 +313,7 @@ func TestService_Advisories(t *testing.T) {
 func TestService_Errors(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, query.Config{MaxLimit: 3, MaxWait: 100 * time.Millisecond})
-	tt := tags(w.sim.Truth())[0]
+	tt := testutil.TagsWithHistory(w.sim.Truth())[0]
 	raw := func(endpoint, body string) *query.Error {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -356,16 +356,16 @@ func TestService_Errors(t *testing.T) {
 		t.Errorf("a 70 KiB request: %+v, want 400", e)
 	}
 	w.refused(t, query.TagAt, query.TagAtRequest{Repo: "no-such-repo", Tag: "latest"}, query.CodeNotFound, "")
-	w.refused(t, query.TagAt, query.TagAtRequest{Repo: tt.path, Tag: "no-such-tag"}, query.CodeNotFound, "")
-	w.refused(t, query.TagHistory, query.TagHistoryRequest{Repo: tt.path, Tag: "no-such-tag"}, query.CodeNotFound, "")
+	w.refused(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: "no-such-tag"}, query.CodeNotFound, "")
+	w.refused(t, query.TagHistory, query.TagHistoryRequest{Repo: tt.Path, Tag: "no-such-tag"}, query.CodeNotFound, "")
 	w.refused(t, query.RepoTags, query.RepoTagsRequest{Repo: "no/such/repo"}, query.CodeNotFound, "")
 	// A bound value, not SQL.
 	w.refused(t, query.RepoTags, query.RepoTagsRequest{Repo: "x' OR '1'='1"}, query.CodeNotFound, "")
-	w.refused(t, query.TagAt, query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name, MinSeq: 10}, query.CodeUnavailable, query.ReasonBehind)
+	w.refused(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, MinSeq: 10}, query.CodeUnavailable, query.ReasonBehind)
 
 	// Limits are capped at max_limit (3).
 	var page query.TagHistoryReply
-	w.ask(t, query.TagHistory, query.TagHistoryRequest{Repo: tt.path, Tag: tt.tag.Name, Limit: 1 << 30}, &page)
+	w.ask(t, query.TagHistory, query.TagHistoryRequest{Repo: tt.Path, Tag: tt.Tag.Name, Limit: 1 << 30}, &page)
 	if len(page.Records) != 3 || page.NextCursor == "" {
 		t.Errorf("limit 2^30 with max_limit 3: %d records, next %q", len(page.Records), page.NextCursor)
 	}
@@ -378,7 +378,7 @@ func TestService_Errors(t *testing.T) {
 	}
 	t.Cleanup(func() { empty.Close() })
 	w.start(t, empty, query.Config{Prefix: "syncd-query-empty"})
-	w.refused(t, query.TagAt, query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name}, query.CodeUnavailable, query.ReasonNotReady)
+	w.refused(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name}, query.CodeUnavailable, query.ReasonNotReady)
 	var pos query.PositionReply
 	w.ask(t, query.PositionEP, nil, &pos)
 	if pos.Ready || pos.Role != "leader" {
@@ -394,7 +394,7 @@ func TestService_MinSeq(t *testing.T) {
 	w := newWorld(t, query.Config{Concurrency: 1, MaxWait: time.Minute, RefreshEvery: time.Nanosecond,
 		Refresh: func(context.Context) (uint64, error) { waiting <- struct{}{}; return 0, nil }})
 	<-waiting // the service's own, at its start
-	tt := tags(w.sim.Truth())[0]
+	tt := testutil.TagsWithHistory(w.sim.Truth())[0]
 	w.pos.Advance(5)
 	type result struct {
 		got query.TagAtReply
@@ -403,7 +403,7 @@ func TestService_MinSeq(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var r result
-		r.err = w.try(query.TagAt, query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name, MinSeq: 8}, &r.got)
+		r.err = w.try(query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, MinSeq: 8}, &r.got)
 		done <- r
 	}()
 	<-waiting // it waits, and asked NATS for the position
@@ -425,7 +425,7 @@ func TestService_MinSeq(t *testing.T) {
 	}
 	// Already reached: no wait.
 	var now query.TagAtReply
-	w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name, MinSeq: 9}, &now)
+	w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, MinSeq: 9}, &now)
 	if now.StreamSeq != 9 {
 		t.Errorf("min_seq reached: %+v", now)
 	}
@@ -448,7 +448,7 @@ func (m *blockedMirror) ReadMirror(ctx context.Context, fn func(*store.MirrorRea
 	return m.Mirror.ReadMirror(ctx, fn)
 }
 
-// flood sends n requests at once and collects every reply within 10s:
+// flood sends n requests at once and collects every reply within a minute:
 // answers, and refusals by reason. onReply, when set, is told the counts
 // after each reply.
 func flood(t *testing.T, nc *nats.Conn, subject string, body []byte, n int, onReply func(answered, refused int)) (answered int, refused map[string]int) {
@@ -469,7 +469,7 @@ func flood(t *testing.T, nc *nats.Conn, subject string, body []byte, n int, onRe
 		t.Fatal(err)
 	}
 	refused = map[string]int{}
-	timeout := time.After(10 * time.Second)
+	timeout := time.After(60 * time.Second)
 	for range n {
 		select {
 		case m := <-replies:
@@ -501,8 +501,8 @@ func sum(m map[string]int) int {
 func TestService_Flood(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, query.Config{})
-	tt := tags(w.sim.Truth())[0]
-	body, _ := json.Marshal(query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name})
+	tt := testutil.TagsWithHistory(w.sim.Truth())[0]
+	body, _ := json.Marshal(query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name})
 	nc := connect(t, w.nats.URL())
 
 	t.Run("Free", func(t *testing.T) {
@@ -535,14 +535,14 @@ func TestService_Flood(t *testing.T) {
 func TestService_StopAnswersWhatIsPending(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, query.Config{})
-	tt := tags(w.sim.Truth())[0]
+	tt := testutil.TagsWithHistory(w.sim.Truth())[0]
 	m := &blockedMirror{Mirror: w.store, release: make(chan struct{})}
 	svc := query.New(connect(t, w.nats.URL()), m, w.pos, query.Config{Prefix: "syncd-query-stop", Concurrency: 1, MaxWait: time.Minute})
 	if err := svc.Start(); err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name})
-	waitBody, _ := json.Marshal(query.TagAtRequest{Repo: tt.path, Tag: tt.tag.Name, MinSeq: 100})
+	body, _ := json.Marshal(query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name})
+	waitBody, _ := json.Marshal(query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, MinSeq: 100})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	codes := map[string]int{}
@@ -553,12 +553,11 @@ func TestService_StopAnswersWhatIsPending(t *testing.T) {
 		msg, err := w.client.NC.RequestWithContext(ctx, "syncd-query-stop."+query.TagAt, b)
 		mu.Lock()
 		defer mu.Unlock()
-		switch e := query.ReplyError(msg); {
-		case err != nil:
+		if err != nil {
 			codes[err.Error()]++
-		case e != nil:
+		} else if e := query.ReplyError(msg); e != nil {
 			codes[fmt.Sprintf("%d %s", e.Code, e.Reason)]++
-		default:
+		} else {
 			codes["answered"]++
 		}
 	}

@@ -46,7 +46,10 @@ type TagAtRequest struct {
 // in force then began at Since, and the next one at Until (nil: it is
 // still in force). Deleted: the tag did not exist at Time (before its
 // first record, with Until that record's time; or after its deletion,
-// with Since the deletion's time).
+// with Since the deletion's time). A follower that knows a tag only from
+// its current state (no record of it: its history begins at the
+// follower's snapshot or the stream's start) answers its digest from when
+// it learnt of it on, with Since null.
 type TagAtReply struct {
 	Stamp
 	Repo    string     `json:"repo"`

@@ -68,17 +68,22 @@ type TagRow struct {
 	Deprecated        bool
 	Updated           time.Time // upstream updateTime; zero when unknown
 	Deleted           time.Time // zero while it exists
+	// FirstSeen is when this mirror first recorded the tag; HistoryCount
+	// how many history records it holds of it.
+	FirstSeen    time.Time
+	HistoryCount int64
 }
 
-const tagRowSelect = `SELECT uid, name, digest, deprecated, update_time, deleted_time FROM tags`
+const tagRowSelect = `SELECT uid, name, digest, deprecated, update_time, deleted_time, first_seen_time, history_count FROM tags`
 
 func scanTagRow(sc interface{ Scan(...any) error }) (TagRow, error) {
 	var t TagRow
 	var updated, deleted sql.NullString
-	if err := sc.Scan(&t.UID, &t.Name, &t.Digest, &t.Deprecated, &updated, &deleted); err != nil {
+	var firstSeen string
+	if err := sc.Scan(&t.UID, &t.Name, &t.Digest, &t.Deprecated, &updated, &deleted, &firstSeen, &t.HistoryCount); err != nil {
 		return TagRow{}, err
 	}
-	t.Updated, t.Deleted = parseStored(updated.String), parseStored(deleted.String)
+	t.Updated, t.Deleted, t.FirstSeen = parseStored(updated.String), parseStored(deleted.String), parseStored(firstSeen)
 	return t, nil
 }
 
