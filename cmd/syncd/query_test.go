@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/query"
@@ -288,5 +289,23 @@ func TestQuery_Command(t *testing.T) {
 		if code, _, stderr := run(args...); code != exitUsage {
 			t.Errorf("syncd query %q: exit %d, stderr %q; want 2", args, code, stderr)
 		}
+	}
+}
+
+// TestQuery_StreamCapturingTheQueries: a stream whose subjects overlap the
+// query prefix would store every query; syncd refuses to start (exit 2),
+// naming the key to change.
+func TestQuery_StreamCapturingTheQueries(t *testing.T) {
+	ns := testutil.NATS(t)
+	js := testutil.JetStream(t, ns.URL())
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"syncd.>", "syncd-query.*.at"}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := writeFile(t, "follow.toml", fmt.Sprintf("[nats]\nurl = %q\n\n[store]\npath = %q\n\n[admin]\nlisten = \"\"\n",
+		ns.URL(), filepath.Join(t.TempDir(), "follower.db")))
+	stderr := &syncBuffer{}
+	code := NewMain(&syncBuffer{}, stderr, nil).Run(context.Background(), []string{"follow", "--config", cfg})
+	if log := stderr.String(); code != exitUsage || !strings.Contains(log, "query.prefix") || !strings.Contains(log, "syncd-query.*.at") {
+		t.Errorf("syncd follow exited %d; want 2 and an error naming query.prefix and the stream's subject; log:\n%s", code, log)
 	}
 }

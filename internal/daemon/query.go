@@ -33,7 +33,8 @@ func newQuery(ctx context.Context, cfg config.Config, nc *publish.Conn, st *stor
 	if err := checkQuerySubjects(ctx, nc.JS, cfg); err != nil {
 		return nil, err
 	}
-	return query.New(nc.NC, st, pos, query.Config{Prefix: q.Prefix, Version: version, MaxWait: q.MaxWait.Duration,
+	// Its statements are closed with the store's reader pool.
+	return query.New(nc.NC, st.Queries(), pos, query.Config{Prefix: q.Prefix, Version: version, MaxWait: q.MaxWait.Duration,
 		MaxLimit: q.MaxLimit, Concurrency: q.Concurrency, MaxPending: q.MaxPending,
 		Role: rs.role, Lag: rs.lag, Refresh: rs.refresh, Logger: log.With("part", "query")}), nil
 }

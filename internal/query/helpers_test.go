@@ -42,28 +42,36 @@ var scale = platformsim.Scale{Repos: 4, TagsPerRepo: 3, HistoryPerTag: 7, Adviso
 // starts the service with cfg (its prefix, and defaults for the rest).
 func newWorld(t *testing.T, cfg query.Config) *world {
 	t.Helper()
-	sim, url := testutil.Sim(t, platformsim.Options{Seed: 7, Tokens: []string{token}}, scale)
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "syncd.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	client, err := platform.New(platform.Config{BaseURL: url, RegistryURL: url, Token: platform.StaticToken(token),
-		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", MaxRetryTime: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &world{sim: sim, store: st, crawler: crawler.New(client, st, crawler.Config{Group: "org1", Concurrency: 4, Logger: slog.New(slog.DiscardHandler)})}
+	w := mirrorOf(t, scale)
 	w.crawl(t)
 	w.nats = testutil.NATS(t)
 	w.pos = query.NewPosition()
-	w.start(t, st, cfg)
+	qs := w.store.Queries()
+	t.Cleanup(func() { qs.Close() })
+	w.start(t, qs, cfg)
 	return w
+}
+
+// mirrorOf is a simulator of sc and an empty mirror with a crawler of it.
+func mirrorOf(tb testing.TB, sc platformsim.Scale) *world {
+	tb.Helper()
+	sim, url := testutil.Sim(tb, platformsim.Options{Seed: 7, Tokens: []string{token}}, sc)
+	st, err := store.Open(context.Background(), filepath.Join(tb.TempDir(), "syncd.db"), store.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { st.Close() })
+	client, err := platform.New(platform.Config{BaseURL: url, RegistryURL: url, Token: platform.StaticToken(token),
+		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", MaxRetryTime: 2 * time.Second})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &world{sim: sim, store: st, crawler: crawler.New(client, st, crawler.Config{Group: "org1", Concurrency: 4, Logger: slog.New(slog.DiscardHandler)})}
 }
 
 // crawl syncs the mirror with the simulator: repos, tags, history and
 // advisories.
-func (w *world) crawl(t *testing.T) {
+func (w *world) crawl(t testing.TB) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := w.crawler.Sweep(ctx); err != nil {
@@ -89,7 +97,7 @@ func (w *world) start(t *testing.T, m query.Mirror, cfg query.Config) {
 	w.client = &query.Client{NC: connect(t, w.nats.URL()), Prefix: cfg.Prefix}
 }
 
-func connect(t *testing.T, url string) *nats.Conn {
+func connect(t testing.TB, url string) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {

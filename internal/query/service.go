@@ -343,8 +343,12 @@ func (s *Service) answer(j *job) {
 		return err
 	})
 	if err != nil {
-		if s.ctx.Err() != nil {
+		switch {
+		case s.ctx.Err() != nil:
 			err = stopping()
+		case errors.Is(err, context.DeadlineExceeded):
+			err = &Error{Code: CodeUnavailable, Reason: ReasonTimeout,
+				Message: fmt.Sprintf("timeout: reading the answer took more than %s; retry, or ask for less", s.cfg.Timeout)}
 		}
 		s.done(j, err)
 		return

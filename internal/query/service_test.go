@@ -475,6 +475,9 @@ func flood(t *testing.T, nc *nats.Conn, subject string, body []byte, n int, onRe
 		case m := <-replies:
 			if e := query.ReplyError(m); e != nil {
 				refused[fmt.Sprintf("%d %s", e.Code, e.Reason)]++
+				if e.Code == query.CodeInternal {
+					t.Logf("internal error: %s", e.Message)
+				}
 			} else {
 				answered++
 			}
@@ -624,5 +627,18 @@ func TestService_Micro(t *testing.T) {
 		if ep.Name == "tag_at" && (ep.NumRequests != 1 || ep.Data["not_found"] != 1) {
 			t.Errorf("tag_at stats = %+v, want 1 request, 1 not found", ep)
 		}
+	}
+}
+
+// TestService_Timeout: a read that outlasts the timeout is answered 503
+// timeout, and frees its worker.
+func TestService_Timeout(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, query.Config{})
+	tt := testutil.TagsWithHistory(w.sim.Truth())[0]
+	m := &blockedMirror{Mirror: w.store, release: make(chan struct{})}
+	w.start(t, m, query.Config{Prefix: "syncd-query-slow", Concurrency: 1, Timeout: 50 * time.Millisecond})
+	for range 2 {
+		w.refused(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name}, query.CodeUnavailable, query.ReasonTimeout)
 	}
 }

@@ -224,6 +224,7 @@ const (
 	ReasonBehind   = "behind"
 	ReasonBusy     = "busy"
 	ReasonStopping = "stopping"
+	ReasonTimeout  = "timeout"
 )
 
 // Error is a refused request: a micro error (its code and description in
@@ -232,7 +233,8 @@ const (
 type Error struct {
 	Code    int    `json:"code"`
 	Message string `json:"error"`
-	// Reason tells the 503s apart: not_ready, behind, busy, stopping.
+	// Reason tells the 503s apart: not_ready, behind, busy, stopping,
+	// timeout.
 	Reason    string `json:"reason,omitempty"`
 	StreamSeq uint64 `json:"stream_seq"`
 }
