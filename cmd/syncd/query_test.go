@@ -19,6 +19,7 @@ import (
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/query"
+	"github.com/syncd-dev/syncd/internal/store"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
@@ -254,7 +255,7 @@ func TestQuery_Command(t *testing.T) {
 
 	mid := h[2].UpdateTime.UTC().Truncate(time.Millisecond)
 	code, out, stderr = run("tag.at", name, "--at", mid.Format(time.RFC3339Nano))
-	if code != exitOK || !strings.Contains(out, h[2].Digest) || !strings.Contains(out, "since "+mid.Format(time.RFC3339Nano)) ||
+	if code != exitOK || !strings.Contains(out, h[2].Digest) || !strings.Contains(out, "since "+store.FormatTime(mid)) ||
 		!strings.Contains(out, "read at stream sequence") {
 		t.Errorf("tag.at: exit %d, out %q, stderr %q; want %s since %s", code, out, stderr, h[2].Digest, mid)
 	}
