@@ -43,11 +43,18 @@ func (c *followCommand) Run(ctx context.Context) error {
 	}
 	defer f.Close()
 	log.Info("syncd following", "version", version(), "mirror", cfg.Store.Path, "stream", cfg.NATS.Stream, "consumer", cfg.Cluster.ConsumerName(cfg.Store.Path))
+	q, err := f.Query(ctx, version())
+	if err != nil {
+		return err
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.Admin.Listen != "" {
 		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, f.AdminHandler(version()), log); err != nil {
 			return err
 		}
+	}
+	if q != nil {
+		g.Go(func() error { return q.Run(gctx) })
 	}
 	g.Go(func() error { return f.Run(gctx) })
 	return g.Wait()

@@ -87,6 +87,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		cmd = &identityCommand{m: m}
 	case "check":
 		cmd = &checkCommand{m: m}
+	case "query":
+		cmd = &queryCommand{m: m}
 	case "version", "--version", "-version":
 		fmt.Fprintln(m.Stdout, "syncd", version())
 		return exitOK

@@ -91,7 +91,7 @@ func TestMain_Usage(t *testing.T) {
 			t.Errorf("syncd %s: exit=%d, stdout=%q; want 0 and the version", args[0], code, stdout)
 		}
 	}
-	for _, cmd := range []string{"run", "sync", "status", "sim", "subscriptions", "identity", "follow", "check"} {
+	for _, cmd := range []string{"run", "sync", "status", "sim", "subscriptions", "identity", "follow", "check", "query"} {
 		code, _, stderr := runMain(context.Background(), cmd, "--help")
 		if code != exitOK || !strings.Contains(stderr, "Usage: syncd "+cmd) || !strings.Contains(stderr, "Example") {
 			t.Errorf("%s --help: exit=%d, stderr=%q; want 0, usage and examples", cmd, code, stderr)

@@ -96,6 +96,10 @@ func (c *runCommand) serve(ctx, gctx context.Context, g *errgroup.Group, cfg con
 	if err != nil {
 		return err
 	}
+	q, err := a.Query(ctx, r)
+	if err != nil {
+		return err
+	}
 	if a.Receiver != nil {
 		log.Info("receiving pushed events", "listen", evLn.Addr().String(), "cluster", cfg.Cluster.Enabled)
 		g.Go(func() error { return daemon.ServeHTTP(gctx, evLn, r.Receiver(a.Receiver)) })
@@ -104,6 +108,9 @@ func (c *runCommand) serve(ctx, gctx context.Context, g *errgroup.Group, cfg con
 		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, a.AdminHandler(r), log); err != nil {
 			return err
 		}
+	}
+	if q != nil {
+		g.Go(func() error { return q.Run(gctx) })
 	}
 	g.Go(func() error { return daemon.Prune(gctx, a.Store, cfg, log) })
 	g.Go(func() error { return r.Run(gctx) })

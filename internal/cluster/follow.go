@@ -693,3 +693,8 @@ func (f *Follower) recordLag(pending uint64) {
 		f.log.Warn("record follower lag", "err", err)
 	}
 }
+
+// Applied is the stream sequence of the last message applied; 0: none yet
+// in this process. Like next, read it only from Run's or CatchUp's
+// goroutine, as OnBatch is called.
+func (f *Follower) Applied() uint64 { return max(f.next, 1) - 1 }

@@ -32,6 +32,7 @@ type Config struct {
 	Snapshot Snapshot `toml:"snapshot"`
 	Verify   Verify   `toml:"verify"`
 	Sync     Sync     `toml:"sync"`
+	Query    Query    `toml:"query"`
 }
 
 // Verify configures how the replicas and the stream are checked against
@@ -44,6 +45,23 @@ type Verify struct {
 	// leader: every event its mirror marks published must be on the stream,
 	// and is published again, under the same id, when it is not.
 	AuditEvery Duration `toml:"audit_every"`
+}
+
+// Query configures the query service every replica runs on NATS (a NATS
+// micro service): questions answered from the replica's own mirror.
+type Query struct {
+	Enabled bool `toml:"enabled"`
+	// Prefix begins the request subjects (<prefix>.tag.at, …); it must lie
+	// outside the stream's <nats.subject_prefix>.>.
+	Prefix string `toml:"prefix"`
+	// MaxWait bounds the wait for a request's min_seq.
+	MaxWait Duration `toml:"max_wait"`
+	// MaxLimit caps the records, tags, intervals or advisories of one answer.
+	MaxLimit int `toml:"max_limit"`
+	// Concurrency is how many requests are read from the mirror at once.
+	Concurrency int `toml:"concurrency"`
+	// MaxPending is how many requests may wait their turn; more are refused.
+	MaxPending int `toml:"max_pending"`
 }
 
 // KV configures the key-value buckets of current state that the leader
@@ -304,6 +322,14 @@ func Default() Config {
 			AuditEvery:      Duration{5 * time.Minute},
 		},
 		Sync: Sync{Timeout: Duration{DefaultSyncTimeout}},
+		Query: Query{
+			Enabled:     true,
+			Prefix:      "syncd-query",
+			MaxWait:     Duration{5 * time.Second},
+			MaxLimit:    1000,
+			Concurrency: 4,
+			MaxPending:  256,
+		},
 	}
 }
 

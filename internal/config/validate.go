@@ -27,6 +27,7 @@ func (c *Config) Validate() error {
 	c.Snapshot.validate(&p)
 	c.Verify.validate(&p)
 	c.Sync.validate(&p)
+	c.validateQuery(&p)
 	return p.err()
 }
 

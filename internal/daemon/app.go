@@ -23,6 +23,7 @@ import (
 	"github.com/syncd-dev/syncd/internal/events"
 	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/query"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -75,6 +76,10 @@ type App struct {
 	Snapshots *cluster.Snapshotter
 	// Auditor audits the stream against the mirror, as the leader.
 	Auditor *publish.Auditor
+	// Position is the stream sequence the mirror has applied, for the
+	// query service.
+	Position *query.Position
+	version  string
 }
 
 // Options are what a command chooses about an App beyond the config.
@@ -91,7 +96,7 @@ type Options struct {
 
 // Open opens the parts.
 func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options) (*App, error) {
-	a := &App{Config: cfg, Log: log, Metrics: admin.NewMetrics(opts.Version)}
+	a := &App{Config: cfg, Log: log, Metrics: admin.NewMetrics(opts.Version), Position: query.NewPosition(), version: opts.Version}
 	var err error
 	if a.Jobs, err = ParseSchedules(cfg.Crawl); err != nil {
 		return nil, err
@@ -109,6 +114,7 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	}
 	pcfg := NATSConfig(cfg, log)
 	pcfg.ConnectWait = opts.GiveUpAfter
+	pcfg.OnAck = onAck(cfg.NATS.Stream, a.Position)
 	if a.NATS, err = publish.Connect(ctx, pcfg); err != nil {
 		a.Close()
 		return nil, err
@@ -258,10 +264,12 @@ func NewRegistrar(cfg config.Config, client *platform.Client, st *store.Store, l
 		Sink: cfg.Events.SinkURL, Logger: log.With("part", "events")}
 }
 
-// NewFollower follows the stream into st, recording its lag there; restore
-// says when it starts from a snapshot.
-func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, log *slog.Logger) *cluster.Follower {
-	return cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
+// NewFollower follows the stream into st, recording its lag there and
+// advancing pos; restore says when it starts from a snapshot.
+func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position, log *slog.Logger) *cluster.Follower {
+	var f *cluster.Follower
+	f = cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
 		Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow"),
-		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path)})
+		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path), OnBatch: followAt(pos, &f)})
+	return f
 }

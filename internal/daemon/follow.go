@@ -13,6 +13,7 @@ import (
 	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/crawler"
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/query"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -24,6 +25,9 @@ type Follower struct {
 	Store    *store.Store
 	NATS     *publish.Conn
 	Follower *cluster.Follower
+	// Position is the stream sequence the mirror has applied, for the
+	// query service.
+	Position *query.Position
 }
 
 // OpenFollower opens the mirror and the connection to the leader's NATS
@@ -33,7 +37,7 @@ type Follower struct {
 // retries); one that exists and does not carry the events is a mistake to
 // fix.
 func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.RestoreMode, log *slog.Logger) (*Follower, error) {
-	f := &Follower{Config: cfg, Log: log}
+	f := &Follower{Config: cfg, Log: log, Position: query.NewPosition()}
 	var err error
 	if f.Store, err = OpenStore(ctx, cfg, log, store.Options{}); err != nil {
 		return nil, err
@@ -54,7 +58,7 @@ func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.Restor
 		f.Close()
 		return nil, err
 	}
-	f.Follower = NewFollower(f.NATS, f.Store, cfg, restore, log)
+	f.Follower = NewFollower(f.NATS, f.Store, cfg, restore, f.Position, log)
 	return f, nil
 }
 

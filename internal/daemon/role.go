@@ -59,13 +59,16 @@ type Role struct {
 	Receiver func(h http.Handler) http.Handler
 	// Follower follows the stream while standing by; nil in single mode.
 	Follower *cluster.Follower
+	// Current names the role now: leader, or in cluster mode standby.
+	Current func() string
 }
 
 // Role builds the leader's duties, shut down within grace, and, in
 // cluster mode, the replica that runs them while it holds the lease.
 func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
 	if !a.Config.Cluster.Enabled {
-		return Role{Run: a.duties(grace, nil).Run, Receiver: func(h http.Handler) http.Handler { return h }}, nil
+		return Role{Run: a.duties(grace, nil).Run, Receiver: func(h http.Handler) http.Handler { return h },
+			Current: func() string { return cluster.RoleLeader }}, nil
 	}
 	cl, node := a.Config.Cluster, a.Config.Cluster.Node()
 	lease, err := cluster.NewLease(ctx, a.NATS.JS, cluster.LeaseConfig{Bucket: cl.Bucket, Key: cl.Key, Node: node,
@@ -73,12 +76,12 @@ func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
 	if err != nil {
 		return Role{}, err
 	}
-	rep := &cluster.Replica{Lease: lease, Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Log),
+	rep := &cluster.Replica{Lease: lease, Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Position, a.Log),
 		Promote: a.Crawler.ResolveFollowed, Lead: a.duties(grace, lease.IsLeader).Run, Meta: a.Store, Logger: a.Log.With("part", "cluster")}
 	a.Metrics.WatchReplica(rep, cluster.RoleLeader, cluster.RoleStandby)
 	a.Metrics.WatchLag(rep.Follower.Lag)
 	a.Metrics.WatchVerification(rep.Follower)
-	return Role{Run: rep.Run, Leading: lease.IsLeader, Receiver: lease.LeaderOnly, Follower: rep.Follower}, nil
+	return Role{Run: rep.Run, Leading: lease.IsLeader, Receiver: lease.LeaderOnly, Follower: rep.Follower, Current: rep.Role}, nil
 }
 
 // AdminHandler serves the metrics and the readiness checks; r.Leading says

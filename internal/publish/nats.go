@@ -69,6 +69,10 @@ type Config struct {
 	// first connection (syncd sync --once); 0: wait for ever, as the
 	// daemon does.
 	ConnectWait time.Duration
+	// OnAck, when set, is told of every acknowledgement of an asynchronous
+	// publish on Conn.JS (the relay's, the snapshots' chunks), from the
+	// library's goroutine: it must not block.
+	OnAck func(*jetstream.PubAck)
 }
 
 // Conn is a NATS connection with JetStream, and the embedded server behind
@@ -142,7 +146,11 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	// in-flight limit, so the relay's bound is the one that holds; the ack
 	// timeout frees the relay from an acknowledgement lost without a
 	// disconnection (a disconnection fails every pending publish at once).
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(2*DefaultMaxInFlight), jetstream.WithPublishAsyncTimeout(30*time.Second))
+	jsOpts := []jetstream.JetStreamOpt{jetstream.WithPublishAsyncMaxPending(2 * DefaultMaxInFlight), jetstream.WithPublishAsyncTimeout(30 * time.Second)}
+	if cfg.OnAck != nil {
+		jsOpts = append(jsOpts, jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, _ *nats.Msg, ack *jetstream.PubAck) { cfg.OnAck(ack) }))
+	}
+	js, err := jetstream.New(nc, jsOpts...)
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("JetStream context: %w", err)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -99,4 +100,34 @@ func (c *Clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
+}
+
+// TagHistory is a tag of the simulator with its repo's registry path and
+// its history, oldest first.
+type TagHistory struct {
+	Path    string
+	Tag     platformsim.TruthTag
+	History []platformsim.TruthRecord
+}
+
+// TagsWithHistory are truth's tags that have a history, by repo path and
+// tag name.
+func TagsWithHistory(truth platformsim.Truth) []TagHistory {
+	paths := map[string]string{}
+	for _, r := range truth.Repos {
+		paths[r.UID] = r.Path
+	}
+	var out []TagHistory
+	for _, tg := range truth.Tags {
+		if h := truth.History[tg.UID]; len(h) > 0 {
+			out = append(out, TagHistory{Path: paths[tg.RepoUID], Tag: tg, History: h})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Path != out[j].Path {
+			return out[i].Path < out[j].Path
+		}
+		return out[i].Tag.Name < out[j].Tag.Name
+	})
+	return out
 }
