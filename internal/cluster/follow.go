@@ -84,6 +84,8 @@ type Follower struct {
 	diverged atomic.Pointer[string]
 	repairs  atomic.Uint64
 	repair   bool
+	// lastRepair is when the last repair was started.
+	lastRepair time.Time
 	// checked is the outcome of the last checkpoint compared.
 	checked atomic.Pointer[CheckpointResult]
 }
@@ -221,6 +223,10 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		defer func() { f.repair = false }()
 		switch {
 		case found:
+			if f.repair {
+				f.lastRepair = time.Now()
+				f.repairs.Add(1)
+			}
 			// A consumer of this name left from before would resume at
 			// its own position, which has nothing to do with the snapshot.
 			if err := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -486,12 +492,20 @@ func (f *Follower) compare(ctx context.Context, c pendingCheck) error {
 	f.diverged.Store(&why)
 	f.log.Error("the mirror diverged from the leader's; repairing it from the newest snapshot", "stream_seq", c.seq,
 		"table", res.Diff, "leader", c.cp.Leader)
-	if f.cfg.SnapshotBucket != "" {
+	switch {
+	case f.cfg.SnapshotBucket == "":
+	case time.Since(f.lastRepair) < minRepairInterval:
+		// A mirror that differs again right after a repair, or a stream
+		// of checkpoints it cannot match, must not cost a restore each.
+		f.log.Warn("the mirror differs again within "+minRepairInterval.String()+" of its last repair; repairing it later", "stream_seq", c.seq)
+	default:
 		f.repair = true
-		f.repairs.Add(1)
 	}
 	return nil
 }
+
+// minRepairInterval is the least time between two repairs.
+const minRepairInterval = time.Minute
 
 // recordCheckpoint records res in Meta, where "syncd status" reads it.
 func (f *Follower) recordCheckpoint(res CheckpointResult) {

@@ -663,9 +663,19 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	ack, err := r.js.PublishMsg(ctx, msg)
+	// Published as the events are, so that whoever watches the
+	// acknowledgements (the query service's position) sees it too.
+	fut, err := r.js.PublishMsgAsync(msg)
 	if err != nil {
 		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
+	}
+	var ack *jetstream.PubAck
+	select {
+	case ack = <-fut.Ok():
+	case err := <-fut.Err():
+		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
+	case <-ctx.Done():
+		return 0, "", ctx.Err()
 	}
 	if ack.Duplicate {
 		return 0, "the same checkpoint is on the stream already", nil
