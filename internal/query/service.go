@@ -328,6 +328,12 @@ func (s *Service) answer(j *job) {
 		go s.await(j, want)
 		return
 	}
+	if j.ep.subject == PositionEP {
+		// The position is what it asks: learn it from NATS too, since not
+		// every message on the stream advances it as it is written (a
+		// leader's synchronous publishes, a follower's skipped messages).
+		s.refresh()
+	}
 	seq := s.pos.Seq()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Timeout)
 	defer cancel()
