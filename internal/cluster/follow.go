@@ -84,8 +84,9 @@ type Follower struct {
 	diverged atomic.Pointer[string]
 	repairs  atomic.Uint64
 	repair   bool
-	// lastRepair is when the last repair was started.
-	lastRepair time.Time
+	// lastRepair is when the last repair was started; retryRepairAt, when
+	// set, when a repair that found no snapshot is tried again.
+	lastRepair, retryRepairAt time.Time
 	// checked is the outcome of the last checkpoint compared.
 	checked atomic.Pointer[CheckpointResult]
 }
@@ -224,8 +225,12 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		switch {
 		case found:
 			if f.repair {
-				f.lastRepair = time.Now()
+				// The mirror is the leader's as of the snapshot: the
+				// next checkpoint after it proves the repair, or marks
+				// the mirror diverged again.
+				f.lastRepair, f.retryRepairAt = time.Now(), time.Time{}
 				f.repairs.Add(1)
+				f.diverged.Store(nil)
 			}
 			// A consumer of this name left from before would resume at
 			// its own position, which has nothing to do with the snapshot.
@@ -236,8 +241,9 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 			f.log.Info("restored the mirror from a snapshot", "bucket", f.cfg.SnapshotBucket, "name", info.Name, "stream_seq", info.Seq,
 				"bytes", info.Bytes, "raw_bytes", info.RawBytes, "took", info.Took.Round(time.Millisecond).String())
 		case f.repair:
-			f.log.Error("cannot repair the mirror: no snapshot to restore yet; following on, and trying again at the next checkpoint that differs",
+			f.log.Error("cannot repair the mirror: no snapshot to restore yet; following on, and trying again in "+repairRetry.String(),
 				"bucket", f.cfg.SnapshotBucket)
+			f.retryRepairAt = time.Now().Add(repairRetry)
 		case f.cfg.Restore == RestoreAlways:
 			return 0, fmt.Errorf("no snapshot in bucket %s to restore the mirror from", f.cfg.SnapshotBucket)
 		default:
@@ -356,6 +362,14 @@ func (f *Follower) catchUpTail(ctx context.Context) error {
 // messages are pending does not wait for a full batch: the last batch of a
 // catch-up would otherwise wait out MaxWait.
 func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
+	if !f.retryRepairAt.IsZero() && time.Now().After(f.retryRepairAt) && f.Diverged() {
+		// The first snapshot may exist by now (a follower that joined
+		// before it differs at the first checkpoint, and the next may be
+		// a while away).
+		f.retryRepairAt, f.repair = time.Time{}, true
+		f.dropAhead()
+		f.cons = nil
+	}
 	cons, err := f.consumer(ctx)
 	if err != nil {
 		return 0, 0, err
@@ -504,8 +518,12 @@ func (f *Follower) compare(ctx context.Context, c pendingCheck) error {
 	return nil
 }
 
-// minRepairInterval is the least time between two repairs.
-const minRepairInterval = time.Minute
+// minRepairInterval is the least time between two repairs; repairRetry
+// the time before a repair that found no snapshot is tried again.
+const (
+	minRepairInterval = time.Minute
+	repairRetry       = 5 * time.Second
+)
 
 // recordCheckpoint records res in Meta, where "syncd status" reads it.
 func (f *Follower) recordCheckpoint(res CheckpointResult) {
