@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -145,59 +144,6 @@ func metaOf(path, key string) string {
 	return v
 }
 
-// mirrorState is what a follower's mirror must share with the leader's:
-// every repo, tag and advisory with its state and tombstone.
-func mirrorState(db *sql.DB) (string, error) {
-	var b strings.Builder
-	for _, q := range []string{
-		`SELECT 'repo', uid, name, description, deleted_time IS NOT NULL, deletions FROM repos ORDER BY uid`,
-		`SELECT 'tag', uid, digest, deprecated, deleted_time IS NOT NULL, deletions FROM tags ORDER BY uid`,
-		`SELECT 'advisory', uid, advisory_id, artifact_name, deleted_time IS NOT NULL, deletions FROM advisories ORDER BY uid`,
-	} {
-		rows, err := db.Query(q)
-		if err != nil {
-			return "", err
-		}
-		for rows.Next() {
-			var c [6]string
-			if err := rows.Scan(&c[0], &c[1], &c[2], &c[3], &c[4], &c[5]); err != nil {
-				rows.Close()
-				return "", err
-			}
-			b.WriteString(strings.Join(c[:], " ") + "\n")
-		}
-		rows.Close()
-	}
-	return b.String(), nil
-}
-
-// historyCarried checks a follower's tag history against the leader's: every
-// row the follower has (the moves the stream carried) is the leader's row at
-// the same position; "" when they agree.
-func historyCarried(follower, leader *sql.DB) string {
-	rows, err := follower.Query(`SELECT tag_uid, seq, digest FROM tag_history ORDER BY tag_uid, seq`)
-	if err != nil {
-		return err.Error()
-	}
-	defer rows.Close()
-	var diffs []string
-	n := 0
-	for rows.Next() {
-		var uid, digest, want string
-		var seq int
-		rows.Scan(&uid, &seq, &digest)
-		n++
-		leader.QueryRow(`SELECT digest FROM tag_history WHERE tag_uid = ? AND seq = ?`, uid, seq).Scan(&want)
-		if want != digest && len(diffs) < 5 {
-			diffs = append(diffs, fmt.Sprintf("tag %s seq %d: follower %s, leader %q", uid, seq, digest, want))
-		}
-	}
-	if n == 0 {
-		return "the follower has no history rows: no move was carried"
-	}
-	return strings.Join(diffs, "\n")
-}
-
 // waitSameMirror waits until the follower's mirror equals the leader's.
 func waitSameMirror(t *testing.T, within time.Duration, followerPath, leaderPath string) {
 	t.Helper()
@@ -214,52 +160,16 @@ func waitSameState(t *testing.T, within time.Duration, path, leaderPath string) 
 func waitSame(t *testing.T, within time.Duration, followerPath, leaderPath string, history bool) {
 	t.Helper()
 	fdb, ldb := openReader(t, followerPath), openReader(t, leaderPath)
+	same := testutil.SameMirror
+	if !history {
+		same = testutil.SameState
+	}
 	testutil.Eventually(t, within, func() error {
-		f, ferr := mirrorState(fdb)
-		l, lerr := mirrorState(ldb)
-		switch {
-		case ferr != nil || lerr != nil:
-			return fmt.Errorf("read mirrors: %v %v", ferr, lerr)
-		case f != l:
-			return fmt.Errorf("follower %s differs from the leader:\nfollower:\n%sleader:\n%s%s", followerPath, firstLines(f, 5), firstLines(l, 5), diffLines(f, l))
-		}
-		if !history {
-			return nil
-		}
-		if diff := historyCarried(fdb, ldb); diff != "" {
-			return errors.New(diff)
+		if err := same(fdb, ldb); err != nil {
+			return fmt.Errorf("%s: %w", followerPath, err)
 		}
 		return nil
 	})
-}
-
-func firstLines(s string, n int) string {
-	lines := strings.SplitAfter(s, "\n")
-	return strings.Join(lines[:min(n, len(lines))], "")
-}
-
-// diffLines names the first lines one side has and the other lacks.
-func diffLines(a, b string) string {
-	in := func(s string) map[string]bool {
-		m := map[string]bool{}
-		for _, l := range strings.Split(s, "\n") {
-			m[l] = true
-		}
-		return m
-	}
-	ia, ib := in(a), in(b)
-	var out []string
-	for l := range ia {
-		if !ib[l] && len(out) < 5 {
-			out = append(out, "only follower: "+l)
-		}
-	}
-	for l := range ib {
-		if !ia[l] && len(out) < 10 {
-			out = append(out, "only leader: "+l)
-		}
-	}
-	return strings.Join(out, "\n")
 }
 
 // TestCluster_Failover runs three "syncd run" replicas in cluster mode as

@@ -64,6 +64,15 @@ func HistoryCarried(follower, leader *sql.DB) error {
 // SameMirror is nil when the follower's mirror has the leader's state and
 // history, and otherwise says where they differ.
 func SameMirror(follower, leader *sql.DB) error {
+	if err := SameState(follower, leader); err != nil {
+		return err
+	}
+	return HistoryCarried(follower, leader)
+}
+
+// SameState is nil when the follower's mirror has the leader's repos, tags
+// and advisories (MirrorState), and otherwise says where they differ.
+func SameState(follower, leader *sql.DB) error {
 	fs, ferr := MirrorState(follower)
 	ls, lerr := MirrorState(leader)
 	switch {
@@ -72,7 +81,7 @@ func SameMirror(follower, leader *sql.DB) error {
 	case fs != ls:
 		return fmt.Errorf("the follower differs from the leader:\n%s", diffLines(fs, ls))
 	}
-	return HistoryCarried(follower, leader)
+	return nil
 }
 
 // diffLines lists (the first ten of) the lines only one of follower and
