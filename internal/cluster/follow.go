@@ -89,6 +89,9 @@ type Follower struct {
 	lastRepair, retryRepairAt time.Time
 	// checked is the outcome of the last checkpoint compared.
 	checked atomic.Pointer[CheckpointResult]
+	// complete: the mirror was restored from a snapshot or matched a
+	// checkpoint, so it holds the history the stream does not carry.
+	complete atomic.Bool
 }
 
 // Positioned is a mirror that knows the stream sequence it reflects.
@@ -224,6 +227,7 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		defer func() { f.repair = false }()
 		switch {
 		case found:
+			f.complete.Store(true)
 			if f.repair {
 				// The mirror is the leader's as of the snapshot: the
 				// next checkpoint after it proves the repair, or marks
@@ -301,6 +305,31 @@ func (f *Follower) Run(ctx context.Context) error {
 		backoff = min(2*backoff, 10*time.Second)
 	}
 	return nil
+}
+
+// Complete makes sure a standby about to lead holds what the stream does
+// not carry (the history the old leader's baseline read): a mirror built
+// from the stream alone that no checkpoint has proved yet, and that was
+// never restored from a snapshot, restores the newest snapshot now. Left
+// as it was, the new leader would never read that history again.
+func (f *Follower) Complete(ctx context.Context) error {
+	m, ok := f.mirror.(Restorable)
+	if !ok || f.cfg.SnapshotBucket == "" || f.complete.Load() {
+		return nil
+	}
+	if seq, err := m.SnapshotSeq(ctx); err != nil || seq > 0 {
+		f.complete.Store(err == nil)
+		return err
+	}
+	if empty, err := m.Empty(ctx); err != nil || empty {
+		return err // nothing to complete: the crawl reads it all
+	}
+	f.log.Warn("the mirror was built from the stream alone and no checkpoint proved it: restoring the newest snapshot before leading")
+	f.repair = true
+	f.dropAhead()
+	f.cons = nil
+	_, err := f.consumer(ctx)
+	return err
 }
 
 // CatchUp applies what the stream holds until nothing is pending, so that a
@@ -497,6 +526,7 @@ func (f *Follower) compare(ctx context.Context, c pendingCheck) error {
 	f.checked.Store(&res)
 	f.recordCheckpoint(res)
 	if res.Diff == "" {
+		f.complete.Store(true)
 		if f.diverged.Swap(nil) != nil {
 			f.log.Info("the mirror matches the leader's checkpoint again", "stream_seq", c.seq)
 		}

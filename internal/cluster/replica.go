@@ -150,6 +150,9 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 	// first means the crawl that follows finds them in the mirror and does
 	// not record them again. Bounded, so that a huge backlog cannot keep
 	// the replica from leading; the rest is deduplicated by event id.
+	if err := r.Follower.Complete(dctx); err != nil && dctx.Err() == nil {
+		log.Error("completing the mirror from a snapshot before leading failed", "err", err)
+	}
 	cctx, ccancel := context.WithTimeout(dctx, r.Lease.cfg.TTL)
 	if err := r.Follower.CatchUp(cctx); err != nil && dctx.Err() == nil {
 		log.Warn("catching up with the stream before leading was cut short", "err", err, "lag", r.Follower.Lag())
