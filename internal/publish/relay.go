@@ -613,6 +613,13 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 	return p.total, errors.Join(append(errs, markErr)...)
 }
 
+// noChange is why no checkpoint is written when the last one still holds;
+// checkpointRetry is when one that could not be written is tried again.
+const (
+	noChange        = "nothing changed since the last checkpoint"
+	checkpointRetry = 250 * time.Millisecond
+)
+
 // checkpointIn is how long until the next checkpoint is due; false when
 // the relay writes none.
 func (r *Relay) checkpointIn() (time.Duration, bool) {
@@ -637,6 +644,12 @@ func (r *Relay) checkpoint(ctx context.Context) {
 		r.log.Warn("publish a checkpoint; the next one is due in "+r.cpEvery.String(), "err", err)
 	case why != "":
 		r.log.Debug("no checkpoint now", "why", why)
+		if r.cp != nil && why != noChange {
+			// Events wait (data that changes all the time leaves the
+			// outbox empty only now and then): try again soon rather
+			// than at the next one due.
+			r.cpLast = time.Now().Add(checkpointRetry - r.cpEvery)
+		}
 	default:
 		r.log.Debug("published a checkpoint", "stream_seq", seq)
 	}
@@ -657,7 +670,7 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	}
 	same := fmt.Sprint(st.EventSeq, st.Digest)
 	if same == r.cpSent && time.Since(r.cpSentTime) < r.cpEvery {
-		return 0, "nothing changed since the last checkpoint", nil
+		return 0, noChange, nil
 	}
 	msg, err := NewCheckpoint(r.cpLeader, st.EventSeq, time.Now(), st.Digest).Message(r.format.SubjectPrefix, r.format.Source)
 	if err != nil {
