@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
@@ -23,17 +25,7 @@ func TestFollower_RepairsADivergence(t *testing.T) {
 	js, leader := newStreamLeader(t)
 	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
 	relay := publish.NewRelay(js, leader.st, pcfg, publish.WithCheckpoints(leader.st, time.Hour, "leader"))
-	checkpoint := func() uint64 {
-		t.Helper()
-		if err := relay.Flush(ctx); err != nil {
-			t.Fatal(err)
-		}
-		seq, why, err := relay.PublishCheckpoint(ctx)
-		if err != nil || why != "" {
-			t.Fatalf("checkpoint: %v %s", err, why)
-		}
-		return seq
-	}
+	checkpoint := func() uint64 { return publishCheckpoint(t, relay) }
 	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
 	leader.change(3)
 	leader.publish()
@@ -43,18 +35,7 @@ func TestFollower_RepairsADivergence(t *testing.T) {
 	leader.change(2)
 	first := checkpoint()
 
-	path := filepath.Join(t.TempDir(), "follower.db")
-	fst, err := store.Open(ctx, path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fst.Close() })
-	f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f", MaxWait: 100 * time.Millisecond,
-		Meta: fst, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir()})
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- f.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	f, fst, path := runFollower(t, js)
 	waitCheckpoint := func(seq uint64, diff string) {
 		t.Helper()
 		testutil.WaitFor(t, 10*time.Second, "the follower to compare the checkpoint", func() bool {
@@ -151,18 +132,7 @@ func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	path := filepath.Join(t.TempDir(), "follower.db")
-	fst, err := store.Open(ctx, path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fst.Close() })
-	f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f", MaxWait: 100 * time.Millisecond,
-		Meta: fst, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir()})
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- f.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	f, fst, _ := runFollower(t, js)
 	testutil.WaitFor(t, 10*time.Second, "the follower to apply the baseline's events", func() bool {
 		return queryCount(t, fst, `SELECT count(*) FROM tags`) == 1
 	})
@@ -191,17 +161,7 @@ func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	checkpoint := func() uint64 {
-		t.Helper()
-		if err := relay.Flush(ctx); err != nil {
-			t.Fatal(err)
-		}
-		seq, why, err := relay.PublishCheckpoint(ctx)
-		if err != nil || why != "" {
-			t.Fatalf("checkpoint: %v %s", err, why)
-		}
-		return seq
-	}
+	checkpoint := func() uint64 { return publishCheckpoint(t, relay) }
 	checkpoint()
 	testutil.WaitFor(t, 10*time.Second, "the follower to repair its partial mirror", func() bool { return f.Repairs() == 1 })
 	fresh.Deprecated, fresh.UpdateTime = true, t0.Add(5*time.Hour)
@@ -229,4 +189,37 @@ func queryCount(t *testing.T, st *store.Store, q string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// runFollower runs a follower of stream EV into a new mirror, restoring
+// from bucket snaps when it is empty, until the test ends.
+func runFollower(t *testing.T, js jetstream.JetStream) (*cluster.Follower, *store.Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "follower.db")
+	fst, err := store.Open(context.Background(), path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fst.Close() })
+	f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f", MaxWait: 100 * time.Millisecond,
+		Meta: fst, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir()})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	return f, fst, path
+}
+
+// publishCheckpoint publishes what the relay's outbox holds, then a
+// checkpoint, and returns its stream sequence.
+func publishCheckpoint(t *testing.T, relay *publish.Relay) uint64 {
+	t.Helper()
+	if err := relay.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	seq, why, err := relay.PublishCheckpoint(context.Background())
+	if err != nil || why != "" {
+		t.Fatalf("checkpoint: %v %s", err, why)
+	}
+	return seq
 }
