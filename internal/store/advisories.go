@@ -340,7 +340,7 @@ func (s *Store) writeAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs []Adv
 		if table == "advisory_events" && keepLater {
 			continue
 		}
-		if err := execByUIDs(ctx, tx, `DELETE FROM `+table+` WHERE advisory_uid IN (%s)`, nil, uids); err != nil {
+		if err := s.execByUIDs(ctx, tx, `DELETE FROM `+table+` WHERE advisory_uid IN (%s)`, nil, uids); err != nil {
 			return fmt.Errorf("replace %s: %w", table, err)
 		}
 	}

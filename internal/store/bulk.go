@@ -6,7 +6,9 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"strings"
+	"unicode/utf8"
 )
 
 // rowsPerStatement is how many rows one multi-row INSERT carries. Around 200
@@ -113,8 +115,7 @@ func (s *Store) prepareBulk(ctx context.Context) error {
 
 // insertRows writes the rows in args, each as many values as b's width,
 // with one multi-row statement per rowsPerStatement rows, and returns how
-// many rows SQLite reports changed. The shorter last statement of a page is
-// parsed each time, since its length varies.
+// many rows SQLite reports changed. The shorter rest is insertRest's.
 func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, b bulk, args []any) (int64, error) {
 	_, _, width := b.statement()
 	rows := len(args) / width
@@ -124,17 +125,7 @@ func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, b bulk, args []any) 
 	var total int64
 	for start := 0; start < rows; start += rowsPerStatement {
 		end := min(start+rowsPerStatement, rows)
-		var res sql.Result
-		var err error
-		if end-start == rowsPerStatement {
-			res, err = tx.StmtContext(ctx, s.bulk[b]).ExecContext(ctx, args[start*width:end*width]...)
-		} else {
-			res, err = tx.ExecContext(ctx, bulkSQL(b, end-start), args[start*width:end*width]...)
-		}
-		if err != nil {
-			return total, err
-		}
-		n, err := res.RowsAffected()
+		n, err := s.insertChunk(ctx, tx, b, args[start*width:end*width])
 		if err != nil {
 			return total, err
 		}
@@ -143,20 +134,100 @@ func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, b bulk, args []any) 
 	return total, nil
 }
 
-// queryByUIDs runs query, whose "%s" stands for a list of placeholders, for
-// the uids in chunks, calling scan for every row.
+func (s *Store) insertChunk(ctx context.Context, tx *sql.Tx, b bulk, args []any) (int64, error) {
+	_, _, width := b.statement()
+	if len(args) == rowsPerStatement*width {
+		return rowsAffected(tx.StmtContext(ctx, s.bulk[b]).ExecContext(ctx, args...))
+	}
+	return s.insertRest(ctx, tx, b, args)
+}
+
+// insertRest writes fewer than rowsPerStatement rows of b. A VALUES list
+// of each length is a statement of its own, and parsing those was a third
+// of a follower's CPU, which writes a few rows of each kind at a time: so
+// the rows go in statements of a power of two rows each (13 = 8 + 4 + 1),
+// eight texts a kind, which the writer keeps prepared (stmtCache). Until
+// it has all those a write needs, the write is one statement of its own
+// length, prepared once in the transaction.
+func (s *Store) insertRest(ctx context.Context, tx *sql.Tx, b bulk, args []any) (int64, error) {
+	_, _, width := b.statement()
+	rows := len(args) / width
+	ready := true
+	for n := rows; n > 0; n &= n - 1 {
+		ready = s.stmts.get(bulkText(b, 1<<(bits.Len(uint(n))-1))) != nil && ready
+	}
+	if !ready {
+		st, err := s.stmts.stmt(ctx, tx, bulkSQL(b, rows), false)
+		if err != nil {
+			return 0, err
+		}
+		return rowsAffected(st.ExecContext(ctx, args...))
+	}
+	var total int64
+	for start := 0; start < rows; {
+		n := 1 << (bits.Len(uint(rows-start)) - 1)
+		st, err := s.stmts.stmt(ctx, tx, bulkText(b, n), true)
+		if err != nil {
+			return total, err
+		}
+		affected, err := rowsAffected(st.ExecContext(ctx, args[start*width:(start+n)*width]...))
+		if err != nil {
+			return total, err
+		}
+		total += affected
+		start += n
+	}
+	return total, nil
+}
+
+func rowsAffected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// bulkTexts are bulkSQL(b, 1<<i), built once.
+var bulkTexts = func() (t [numBulk][8]string) {
+	for b := range numBulk {
+		for i := range t[b] {
+			t[b][i] = bulkSQL(b, 1<<i)
+		}
+	}
+	return t
+}()
+
+// bulkText is b's statement for n rows, a power of two below 256.
+func bulkText(b bulk, n int) string { return bulkTexts[b][bits.Len(uint(n))-1] }
+
+// queryByUIDs runs query, whose "%s" stands for the list of uids in an IN
+// clause, for the uids in chunks, calling scan for every row. The list
+// goes as one JSON array, so that the statement's text is the same for any
+// number of uids.
 func queryByUIDs(ctx context.Context, tx *sql.Tx, query string, uids []string, scan func(*sql.Rows) error) error {
 	for start := 0; start < len(uids); start += uidsPerQuery {
-		end := min(start+uidsPerQuery, len(uids))
-		args := make([]any, end-start)
-		for i, u := range uids[start:end] {
-			args[i] = u
-		}
-		if err := queryRows(ctx, tx, fmt.Sprintf(query, placeholders(end-start)), args, scan); err != nil {
+		list, args := uidList(uids[start:min(start+uidsPerQuery, len(uids))])
+		if err := queryRows(ctx, tx, fmt.Sprintf(query, list), args, scan); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// uidList is the SQL of an IN list of uids and its arguments: one JSON
+// array, or, for a uid JSON would alter (not UTF-8), placeholders.
+func uidList(uids []string) (string, []any) {
+	args := make([]any, len(uids))
+	valid := true
+	for i, u := range uids {
+		args[i] = u
+		valid = valid && utf8.ValidString(u)
+	}
+	if !valid {
+		return placeholders(len(uids)), args
+	}
+	list, _ := json.Marshal(uids) // strings that are UTF-8 always encode
+	return "SELECT value FROM json_each(?)", []any{string(list)}
 }
 
 // queryRows runs query and calls scan for every row.
@@ -176,16 +247,13 @@ func queryRows(ctx context.Context, q interface {
 	return rows.Err()
 }
 
-// execByUIDs runs stmt, whose "%s" stands for a list of placeholders, for the
-// uids in chunks; lead are arguments that come before the list.
-func execByUIDs(ctx context.Context, tx *sql.Tx, stmt string, lead []any, uids []string) error {
+// execByUIDs runs stmt, whose "%s" stands for the list of uids in an IN
+// clause (as in queryByUIDs), for the uids in chunks; lead are arguments
+// that come before the list.
+func (s *Store) execByUIDs(ctx context.Context, tx *sql.Tx, stmt string, lead []any, uids []string) error {
 	for start := 0; start < len(uids); start += uidsPerQuery {
-		end := min(start+uidsPerQuery, len(uids))
-		args := append(make([]any, 0, len(lead)+end-start), lead...)
-		for _, u := range uids[start:end] {
-			args = append(args, u)
-		}
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(stmt, placeholders(end-start)), args...); err != nil {
+		list, args := uidList(uids[start:min(start+uidsPerQuery, len(uids))])
+		if _, err := s.exec(ctx, tx, fmt.Sprintf(stmt, list), append(lead[:len(lead):len(lead)], args...)...); err != nil {
 			return err
 		}
 	}

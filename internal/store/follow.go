@@ -177,7 +177,7 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 		if err := b.flush(ctx); err != nil {
 			return "", err
 		}
-		return repoPath(*d.Before), tombstone(ctx, b.tx, "repos", FormatTime(e.Time), []string{d.Before.UID})
+		return repoPath(*d.Before), b.s.tombstone(ctx, b.tx, "repos", FormatTime(e.Time), []string{d.Before.UID})
 	case "tag":
 		var d struct{ Before, After *Tag }
 		if err := json.Unmarshal(e.Data, &d); err != nil {
@@ -193,7 +193,7 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 			if err := b.flush(ctx); err != nil {
 				return "", err
 			}
-			return scopeOf(d.Before.Path, d.Before.Repo), tombstone(ctx, b.tx, "tags", FormatTime(e.Time), []string{d.Before.UID})
+			return scopeOf(d.Before.Path, d.Before.Repo), b.s.tombstone(ctx, b.tx, "tags", FormatTime(e.Time), []string{d.Before.UID})
 		}
 		if err := b.upsertTag(ctx, *d.After); err != nil {
 			return "", err

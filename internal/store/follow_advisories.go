@@ -45,7 +45,7 @@ func (b *followBatch) applyAdvisory(ctx context.Context, e StreamEvent) (string,
 		if err := b.flush(ctx); err != nil {
 			return "", err
 		}
-		return a.ArtifactName, tombstone(ctx, b.tx, "advisories", FormatTime(e.Time), []string{a.UID})
+		return a.ArtifactName, b.s.tombstone(ctx, b.tx, "advisories", FormatTime(e.Time), []string{a.UID})
 	}
 	var d struct {
 		Advisory *Advisory

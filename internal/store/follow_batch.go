@@ -45,13 +45,12 @@ func newFollowBatch(s *Store, tx *sql.Tx, now string) *followBatch {
 	return &followBatch{s: s, tx: tx, now: now, pending: map[followKey]bool{}, stmts: map[string]*sql.Stmt{}}
 }
 
-// stmt returns query prepared in the transaction; database/sql closes it
-// when the transaction ends.
+// stmt returns query prepared for the transaction (stmtCache).
 func (b *followBatch) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	if st, ok := b.stmts[query]; ok {
 		return st, nil
 	}
-	st, err := b.tx.PrepareContext(ctx, query)
+	st, err := b.s.stmts.stmt(ctx, b.tx, query, true)
 	if err != nil {
 		return nil, err
 	}
@@ -138,25 +137,9 @@ func (b *followBatch) upsertAdvisory(ctx context.Context, a Advisory, complete, 
 	return nil
 }
 
-// insert writes rows as Store.insertRows does, but prepares the last,
-// shorter statement once per transaction: a move flushes its tag alone,
-// one row, for every event.
+// insert writes rows as Store.insertRows does.
 func (b *followBatch) insert(ctx context.Context, bk bulk, args []any) (int64, error) {
-	_, _, width := bk.statement()
-	full := len(args) / (width * rowsPerStatement) * width * rowsPerStatement
-	n, err := b.s.insertRows(ctx, b.tx, bk, args[:full])
-	if err != nil || full == len(args) {
-		return n, err
-	}
-	if (len(args)-full)%width != 0 {
-		return n, fmt.Errorf("insert rows: %d values is not a multiple of %d columns", len(args), width)
-	}
-	res, err := b.exec(ctx, bulkSQL(bk, (len(args)-full)/width), args[full:]...)
-	if err != nil {
-		return n, err
-	}
-	m, err := res.RowsAffected()
-	return n + m, err
+	return b.s.insertRows(ctx, b.tx, bk, args)
 }
 
 // placeholderColumns is how many values a placeholder repo row takes.

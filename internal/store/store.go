@@ -101,7 +101,8 @@ type Store struct {
 	// once one succeeds (see Writable).
 	writeErr atomic.Pointer[error]
 
-	bulk [numBulk]*sql.Stmt // full-size multi-row statements, prepared at Open
+	bulk  [numBulk]*sql.Stmt // full-size multi-row statements, prepared at Open
+	stmts stmtCache          // the writer's statements of varying text, prepared when first free
 }
 
 // Open opens (creating it 0600 if needed) the database at path and applies
@@ -234,7 +235,7 @@ func dsn(path string, readOnly bool, cacheKiB int) string {
 // Close closes both pools.
 func (s *Store) Close() error {
 	var errs []error
-	for _, stmt := range s.bulk {
+	for _, stmt := range append(s.bulk[:], s.stmts.all()...) {
 		if stmt != nil {
 			errs = append(errs, stmt.Close())
 		}
@@ -337,6 +338,8 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 	tx, err := s.w.BeginTx(ctx, nil)
 	err = runTx(tx, err, fn)
 	s.noteWrite(err)
+	s.stmts.ended(tx)
+	s.stmts.prepareWanted(ctx, s.w, s.log)
 	return err
 }
 

@@ -45,10 +45,10 @@ func (s *Store) MarkReposDeleted(ctx context.Context, uids []string) (int, error
 			r := repos[uid]
 			cs = append(cs, change{typ: RepoDeleted, scope: r.Path, subject: uid, disc: deletedDisc(r.deletions + 1), time: now, before: r.Repo})
 		}
-		if err := tombstone(ctx, tx, "tags", FormatTime(now), tagUIDs); err != nil {
+		if err := s.tombstone(ctx, tx, "tags", FormatTime(now), tagUIDs); err != nil {
 			return 0, err
 		}
-		if err := tombstone(ctx, tx, "repos", FormatTime(now), live); err != nil {
+		if err := s.tombstone(ctx, tx, "repos", FormatTime(now), live); err != nil {
 			return 0, err
 		}
 		if !s.announce(baseline) {
@@ -81,7 +81,7 @@ func (s *Store) MarkTagsDeleted(ctx context.Context, uids []string) (int, error)
 		for _, uid := range live {
 			cs = append(cs, tagDeleted(tags[uid], now))
 		}
-		if err := tombstone(ctx, tx, "tags", FormatTime(now), live); err != nil {
+		if err := s.tombstone(ctx, tx, "tags", FormatTime(now), live); err != nil {
 			return 0, err
 		}
 		if !s.announce(baseline) {
@@ -117,7 +117,7 @@ func (s *Store) MarkAdvisoriesWithdrawn(ctx context.Context, uids []string) (int
 			cs = append(cs, change{typ: AdvisoryWithdrawn, scope: a.ArtifactName, subject: uid, disc: deletedDisc(a.deletions + 1), time: now,
 				before: a.Advisory.forEvent()})
 		}
-		if err := tombstone(ctx, tx, "advisories", FormatTime(now), live); err != nil {
+		if err := s.tombstone(ctx, tx, "advisories", FormatTime(now), live); err != nil {
 			return 0, err
 		}
 		if !s.announce(baseline) {
@@ -136,8 +136,8 @@ func tagDeleted(t storedTag, now time.Time) change {
 }
 
 // tombstone sets deleted_time on the live rows of table with these uids.
-func tombstone(ctx context.Context, tx *sql.Tx, table, now string, uids []string) error {
-	err := execByUIDs(ctx, tx, `UPDATE `+table+` SET deleted_time = ?, deletions = deletions + 1 WHERE deleted_time IS NULL AND uid IN (%s)`,
+func (s *Store) tombstone(ctx context.Context, tx *sql.Tx, table, now string, uids []string) error {
+	err := s.execByUIDs(ctx, tx, `UPDATE `+table+` SET deleted_time = ?, deletions = deletions + 1 WHERE deleted_time IS NULL AND uid IN (%s)`,
 		[]any{now}, uids)
 	if err != nil {
 		return fmt.Errorf("tombstone %s: %w", table, err)
@@ -145,7 +145,7 @@ func tombstone(ctx context.Context, tx *sql.Tx, table, now string, uids []string
 	// A scope that is gone no longer fails: its failure (a 404 was often
 	// the deletion seen early) goes with it.
 	if table == "repos" || table == "tags" {
-		if err := execByUIDs(ctx, tx, `DELETE FROM crawl_failures WHERE uid IN (%s)`, nil, uids); err != nil {
+		if err := s.execByUIDs(ctx, tx, `DELETE FROM crawl_failures WHERE uid IN (%s)`, nil, uids); err != nil {
 			return fmt.Errorf("forget failures of deleted %s: %w", table, err)
 		}
 	}
