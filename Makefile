@@ -17,7 +17,7 @@ test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 9m $(PKGS)
 
-## cluster-test (the race detector on everything, SQLite's C too: the faster build makes a known convergence fault of a restarted ex-leader with unpublished events show; see docs/cluster.md): two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die (about a minute; docs/cluster.md)
+## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die (about a minute; docs/cluster.md)
 cluster-test:
 	SYNCD_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 5m -run '^TestCluster_ThreeNodes$$' -v ./cmd/syncd/
 
