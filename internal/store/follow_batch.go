@@ -35,27 +35,18 @@ type followBatch struct {
 	// history holds the tag_history rows the batch inserted, as
 	// bulkHistory's values, for the replica digest.
 	history []any
-
-	stmts map[string]*sql.Stmt
 }
 
 type followKey struct{ table, uid string }
 
 func newFollowBatch(s *Store, tx *sql.Tx, now string) *followBatch {
-	return &followBatch{s: s, tx: tx, now: now, pending: map[followKey]bool{}, stmts: map[string]*sql.Stmt{}}
+	return &followBatch{s: s, tx: tx, now: now, pending: map[followKey]bool{}}
 }
 
-// stmt returns query prepared for the transaction (stmtCache).
+// stmt returns query prepared for the transaction, which stmtCache keeps
+// for the rest of it.
 func (b *followBatch) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
-	if st, ok := b.stmts[query]; ok {
-		return st, nil
-	}
-	st, err := b.s.stmts.stmt(ctx, b.tx, query, true)
-	if err != nil {
-		return nil, err
-	}
-	b.stmts[query] = st
-	return st, nil
+	return b.s.stmts.stmt(ctx, b.tx, query, true)
 }
 
 // exec runs query, prepared once per transaction.
