@@ -332,6 +332,41 @@ func (f *Follower) Complete(ctx context.Context) error {
 	return err
 }
 
+// Forfeiting is a mirror that can give up the events it recorded while
+// its replica led and never published.
+type Forfeiting interface {
+	DropUnpublished(ctx context.Context) (n int, first, last int64, err error)
+}
+
+// Forfeit is called when another replica leads and Run is not running:
+// the events this mirror recorded while its replica led, and never
+// published, are dropped (the new leader records those changes again from
+// its own crawl, under its own ids and times), and the mirror, which
+// reflects them, is repaired from the newest snapshot before it follows
+// on. Kept, they would never reach the stream, and the mirror, with
+// events the stream does not hold, could never be compared with a
+// checkpoint: it would stay different from the leader's unnoticed.
+func (f *Follower) Forfeit(ctx context.Context, leader string) error {
+	m, ok := f.mirror.(Forfeiting)
+	if !ok {
+		return nil
+	}
+	n, first, last, err := m.DropUnpublished(ctx)
+	if err != nil || n == 0 {
+		return err
+	}
+	_, restorable := f.mirror.(Restorable)
+	repair := restorable && f.cfg.SnapshotBucket != ""
+	f.log.Warn("another replica leads: dropped the events this replica recorded while it led and never published; the new leader records those changes again",
+		"leader", leader, "events", n, "first_seq", first, "last_seq", last, "repair_from_snapshot", repair)
+	if repair {
+		f.repair = true
+		f.dropAhead()
+		f.cons = nil
+	}
+	return nil
+}
+
 // CatchUp applies what the stream holds until nothing is pending, so that a
 // standby about to lead has every event the old leader published.
 func (f *Follower) CatchUp(ctx context.Context) error {

@@ -96,8 +96,16 @@ func (r *Replica) Run(ctx context.Context) error {
 }
 
 // follow applies the stream until the lease is gained or ctx is done.
+// Once another replica is seen leading, the events this one recorded while
+// it led and never published are forfeited (see Follower.Forfeit) before
+// the stream is applied.
 func (r *Replica) follow(ctx context.Context, st LeaseState) {
 	r.role(RoleStandby, st.Holder)
+	if r.othersLead(st) {
+		if err := r.Follower.Forfeit(ctx, st.Holder); err != nil && ctx.Err() == nil {
+			r.logger().Error("dropping the events recorded while leading and never published failed; the mirror may differ from the leader's", "err", err)
+		}
+	}
 	fctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Follower.Run(fctx) }()
@@ -110,13 +118,25 @@ func (r *Replica) follow(ctx context.Context, st LeaseState) {
 		case <-ctx.Done():
 			return
 		case <-r.Lease.Changes():
+			was := st
 			st = r.Lease.State()
 			if st.Leader {
 				return
 			}
+			if !r.othersLead(was) && r.othersLead(st) {
+				return // Run follows again, forfeiting first
+			}
 			r.role(RoleStandby, st.Holder)
 		}
 	}
+}
+
+// othersLead reports whether st names another replica as the holder.
+// While nobody holds the lease, or the key still names this replica (it
+// restarted before the key expired), this replica may lead again and
+// publish what it recorded.
+func (r *Replica) othersLead(st LeaseState) bool {
+	return st.Holder != "" && st.Holder != r.Lease.cfg.Node
 }
 
 // lead catches up with the stream, promotes the mirror and runs Lead until

@@ -252,6 +252,29 @@ func (s *Store) UnpublishedCount(ctx context.Context) (int, time.Time, error) {
 	return n, t, nil
 }
 
+// DropUnpublished empties the outbox and returns how many events it held
+// and the seqs of the first and last. A cluster replica that recorded
+// events while it led and lost the lease before publishing them calls it
+// once another replica leads: the stream, not this mirror, is the
+// cluster's history from then on, and the new leader records those
+// changes again from its own crawl. The events stay in event_log, never
+// published, until the mirror is repaired from a snapshot.
+func (s *Store) DropUnpublished(ctx context.Context) (n int, first, last int64, err error) {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		var lo, hi sql.NullInt64
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*), MIN(seq), MAX(seq) FROM outbox`).Scan(&n, &lo, &hi); err != nil {
+			return err
+		}
+		first, last = lo.Int64, hi.Int64
+		_, err := tx.ExecContext(ctx, `DELETE FROM outbox`)
+		return err
+	})
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("drop unpublished events: %w", err)
+	}
+	return n, first, last, nil
+}
+
 // PruneEvents deletes published events recorded before cutoff, and the
 // publication records of the seqs that are gone. Unpublished events are
 // never pruned.

@@ -133,6 +133,11 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 	if err := dropDigestTriggers(ctx, tx); err != nil {
 		return err
 	}
+	// The mirror's own unpublished events go first: the copy's trigger
+	// puts every copied event in the outbox, under seqs they may hold.
+	if _, err := tx.ExecContext(ctx, `DELETE FROM main.outbox`); err != nil {
+		return fmt.Errorf("empty outbox: %w", err)
+	}
 	for i := len(snapshotTables) - 1; i >= 0; i-- {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM main.`+snapshotTables[i]); err != nil {
 			return fmt.Errorf("empty %s: %w", snapshotTables[i], err)

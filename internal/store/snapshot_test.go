@@ -211,3 +211,60 @@ func TestSnapshot_BetweenAPushedMoveAndTheListing(t *testing.T) {
 		t.Errorf("tag's digest after the stream: leader %s, follower %s; want both %s", l, f, digest(2))
 	}
 }
+
+// TestSnapshot_RestoreOverUnpublishedEvents: a restarted ex-leader's mirror
+// holds events it recorded and never published, under seqs the snapshot's
+// events hold too. Dropping them empties the outbox and keeps them in the
+// log; a restore over them (dropped or not) gives the snapshot's log with
+// nothing to publish.
+func TestSnapshot_RestoreOverUnpublishedEvents(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	leader, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
+	repo := nginx()
+	mustApplyRepos(t, leader, repo)
+	mustApplyTags(t, leader, repo, tag("g1/r1/t1", "latest", 1))
+	path := filepath.Join(t.TempDir(), "snap.db")
+	if err := store.CreateEmpty(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Backup(ctx, path); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, drop := range []bool{false, true} {
+		ex, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
+		mustApplyRepos(t, ex, repo)
+		mustApplyTags(t, ex, repo, tag("g1/r1/t1", "latest", 7), tag("g1/r1/t2", "1.0", 8))
+		n, _, err := ex.UnpublishedCount(ctx)
+		if err != nil || n < 3 {
+			t.Fatalf("ex-leader's unpublished events: %d, %v", n, err)
+		}
+		if drop {
+			got, first, last, err := ex.DropUnpublished(ctx)
+			if err != nil || got != n || first != 1 || last != int64(n) {
+				t.Fatalf("DropUnpublished = %d, %d..%d, %v; want %d, 1..%d", got, first, last, err, n, n)
+			}
+			if left, _, _ := ex.UnpublishedCount(ctx); left != 0 {
+				t.Fatalf("%d events unpublished after the drop", left)
+			}
+			if logged := queryInt(t, ex.Reader(), `SELECT count(*) FROM event_log`); logged != n {
+				t.Fatalf("event_log holds %d events after the drop, want the %d dropped", logged, n)
+			}
+		}
+		if err := ex.Restore(ctx, path, 9); err != nil {
+			t.Fatalf("restore over unpublished events (dropped first: %v): %v", drop, err)
+		}
+		if left, _, _ := ex.UnpublishedCount(ctx); left != 0 {
+			t.Errorf("dropped first %v: %d events unpublished after the restore, want 0", drop, left)
+		}
+		q := `SELECT group_concat(id || ':' || type, ',') FROM (SELECT * FROM event_log ORDER BY seq)`
+		if l, f := queryString(t, leader.Reader(), q), queryString(t, ex.Reader(), q); l != f {
+			t.Errorf("dropped first %v: event log after the restore:\n leader: %s\n ex:     %s", drop, l, f)
+		}
+		q = `SELECT group_concat(uid || ':' || digest, ',') FROM (SELECT * FROM tags ORDER BY uid)`
+		if l, f := queryString(t, leader.Reader(), q), queryString(t, ex.Reader(), q); l != f {
+			t.Errorf("dropped first %v: tags after the restore:\n leader: %s\n ex:     %s", drop, l, f)
+		}
+	}
+}
