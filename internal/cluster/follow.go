@@ -58,6 +58,9 @@ type FollowerConfig struct {
 	SnapshotBucket string
 	Restore        RestoreMode
 	SnapshotDir    string
+	// MaxRestoreBytes bounds the size a snapshot may decompress to; 0:
+	// 64 times its compressed size, at least 256 MiB.
+	MaxRestoreBytes int64
 }
 
 // Follower applies the event stream to a mirror through a durable
@@ -257,7 +260,9 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		due = empty
 	}
 	if due {
-		info, found, err := restoreSnapshot(ctx, f.js, f.cfg.SnapshotBucket, f.cfg.SnapshotDir, m)
+		r := restorer{js: f.js, bucket: f.cfg.SnapshotBucket, stream: f.cfg.Stream, dir: f.cfg.SnapshotDir,
+			maxBytes: f.cfg.MaxRestoreBytes, log: f.log, onReject: f.cfg.OnReject}
+		info, found, refused, err := r.restore(ctx, m)
 		if err != nil {
 			return 0, err
 		}
@@ -285,8 +290,11 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 			f.log.Error("cannot repair the mirror: no snapshot to restore yet; following on, and trying again in "+repairRetry.String(),
 				"bucket", f.cfg.SnapshotBucket)
 			f.retryRepairAt = time.Now().Add(repairRetry)
-		case f.cfg.Restore == RestoreAlways:
+		case f.cfg.Restore == RestoreAlways && refused == 0:
 			return 0, fmt.Errorf("no snapshot in bucket %s to restore the mirror from", f.cfg.SnapshotBucket)
+		case refused > 0:
+			// A failed restore never stops the follower.
+			f.log.Error("no snapshot passed its checks; following the stream from its first message", "bucket", f.cfg.SnapshotBucket, "refused", refused)
 		default:
 			f.log.Info("no snapshot to start from; following the stream from its first message", "bucket", f.cfg.SnapshotBucket)
 		}
