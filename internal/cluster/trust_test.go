@@ -1,19 +1,29 @@
 package cluster_test
 
 import (
+	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
 	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // rejections counts the reasons a follower reports, as the
@@ -178,5 +188,272 @@ func TestFollower_FetchBoundedInBytes(t *testing.T) {
 	}
 	if !strings.Contains(mirrorRows(t, follower), "g/r1/t200") {
 		t.Error("the last tag is missing")
+	}
+}
+
+// snapshotBody is a copy of st as a snapshot's object holds it (zstd),
+// after the SQL in mutate ran on the copy (a planted snapshot).
+func snapshotBody(t *testing.T, st *store.Store, mutate func(path string)) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "copy.db")
+	if err := store.CreateEmpty(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Backup(context.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	if mutate != nil {
+		mutate(path)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return zstdOf(t, raw)
+}
+
+func zstdOf(t *testing.T, raw []byte) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	enc, err := zstd.NewWriter(&b, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := enc.Write(raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := enc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// execOn runs q on the database file at path.
+func execOn(q string) func(path string) {
+	return func(path string) {
+		db, err := sql.Open("sqlite", path)
+		if err != nil {
+			panic(err)
+		}
+		defer db.Close()
+		if _, err := db.Exec(q); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// plant puts body into bucket as a snapshot named name with the metadata
+// given, as any client of the account can.
+func plant(t *testing.T, js jetstream.JetStream, bucket, name string, created time.Time, seq uint64, body []byte) {
+	t.Helper()
+	ctx := context.Background()
+	nc := attacker(t, js)
+	ajs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := ajs.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: bucket, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = obj.Put(ctx, jetstream.ObjectMeta{Name: name, Metadata: map[string]string{"stream_seq": strconv.FormatUint(seq, 10),
+		"created": created.Format(time.RFC3339Nano), "raw_bytes": "4096"}}, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lastSeq is the stream's last sequence.
+func lastSeq(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	s, err := js.Stream(context.Background(), "EV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return si.State.LastSeq
+}
+
+// objectNames lists bucket's objects.
+func objectNames(ctx context.Context, js jetstream.JetStream, bucket string) ([]string, error) {
+	obj, err := js.ObjectStore(ctx, bucket)
+	if err != nil {
+		return nil, err
+	}
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	list, err := obj.List(lctx)
+	var names []string
+	for _, o := range list {
+		names = append(names, o.Name)
+	}
+	sort.Strings(names)
+	return names, err
+}
+
+// TestSnapshot_PlantedFutureSnapshotIgnored: an object planted in the
+// snapshot bucket that claims created = 2099 and a stream sequence far
+// beyond the stream's neither stops the leader writing snapshots nor makes
+// it prune its genuine one, and a new follower restores the genuine one,
+// counting the planted one as rejected.
+func TestSnapshot_PlantedFutureSnapshotIgnored(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	leader.change(3)
+	leader.publish()
+	const planted = "mirror-20990101T000000.000Z"
+	future := time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)
+	body := snapshotBody(t, leader.st, nil)
+
+	// A bucket holding only the planted object: the leader writes its
+	// own snapshot at once.
+	plant(t, js, "fresh", planted, future, 18446744073709551000, body)
+	fresh := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "fresh", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- fresh.Run(rctx) }()
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if l := fresh.Last(); l.Name == "" || l.Name == planted {
+			return fmt.Errorf("the leader's last snapshot is %q", l.Name)
+		}
+		return nil
+	})
+	cancel()
+	<-done
+
+	// A bucket with the leader's genuine snapshot, then the planted one:
+	// the leader's Run takes the genuine one as the newest (and writes
+	// none for an hour), and prunes nothing at keep = 1.
+	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()})
+	genuine, err := snaps.Write(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plant(t, js, "snaps", planted, future, 18446744073709551000, body)
+	snaps = cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()})
+	rctx, cancel = context.WithCancel(ctx)
+	go func() { done <- snaps.Run(rctx) }()
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if l := snaps.Last(); l.Name != genuine.Name {
+			return fmt.Errorf("the leader's newest snapshot is %q, want its own %q", l.Name, genuine.Name)
+		}
+		return nil
+	})
+	cancel()
+	<-done
+	if names, err := objectNames(ctx, js, "snaps"); err != nil || !slices.Contains(names, genuine.Name) {
+		t.Fatalf("the bucket holds %v (%v): the genuine snapshot %s was pruned", names, err, genuine.Name)
+	}
+
+	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { follower.Close() })
+	var rej rejections
+	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
+		MaxWait: 200 * time.Millisecond, SnapshotBucket: "snaps", SnapshotDir: t.TempDir(), OnReject: rej.add})
+	if err := f.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Restored(); got.Name != genuine.Name || got.Seq != genuine.Seq {
+		t.Errorf("restored %+v, want the genuine snapshot %+v", got, genuine)
+	}
+	if got := rej.get(); got[cluster.RejectSnapshot] != 1 {
+		t.Errorf("rejections %v, want one snapshot", got)
+	}
+	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
+		t.Errorf("follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
+	}
+}
+
+// TestSnapshot_BadSnapshotsFallBack: snapshots planted with plausible
+// metadata but an extra view (a recursive one) or trigger, damaged pages,
+// or decompressing beyond the bound, are each refused before anything is
+// copied and counted; the follower restores the older genuine one, and
+// with none genuine follows the stream from its start.
+func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	leader.change(3)
+	leader.publish()
+	damage := func(path string) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			panic(err)
+		}
+		for i := 4096 + 100; i < len(b); i += 7 {
+			b[i] ^= 0x5a
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			panic(err)
+		}
+	}
+	const bound = 4 << 20
+	bad := map[string][]byte{
+		"mirror-bad1-view":    snapshotBody(t, leader.st, execOn(`CREATE VIEW boom AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c`)),
+		"mirror-bad2-trigger": snapshotBody(t, leader.st, execOn(`CREATE TRIGGER evil AFTER INSERT ON tags BEGIN DELETE FROM repos; END`)),
+		"mirror-bad3-damaged": snapshotBody(t, leader.st, damage),
+		"mirror-bad4-bomb":    zstdOf(t, make([]byte, 4*bound)),
+	}
+	plantAll := func(bucket string) {
+		for _, name := range slices.Sorted(maps.Keys(bad)) {
+			plant(t, js, bucket, name, time.Now(), lastSeq(t, js), bad[name])
+		}
+	}
+	if n := len(bad["mirror-bad4-bomb"]); n > 32<<10 {
+		t.Fatalf("the bomb is %d bytes compressed, want a small one", n)
+	}
+	follow := func(bucket string) (*cluster.Follower, *store.Store, map[string]int) {
+		t.Helper()
+		st, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		var rej rejections
+		f := cluster.NewFollower(js, st, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f-" + bucket,
+			MaxWait: 200 * time.Millisecond, SnapshotBucket: bucket, SnapshotDir: t.TempDir(), MaxRestoreBytes: bound, OnReject: rej.add})
+		if err := f.CatchUp(ctx); err != nil {
+			t.Fatalf("catch-up with bad snapshots in %s: %v", bucket, err)
+		}
+		if l, fo := mirrorRows(t, leader.st), mirrorRows(t, st); l != fo {
+			t.Errorf("%s: follower differs from the leader:\nleader:\n%s\nfollower:\n%s", bucket, l, fo)
+		}
+		var extra int
+		if err := st.Reader().QueryRow(`SELECT count(*) FROM sqlite_schema WHERE name IN ('boom', 'evil')`).Scan(&extra); err != nil || extra != 0 {
+			t.Errorf("%s: the follower's mirror holds %d of the planted objects (%v)", bucket, extra, err)
+		}
+		return f, st, rej.get()
+	}
+
+	// None genuine: the stream.
+	plantAll("none")
+	f, _, rej := follow("none")
+	if f.Restored().Name != "" {
+		t.Errorf("restored %q, want none", f.Restored().Name)
+	}
+	if rej[cluster.RejectSnapshot] != len(bad) {
+		t.Errorf("rejections %v, want %d snapshots", rej, len(bad))
+	}
+
+	// An older genuine one.
+	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 10, Dir: t.TempDir()})
+	genuine, err := snaps.Write(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader.change(2)
+	leader.publish()
+	plantAll("snaps")
+	f, _, rej = follow("snaps")
+	if got := f.Restored(); got.Name != genuine.Name {
+		t.Errorf("restored %q, want the genuine %q", got.Name, genuine.Name)
+	}
+	if rej[cluster.RejectSnapshot] != len(bad) {
+		t.Errorf("rejections %v, want %d snapshots", rej, len(bad))
 	}
 }
