@@ -314,21 +314,25 @@ func (s *Snapshotter) plausible(ctx context.Context, obj jetstream.ObjectStore) 
 	return out, nil
 }
 
-// maxSnapshotSkew is how far in the future a snapshot's created time may
-// be, against the server's time of storing it and this host's clock.
+// maxSnapshotSkew is how far in the future, by this host's clock, a
+// snapshot's created time may be.
 const maxSnapshotSkew = time.Minute
 
 // plausible checks what a snapshot's metadata claims, which any client of
-// the account can write: created no later than when the server stored it
-// and than now (within maxSnapshotSkew), and a stream sequence the stream
-// has reached (last: its last sequence). A snapshot claiming 2099 would
-// otherwise be the newest for ever, and one claiming a sequence beyond the
-// stream would make a follower skip every event up to it.
+// the account can write: created no later than now (within
+// maxSnapshotSkew), and a stream sequence the stream has reached (last:
+// its last sequence). A snapshot claiming 2099 would otherwise make the
+// leader wait until then for its next one, and one claiming a sequence
+// beyond the stream would make a follower skip every event up to it.
+//
+// created is compared with this host's clock, not the server's time of
+// storing the object: the leader's own snapshots always pass on the
+// leader, whatever the skew between its clock and the server's (they
+// failed on each check, the leader wrote one at every poll and pruned
+// none). A follower whose clock is behind the leader's by more than
+// maxSnapshotSkew passes over the newest snapshots for older ones.
 func plausible(info SnapshotInfo, now time.Time, last uint64) error {
 	switch {
-	case !info.Stored.IsZero() && info.Created.After(info.Stored.Add(maxSnapshotSkew)):
-		return fmt.Errorf("snapshot %s claims to be created at %s, after the server stored it at %s", info.Name,
-			info.Created.Format(time.RFC3339), info.Stored.Format(time.RFC3339))
 	case info.Created.After(now.Add(maxSnapshotSkew)):
 		return fmt.Errorf("snapshot %s claims to be created at %s, in the future", info.Name, info.Created.Format(time.RFC3339))
 	case info.Seq > last:
