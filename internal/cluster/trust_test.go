@@ -63,6 +63,16 @@ func attacker(t *testing.T, js jetstream.JetStream) *nats.Conn {
 	return nc
 }
 
+// attackerJS is attacker's JetStream.
+func attackerJS(t *testing.T, js jetstream.JetStream) jetstream.JetStream {
+	t.Helper()
+	ajs, err := jetstream.New(attacker(t, js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ajs
+}
+
 // publishForged publishes a CloudEvent of syncd's shape on subject, as an
 // attacker or a faulty peer would, and waits for the stream to hold it.
 func publishForged(t *testing.T, nc *nats.Conn, subject, id, typ, eventSubject, data string) {
@@ -243,15 +253,10 @@ func execOn(q string) func(path string) {
 }
 
 // plant puts body into bucket as a snapshot named name with the metadata
-// given, as any client of the account can.
-func plant(t *testing.T, js jetstream.JetStream, bucket, name string, created time.Time, seq uint64, body []byte) {
+// given, as any client of the account can (ajs: the attacker's).
+func plant(t *testing.T, ajs jetstream.JetStream, bucket, name string, created time.Time, seq uint64, body []byte) {
 	t.Helper()
 	ctx := context.Background()
-	nc := attacker(t, js)
-	ajs, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	obj, err := ajs.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: bucket, Storage: jetstream.FileStorage})
 	if err != nil {
 		t.Fatal(err)
@@ -310,7 +315,8 @@ func TestSnapshot_PlantedFutureSnapshotIgnored(t *testing.T) {
 
 	// A bucket holding only the planted object: the leader writes its
 	// own snapshot at once.
-	plant(t, js, "fresh", planted, future, 18446744073709551000, body)
+	ajs := attackerJS(t, js)
+	plant(t, ajs, "fresh", planted, future, 18446744073709551000, body)
 	fresh := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "fresh", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()})
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -332,7 +338,7 @@ func TestSnapshot_PlantedFutureSnapshotIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plant(t, js, "snaps", planted, future, 18446744073709551000, body)
+	plant(t, ajs, "snaps", planted, future, 18446744073709551000, body)
 	snaps = cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()})
 	rctx, cancel = context.WithCancel(ctx)
 	go func() { done <- snaps.Run(rctx) }()
@@ -399,9 +405,10 @@ func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
 		"mirror-bad3-damaged": snapshotBody(t, leader.st, damage),
 		"mirror-bad4-bomb":    zstdOf(t, make([]byte, 4*bound)),
 	}
+	ajs := attackerJS(t, js)
 	plantAll := func(bucket string) {
 		for _, name := range slices.Sorted(maps.Keys(bad)) {
-			plant(t, js, bucket, name, time.Now(), lastSeq(t, js), bad[name])
+			plant(t, ajs, bucket, name, time.Now(), lastSeq(t, js), bad[name])
 		}
 	}
 	if n := len(bad["mirror-bad4-bomb"]); n > 32<<10 {
