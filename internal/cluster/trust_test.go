@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -74,8 +75,9 @@ func attackerJS(t *testing.T, js jetstream.JetStream) jetstream.JetStream {
 }
 
 // publishForged publishes a CloudEvent of syncd's shape on subject, as an
-// attacker or a faulty peer would, and waits for the stream to hold it.
-func publishForged(t *testing.T, nc *nats.Conn, subject, id, typ, eventSubject, data string) {
+// attacker or a faulty peer would, and returns its stream sequence once the
+// stream holds it.
+func publishForged(t *testing.T, nc *nats.Conn, subject, id, typ, eventSubject, data string) uint64 {
 	t.Helper()
 	ce, err := json.Marshal(map[string]any{"specversion": "1.0", "id": id, "source": "evil", "type": "dev.syncd." + typ,
 		"subject": eventSubject, "time": "2026-01-03T00:00:00Z", "datacontenttype": "application/json", "data": json.RawMessage(data)})
@@ -86,9 +88,11 @@ func publishForged(t *testing.T, nc *nats.Conn, subject, id, typ, eventSubject, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ajs.Publish(context.Background(), subject, ce); err != nil {
+	ack, err := ajs.Publish(context.Background(), subject, ce)
+	if err != nil {
 		t.Fatal(err)
 	}
+	return ack.Sequence
 }
 
 // TestFollower_PoisonMessageSetAside: an event that decodes but cannot be
@@ -103,12 +107,13 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 	nc := attacker(t, js)
 	leader.change(1)
 	leader.publish()
-	publishForged(t, nc, "ev.tag.created.nginx", "poison-1", "tag.created", "g/r1/evil", `{"before":null,"after":{"uid":5}}`)
+	poison := publishForged(t, nc, "ev.tag.created.nginx", "poison-1", "tag.created", "g/r1/evil", `{"before":null,"after":{"uid":5}}`)
 	// g/r1/t1 exists, so the move reaches the position search.
-	publishForged(t, nc, "ev.tag.moved.nginx", "forged-move", "tag.moved", "g/r1/t1",
+	move := publishForged(t, nc, "ev.tag.moved.nginx", "forged-move", "tag.moved", "g/r1/t1",
 		`{"before":null,"after":{"uid":"g/r1/t1","repoUid":"g/r1","repo":"nginx","name":"v1","digest":"sha256:evil","updateTime":"2026-01-03T00:00:00Z"}}`)
-	if _, err := nc.Request("ev.garbage.x", []byte("not json"), 5*time.Second); err != nil {
-		t.Fatal(err) // the stream's acknowledgement
+	ack, err := attackerJS(t, js).Publish(ctx, "ev.garbage.x", []byte("not json"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	leader.change(1) // the genuine tag after the poison
 	leader.publish()
@@ -119,10 +124,19 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 	}
 	t.Cleanup(func() { follower.Close() })
 	var rej rejections
+	var logs testutil.Buffer
 	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
-		MaxWait: 200 * time.Millisecond, OnReject: rej.add})
+		MaxWait: 200 * time.Millisecond, OnReject: rej.add, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err := f.CatchUp(ctx); err != nil {
 		t.Fatalf("catch-up failed on the poison: %v", err)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("level=WARN msg=\"an event on the stream cannot be applied; set aside, never to be retried\" stream_seq=%d reason=apply", poison),
+		fmt.Sprintf("level=WARN msg=\"an event on the stream cannot be applied; set aside, never to be retried\" stream_seq=%d reason=position", move),
+		fmt.Sprintf("level=WARN msg=\"not a syncd event; set aside, never to be retried\" stream_seq=%d subject=ev.garbage.x reason=decode", ack.Sequence)} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the log lacks %q:\n%s", want, logs.String())
+		}
 	}
 	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
 		t.Fatalf("the follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
