@@ -455,6 +455,8 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		b = f.pull(ctx, cons, f.lag.Load())
 	}
 	if err := b.wait(); err != nil {
+		// What did arrive comes again at once, not after the AckWait.
+		b.nak()
 		return 0, 0, fmt.Errorf("fetch from consumer %s: %w", f.cfg.Consumer, err)
 	}
 	if b.known && b.pending > 0 {
@@ -755,9 +757,8 @@ func (f *Follower) dropAhead() {
 	}
 	b := f.ahead
 	f.ahead = nil
-	if b.wait() == nil {
-		b.nak()
-	}
+	b.wait() // what arrived before an error comes again too
+	b.nak()
 }
 
 // pulled is a fetch under way, and once done, its messages.
@@ -825,7 +826,11 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger, onRejec
 		ev.Seq = seq
 		b.msgs, b.evs, b.seqs = append(b.msgs, m), append(b.evs, ev), append(b.seqs, seq)
 	}
-	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {
+	// A fetch with a byte limit that got its count of messages before its
+	// bytes ends with a "409 Batch Completed" status, which the library
+	// reports as an error: the batch is whole.
+	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) &&
+		!errors.Is(err, jetstream.ErrBatchCompleted) {
 		return err
 	}
 	return nil
