@@ -19,7 +19,8 @@ import (
 
 // Mirror is what a follower needs of the store.
 type Mirror interface {
-	ApplyStreamEvents(ctx context.Context, evs []store.StreamEvent) (int, error)
+	// ApplyStream applies evs, setting aside those it cannot apply.
+	ApplyStream(ctx context.Context, evs []store.StreamEvent) (store.StreamResult, error)
 	// ReplicaDigest is compared with the leader's at each checkpoint.
 	ReplicaDigest(ctx context.Context) (store.ReplicaDigest, error)
 }
@@ -35,7 +36,15 @@ type FollowerConfig struct {
 	Batch int
 	// MaxWait is how long a fetch waits for messages; default 1s.
 	MaxWait time.Duration
-	Logger  *slog.Logger
+	// MaxBytes bounds the bytes of one fetch, so that a batch of large
+	// messages cannot take the follower's memory; default 8 MiB, or two of
+	// the server's largest messages if more. It must exceed the largest
+	// message: one larger is never delivered.
+	MaxBytes int
+	// OnReject, when set, is called with the reason of every message
+	// set aside (see Rejection reasons); it must be safe for concurrent use.
+	OnReject func(reason string)
+	Logger   *slog.Logger
 	// OnBatch, when set, is called after every fetch with how many events
 	// were applied and how many messages the consumer still has pending.
 	OnBatch func(applied int, pending uint64)
@@ -49,6 +58,9 @@ type FollowerConfig struct {
 	SnapshotBucket string
 	Restore        RestoreMode
 	SnapshotDir    string
+	// MaxRestoreBytes bounds the size a snapshot may decompress to; 0:
+	// 64 times its compressed size, at least 256 MiB.
+	MaxRestoreBytes int64
 }
 
 // Follower applies the event stream to a mirror through a durable
@@ -118,6 +130,16 @@ func NewFollower(js jetstream.JetStream, mirror Mirror, cfg FollowerConfig) *Fol
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = time.Second
 	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = defaultFetchBytes
+		if nc := js.Conn(); nc != nil {
+			// A message larger than the limit would never be delivered.
+			cfg.MaxBytes = max(cfg.MaxBytes, 2*int(nc.MaxPayload()))
+		}
+	}
+	if cfg.OnReject == nil {
+		cfg.OnReject = func(string) {}
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -125,6 +147,24 @@ func NewFollower(js jetstream.JetStream, mirror Mirror, cfg FollowerConfig) *Fol
 	f.state.Store(&followState{errors.New("not following yet: no fetch has completed")})
 	return f
 }
+
+// defaultFetchBytes is FollowerConfig.MaxBytes' default: a batch of a
+// thousand events of a few KiB each fits.
+const defaultFetchBytes = 8 << 20
+
+// Rejection reasons: why a message read back from NATS was set aside, as
+// syncd_rejected_messages_total{reason} counts them.
+const (
+	// RejectDecode: not a syncd event or checkpoint.
+	RejectDecode = "decode"
+	// RejectApply: an event that decodes but cannot be applied.
+	RejectApply = "apply"
+	// RejectPosition: a tag.moved event whose history position is neither
+	// in its data nor found among the positions tried.
+	RejectPosition = "position"
+	// RejectSnapshot: a snapshot that failed a check before its restore.
+	RejectSnapshot = "snapshot"
+)
 
 // followState is the outcome of Run's last fetch.
 type followState struct{ err error }
@@ -220,7 +260,9 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		due = empty
 	}
 	if due {
-		info, found, err := restoreSnapshot(ctx, f.js, f.cfg.SnapshotBucket, f.cfg.SnapshotDir, m)
+		r := restorer{js: f.js, bucket: f.cfg.SnapshotBucket, stream: f.cfg.Stream, dir: f.cfg.SnapshotDir,
+			maxBytes: f.cfg.MaxRestoreBytes, log: f.log, onReject: f.cfg.OnReject}
+		info, found, refused, err := r.restore(ctx, m)
 		if err != nil {
 			return 0, err
 		}
@@ -248,8 +290,11 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 			f.log.Error("cannot repair the mirror: no snapshot to restore yet; following on, and trying again in "+repairRetry.String(),
 				"bucket", f.cfg.SnapshotBucket)
 			f.retryRepairAt = time.Now().Add(repairRetry)
-		case f.cfg.Restore == RestoreAlways:
+		case f.cfg.Restore == RestoreAlways && refused == 0:
 			return 0, fmt.Errorf("no snapshot in bucket %s to restore the mirror from", f.cfg.SnapshotBucket)
+		case refused > 0:
+			// A failed restore never stops the follower.
+			f.log.Error("no snapshot passed its checks; following the stream from its first message", "bucket", f.cfg.SnapshotBucket, "refused", refused)
 		default:
 			f.log.Info("no snapshot to start from; following the stream from its first message", "bucket", f.cfg.SnapshotBucket)
 		}
@@ -371,11 +416,12 @@ func (f *Follower) catchUpTail(ctx context.Context) error {
 		return err
 	}
 	if len(evs) > 0 {
-		n, err := f.mirror.ApplyStreamEvents(ctx, evs)
+		res, err := f.mirror.ApplyStream(ctx, evs)
 		if err != nil {
 			return err
 		}
-		if n > 0 {
+		f.reject(res.Rejected, nil)
+		if n := res.Applied; n > 0 {
 			f.log.Info("events the consumer skipped were read from the stream", "from", f.next, "to", last, "events", n)
 		}
 	}
@@ -406,25 +452,32 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 	b := f.ahead
 	f.ahead = nil
 	if b == nil {
-		b = f.pull(ctx, cons, f.lag.Load() > 0)
+		b = f.pull(ctx, cons, f.lag.Load())
 	}
 	if err := b.wait(); err != nil {
+		// What did arrive comes again at once, not after the AckWait.
+		b.nak()
 		return 0, 0, fmt.Errorf("fetch from consumer %s: %w", f.cfg.Consumer, err)
 	}
 	if b.known && b.pending > 0 {
-		f.ahead = f.pull(ctx, cons, true)
+		f.ahead = f.pull(ctx, cons, b.pending)
 	}
 	applied := 0
 	if len(b.evs) > 0 || len(b.checks) > 0 {
 		var err error
-		if applied, err = f.apply(ctx, b); err != nil {
+		var rejected []store.RejectedEvent
+		if applied, rejected, err = f.apply(ctx, b); err != nil {
 			// Redelivered in order: this batch, then the one fetched
 			// ahead of it.
 			b.nak()
 			f.dropAhead()
 			return 0, 0, err
 		}
+		termed := f.reject(rejected, b)
 		for _, m := range b.msgs {
+			if termed[m] {
+				continue
+			}
 			if err := m.Ack(); err != nil {
 				f.log.Debug("ack failed; the message comes again and changes nothing", "err", err)
 			}
@@ -457,37 +510,78 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 // apply applies b's events, comparing the mirror with each checkpoint
 // among them once the events before it are applied, and returns how many
 // events it applied.
-func (f *Follower) apply(ctx context.Context, b *pulled) (int, error) {
+func (f *Follower) apply(ctx context.Context, b *pulled) (int, []store.RejectedEvent, error) {
 	var evs []store.StreamEvent
 	if len(b.evs) > 0 {
 		var err error
 		if evs, err = f.withMissing(ctx, b); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 	}
 	// The gap read from the stream comes before b's first event.
 	shift := len(evs) - len(b.evs)
 	applied, from := 0, 0
+	var rejected []store.RejectedEvent
 	for _, c := range b.checks {
-		n, err := f.applyEvents(ctx, evs[from:c.at+shift])
-		applied += n
+		res, err := f.applyEvents(ctx, evs[from:c.at+shift])
+		applied, rejected = applied+res.Applied, append(rejected, res.Rejected...)
 		if err != nil {
-			return applied, err
+			return applied, rejected, err
 		}
 		from = c.at + shift
 		if err := f.compare(ctx, c); err != nil {
-			return applied, err
+			return applied, rejected, err
 		}
 	}
-	n, err := f.applyEvents(ctx, evs[from:])
-	return applied + n, err
+	res, err := f.applyEvents(ctx, evs[from:])
+	return applied + res.Applied, append(rejected, res.Rejected...), err
 }
 
-func (f *Follower) applyEvents(ctx context.Context, evs []store.StreamEvent) (int, error) {
+func (f *Follower) applyEvents(ctx context.Context, evs []store.StreamEvent) (store.StreamResult, error) {
 	if len(evs) == 0 {
-		return 0, nil
+		return store.StreamResult{}, nil
 	}
-	return f.mirror.ApplyStreamEvents(ctx, evs)
+	return f.mirror.ApplyStream(ctx, evs)
+}
+
+// reject sets aside the events the mirror could not apply: each is
+// logged with its stream sequence and why, counted, and its message, when
+// it is one of b's, terminated, never to come again (a redelivery would
+// fail the same way, for ever). It returns the messages it terminated.
+// An event read from the stream directly (see withMissing) has no message
+// here: it is terminated when the consumer delivers it.
+func (f *Follower) reject(rejected []store.RejectedEvent, b *pulled) map[jetstream.Msg]bool {
+	if len(rejected) == 0 {
+		return nil
+	}
+	bySeq := map[uint64]jetstream.Msg{}
+	if b != nil {
+		for i, m := range b.msgs {
+			if b.seqs[i] > 0 {
+				bySeq[b.seqs[i]] = m
+			}
+		}
+	}
+	termed := map[jetstream.Msg]bool{}
+	for _, r := range rejected {
+		m, ok := bySeq[r.Event.Seq]
+		if !ok || r.Event.Seq == 0 {
+			f.log.Debug("an event read from the stream cannot be applied; set aside when the consumer delivers it", "stream_seq", r.Event.Seq, "err", r.Err)
+			continue
+		}
+		reason := RejectApply
+		if errors.Is(r.Err, store.ErrUnknownPosition) {
+			reason = RejectPosition
+		}
+		f.log.Warn("an event on the stream cannot be applied; set aside, never to be retried", "stream_seq", r.Event.Seq,
+			"reason", reason, "type", r.Event.Type, "id", r.Event.ID, "err", r.Err)
+		f.cfg.OnReject(reason)
+		if err := m.TermWithReason("syncd: " + reason); err != nil {
+			f.log.Warn("terminate a message set aside; it may come again and be set aside again", "stream_seq", r.Event.Seq, "err", err)
+		}
+		termed[m] = true
+	}
+	return termed
 }
 
 // compare compares the mirror, which holds every event before c on the
@@ -572,28 +666,27 @@ func (f *Follower) recordCheckpoint(res CheckpointResult) {
 	}
 }
 
-// pull starts fetching a batch: with noWait (messages are pending) it
-// takes what the consumer has at once, otherwise it waits up to MaxWait
-// for a full batch. The messages are collected and decoded on a goroutine
-// of their own, beside the batch being applied.
-func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, noWait bool) *pulled {
+// pull starts fetching a batch of at most MaxBytes: when messages are
+// pending it asks for no more than those, which the server has at once,
+// otherwise it waits up to MaxWait for a full batch. (A fetch without
+// waiting takes no byte limit.) The messages are collected and decoded on
+// a goroutine of their own, beside the batch being applied.
+func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, pending uint64) *pulled {
 	b := &pulled{done: make(chan struct{})}
-	var batch jetstream.MessageBatch
-	cancel := context.CancelFunc(func() {})
-	if noWait {
-		batch, b.err = cons.FetchNoWait(f.cfg.Batch)
-	} else {
-		// The context both bounds the wait and ends it at shutdown (the
-		// library takes one or the other, not a max wait and a context).
-		var fctx context.Context
-		fctx, cancel = context.WithTimeout(ctx, f.cfg.MaxWait)
-		batch, b.err = cons.Fetch(f.cfg.Batch, jetstream.FetchContext(fctx))
+	n := f.cfg.Batch
+	if pending > 0 {
+		n = int(min(pending, uint64(n)))
 	}
+	// The context both bounds the wait and ends it at shutdown (the
+	// library takes one or the other, not a max wait and a context).
+	fctx, cancel := context.WithTimeout(ctx, f.cfg.MaxWait)
+	batch, err := cons.Fetch(n, jetstream.FetchContext(fctx), jetstream.FetchMaxBytes(f.cfg.MaxBytes))
+	b.err = err
 	go func() {
 		defer close(b.done)
 		defer cancel()
 		if b.err == nil {
-			b.err = b.collect(batch, f.log)
+			b.err = b.collect(batch, f.log, f.cfg.OnReject)
 		}
 	}()
 	return b
@@ -664,9 +757,8 @@ func (f *Follower) dropAhead() {
 	}
 	b := f.ahead
 	f.ahead = nil
-	if b.wait() == nil {
-		b.nak()
-	}
+	b.wait() // what arrived before an error comes again too
+	b.nak()
 }
 
 // pulled is a fetch under way, and once done, its messages.
@@ -701,7 +793,7 @@ type pendingCheck struct {
 
 // collect takes the batch's messages, decoding them; a message that is not
 // a syncd event or checkpoint is terminated, never to come again.
-func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
+func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger, onReject func(string)) error {
 	for m := range batch.Messages() {
 		var seq uint64
 		if md, err := m.Metadata(); err == nil {
@@ -710,8 +802,9 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 		if strings.HasSuffix(m.Subject(), "."+publish.CheckpointToken) {
 			cp, err := publish.DecodeCheckpoint(m.Data())
 			if err != nil || seq == 0 {
-				log.Error("not a syncd checkpoint; skipping it", "subject", m.Subject(), "err", err)
-				if err := m.Term(); err != nil {
+				log.Warn("not a syncd checkpoint; set aside, never to be retried", "stream_seq", seq, "subject", m.Subject(), "reason", RejectDecode, "err", err)
+				onReject(RejectDecode)
+				if err := m.TermWithReason("syncd: " + RejectDecode); err != nil {
 					log.Warn("terminate undecodable message", "err", err)
 				}
 				continue
@@ -723,8 +816,9 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 		ev, err := publish.Decode(m.Data())
 		if err != nil {
 			// Never redelivered: it would fail the same way forever.
-			log.Error("not a syncd event; skipping it", "subject", m.Subject(), "err", err)
-			if err := m.Term(); err != nil {
+			log.Warn("not a syncd event; set aside, never to be retried", "stream_seq", seq, "subject", m.Subject(), "reason", RejectDecode, "err", err)
+			onReject(RejectDecode)
+			if err := m.TermWithReason("syncd: " + RejectDecode); err != nil {
 				log.Warn("terminate undecodable message", "err", err)
 			}
 			continue
@@ -732,7 +826,11 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 		ev.Seq = seq
 		b.msgs, b.evs, b.seqs = append(b.msgs, m), append(b.evs, ev), append(b.seqs, seq)
 	}
-	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {
+	// A fetch with a byte limit that got its count of messages before its
+	// bytes ends with a "409 Batch Completed" status, which the library
+	// reports as an error: the batch is whole.
+	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) &&
+		!errors.Is(err, jetstream.ErrBatchCompleted) {
 		return err
 	}
 	return nil

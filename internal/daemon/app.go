@@ -266,12 +266,14 @@ func NewRegistrar(cfg config.Config, client *platform.Client, st *store.Store, l
 		Sink: cfg.Events.SinkURL, Logger: log.With("part", "events")}
 }
 
-// NewFollower follows the stream into st, recording its lag there and
-// advancing pos; restore says when it starts from a snapshot.
-func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position, log *slog.Logger) *cluster.Follower {
+// NewFollower follows the stream into st, recording its lag there,
+// advancing pos and counting in m what it sets aside; restore says when it
+// starts from a snapshot.
+func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position, m *admin.Metrics, log *slog.Logger) *cluster.Follower {
 	var f *cluster.Follower
 	f = cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
 		Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow"),
-		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path), OnBatch: followAt(pos, &f)})
+		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path), OnBatch: followAt(pos, &f),
+		OnReject: m.MessageRejected})
 	return f
 }

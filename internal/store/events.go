@@ -71,6 +71,10 @@ type change struct {
 	// data, when set, is the event's data instead of {"before", "after"}
 	// (an advisory's lifecycle step).
 	data any
+	// position is a tag.moved event's position in the tag's history (0:
+	// none), carried in its data so that a follower places the move
+	// without searching for it (see appendFollowedMove).
+	position int
 }
 
 // eventID is deterministic: the same change always gets the same id, so a
@@ -128,9 +132,10 @@ func (s *Store) appendEvents(ctx context.Context, tx *sql.Tx, cs []change) (int,
 	args := make([]any, 0, eventColumns*len(cs))
 	for _, c := range cs {
 		var v any = struct {
-			Before any `json:"before"`
-			After  any `json:"after"`
-		}{c.before, c.after}
+			Before   any `json:"before"`
+			After    any `json:"after"`
+			Position int `json:"position,omitempty"`
+		}{c.before, c.after, c.position}
 		if c.data != nil {
 			v = c.data
 		}

@@ -146,7 +146,7 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 				before.Digest, after.Digest = prev, r.Digest
 				before.UpdateTime, after.UpdateTime = prevTime, r.Time
 				cs = append(cs, change{typ: TagMoved, scope: cur.Path, subject: ref.UID,
-					disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after})
+					disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after, position: seq})
 			}
 			prev, prevTime = r.Digest, r.Time
 			args = append(args, ref.UID, seq, FormatTime(r.Time), r.Digest)

@@ -96,7 +96,13 @@ func (s *Store) SnapshotSeq(ctx context.Context) (uint64, error) {
 // published yet reach the stream later, and the follower skips them there
 // by id, since they are in the mirror already; were they left in the
 // outbox, a follower that becomes the leader would publish them again.
+//
+// The snapshot is not trusted: CheckSnapshot must pass before anything of
+// it is opened as a mirror or copied.
 func (s *Store) Restore(ctx context.Context, path string, seq uint64) error {
+	if err := CheckSnapshot(ctx, path); err != nil {
+		return err
+	}
 	// Opening the snapshot as a mirror migrates it, so that its tables have
 	// this binary's columns.
 	snap, err := Open(ctx, path, Options{Logger: s.log, Readers: 1})

@@ -287,11 +287,14 @@ func migrations() ([]migration, error) {
 	return ms, nil
 }
 
+// createMigrationsSQL creates the table of the migrations applied.
+const createMigrationsSQL = `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_time TEXT NOT NULL)`
+
 // migrate applies every embedded migration newer than the database, each in
 // its own transaction, and refuses a database newer than this binary.
 func (s *Store) migrate(ctx context.Context) error {
-	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_time TEXT NOT NULL)`); err != nil {
+	if _, err := s.w.ExecContext(ctx, createMigrationsSQL); err != nil {
 		return err
 	}
 	ms, err := migrations()
