@@ -415,14 +415,16 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		f.ahead = f.pull(ctx, cons, true)
 	}
 	applied := 0
-	if len(b.evs) > 0 || len(b.checks) > 0 {
-		var err error
-		if applied, err = f.apply(ctx, b); err != nil {
-			// Redelivered in order: this batch, then the one fetched
-			// ahead of it.
-			b.nak()
-			f.dropAhead()
-			return 0, 0, err
+	if len(b.msgs) > 0 {
+		if len(b.evs) > 0 || len(b.checks) > 0 {
+			var err error
+			if applied, err = f.apply(ctx, b); err != nil {
+				// Redelivered in order: this batch, then the one fetched
+				// ahead of it.
+				b.nak()
+				f.dropAhead()
+				return 0, 0, err
+			}
 		}
 		for _, m := range b.msgs {
 			if err := m.Ack(); err != nil {
@@ -647,6 +649,9 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 			break
 		}
 		seq = m.Sequence + 1
+		if publish.Reserved(m.Subject) {
+			continue // checkpoints and term markers apply nothing
+		}
 		ev, err := publish.Decode(m.Data)
 		if err != nil {
 			continue // the consumer terminates it when it comes
@@ -717,6 +722,12 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 				continue
 			}
 			b.checks = append(b.checks, pendingCheck{at: len(b.evs), seq: seq, cp: cp})
+			b.msgs, b.seqs = append(b.msgs, m), append(b.seqs, seq)
+			continue
+		}
+		if publish.Reserved(m.Subject()) {
+			// A lease term's marker or a snapshot's record: no event to
+			// apply, acknowledged with the batch.
 			b.msgs, b.seqs = append(b.msgs, m), append(b.seqs, seq)
 			continue
 		}

@@ -75,6 +75,8 @@ type Relay struct {
 	// waits for the next one due.
 	cpSent     string
 	cpSentTime time.Time
+	// fence, when set, stamps every write with the lease term (fence.go).
+	fence *Fence
 }
 
 // StreamPosition is a mirror that records the stream sequence it reflects
@@ -149,6 +151,11 @@ func WithOnPublished(fn func(store.Event)) RelayOption {
 // buckets with the mirror when it starts and whenever they may lag.
 func WithKV(k *KV) RelayOption { return func(r *Relay) { r.kv = k } }
 
+// WithFence has every write of the relay (events, checkpoints, and the KV
+// buckets' puts and deletes) go through f: once another replica's lease
+// term began, the server refuses them.
+func WithFence(f *Fence) RelayOption { return func(r *Relay) { r.fence = f } }
+
 // NewRelay returns a relay from outbox to js.
 func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOption) *Relay {
 	log := cfg.Logger
@@ -161,6 +168,9 @@ func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOp
 		o(r)
 	}
 	r.batch = min(r.batch, r.maxInFlight)
+	if r.kv != nil {
+		r.kv.setFence(r.fence)
+	}
 	return r
 }
 
@@ -172,6 +182,11 @@ func (r *Relay) Message(e store.Event) *nats.Msg { return r.format.Message(e) }
 // back off and try again; nothing is marked published before JetStream
 // acknowledged it.
 func (r *Relay) Run(ctx context.Context) error {
+	if r.fence != nil && r.kv != nil {
+		// A new term: the deposed leader's last KV writes may have been
+		// refused, so the buckets are reconciled before the first pass.
+		r.kv.dirty.Store(true)
+	}
 	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(200*time.Millisecond), backoff.WithMaxInterval(10*time.Second), backoff.WithMaxElapsedTime(0))
 	for {
 		n, err := r.pass(ctx)
@@ -474,7 +489,12 @@ func (p *relayPass) submit(e store.Event) {
 
 // publish sends e, whose resource is idle, and registers it as in flight.
 func (p *relayPass) publish(e store.Event) {
-	fut, err := p.r.js.PublishMsgAsync(p.r.Message(e))
+	m := p.r.Message(e)
+	if err := p.r.fence.StampEvent(m); err != nil {
+		p.failed(e, err)
+		return
+	}
+	fut, err := p.r.js.PublishMsgAsync(m)
 	if err != nil {
 		p.failed(e, err)
 		return
@@ -523,7 +543,7 @@ func (p *relayPass) failed(e store.Event, err error) {
 	if len(p.errs) < 3 {
 		p.errs = append(p.errs, fmt.Errorf("publish %s %s (seq %d): %w", e.Type, e.ID, e.Seq, err))
 	}
-	if wholesale(p.r.js.Conn(), err) {
+	if wholesale(p.r.js.Conn(), err) || p.r.fence.Check(err) {
 		p.stop = true
 	}
 }
@@ -676,6 +696,9 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
+	if err := r.fence.StampEvent(msg); err != nil {
+		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
+	}
 	// Published as the events are, so that whoever watches the
 	// acknowledgements (the query service's position) sees it too.
 	fut, err := r.js.PublishMsgAsync(msg)
@@ -686,6 +709,7 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	select {
 	case ack = <-fut.Ok():
 	case err := <-fut.Err():
+		r.fence.Check(err)
 		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
 	case <-ctx.Done():
 		return 0, "", ctx.Err()
