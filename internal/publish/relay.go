@@ -182,11 +182,6 @@ func (r *Relay) Message(e store.Event) *nats.Msg { return r.format.Message(e) }
 // back off and try again; nothing is marked published before JetStream
 // acknowledged it.
 func (r *Relay) Run(ctx context.Context) error {
-	if r.fence != nil && r.kv != nil {
-		// A new term: the deposed leader's last KV writes may have been
-		// refused, so the buckets are reconciled before the first pass.
-		r.kv.dirty.Store(true)
-	}
 	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(200*time.Millisecond), backoff.WithMaxInterval(10*time.Second), backoff.WithMaxElapsedTime(0))
 	for {
 		n, err := r.pass(ctx)
