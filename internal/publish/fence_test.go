@@ -2,6 +2,7 @@ package publish_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -262,4 +263,70 @@ func sameValues(a, b map[string][]byte) string {
 		}
 	}
 	return strings.Join(diffs, "; ")
+}
+
+// TestKV_DuplicateWritesNoOlderState: a replica that leads again publishes
+// the events its outbox kept from its earlier term; the other leader had
+// recorded the same changes under the same ids, and more since. JetStream
+// drops them as duplicates, and their states, older than the buckets',
+// are not written: the buckets never go back, and end with the mirror's.
+func TestKV_DuplicateWritesNoOlderState(t *testing.T) {
+	ctx := context.Background()
+	s := startServer(t, nil)
+	cfg := s.config(nil)
+	c := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	k := mustOpenKV(t, c.JS, st)
+	r := publish.NewRelay(c.JS, st, cfg, publish.WithKV(k))
+	p.addRepos(ctx, "app", 1, 1)
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Two moves the other leader published, and whose newest state it
+	// wrote to the bucket; this replica's outbox still holds them.
+	tag := p.tags[p.repos[0].UID][0]
+	p.move(ctx, tag.UID, 2)
+	var evs []store.Event
+	if err := st.ReadUnpublished(ctx, 0, 100, func(b []store.Event) error { evs = append(evs, b...); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) < 2 {
+		t.Fatalf("%d events unpublished, want the 2 moves at least", len(evs))
+	}
+	for _, e := range evs {
+		if _, err := c.JS.PublishMsg(ctx, r.Message(e)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := publish.TagKey("app-0", tag.Name)
+	newest, err := json.Marshal(publish.TagValue{Repo: "app-0", Tag: tag.Name, UID: tag.UID, Digest: digest(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tags := k.Bucket("tag")
+	rev, err := tags.Put(ctx, key, newest)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hist, err := tags.History(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range hist {
+		var v publish.TagValue
+		if e.Revision() <= rev || json.Unmarshal(e.Value(), &v) != nil {
+			continue
+		}
+		if v.Digest != digest(2) {
+			t.Errorf("after the newest state, the key went to digest %s (revision %d): an older state", v.Digest, e.Revision())
+		}
+	}
+	if n, _, _ := st.UnpublishedCount(ctx); n != 0 {
+		t.Errorf("%d events unpublished, want the duplicates marked published", n)
+	}
 }

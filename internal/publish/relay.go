@@ -61,7 +61,8 @@ type Relay struct {
 	// went out: Err tells a stalled pass before it ends.
 	inFlight, progress atomic.Int64
 	// kvDropped: the last pass dropped KV writes its writer could not keep
-	// up with, so the next pass, which reconciles the buckets, is due now.
+	// up with, or skipped those of duplicates, so the next pass, which
+	// reconciles the buckets, is due now.
 	kvDropped bool
 	// cp, when set, is where checkpoints are read from (see checkpoint.go):
 	// one is due every cpEvery, and at once after RequestCheckpoint.
@@ -338,8 +339,10 @@ type relayPass struct {
 	stop    bool            // stop reading: publishing is failing wholesale
 	errs    []error
 	acked   []int64
-	// ackedEvs are the events of acked, for the KV buckets (nil without).
+	// ackedEvs are the events of acked, for the KV buckets (nil without),
+	// less the duplicates: dupes counts those.
 	ackedEvs []store.Event
+	dupes    int
 	total    int
 
 	marks  chan marking
@@ -506,7 +509,17 @@ func (p *relayPass) acknowledged(e store.Event, ack *jetstream.PubAck) {
 		p.streamSeq = max(p.streamSeq, ack.Sequence)
 	}
 	p.acked = append(p.acked, e.Seq)
-	if p.r.kv != nil {
+	switch {
+	case p.r.kv == nil:
+	case ack != nil && ack.Duplicate:
+		// The stream had it already, and newer events of its resource
+		// may have followed it there: a deposed leader's outbox, published
+		// when it leads again, holds changes the other leader recorded
+		// under the same ids and moved on from. Writing its state now
+		// could put an older state over a newer one; the reconciliation
+		// after the pass writes the mirror's instead.
+		p.dupes++
+	default:
 		p.ackedEvs = append(p.ackedEvs, e)
 	}
 	p.total++
@@ -606,7 +619,10 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 		if err != nil && ctx.Err() == nil {
 			markErr = errors.Join(markErr, fmt.Errorf("write the state of published events to the KV buckets: %w", err))
 		}
-		p.r.kvDropped = dropped > 0
+		if p.dupes > 0 {
+			p.r.kv.dirty.Store(true)
+		}
+		p.r.kvDropped = dropped > 0 || p.dupes > 0
 		if dropped > 0 {
 			p.r.log.Warn("KV writes fell behind the relay; dropped them, the buckets will be reconciled", "events", dropped)
 		}
