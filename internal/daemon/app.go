@@ -126,8 +126,10 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		return nil, err
 	}
 	if cfg.Cluster.Enabled {
-		a.Fence = publish.NewFence(a.NATS.JS, publish.FenceConfig{Node: cfg.Cluster.Node(), Format: pcfg.Format(),
-			OnFenced: a.fenced, Logger: log.With("part", "fence")})
+		if a.Fence, err = a.newFence(ctx, pcfg, log); err != nil {
+			a.Close()
+			return nil, err
+		}
 	}
 	a.Metrics.CounterFunc("syncd_fenced_writes_total", "Writes of this replica that JetStream refused because another replica's lease term began after its own.",
 		nil, func() float64 { return float64(a.Fence.Refused()) })
@@ -154,6 +156,27 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 			Fence: a.Fence})
 	}
 	return a, nil
+}
+
+// newFence returns the fence of a cluster replica's writes, or nil, with a
+// warning, when the stream or the KV buckets are replicated, where
+// JetStream cannot fence pipelined writes (publish.FenceSupported).
+func (a *App) newFence(ctx context.Context, pcfg publish.Config, log *slog.Logger) (*publish.Fence, error) {
+	s, err := a.NATS.JS.Stream(ctx, pcfg.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", pcfg.Stream, err)
+	}
+	replicas := []int{s.CachedInfo().Config.Replicas}
+	if a.Config.KV.Enabled {
+		replicas = append(replicas, a.Config.BucketReplicas())
+	}
+	if !publish.FenceSupported(replicas...) {
+		log.Warn("leader writes are not fenced: the stream or the KV buckets are replicated, where JetStream refuses concurrent writes conditional on one subject (docs/cluster.md, \"Fencing\")",
+			"stream_replicas", replicas[0])
+		return nil, nil
+	}
+	return publish.NewFence(a.NATS.JS, publish.FenceConfig{Node: a.Config.Cluster.Node(), Format: pcfg.Format(),
+		OnFenced: a.fenced, Logger: log.With("part", "fence")}), nil
 }
 
 // fenced steps the replica down after JetStream refused one of its writes.

@@ -232,9 +232,12 @@ func (f *Fence) Check(err error) bool {
 	if errors.Is(err, ErrFenced) {
 		return true // refused here, never sent: nothing to count
 	}
+	// Only 10071 says that the marker is no longer the newest. A
+	// replicated stream answers 10164 (JSErrCodeStreamWrongLastSequenceConstant)
+	// to a conditional write while another on the same subject awaits its
+	// quorum: a conflict, not a newer term (see FenceSupported).
 	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) || (apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence &&
-		apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
 		return false
 	}
 	f.refused.Add(1)
@@ -298,4 +301,20 @@ func (f *Fence) RecordSnapshot(ctx context.Context, name string, streamSeq uint6
 		return fmt.Errorf("record snapshot %s: %w", name, err)
 	}
 	return nil
+}
+
+// FenceSupported reports whether writes to streams of these replica
+// counts can be fenced. A replicated stream (R>1, nats-server 2.15's
+// checkMsgHeadersPreClusteredProposal) refuses a write conditional on a
+// subject while another write conditional on it awaits its quorum, with
+// 10164: every write of a term is conditional on one marker subject, so
+// the relay's and the KV writer's pipelined writes would be refused but
+// one at a time. Fencing is therefore used on unreplicated streams only.
+func FenceSupported(replicas ...int) bool {
+	for _, r := range replicas {
+		if r > 1 {
+			return false
+		}
+	}
+	return true
 }

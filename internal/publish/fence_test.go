@@ -330,3 +330,9 @@ func TestKV_DuplicateWritesNoOlderState(t *testing.T) {
 		t.Errorf("%d events unpublished, want the duplicates marked published", n)
 	}
 }
+
+func TestFenceSupported(t *testing.T) {
+	if !publish.FenceSupported(1, 0) || publish.FenceSupported(1, 3) || publish.FenceSupported(3) {
+		t.Error("fencing is supported exactly when no stream is replicated")
+	}
+}
