@@ -463,15 +463,17 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 		f.ahead = f.pull(ctx, cons, b.pending)
 	}
 	applied := 0
-	if len(b.evs) > 0 || len(b.checks) > 0 {
-		var err error
+	if len(b.msgs) > 0 {
 		var rejected []store.RejectedEvent
-		if applied, rejected, err = f.apply(ctx, b); err != nil {
-			// Redelivered in order: this batch, then the one fetched
-			// ahead of it.
-			b.nak()
-			f.dropAhead()
-			return 0, 0, err
+		if len(b.evs) > 0 || len(b.checks) > 0 {
+			var err error
+			if applied, rejected, err = f.apply(ctx, b); err != nil {
+				// Redelivered in order: this batch, then the one fetched
+				// ahead of it.
+				b.nak()
+				f.dropAhead()
+				return 0, 0, err
+			}
 		}
 		termed := f.reject(rejected, b)
 		for _, m := range b.msgs {
@@ -740,6 +742,9 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 			break
 		}
 		seq = m.Sequence + 1
+		if publish.Reserved(m.Subject) {
+			continue // checkpoints and term markers apply nothing
+		}
 		ev, err := publish.Decode(m.Data)
 		if err != nil {
 			continue // the consumer terminates it when it comes
@@ -810,6 +815,12 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger, onRejec
 				continue
 			}
 			b.checks = append(b.checks, pendingCheck{at: len(b.evs), seq: seq, cp: cp})
+			b.msgs, b.seqs = append(b.msgs, m), append(b.seqs, seq)
+			continue
+		}
+		if publish.Reserved(m.Subject()) {
+			// A lease term's marker or a snapshot's record: no event to
+			// apply, acknowledged with the batch.
 			b.msgs, b.seqs = append(b.msgs, m), append(b.seqs, seq)
 			continue
 		}

@@ -26,6 +26,10 @@ type Replica struct {
 	// Promote runs once the lease is gained and the stream caught up, before
 	// Lead: it readies the followed mirror for crawling.
 	Promote func(ctx context.Context) error
+	// Mark, when set, begins the lease term before anything of it is
+	// written: it lays the term's fence markers (publish.Fence.Mark).
+	// Leading waits until it succeeded and the lease was confirmed after it.
+	Mark func(ctx context.Context) error
 	// Lead does the leader's work until ctx is done; ctx ends as soon as
 	// the lease is lost. An error from Lead ends Run.
 	Lead func(ctx context.Context) error
@@ -148,6 +152,9 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 		cancel()
 		<-watchDone
 	}()
+	if !r.mark(dctx, st, log) {
+		return nil
+	}
 	if r.catchUp(dctx, log) != nil {
 		return nil
 	}
@@ -206,6 +213,40 @@ func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
 			return ctx.Err()
 		case <-time.After(wait):
 		}
+	}
+}
+
+// mark begins the term st with Mark, trying again while the lease holds,
+// and reports whether the replica may lead: the markers are laid and the
+// lease was still this term's after they landed. Marking first means that
+// everything the old leader got onto the stream lies before the markers,
+// where the catch-up that follows applies it.
+func (r *Replica) mark(ctx context.Context, st LeaseState, log *slog.Logger) bool {
+	if r.Mark == nil {
+		return true
+	}
+	wait := time.NewTimer(0)
+	defer wait.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-wait.C:
+		}
+		err := r.Mark(ctx)
+		if err == nil {
+			err = r.Lease.Confirm(ctx, st.Term)
+			if err == nil {
+				return true
+			}
+			log.Warn("not leading: the lease was lost while the term was marked", "err", err)
+			return false
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		log.Warn("marking the lease term failed; trying again", "err", err, "in", r.Lease.cfg.TTL/4)
+		wait.Reset(r.Lease.cfg.TTL / 4)
 	}
 }
 

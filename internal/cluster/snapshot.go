@@ -17,6 +17,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -66,7 +67,11 @@ type SnapshotConfig struct {
 	Keep int
 	// Dir holds the temporary copy of the mirror: beside it, so that the
 	// copy is on the same disk and as private.
-	Dir    string
+	Dir string
+	// Fence, when set, fences every snapshot by its record on the event
+	// stream (publish.Fence.RecordSnapshot): a snapshot whose record the
+	// server refused, since another replica leads, is deleted.
+	Fence  *publish.Fence
 	Logger *slog.Logger
 }
 
@@ -190,6 +195,9 @@ func (s *Snapshotter) setLast(info SnapshotInfo) {
 // Write writes one snapshot now into obj (the bucket, when nil).
 func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (SnapshotInfo, error) {
 	start := time.Now()
+	if !s.cfg.Fence.InTerm() {
+		return SnapshotInfo{}, publish.ErrFenced
+	}
 	if obj == nil {
 		var err error
 		if obj, err = s.bucket(ctx); err != nil {
@@ -246,9 +254,23 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("put snapshot %s into %s: %w", name, s.cfg.Bucket, err)
 	}
+	if err := s.cfg.Fence.RecordSnapshot(ctx, name, seq); err != nil {
+		return SnapshotInfo{}, s.unrecorded(ctx, obj, name, err)
+	}
 	info := SnapshotInfo{Name: name, Seq: seq, Created: created, Bytes: int64(oi.Size), RawBytes: fi.Size(), Took: time.Since(start)}
 	s.setLast(info)
 	return info, nil
+}
+
+// unrecorded deletes snapshot name, whose record err kept off the stream:
+// written by a replica that may no longer lead, it must not be restored.
+func (s *Snapshotter) unrecorded(ctx context.Context, obj jetstream.ObjectStore, name string, err error) error {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if derr := obj.Delete(dctx, name); derr != nil {
+		return fmt.Errorf("%w; and deleting the unrecorded snapshot failed: %w", err, derr)
+	}
+	return fmt.Errorf("%w; the snapshot was deleted", err)
 }
 
 // compress writes f to w with zstd.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -74,6 +75,11 @@ type App struct {
 	// Position is the stream sequence the mirror has applied, for the
 	// query service.
 	Position *query.Position
+	// Fence fences the leader's writes by lease term; nil in single mode,
+	// which is unfenced (one process writes, by the mirror's lock).
+	Fence *publish.Fence
+	// stepDown is what a fenced write calls: the lease's StepDown.
+	stepDown atomic.Pointer[func()]
 	version  string
 }
 
@@ -114,8 +120,16 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		a.Close()
 		return nil, err
 	}
+	if cfg.Cluster.Enabled {
+		if a.Fence, err = a.newFence(ctx, pcfg, log); err != nil {
+			a.Close()
+			return nil, err
+		}
+	}
+	a.Metrics.CounterFunc("syncd_fenced_writes_total", "Writes of this replica that JetStream refused because another replica's lease term began after its own.",
+		nil, func() float64 { return float64(a.Fence.Refused()) })
 	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), opts.Published)),
-		publish.WithCheckpoints(a.Store, cfg.Verify.CheckpointEvery.Duration, cfg.Cluster.NodeID)}
+		publish.WithCheckpoints(a.Store, cfg.Verify.CheckpointEvery.Duration, cfg.Cluster.NodeID), publish.WithFence(a.Fence)}
 	if cfg.KV.Enabled {
 		kv, err := publish.OpenKV(ctx, a.NATS.JS, kvConfig(cfg, log), a.Store)
 		if err != nil {
@@ -127,15 +141,44 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	a.Relay = publish.NewRelay(a.NATS.JS, a.Store, pcfg, relayOpts...)
 	a.Auditor = publish.NewAuditor(a.NATS.JS, a.Store, a.Relay.Message, publish.AuditConfig{Stream: cfg.NATS.Stream,
 		SubjectPrefix: cfg.NATS.SubjectPrefix, Every: cfg.Verify.AuditEvery.Duration, Logger: log.With("part", "audit"),
-		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }})
+		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }, Fence: a.Fence})
 	a.Crawler = newCrawler(cfg, a.Client, a.Store, a.Jobs, a.observeRun, log)
 	a.Receiver = newReceiver(cfg, a.Crawler, a.Store, log)
 	a.Registrar = NewRegistrar(cfg, a.Client, a.Store, log)
 	if sc := cfg.Snapshot; sc.Enabled {
 		a.Snapshots = cluster.NewSnapshotter(a.NATS.JS, a.Store, cluster.SnapshotConfig{Bucket: sc.Bucket, Replicas: cfg.NATS.Replicas,
-			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot")})
+			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot"),
+			Fence: a.Fence})
 	}
 	return a, nil
+}
+
+// newFence returns the fence of a cluster replica's writes, or nil, with a
+// warning, when the stream or the KV buckets are replicated, where
+// JetStream cannot fence pipelined writes (publish.FenceSupported).
+func (a *App) newFence(ctx context.Context, pcfg publish.Config, log *slog.Logger) (*publish.Fence, error) {
+	s, err := a.NATS.JS.Stream(ctx, pcfg.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", pcfg.Stream, err)
+	}
+	replicas := []int{s.CachedInfo().Config.Replicas}
+	if a.Config.KV.Enabled {
+		replicas = append(replicas, a.Config.BucketReplicas())
+	}
+	if !publish.FenceSupported(replicas...) {
+		log.Warn("leader writes are not fenced: the stream or the KV buckets are replicated, where JetStream refuses concurrent writes conditional on one subject (docs/cluster.md, \"Fencing\")",
+			"stream_replicas", replicas[0])
+		return nil, nil
+	}
+	return publish.NewFence(a.NATS.JS, publish.FenceConfig{Node: a.Config.Cluster.Node(), Format: pcfg.Format(),
+		OnFenced: a.fenced, Logger: log.With("part", "fence")}), nil
+}
+
+// fenced steps the replica down after JetStream refused one of its writes.
+func (a *App) fenced() {
+	if fn := a.stepDown.Load(); fn != nil {
+		(*fn)()
+	}
 }
 
 // kvConfig is the publish.KVConfig of [kv].

@@ -76,8 +76,15 @@ func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
 	if err != nil {
 		return Role{}, err
 	}
+	stepDown := lease.StepDown
+	a.stepDown.Store(&stepDown)
+	duties := a.duties(grace, lease.IsLeader)
 	rep := &cluster.Replica{Lease: lease, Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Position, a.Metrics, a.Log),
-		Promote: a.Crawler.ResolveFollowed, Lead: a.duties(grace, lease.IsLeader).Run, Meta: a.Store, Logger: a.Log.With("part", "cluster")}
+		Promote: a.Crawler.ResolveFollowed, Mark: a.Fence.Mark, Meta: a.Store, Logger: a.Log.With("part", "cluster"),
+		Lead: func(ctx context.Context) error {
+			defer a.Fence.End() // nothing of this term is sent after it
+			return duties.Run(ctx)
+		}}
 	a.Metrics.WatchReplica(rep, cluster.RoleLeader, cluster.RoleStandby)
 	a.Metrics.WatchLag(rep.Follower.Lag)
 	a.Metrics.WatchVerification(rep.Follower)

@@ -62,6 +62,10 @@ type AuditConfig struct {
 	// OnRepaired, when set, is called for every event the stream lacked
 	// that was published again.
 	OnRepaired func(store.Event)
+	// Fence, when set, stamps every re-publish with the lease term
+	// (fence.go). The deletions that move later events behind a repaired
+	// one cannot carry it: JetStream's delete request takes no condition.
+	Fence *Fence
 }
 
 // AuditReport is what an audit did.
@@ -371,8 +375,13 @@ func (au *audit) repairResource(ctx context.Context, tail []store.AuditEvent, fo
 				return 0, fmt.Errorf("audit: move %s %s (stream seq %d) behind the repaired events of %s: %w", e.Type, e.ID, pos.seq, e.Subject, err)
 			}
 		}
-		ack, err := a.js.PublishMsg(ctx, a.message(e.Event), jetstream.WithExpectStream(a.cfg.Stream))
+		m := a.message(e.Event)
+		if err := a.cfg.Fence.StampEvent(m); err != nil {
+			return 0, fmt.Errorf("audit: publish %s %s again: %w", e.Type, e.ID, err)
+		}
+		ack, err := a.js.PublishMsg(ctx, m, jetstream.WithExpectStream(a.cfg.Stream))
 		if err != nil {
+			a.cfg.Fence.Check(err)
 			return 0, fmt.Errorf("audit: publish %s %s again: %w", e.Type, e.ID, err)
 		}
 		if ack.Duplicate {

@@ -99,6 +99,11 @@ type KV struct {
 	// prefix is the subject prefix of a bucket's keys, by kind, as the
 	// client's Put builds it: $KV.<bucket>.
 	prefix map[string]string
+	// local is the subject prefix of a bucket's keys, by kind, in the
+	// stream that stores them: prefix without another domain's API prefix.
+	local map[string]string
+	// fence, when set, stamps every write with the lease term (fence.go).
+	fence *Fence
 	// pub sends the writes; a JetStream context of its own, so that its
 	// pending writes never count against the relay's publishes.
 	pub      jetstream.JetStream
@@ -129,7 +134,7 @@ type ReconcileStats struct {
 // cfg.CheckOnly) and returns their writer, which reconciles them at its
 // first use.
 func OpenKV(ctx context.Context, js jetstream.JetStream, cfg KVConfig, source KVSource) (*KV, error) {
-	k := &KV{buckets: map[string]jetstream.KeyValue{}, prefix: map[string]string{}, source: source, cfg: cfg, log: cfg.Logger,
+	k := &KV{buckets: map[string]jetstream.KeyValue{}, prefix: map[string]string{}, local: map[string]string{}, source: source, cfg: cfg, log: cfg.Logger,
 		inFlight: cfg.InFlight, queue: cfg.Queue, queueWait: kvQueueWait}
 	k.dirty.Store(true)
 	if k.log == nil {
@@ -165,7 +170,7 @@ func OpenKV(ctx context.Context, js jetstream.JetStream, cfg KVConfig, source KV
 			return nil, fmt.Errorf("open KV bucket %s: %w", b.name, err)
 		}
 		k.buckets[b.kind] = kv
-		if k.prefix[b.kind], err = keyPrefix(ctx, kv); err != nil {
+		if k.prefix[b.kind], k.local[b.kind], err = keyPrefix(ctx, kv); err != nil {
 			return nil, fmt.Errorf("open KV bucket %s: %w", b.name, err)
 		}
 	}
@@ -361,33 +366,46 @@ func putOp(r store.PublishedResource, scope, eventID string) (*kvOp, error) {
 
 // keyPrefix is the subject prefix of kv's keys, as the client's Put
 // builds it (kvs.putPre and kvs.pre in nats.go's jetstream/kv.go): a
-// bucket that mirrors another is written through the other's subjects.
-func keyPrefix(ctx context.Context, kv jetstream.KeyValue) (string, error) {
+// bucket that mirrors another is written through the other's subjects;
+// local is the prefix in the stream that stores them.
+func keyPrefix(ctx context.Context, kv jetstream.KeyValue) (prefix, local string, err error) {
 	st, err := kv.Status(ctx)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
 		if m := bs.StreamInfo().Config.Mirror; m != nil {
 			origin := strings.TrimPrefix(m.Name, "KV_")
+			local = "$KV." + origin + "."
 			if m.External != nil && m.External.APIPrefix != "" {
-				return m.External.APIPrefix + ".$KV." + origin + ".", nil
+				return m.External.APIPrefix + "." + local, local, nil
 			}
-			return "$KV." + origin + ".", nil
+			return local, local, nil
 		}
 	}
-	return "$KV." + kv.Bucket() + ".", nil
+	local = "$KV." + kv.Bucket() + "."
+	return local, local, nil
+}
+
+// setFence has every write of the buckets go through f, and f mark a term
+// in each of them (their key TermKey).
+func (k *KV) setFence(f *Fence) {
+	k.fence = f
+	for _, kind := range []string{"tag", "repo", "advisory"} {
+		f.Guard(k.prefix[kind]+TermKey, k.local[kind]+TermKey)
+	}
 }
 
 // message is the JetStream message of o, as the client's Put and Delete
 // send it: the value to the key's subject, or a delete marker (header
 // KV-Operation: DEL) that watchers see as a delete.
-func (k *KV) message(o kvOp) *nats.Msg {
+// It is stamped with the fence's term.
+func (k *KV) message(o kvOp) (*nats.Msg, error) {
 	m := &nats.Msg{Subject: k.prefix[o.kind] + o.key, Data: o.value}
 	if o.value == nil {
 		m.Header = nats.Header{"KV-Operation": []string{"DEL"}}
 	}
-	return m
+	return m, k.fence.Stamp(m, k.local[o.kind]+TermKey)
 }
 
 // write does ops in their order and waits for them. It returns the first
@@ -449,7 +467,12 @@ func (p *kvPipe) send(ctx context.Context, o kvOp) {
 	if p.err != nil {
 		return
 	}
-	fut, err := p.k.pub.PublishMsgAsync(p.k.message(o), noRetry...)
+	m, err := p.k.message(o)
+	if err != nil {
+		p.fail(o, err)
+		return
+	}
+	fut, err := p.k.pub.PublishMsgAsync(m, noRetry...)
 	if err != nil {
 		p.fail(o, err)
 		return
@@ -497,6 +520,7 @@ func (p *kvPipe) pop(err error) {
 }
 
 func (p *kvPipe) fail(o kvOp, err error) {
+	p.k.fence.Check(err)
 	if p.err != nil {
 		return
 	}
@@ -766,6 +790,9 @@ func bucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte
 		case e := <-w.Updates():
 			if e == nil {
 				return out, nil // the initial values are all in
+			}
+			if e.Key() == TermKey {
+				continue // the lease term's marker, no resource's state
 			}
 			out[e.Key()] = e.Value()
 		case <-ctx.Done():
