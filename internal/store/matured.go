@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -95,43 +96,116 @@ type MatureResult struct {
 // every tag, announcing only what differs from the rows the stream gave.
 func maturedRunKey(age string) string { return "matured_run/" + age }
 
-// Mature brings tag_matured up to the store's clock for each age, in one
-// transaction, recording a tag.matured event for each change, and returns
-// the next instant a record matures. During the baseline it does nothing:
-// the tags' histories are not all known yet. An age's first run (maturity
+// Mature brings tag_matured up to the store's clock for each age,
+// recording a tag.matured event for each change, and returns the next
+// instant a record matures. During the baseline it does nothing: the
+// tags' histories are not all known yet. An age's first run (maturity
 // just turned on, or a new leader) recomputes every tag, so each tag's
 // matured digest is announced once.
+//
+// The tags are recomputed matureChunk at a time, each chunk's rows and
+// events in a transaction of their own, so that a first run over a large
+// mirror does not hold the writer for all of it; the run is recorded in
+// the last. A run cut short is done again whole, and announces only what
+// the rows do not hold yet.
 func (s *Store) Mature(ctx context.Context, ages []time.Duration) (MatureResult, error) {
 	var res MatureResult
 	if len(ages) == 0 {
 		return res, nil
 	}
 	now := s.now()
-	n, err := s.commit(ctx, func(tx *sql.Tx) (int, error) {
-		if baseline, err := s.inBaseline(ctx, tx); err != nil || baseline {
-			return 0, err
+	plans, lastID, err := s.maturityPlans(ctx, ages, now)
+	if err != nil || plans == nil {
+		return res, err
+	}
+	type step struct {
+		plan  *maturityPlan
+		chunk []string
+	}
+	var steps []step
+	for i := range plans {
+		p := &plans[i]
+		for start := 0; start < len(p.uids); start += matureChunk {
+			steps = append(steps, step{p, p.uids[start:min(start+matureChunk, len(p.uids))]})
 		}
-		var lastID int64
-		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) FROM tag_history`).Scan(&lastID); err != nil {
-			return 0, fmt.Errorf("read the last history id: %w", err)
-		}
-		total := 0
-		for _, age := range ages {
-			n, err := s.matureAge(ctx, tx, age, now, lastID)
-			if err != nil {
-				return 0, fmt.Errorf("age %s: %w", AgeName(age), err)
+	}
+	if len(steps) == 0 {
+		steps = append(steps, step{}) // the run alone
+	}
+	for i, st := range steps {
+		last := i == len(steps)-1
+		n, err := s.commit(ctx, func(tx *sql.Tx) (int, error) {
+			n := 0
+			if st.plan != nil {
+				var err error
+				if n, err = s.matureTags(ctx, tx, st.chunk, st.plan.age, st.plan.cutoff); err != nil {
+					return 0, fmt.Errorf("age %s: %w", st.plan.name, err)
+				}
 			}
-			total += n
+			if !last {
+				return n, nil
+			}
+			for _, p := range plans {
+				_, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
+					maturedRunKey(p.name), FormatTime(p.cutoff)+"|"+strconv.FormatInt(lastID, 10))
+				if err != nil {
+					return 0, fmt.Errorf("record the run of age %s: %w", p.name, err)
+				}
+			}
+			next, err := nextMaturation(ctx, tx, ages, now)
+			res.Next = next
+			return n, err
+		})
+		if err != nil {
+			return MatureResult{}, fmt.Errorf("mature tags: %w", err)
 		}
-		next, err := nextMaturation(ctx, tx, ages, now)
-		res.Next = next
-		return total, err
+		res.Events += n
+	}
+	return res, nil
+}
+
+// matureChunk is how many tags one transaction of Mature recomputes: a
+// first run over 50,000 tags in one transaction held the writer for
+// seconds, which a crawl's pages would wait for.
+const matureChunk = 1000
+
+// maturityPlan is the work of a Mature run for one age: the tags to
+// recompute, up to cutoff (now minus the age).
+type maturityPlan struct {
+	age    time.Duration
+	name   string
+	cutoff time.Time
+	uids   []string
+}
+
+// maturityPlans reads the tags each age must recompute, and the last
+// tag_history id they were found up to; nil plans during the baseline.
+func (s *Store) maturityPlans(ctx context.Context, ages []time.Duration, now time.Time) (plans []maturityPlan, lastID int64, err error) {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		if baseline, err := s.inBaseline(ctx, tx); err != nil || baseline {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) FROM tag_history`).Scan(&lastID); err != nil {
+			return fmt.Errorf("read the last history id: %w", err)
+		}
+		plans = make([]maturityPlan, 0, len(ages))
+		for _, age := range ages {
+			p := maturityPlan{age: age, name: AgeName(age), cutoff: now.Add(-age)}
+			run, ok, err := readMaturedRun(ctx, s, tx, p.name)
+			if err != nil {
+				return err
+			}
+			if p.uids, err = maturityCandidates(ctx, tx, run, ok, FormatTime(p.cutoff)); err != nil {
+				return fmt.Errorf("age %s: %w", p.name, err)
+			}
+			plans = append(plans, p)
+		}
+		return nil
 	})
 	if err != nil {
-		return MatureResult{}, fmt.Errorf("mature tags: %w", err)
+		return nil, 0, fmt.Errorf("mature tags: %w", err)
 	}
-	res.Events = n
-	return res, nil
+	return plans, lastID, nil
 }
 
 // nextMaturation is the earliest instant after now at which a record
@@ -180,40 +254,17 @@ func readMaturedRun(ctx context.Context, s *Store, tx *sql.Tx, age string) (matu
 	return maturedRun{cutoff: cutoff, lastID: n}, true, nil
 }
 
-// matureAge is Mature's work for one age.
-func (s *Store) matureAge(ctx context.Context, tx *sql.Tx, age time.Duration, now time.Time, lastID int64) (int, error) {
-	name := AgeName(age)
-	cutoff := now.Add(-age)
-	run, ok, err := readMaturedRun(ctx, s, tx, name)
+// matureTags recomputes tags for age up to cutoff, writing the rows and
+// events of the changes in tx; it returns how many events it recorded.
+func (s *Store) matureTags(ctx context.Context, tx *sql.Tx, tags []string, age time.Duration, cutoff time.Time) (int, error) {
+	cs, err := maturedChanges(ctx, tx, tags, age, AgeName(age), cutoff)
 	if err != nil {
 		return 0, err
 	}
-	uids, err := maturityCandidates(ctx, tx, run, ok, FormatTime(cutoff))
-	if err != nil {
+	if err := writeMatured(ctx, tx, cs); err != nil {
 		return 0, err
 	}
-	total := 0
-	for start := 0; start < len(uids); start += uidsPerQuery {
-		chunk := uids[start:min(start+uidsPerQuery, len(uids))]
-		cs, err := maturedChanges(ctx, tx, chunk, age, name, cutoff)
-		if err != nil {
-			return 0, err
-		}
-		if err := writeMatured(ctx, tx, cs); err != nil {
-			return 0, err
-		}
-		n, err := s.appendEvents(ctx, tx, cs)
-		if err != nil {
-			return 0, err
-		}
-		total += n
-	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
-		maturedRunKey(name), FormatTime(cutoff)+"|"+strconv.FormatInt(lastID, 10))
-	if err != nil {
-		return 0, fmt.Errorf("record the run: %w", err)
-	}
-	return total, nil
+	return s.appendEvents(ctx, tx, cs)
 }
 
 // maturityCandidates are the live tags whose matured digest may have
@@ -224,9 +275,11 @@ func maturityCandidates(ctx context.Context, tx *sql.Tx, run maturedRun, ok bool
 	q := `SELECT t.uid FROM tags t WHERE t.deleted_time IS NULL AND EXISTS (SELECT 1 FROM tag_history h WHERE h.tag_uid = t.uid) ORDER BY t.uid`
 	var args []any
 	if ok {
-		q = `SELECT t.uid FROM tags t WHERE t.deleted_time IS NULL AND t.uid IN (
-			SELECT tag_uid FROM tag_history WHERE update_time > ? AND update_time <= ?
-			UNION SELECT tag_uid FROM tag_history WHERE id > ?) ORDER BY t.uid`
+		// UNION ALL and DISTINCT after: a UNION merged the two sorted by
+		// tag, which read the whole history through its (tag_uid, seq)
+		// index instead of the rows past lastID.
+		q = `SELECT DISTINCT t.uid FROM (SELECT tag_uid FROM tag_history WHERE update_time > ? AND update_time <= ?
+			UNION ALL SELECT tag_uid FROM tag_history WHERE id > ?) h JOIN tags t ON t.uid = h.tag_uid WHERE t.deleted_time IS NULL`
 		args = []any{run.cutoff, cutoff, run.lastID}
 	}
 	var uids []string
@@ -239,6 +292,7 @@ func maturityCandidates(ctx context.Context, tx *sql.Tx, run maturedRun, ok bool
 	if err != nil {
 		return nil, fmt.Errorf("find the tags to recompute: %w", err)
 	}
+	slices.Sort(uids) // the events in the order of the tags
 	return uids, nil
 }
 
