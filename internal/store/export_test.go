@@ -18,3 +18,11 @@ func CVSS(typ, score string) (float64, string, bool) {
 	}
 	return b, rating(typ, b), true
 }
+
+// SetMatureChunk sets how many tags a transaction of Mature recomputes,
+// until the test ends.
+func SetMatureChunk(t interface{ Cleanup(func()) }, n int) {
+	old := matureChunk
+	matureChunk = n
+	t.Cleanup(func() { matureChunk = old })
+}

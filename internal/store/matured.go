@@ -167,7 +167,7 @@ func (s *Store) Mature(ctx context.Context, ages []time.Duration) (MatureResult,
 // matureChunk is how many tags one transaction of Mature recomputes: a
 // first run over 50,000 tags in one transaction held the writer for
 // seconds, which a crawl's pages would wait for.
-const matureChunk = 1000
+var matureChunk = 1000 // a variable for tests of runs cut short
 
 // maturityPlan is the work of a Mature run for one age: the tags to
 // recompute, up to cutoff (now minus the age).

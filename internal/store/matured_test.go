@@ -3,6 +3,9 @@ package store_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -264,5 +267,57 @@ func TestMature_FollowerHoldsTheSameRows(t *testing.T) {
 	bad := store.StreamEvent{ID: "bad1", Type: store.TagMatured, Subject: "g1/r1/t1", Time: t0, Data: json.RawMessage(`{"uid":"g1/r1/t9","age":"10s"}`)}
 	if _, err := follower.ApplyStreamEvents(ctx, []store.StreamEvent{bad}); err == nil {
 		t.Error("a tag.matured naming another tag was applied")
+	}
+}
+
+// TestMature_RunCutShort: a first run commits its tags a chunk at a time;
+// one cut short after its first chunk is done again whole, and announces
+// only the tags the first chunk did not.
+func TestMature_RunCutShort(t *testing.T) {
+	ctx := context.Background()
+	store.SetMatureChunk(t, 2)
+	clk := newClock()
+	var failAt, commits atomic.Int64
+	crash := errors.New("crash")
+	st, _ := openTemp(t, clk, false, store.Options{BeforeCommit: func(context.Context) error {
+		if n := commits.Add(1); n == failAt.Load() {
+			return crash
+		}
+		return nil
+	}})
+	repo := nginx()
+	mustApplyRepos(t, st, repo)
+	var tags []store.Tag
+	for i := range 5 {
+		tags = append(tags, tag(fmt.Sprintf("g1/r1/t%d", i), fmt.Sprintf("v%d", i), i))
+	}
+	for _, ref := range mustApplyTags(t, st, repo, tags...) {
+		if _, err := st.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: clk.Now(), Digest: digest(7)}}, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Advance(time.Hour)
+	ages := []time.Duration{time.Minute}
+	// The first chunk commits, the second's commit fails.
+	failAt.Store(commits.Load() + 2)
+	if _, err := st.Mature(ctx, ages); !errors.Is(err, crash) {
+		t.Fatalf("Mature = %v, want the crash", err)
+	}
+	if got := len(maturedEvents(t, st)); got != 2 {
+		t.Fatalf("after the cut: %d tag.matured, want the first chunk's 2", got)
+	}
+	res, err := st.Mature(ctx, ages)
+	if err != nil || res.Events != 3 {
+		t.Fatalf("again: %+v, %v; want the 3 others", res, err)
+	}
+	seen := map[string]bool{}
+	for _, e := range maturedEvents(t, st) {
+		if seen[e.UID] {
+			t.Fatalf("tag %s announced twice", e.UID)
+		}
+		seen[e.UID] = true
+	}
+	if len(seen) != 5 {
+		t.Fatalf("announced %d tags, want 5", len(seen))
 	}
 }
