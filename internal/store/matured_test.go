@@ -321,3 +321,56 @@ func TestMature_RunCutShort(t *testing.T) {
 		t.Fatalf("announced %d tags, want 5", len(seen))
 	}
 }
+
+// TestMaturedDigests_AsPublished: what the matured bucket must hold is
+// the state of the published tag.matured events: a change still in the
+// outbox shows as the digest it replaces, and a deleted tag has none.
+func TestMaturedDigests_AsPublished(t *testing.T) {
+	ctx := context.Background()
+	const age = 10 * time.Second
+	m := newMaturedTest(t, age)
+	t0 := m.clk.Now()
+	m.move(1)
+	m.at(t0, 20*time.Second)
+	m.move(2)
+	m.mature() // 1 matured
+	publishAll := func() {
+		evs, err := m.st.Unpublished(ctx, 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs := make([]int64, len(evs))
+		for i, e := range evs {
+			seqs[i] = e.Seq
+		}
+		if err := m.st.MarkPublished(ctx, seqs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publishAll()
+	m.at(t0, 30*time.Second)
+	if evs, _ := m.mature(); len(evs) != 1 || evs[0].Digest != digest(2) {
+		t.Fatalf("events %+v, want 2 matured", evs)
+	}
+	digests := func() []store.MaturedTag {
+		var out []store.MaturedTag
+		if err := m.st.MaturedDigests(ctx, func(d store.MaturedTag) error { out = append(out, d); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if got := digests(); len(got) != 1 || got[0].Digest != digest(1) || got[0].Tag != "1.27" || got[0].Repo != "nginx" ||
+		!got[0].MaturedTime.Equal(t0.Add(age)) {
+		t.Fatalf("with 2's tag.matured unpublished: %+v, want 1 as published", got)
+	}
+	publishAll()
+	if got := digests(); len(got) != 1 || got[0].Digest != digest(2) || got[0].EventID == "" {
+		t.Fatalf("published: %+v, want 2 with its event id", got)
+	}
+	if _, err := m.st.MarkTagsDeleted(ctx, []string{"g1/r1/t1"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := digests(); len(got) != 0 {
+		t.Fatalf("deleted tag: %+v, want none", got)
+	}
+}
