@@ -181,6 +181,11 @@ type maturityPlan struct {
 // maturityPlans reads the tags each age must recompute, and the last
 // tag_history id they were found up to; nil plans during the baseline.
 func (s *Store) maturityPlans(ctx context.Context, ages []time.Duration, now time.Time) (plans []maturityPlan, lastID int64, err error) {
+	// Read first, without the write lock: during the baseline every page
+	// of history wakes the duty.
+	if baseline, err := s.InBaseline(ctx); err != nil || baseline {
+		return nil, 0, err
+	}
 	err = s.tx(ctx, func(tx *sql.Tx) error {
 		if baseline, err := s.inBaseline(ctx, tx); err != nil || baseline {
 			return err
