@@ -27,6 +27,18 @@ type Config struct {
 	Verify   Verify   `toml:"verify"`
 	Sync     Sync     `toml:"sync"`
 	Query    Query    `toml:"query"`
+	Maturity Maturity `toml:"maturity"`
+}
+
+// Maturity configures tags that mature: for each age, the leader keeps
+// every tag's matured digest (the newest one that stayed on the tag that
+// long) in the [kv] matured bucket and announces each change as
+// tag.matured.
+type Maturity struct {
+	// After are the ages, Go durations of whole seconds ("72h"); empty:
+	// off. Strings, not Durations, so that SYNCD_MATURITY_AFTER sets them
+	// as any other list.
+	After []string `toml:"after"`
 }
 
 // Verify configures how the replicas and the stream are checked against
@@ -65,6 +77,9 @@ type KV struct {
 	Tags       string `toml:"tags_bucket"`
 	Repos      string `toml:"repos_bucket"`
 	Advisories string `toml:"advisories_bucket"`
+	// Matured is the bucket of matured digests ([maturity]):
+	// <repo path>.<tag>.<age>.
+	Matured string `toml:"matured_bucket"`
 	// History is how many values each key keeps (1 to 64).
 	History int `toml:"history"`
 	// Replicas of each bucket; 0: nats.replicas.
@@ -302,6 +317,7 @@ func Default() Config {
 			Tags:              "syncd_tags",
 			Repos:             "syncd_repos",
 			Advisories:        "syncd_advisories",
+			Matured:           "syncd_matured",
 			History:           1,
 			ReconcileInterval: Duration{time.Hour},
 		},
@@ -324,6 +340,7 @@ func Default() Config {
 			Concurrency: 4,
 			MaxPending:  256,
 		},
+		Maturity: Maturity{After: []string{}},
 	}
 }
 

@@ -72,6 +72,9 @@ type App struct {
 	Snapshots *cluster.Snapshotter
 	// Auditor audits the stream against the mirror, as the leader.
 	Auditor *publish.Auditor
+	// Maturity keeps the tags' matured digests, as the leader; nil when
+	// [maturity] after is empty.
+	Maturity *cluster.Maturity
 	// Position is the stream sequence the mirror has applied, for the
 	// query service.
 	Position *query.Position
@@ -145,6 +148,9 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	a.Crawler = newCrawler(cfg, a.Client, a.Store, a.Jobs, a.observeRun, log)
 	a.Receiver = newReceiver(cfg, a.Crawler, a.Store, log)
 	a.Registrar = NewRegistrar(cfg, a.Client, a.Store, log)
+	if ages, _ := cfg.Maturity.Ages(); len(ages) > 0 { // validated with the config
+		a.Maturity = &cluster.Maturity{Store: a.Store, Ages: ages, Logger: log.With("part", "maturity")}
+	}
 	if sc := cfg.Snapshot; sc.Enabled {
 		a.Snapshots = cluster.NewSnapshotter(a.NATS.JS, a.Store, cluster.SnapshotConfig{Bucket: sc.Bucket, Replicas: cfg.NATS.Replicas,
 			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot"),
@@ -184,7 +190,11 @@ func (a *App) fenced() {
 // kvConfig is the publish.KVConfig of [kv].
 func kvConfig(cfg config.Config, log *slog.Logger) publish.KVConfig {
 	k := cfg.KV
-	return publish.KVConfig{Tags: k.Tags, Repos: k.Repos, Advisories: k.Advisories, History: k.History,
+	var matured string
+	if len(cfg.Maturity.After) > 0 {
+		matured = k.Matured
+	}
+	return publish.KVConfig{Tags: k.Tags, Repos: k.Repos, Advisories: k.Advisories, Matured: matured, History: k.History,
 		Replicas: cfg.BucketReplicas(), CheckOnly: !cfg.NATS.ManageStream, ReconcileInterval: k.ReconcileInterval.Duration,
 		Logger: log.With("part", "kv")}
 }

@@ -20,7 +20,7 @@ func (a *App) extraJobs() []crawler.Job {
 }
 
 // duties are the leader's: the crawler's jobs, the receiver's queue, the
-// snapshots, the stream audit and the relay, shut down within grace; drain
+// snapshots, the stream audit, the matured digests and the relay, shut down within grace; drain
 // as in cluster.Duties.
 func (a *App) duties(grace time.Duration, drain func() bool) *cluster.Duties {
 	jobs := a.extraJobs()
@@ -33,6 +33,9 @@ func (a *App) duties(grace time.Duration, drain func() bool) *cluster.Duties {
 	}
 	if a.Auditor != nil {
 		work = append(work, a.Auditor.Run)
+	}
+	if a.Maturity != nil {
+		work = append(work, a.Maturity.Run)
 	}
 	return &cluster.Duties{Work: work, Relay: a.Relay, Outbox: a.Store, Grace: grace, Drain: drain, Logger: a.Log}
 }

@@ -53,6 +53,7 @@ var digestTables = []digestTable{
 	{"advisories", []string{"uid", "advisory_id", "artifact_name", "deleted_time IS NOT NULL", "deletions"}, false},
 	{"advisory_aliases", []string{"advisory_uid", "seq", "alias"}, false},
 	{"advisory_events", []string{"advisory_uid", "seq", "uid", "type", "review_state", "fixed_version"}, false},
+	{"tag_matured", []string{"tag_uid", "age", "seq", "update_time", "digest"}, false},
 }
 
 // digestVersion names the triggers; a change of the columns is a new
@@ -321,13 +322,21 @@ func (d ReplicaDigest) Diff(other ReplicaDigest) string {
 		theirs[t.Table] = t
 	}
 	for _, t := range d {
-		if o, ok := theirs[t.Table]; !ok || o != t {
+		// A table the other side does not list (a syncd from before it)
+		// is as good as empty there.
+		o, ok := theirs[t.Table]
+		if !ok {
+			o = TableDigest{Table: t.Table}
+		}
+		if o != t {
 			return fmt.Sprintf("%s (%d rows here, %d there)", t.Table, t.Rows, o.Rows)
 		}
 		delete(theirs, t.Table)
 	}
-	for name := range theirs {
-		return name + " (only there)"
+	for name, o := range theirs {
+		if o.Rows != 0 || o.Sum != 0 {
+			return name + " (only there)"
+		}
 	}
 	return ""
 }

@@ -175,8 +175,10 @@ func (s *Store) EndBaseline(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("end baseline: %w", err)
 	}
-	// The relay reconciles the KV buckets with what the baseline found.
+	// The relay reconciles the KV buckets with what the baseline found;
+	// the tags' histories are known now, and mature.
 	s.signal()
+	s.signalHistory()
 	return nil
 }
 

@@ -25,3 +25,11 @@ func MoveCandidates() int64 { return moveCandidates.Load() }
 
 // MaxMoveCandidates is the most positions one search tries.
 const MaxMoveCandidates = maxMoveCandidates
+
+// SetMatureChunk sets how many tags a transaction of Mature recomputes,
+// until the test ends.
+func SetMatureChunk(t interface{ Cleanup(func()) }, n int) {
+	old := matureChunk
+	matureChunk = n
+	t.Cleanup(func() { matureChunk = old })
+}

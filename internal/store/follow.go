@@ -295,6 +295,9 @@ func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]Stre
 // apply applies one event's state and returns the event's scope (the
 // repo's path, or the artifact name), as the leader recorded it.
 func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) {
+	if e.Type == TagMatured {
+		return b.applyMatured(ctx, e)
+	}
 	resource, _, _ := strings.Cut(e.Type, ".")
 	switch resource {
 	case "repo":
@@ -358,6 +361,27 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 		return d.Path, b.appendRecorded(ctx, d)
 	}
 	return "", fmt.Errorf("unknown resource %q", resource)
+}
+
+// applyMatured writes a tag.matured event's record to tag_matured, as the
+// leader wrote it with the event, so that this replica, leading, goes on
+// from it without announcing it again.
+func (b *followBatch) applyMatured(ctx context.Context, e StreamEvent) (string, error) {
+	var d MaturedTag
+	if err := json.Unmarshal(e.Data, &d); err != nil {
+		return "", fmt.Errorf("decode data: %w", err)
+	}
+	if err := validMatured(d, e.Subject); err != nil {
+		return "", err
+	}
+	if d.MaturedTime.IsZero() {
+		d.MaturedTime = d.Since
+	}
+	st, err := b.stmt(ctx, upsertMaturedSQL)
+	if err != nil {
+		return "", err
+	}
+	return d.Repo, upsertMatured(ctx, st, d, e.ID)
 }
 
 // appendRecorded stores a history.recorded event's records at their
@@ -579,5 +603,6 @@ func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []Histor
 	if err != nil {
 		return 0, fmt.Errorf("resolve history of tag %s:%s: %w", ref.Repo, ref.Name, err)
 	}
+	s.signalHistory()
 	return len(known), nil
 }

@@ -75,6 +75,7 @@ func (s *Store) ApplyHistories(ctx context.Context, ups []HistoryUpdate) (events
 	if err != nil {
 		return 0, err
 	}
+	s.signalHistory()
 	return n, nil
 }
 

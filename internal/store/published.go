@@ -110,6 +110,9 @@ func pendingBefore(ctx context.Context, tx *sql.Tx) (map[string]*pendingEvent, e
 // statefulAction reports whether events of this resource and action carry
 // the resource's state before and after: all but an advisory's steps.
 func statefulAction(resource, action string) bool {
+	if resource+"."+action == TagMatured {
+		return false // its data is the matured digest, not the tag (MaturedDigests)
+	}
 	if resource != "advisory" {
 		return true
 	}

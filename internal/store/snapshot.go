@@ -28,7 +28,7 @@ const SnapshotSeqKey = "snapshot_stream_seq"
 // replica_digest is computed from the copied rows.
 // TestSnapshotTables fails when a table is in neither list.
 var snapshotTables = []string{"repos", "tags", "tag_history", "advisories", "advisory_aliases", "advisory_severities",
-	"advisory_events", "event_log", "event_publishes"}
+	"advisory_events", "tag_matured", "event_log", "event_publishes"}
 
 // SnapshotSkippedTables are the tables a restore leaves alone (see
 // snapshotTables).

@@ -86,6 +86,8 @@ type Store struct {
 	readOnly bool // OpenReadOnly: w is the reader pool
 	cacheKiB int  // the writer's page cache
 	notify   chan struct{}
+	// history receives a value after a write of history (HistoryWritten).
+	history chan struct{}
 	// beforeCommit is Options.BeforeCommit.
 	beforeCommit func(ctx context.Context) error
 	onEvents     func(map[string]int)
@@ -130,7 +132,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	w.SetMaxOpenConns(1)
 	w.SetConnMaxIdleTime(0)
 	s := &Store{w: w, cacheKiB: opts.CacheKiB, now: opts.Now, log: opts.Logger, snapshot: opts.InitialEvents == "snapshot",
-		notify: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit, onEvents: opts.OnEvents}
+		notify: make(chan struct{}, 1), history: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit, onEvents: opts.OnEvents}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, explain(path, err))
@@ -248,6 +250,19 @@ func (s *Store) Notify() <-chan struct{} { return s.notify }
 func (s *Store) signal() {
 	select {
 	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// HistoryWritten returns a channel that receives a value after a commit
+// that may have added history records, and when the baseline ends: what
+// can bring a tag's next maturation nearer (Mature). It holds at most one
+// pending signal.
+func (s *Store) HistoryWritten() <-chan struct{} { return s.history }
+
+func (s *Store) signalHistory() {
+	select {
+	case s.history <- struct{}{}:
 	default:
 	}
 }
