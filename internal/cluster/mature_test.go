@@ -51,9 +51,10 @@ func maturedOnStream(t *testing.T, js jetstream.JetStream) []publish.CloudEvent 
 // TestMaturity_LeaderAnnouncesEachAtItsInstant moves a tag through several
 // digests under an age of 5s on a clock the test moves: the leader's duty
 // arms its timer at each next maturation (no polling), each tag.matured
-// reaches the stream once, at its instant, a digest replaced within the
-// age never does, the matured bucket agrees, and a follower applying the
-// stream holds the same tag_matured rows.
+// reaches the stream once, at its instant (a digest replaced within the
+// age too: the matured digest is the one the tag pointed to an age ago),
+// the matured bucket agrees, and a follower applying the stream holds the
+// same tag_matured rows.
 func TestMaturity_LeaderAnnouncesEachAtItsInstant(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -136,15 +137,19 @@ func TestMaturity_LeaderAnnouncesEachAtItsInstant(t *testing.T) {
 		t.Fatalf("first tag.matured: %+v %+v", evs[0], d)
 	}
 
-	move(6*time.Second, "sha256:y") // replaced after 2s: never matures
+	move(6*time.Second, "sha256:y") // replaced after 2s
 	move(8*time.Second, "sha256:z")
 	armed(11 * time.Second)
-	clk.Advance(3 * time.Second) // t0+11s: y reached the age, but was replaced
+	clk.Advance(3 * time.Second) // t0+11s: y, the digest 5s ago, matures
+	evs = matured(2)
+	if d := data(evs[1]); d.Digest != "sha256:y" || evs[1].Time != "2026-03-01T12:00:11.000Z" || d.Previous == nil || d.Previous.Digest != "sha256:x" {
+		t.Fatalf("second tag.matured: %+v %+v", evs[1], d)
+	}
 	armed(13 * time.Second)
 	clk.Advance(2 * time.Second) // t0+13s: z matures
-	evs = matured(2)
-	if d := data(evs[1]); d.Digest != "sha256:z" || evs[1].Time != "2026-03-01T12:00:13.000Z" || d.Previous == nil || d.Previous.Digest != "sha256:x" {
-		t.Fatalf("second tag.matured: %+v %+v", evs[1], d)
+	evs = matured(3)
+	if d := data(evs[2]); d.Digest != "sha256:z" || evs[2].Time != "2026-03-01T12:00:13.000Z" || d.Previous == nil || d.Previous.Digest != "sha256:y" {
+		t.Fatalf("third tag.matured: %+v %+v", evs[2], d)
 	}
 
 	// The bucket agrees, and a reconciliation finds nothing to change.
@@ -155,7 +160,7 @@ func TestMaturity_LeaderAnnouncesEachAtItsInstant(t *testing.T) {
 			return false
 		}
 		var v publish.MaturedValue
-		return json.Unmarshal(e.Value(), &v) == nil && v.Digest == "sha256:z" && v.EventID == evs[1].ID
+		return json.Unmarshal(e.Value(), &v) == nil && v.Digest == "sha256:z" && v.EventID == evs[2].ID
 	})
 	// Reconciling is the relay's, between its passes: stop it first.
 	stopRelay()
@@ -167,8 +172,8 @@ func TestMaturity_LeaderAnnouncesEachAtItsInstant(t *testing.T) {
 
 	// Every change once; the follower holds the same rows.
 	clk.Advance(time.Minute)
-	if got := maturedOnStream(t, js); len(got) != 2 || got[0].ID == got[1].ID {
-		t.Fatalf("tag.matured on the stream: %+v, want x then z, once each", got)
+	if got := maturedOnStream(t, js); len(got) != 3 || got[0].ID == got[1].ID || got[1].ID == got[2].ID {
+		t.Fatalf("tag.matured on the stream: %+v, want x, y, then z, once each", got)
 	}
 	rows := func(s *store.Store) string {
 		var out string

@@ -12,14 +12,14 @@ import (
 	"time"
 )
 
-// Tags that mature ([maturity] after). For a tag and an age A, a history
-// record matures when it has stayed on the tag for A: the tag's next record
-// came at least A after it, or has not come and A has passed. The tag's
-// matured digest is the newest record's that matured. So a digest replaced
-// within A never matures, and a tag that went X→Y→X within A keeps X
-// matured without a word; the matured digest trails the tag by at least A
-// and skips what was taken back sooner, which is what a cooldown before
-// adopting an update wants.
+// Tags that mature ([maturity] after). For a tag and an age A, the matured
+// digest is the one the tag pointed to at now − A: the digest of its newest
+// history record at least A old, "the newest digest of this tag that is at
+// least A old". It trails the tag by A and changes when a record reaches
+// the age A. A digest replaced within A matures too, at its own age, for as
+// long as it was the tag's (docs/events.md has an example); a consumer that
+// wants to skip what was taken back sooner reads the history (the query
+// service's tag.history) for how long it stayed.
 //
 // The leader recomputes a tag only when something can have changed: a
 // record of it reached the age A since the last run (time passed; the
@@ -397,19 +397,14 @@ func maturedDisc(age, from string, m MaturedRecord) string {
 	return age + "/" + from + "/" + moveDisc(m.Seq, FormatTime(m.Since), m.Digest)
 }
 
-// maturedOf returns the newest record of hist (a tag's history in order)
-// that matured for age by cutoff (now minus the age): its time is at most
-// cutoff and the next record came at least age after it, or not yet.
-func maturedOf(hist []MaturedRecord, age time.Duration, cutoff time.Time) (MaturedRecord, bool) {
+// maturedOf returns the record of hist (a tag's history in order) the tag
+// pointed to at cutoff (now minus the age): the newest whose time is at
+// most cutoff.
+func maturedOf(hist []MaturedRecord, _ time.Duration, cutoff time.Time) (MaturedRecord, bool) {
 	for i := len(hist) - 1; i >= 0; i-- {
-		r := hist[i]
-		if r.Since.After(cutoff) {
-			continue
+		if !hist[i].Since.After(cutoff) {
+			return hist[i], true
 		}
-		if i+1 < len(hist) && hist[i+1].Since.Sub(r.Since) < age {
-			continue // replaced within the age: never matures
-		}
-		return r, true
 	}
 	return MaturedRecord{}, false
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -84,9 +85,10 @@ func maturedEvents(tb testing.TB, st *store.Store) []store.MaturedTag {
 }
 
 // TestMature_AtTheirAge moves a tag through several digests under an age
-// of 10s and checks each tag.matured at its instant, once: a digest
-// replaced within the age never matures, and a tag that went X→Y→X
-// within it announces nothing.
+// of 10s and checks each tag.matured at its instant, once: the matured
+// digest is the one the tag pointed to 10s ago, so a digest replaced
+// within the age matures too, for as long as it was the tag's, and a tag
+// that went X→Y→X announces Y and then X again.
 func TestMature_AtTheirAge(t *testing.T) {
 	const age = 10 * time.Second
 	m := newMaturedTest(t, age)
@@ -107,45 +109,56 @@ func TestMature_AtTheirAge(t *testing.T) {
 		evs[0].Repo != "nginx" || !evs[0].Since.Equal(t0) || !next.IsZero() {
 		t.Fatalf("at t0+10s: events %+v, next %v; want X matured, nothing next", evs, next)
 	}
-	first := evs[0]
 
 	m.at(t0, 12*time.Second)
-	m.move(2) // Y at t0+12s, replaced 3s later: never matures
+	m.move(2) // Y at t0+12s, replaced 3s later
 	m.at(t0, 15*time.Second)
 	m.move(3) // Z at t0+15s
 	if evs, next := m.mature(); len(evs) != 0 || !next.Equal(t0.Add(22*time.Second)) {
 		t.Fatalf("at t0+15s: events %+v, next %v; want none, next t0+22s (Y's age)", evs, next)
 	}
 	m.at(t0, 22*time.Second)
-	if evs, next := m.mature(); len(evs) != 0 || !next.Equal(t0.Add(25*time.Second)) {
-		t.Fatalf("at t0+22s: events %+v, next %v; want none (Y was replaced within the age), next t0+25s", evs, next)
+	evs, next = m.mature()
+	if len(evs) != 1 || evs[0].Digest != digest(2) || evs[0].Previous == nil || evs[0].Previous.Digest != digest(1) ||
+		!next.Equal(t0.Add(25*time.Second)) {
+		t.Fatalf("at t0+22s: events %+v, next %v; want Y matured after X (the tag's digest 10s ago), next t0+25s", evs, next)
 	}
 	m.at(t0, 25*time.Second)
 	evs, _ = m.mature()
-	if len(evs) != 1 || evs[0].Digest != digest(3) || evs[0].Previous == nil || evs[0].Previous.Digest != digest(1) ||
+	if len(evs) != 1 || evs[0].Digest != digest(3) || evs[0].Previous == nil || evs[0].Previous.Digest != digest(2) ||
 		!evs[0].MaturedTime.Equal(t0.Add(25*time.Second)) {
-		t.Fatalf("at t0+25s: events %+v, want Z matured after X", evs)
+		t.Fatalf("at t0+25s: events %+v, want Z matured after Y", evs)
 	}
-	zSeq := evs[0].Seq
 
-	// Z → W → Z within the age: Z stays matured, nothing is said.
+	// Z → W → Z: W at its age, then Z again at its second record's.
 	m.at(t0, 30*time.Second)
 	m.move(4)
 	m.at(t0, 33*time.Second)
 	m.move(3)
+	want := map[time.Duration]string{40: digest(4), 43: digest(3), 60: ""}
+	var again store.MaturedTag
 	for _, d := range []time.Duration{40, 43, 60} {
 		m.at(t0, d*time.Second)
-		if evs, _ := m.mature(); len(evs) != 0 {
-			t.Fatalf("at t0+%ds, after Z→W→Z: events %+v, want none", d, evs)
+		evs, _ := m.mature()
+		switch {
+		case want[d] == "" && len(evs) != 0:
+			t.Fatalf("at t0+%ds: events %+v, want none", d, evs)
+		case want[d] != "" && (len(evs) != 1 || evs[0].Digest != want[d]):
+			t.Fatalf("at t0+%ds: events %+v, want %s matured", d, evs, want[d])
+		case want[d] == digest(3):
+			again = evs[0]
 		}
 	}
-	if got := queryInt(t, m.st.Reader(), `SELECT seq FROM tag_matured WHERE tag_uid = 'g1/r1/t1' AND age = '10s'`); got != zSeq {
-		t.Errorf("tag_matured seq = %d, want Z's first record %d: the row is the last event's", got, zSeq)
+	if got := queryInt(t, m.st.Reader(), `SELECT seq FROM tag_matured WHERE tag_uid = 'g1/r1/t1' AND age = '10s'`); got != again.Seq {
+		t.Errorf("tag_matured seq = %d, want Z's second record %d: the row is the last event's", got, again.Seq)
 	}
 	// Every change once, in order.
-	all := maturedEvents(t, m.st)
-	if len(all) != 2 || all[0].EventID != first.EventID || all[1].Digest != digest(3) {
-		t.Fatalf("all tag.matured: %+v", all)
+	var got []string
+	for _, e := range maturedEvents(t, m.st) {
+		got = append(got, e.Digest)
+	}
+	if w := []string{digest(1), digest(2), digest(3), digest(4), digest(3)}; !slices.Equal(got, w) {
+		t.Fatalf("all tag.matured: %v, want %v", got, w)
 	}
 }
 

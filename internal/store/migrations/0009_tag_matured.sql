@@ -1,7 +1,7 @@
 -- Schema version 9: tags that mature ([maturity] after).
 --
--- For each tag and age, the digest that matured last (the newest history
--- record that stayed on the tag at least that long), as the tag.matured
+-- For each tag and age, the digest that matured last (the history record
+-- the tag pointed to that long ago), as the tag.matured
 -- event that set it announced it. The leader writes a row with its event;
 -- a follower writes the same row from the event. No foreign key: a
 -- follower may apply a tag.matured before the tag's own event.
