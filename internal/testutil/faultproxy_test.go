@@ -1,8 +1,13 @@
 package testutil
 
 import (
+	"context"
+	"fmt"
+
 	"bufio"
 	"errors"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 	"io"
 	"net"
 	"os"
@@ -119,4 +124,64 @@ func TestFaultProxy(t *testing.T) {
 	if err := roundTrip(c5, r5, time.Second); err != nil {
 		t.Fatalf("after Cut and Heal: %v", err)
 	}
+}
+
+// TestProxiedNATSCluster_Isolate: in a cluster routed through fault
+// proxies, no route goes around them; a node isolated from the others
+// while it leads a stream (R3) loses it to the majority, which goes on
+// storing messages; healed, the node routes again and holds them too.
+func TestProxiedNATSCluster_Isolate(t *testing.T) {
+	if os.Getenv("SYNCD_TEST_CLUSTER") == "" {
+		t.Skip("make cluster-test runs it (SYNCD_TEST_CLUSTER=1): Raft elections take seconds")
+	}
+	c := ProxiedNATSClusterOf(t, 3)
+	if err := c.RoutesProxied(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	js := JetStream(t, c.Nodes[0].URL())
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t"}, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "t", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := info.Cluster.Leader
+	c.Isolate(leader)
+	var other *NATSServer
+	for _, n := range c.Nodes {
+		if n.Name() != leader {
+			other = n
+		}
+	}
+	ojs := JetStream(t, other.URL())
+	Eventually(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := ojs.Publish(ctx, "t", []byte("2"))
+		return err
+	})
+	c.HealRoutes()
+	Eventually(t, 30*time.Second, func() error {
+		if err := c.RoutesProxied(); err != nil {
+			return err
+		}
+		jsz, err := c.Node(leader).Server.Jsz(&server.JSzOptions{Accounts: true, Streams: true})
+		if err != nil {
+			return err
+		}
+		for _, a := range jsz.AccountDetails {
+			for _, st := range a.Streams {
+				if st.Name == "T" && st.State.Msgs == 2 {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("the healed node %s does not hold both messages yet", leader)
+	})
 }
