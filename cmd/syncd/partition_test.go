@@ -1,0 +1,311 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/testutil"
+)
+
+// This file runs the network faults of docs/cluster.md ("Partitions"):
+// two "syncd run" replicas and a follower as processes against a three-node
+// JetStream cluster whose routes, and each replica's connections to each
+// node, go through fault proxies (testutil.FaultProxy), while the
+// simulator changes data. Each test ends with the same oracle (finish).
+
+// partitionWorld is the cluster, the replicas a and b, the follower f, and
+// what watches the stream and the KV buckets from outside the faults.
+type partitionWorld struct {
+	t     *testing.T
+	start time.Time
+	cl    *testutil.NATSCluster
+	urls  string // the nodes' own client URLs, for the test's clients
+	w     *world
+	a, b  *node
+	f     *node
+	// proxies is, by replica name, its fault proxy to each NATS node.
+	proxies map[string][]*testutil.FaultProxy
+	js      jetstream.JetStream
+	ctx     context.Context
+	rcv     *received
+	kv      *kvRecorder
+	ch      *changer
+}
+
+// startPartitionWorld starts the cluster, a as the leader after its
+// baseline, b as its standby, the follower, the watchers, and the changes.
+func startPartitionWorld(t *testing.T, seed int64) *partitionWorld {
+	t.Helper()
+	if os.Getenv(clusterTestEnv) == "" {
+		t.Skip("make cluster-test runs it (" + clusterTestEnv + "=1)")
+	}
+	pw := &partitionWorld{t: t, start: time.Now(), proxies: map[string][]*testutil.FaultProxy{}}
+	pw.cl = testutil.ProxiedNATSClusterOf(t, 3)
+	pw.urls = pw.cl.URLs()
+	pw.a, pw.b = &node{name: "a", token: "tok-a-6e1f"}, &node{name: "b", token: "tok-b-2c9a"}
+	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: seed, Tokens: []string{pw.a.token, pw.b.token}},
+		platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 4, Advisories: 4, PublicImages: -1})
+	dir := t.TempDir()
+	for _, n := range []*node{pw.a, pw.b} {
+		var urls []string
+		for _, s := range pw.cl.Nodes {
+			p := testutil.NewFaultProxy(t, strings.TrimPrefix(s.URL(), "nats://"))
+			pw.proxies[n.name] = append(pw.proxies[n.name], p)
+			urls = append(urls, "nats://"+p.Addr())
+		}
+		n.dbPath, n.replicas, n.admin, n.snapshotEvery = filepath.Join(dir, n.name+".db"), 3, freePort(t), "2s"
+		n.cfg = clusterNodeConfig(t, simURL, strings.Join(urls, ","), n)
+	}
+	pw.f = &node{name: "f", token: "no-platform-access", dbPath: filepath.Join(dir, "f.db"), replicas: 3}
+	pw.f.cfg = clusterNodeConfig(t, simURL, pw.urls, pw.f)
+	pw.w = &world{t: t, sim: sim, simURL: simURL, natsURL: pw.urls}
+	pw.w.takeBaseline()
+	pw.js = testutil.JetStream(t, pw.urls, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	pw.ctx = ctx
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range []*node{pw.a, pw.b, pw.f} {
+				if n.out != nil {
+					t.Logf("%s log tail:\n%s", n.name, tail(n.out.String(), 30))
+				}
+			}
+		}
+	})
+
+	pw.a.start(t, "run")
+	testutil.WaitFor(t, 60*time.Second, "a to lead and finish its baseline", func() bool {
+		return metaOf(pw.a.dbPath, "role") == "leader" && metaOf(pw.a.dbPath, "baseline_time") != ""
+	})
+	pw.b.start(t, "run")
+	pw.f.start(t, "follow")
+	testutil.WaitFor(t, 30*time.Second, "b to stand by", func() bool {
+		return metaOf(pw.b.dbPath, "role") == "standby" && metaOf(pw.b.dbPath, "lease_holder") == "a"
+	})
+	if err := pw.cl.RoutesProxied(); err != nil {
+		t.Fatal(err)
+	}
+	pw.rcv = consume(ctx, t, pw.urls)
+	pw.kv = recordKV(ctx, t, pw.js)
+	pw.ch = startChanger(sim)
+	time.Sleep(2 * time.Second) // data changes while a leads
+	return pw
+}
+
+// replicaFaults applies a fault to every connection of a replica to NATS.
+func (pw *partitionWorld) replicaFaults(n *node, fault func(*testutil.FaultProxy)) {
+	for _, p := range pw.proxies[n.name] {
+		fault(p)
+	}
+}
+
+// finish stops the changes and checks the oracle with leader as the
+// leader and standby as the other replica: the leader's mirror equals the
+// truth and every move reached the consumer once, in order per tag; the
+// stream holds every event of the leader's mirror exactly once and nothing
+// else; no KV key went back to an older state; the standby's resources and
+// the follower's whole mirror equal the leader's, and both match the same
+// checkpoint. It returns the figures for the log.
+func (pw *partitionWorld) finish(leader, standby *node) string {
+	t := pw.t
+	t.Helper()
+	changes := pw.ch.halt()
+	pw.w.dbPath = leader.dbPath
+	pw.w.converge(pw.rcv, 60*time.Second)
+
+	expected := eventIDs(t, leader.dbPath)
+	onStream, total, described := streamIDs(pw.ctx, t, pw.js)
+	missing, extra := 0, 0
+	for id := range expected {
+		if onStream[id] == 0 {
+			missing++
+			t.Logf("missing from the stream: %s", id)
+		}
+	}
+	for id := range onStream {
+		if !expected[id] {
+			extra++
+			t.Logf("on the stream, not in the leader's mirror: %s", described[id])
+		}
+	}
+	if missing > 0 || extra > 0 || total != len(onStream) {
+		t.Errorf("events: %d in the leader's mirror, %d distinct on the stream (%d messages): %d missing, %d extra",
+			len(expected), len(onStream), total, missing, extra)
+	}
+
+	truth := pw.w.sim.Truth()
+	testutil.Eventually(t, 30*time.Second, func() error { return pw.kv.tagsDiff(truth) })
+	seen, regressions, details := pw.kv.result()
+	if regressions > 0 {
+		t.Errorf("%d KV values went back to an older state of their resource:\n%s", regressions, strings.Join(details, "\n"))
+	}
+
+	waitSameState(t, 30*time.Second, standby.dbPath, leader.dbPath)
+	waitSameMirror(t, 30*time.Second, pw.f.dbPath, leader.dbPath)
+	// A change makes a checkpoint after the replicas' last own publications.
+	pw.w.sim.Step(2)
+	var cpSeq string
+	testutil.WaitFor(t, 30*time.Second, "the standby and the follower to match the same checkpoint", func() bool {
+		cpSeq = metaOf(standby.dbPath, "checkpoint_seq")
+		return cpSeq != "" && cpSeq == metaOf(pw.f.dbPath, "checkpoint_seq") &&
+			metaOf(standby.dbPath, "checkpoint_result") == "match" && metaOf(pw.f.dbPath, "checkpoint_result") == "match"
+	})
+	for _, n := range []*node{pw.a, pw.b, pw.f} {
+		n.cmd.Process.Signal(syscall.SIGTERM)
+		if err := n.cmd.Wait(); err != nil {
+			t.Errorf("%s after SIGTERM: %v; log tail:\n%s", n.name, err, tail(n.out.String(), 20))
+		}
+	}
+	return fmt.Sprintf("%d changes; events expected %d = delivered %d (%d messages, %d duplicates); KV values seen %d, regressions %d; mirror diffs 0 (leader vs truth, %s vs leader, follower vs leader; checkpoint match at stream seq %s); whole test %s",
+		changes, len(expected), len(onStream), total, total-len(onStream), seen, regressions, standby.name, cpSeq, time.Since(pw.start).Round(time.Second))
+}
+
+// kvRecorder watches the state buckets from outside the faults, as a
+// consumer running "kv watch" would, and counts every value that is older
+// than one the same key already had: a regression.
+type kvRecorder struct {
+	mu sync.Mutex
+	// newest is the latest updateTime each bucket/key carried so far.
+	newest      map[string]time.Time
+	last        map[string][]byte // by tags key: the latest value
+	seen        int
+	regressions int
+	details     []string
+}
+
+// kvBuckets are the state buckets' default names.
+var kvBuckets = []string{"syncd_tags", "syncd_repos", "syncd_advisories"}
+
+// recordKV watches every state bucket until ctx is done.
+func recordKV(ctx context.Context, t *testing.T, js jetstream.JetStream) *kvRecorder {
+	t.Helper()
+	r := &kvRecorder{newest: map[string]time.Time{}, last: map[string][]byte{}}
+	for _, bucket := range kvBuckets {
+		var kv jetstream.KeyValue
+		testutil.WaitFor(t, 30*time.Second, "bucket "+bucket, func() bool {
+			var err error
+			kv, err = js.KeyValue(ctx, bucket)
+			return err == nil
+		})
+		w, err := kv.WatchAll(ctx)
+		if err != nil {
+			t.Fatalf("watch %s: %v", bucket, err)
+		}
+		go func() {
+			for e := range w.Updates() {
+				if e != nil {
+					r.record(bucket, e)
+				}
+			}
+		}()
+	}
+	return r
+}
+
+// record compares a value with the newest its key had. Every state value
+// (TagValue, RepoValue, AdvisoryValue) carries its resource's upstream
+// updateTime, which a tag's move, deprecation or an advisory's change
+// advances; a value that goes back in it is an older state. Deletes carry
+// none and are not compared (changesOnly deletes nothing).
+func (r *kvRecorder) record(bucket string, e jetstream.KeyValueEntry) {
+	if e.Operation() != jetstream.KeyValuePut {
+		return
+	}
+	var v struct {
+		UpdateTime time.Time `json:"updateTime"`
+	}
+	err := json.Unmarshal(e.Value(), &v)
+	key := bucket + "/" + e.Key()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen++
+	if bucket == "syncd_tags" {
+		r.last[e.Key()] = e.Value()
+	}
+	switch {
+	case err != nil:
+		r.regressions++
+		r.details = append(r.details, fmt.Sprintf("%s rev %d: not a state value: %v", key, e.Revision(), err))
+	case v.UpdateTime.Before(r.newest[key]):
+		r.regressions++
+		r.details = append(r.details, fmt.Sprintf("%s rev %d at %s: updateTime %s after %s: %s",
+			key, e.Revision(), e.Created().UTC().Format(time.RFC3339Nano), v.UpdateTime, r.newest[key], e.Value()))
+	default:
+		r.newest[key] = v.UpdateTime
+	}
+}
+
+func (r *kvRecorder) result() (seen, regressions int, details []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seen, r.regressions, append([]string(nil), r.details...)
+}
+
+// tagsDiff is nil once the latest value the watcher saw of every live tag
+// is the truth's digest and deprecation.
+func (r *kvRecorder) tagsDiff(truth platformsim.Truth) error {
+	paths := map[string]string{}
+	for _, rp := range truth.Repos {
+		paths[rp.UID] = rp.Path
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, tg := range truth.Tags {
+		key := publish.TagKey(paths[tg.RepoUID], tg.Name)
+		var v publish.TagValue
+		if err := json.Unmarshal(r.last[key], &v); err != nil || v.Digest != tg.Digest || v.Deprecated != tg.Deprecated {
+			return fmt.Errorf("KV watcher: tag %s is %s, want digest %s deprecated %v", key, r.last[key], tg.Digest, tg.Deprecated)
+		}
+	}
+	return nil
+}
+
+// TestCluster_LeaderBlackHoled black-holes every connection of syncd's
+// leader to NATS (bytes dropped both ways, nothing closed) for three lease
+// TTLs while data changes, then heals. The leader must stand down by its
+// own clock, the standby take over, and the old leader stand by under it
+// once healed; then the oracle (finish).
+func TestCluster_LeaderBlackHoled(t *testing.T) {
+	pw := startPartitionWorld(t, 79)
+	a, b := pw.a, pw.b
+	pw.replicaFaults(a, (*testutil.FaultProxy).BlackHole)
+	holed := time.Now()
+	var stoodDown, takeover time.Duration
+	testutil.WaitFor(t, 4*clusterTTL, "a to stand down and b to take over", func() bool {
+		if stoodDown == 0 && metaOf(a.dbPath, "role") != "leader" {
+			stoodDown = time.Since(holed)
+		}
+		if takeover == 0 && metaOf(b.dbPath, "role") == "leader" {
+			takeover = time.Since(holed)
+		}
+		return stoodDown > 0 && takeover > 0
+	})
+	if takeover < stoodDown {
+		t.Errorf("b took over %s after the black hole, before a stood down (%s): two leaders", takeover, stoodDown)
+	}
+	time.Sleep(3*clusterTTL - time.Since(holed))
+	pw.replicaFaults(a, (*testutil.FaultProxy).Heal)
+	healed := time.Now()
+	testutil.WaitFor(t, 30*time.Second, "a to stand by under b once healed", func() bool {
+		return metaOf(a.dbPath, "role") == "standby" && metaOf(a.dbPath, "lease_holder") == "b" && readyz(a.admin) == ""
+	})
+	rejoined := time.Since(healed)
+	time.Sleep(2 * time.Second) // data changes while b leads
+	figures := pw.finish(b, a)
+	t.Logf("leader black-holed figures: a black-holed from NATS for %s (lease TTL %s): a stood down after %s, b took over after %s; healed, a stood by under b after %s; %s",
+		3*clusterTTL, clusterTTL, stoodDown.Round(time.Millisecond), takeover.Round(time.Millisecond), rejoined.Round(time.Millisecond), figures)
+}
