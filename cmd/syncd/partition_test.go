@@ -82,6 +82,7 @@ func startPartitionWorld(t *testing.T, seed int64) *partitionWorld {
 			for _, n := range []*node{pw.a, pw.b, pw.f} {
 				if n.out != nil {
 					t.Logf("%s log tail:\n%s", n.name, tail(n.out.String(), 30))
+					t.Logf("%s role and KV lines:\n%s", n.name, roleLines(n.out.String()))
 				}
 			}
 		}
@@ -111,6 +112,32 @@ func (pw *partitionWorld) replicaFaults(n *node, fault func(*testutil.FaultProxy
 	for _, p := range pw.proxies[n.name] {
 		fault(p)
 	}
+}
+
+// roleLines are the lines of a replica's log about its role, catching up
+// and the KV buckets: what a failed oracle is read against.
+func roleLines(log string) string {
+	var out []string
+	for _, line := range strings.Split(log, "\n") {
+		for _, k := range []string{"cluster role", "catching up", `"leading"`, "stopped leading", "readying", "KV", "lease", "completing"} {
+			if strings.Contains(line, k) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// connectedTo names the NATS nodes a replica has connections to.
+func (pw *partitionWorld) connectedTo(n *node) string {
+	var names []string
+	for i, p := range pw.proxies[n.name] {
+		if p.Conns() > 0 {
+			names = append(names, pw.cl.Nodes[i].Name())
+		}
+	}
+	return strings.Join(names, "+")
 }
 
 // finish stops the changes and checks the oracle with leader as the
@@ -308,4 +335,135 @@ func TestCluster_LeaderBlackHoled(t *testing.T) {
 	figures := pw.finish(b, a)
 	t.Logf("leader black-holed figures: a black-holed from NATS for %s (lease TTL %s): a stood down after %s, b took over after %s; healed, a stood by under b after %s; %s",
 		3*clusterTTL, clusterTTL, stoodDown.Round(time.Millisecond), takeover.Round(time.Millisecond), rejoined.Round(time.Millisecond), figures)
+}
+
+// TestCluster_StreamLeaderNodePartitioned black-holes every route of the
+// NATS node that leads the SYNCD stream (a minority partition of one
+// node, its clients still connected to it) while data changes, until the
+// other two elected a stream leader and syncd published there again (or
+// 15 s passed: a syncd replica connected to the isolated node can do
+// nothing until the heal, and both may be), then heals; then the oracle.
+func TestCluster_StreamLeaderNodePartitioned(t *testing.T) {
+	pw := startPartitionWorld(t, 83)
+	isolated := streamLeader(pw.js)
+	if isolated == "" {
+		t.Fatal("the stream has no leader")
+	}
+	var majority *testutil.NATSServer
+	for _, s := range pw.cl.Nodes {
+		if s.Name() != isolated {
+			majority = s
+		}
+	}
+	mjs := testutil.JetStream(t, majority.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	lastSeq := func() uint64 {
+		ctx, cancel := context.WithTimeout(pw.ctx, time.Second)
+		defer cancel()
+		s, err := mjs.Stream(ctx, "SYNCD")
+		if err != nil {
+			return 0
+		}
+		return s.CachedInfo().State.LastSeq
+	}
+	before := lastSeq()
+	pw.cl.Isolate(isolated)
+	cut := time.Now()
+	var elected, published time.Duration
+	var newLeader string
+	testutil.WaitFor(t, 30*time.Second, "the majority to elect a stream leader", func() bool {
+		newLeader = streamLeader(mjs)
+		return newLeader != "" && newLeader != isolated
+	})
+	elected = time.Since(cut)
+	for time.Since(cut) < 15*time.Second && published == 0 {
+		if lastSeq() > before {
+			published = time.Since(cut)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	roles := fmt.Sprintf("a %s via %s (readyz %q), b %s via %s (readyz %q)",
+		metaOf(pw.a.dbPath, "role"), pw.connectedTo(pw.a), readyz(pw.a.admin), metaOf(pw.b.dbPath, "role"), pw.connectedTo(pw.b), readyz(pw.b.admin))
+	time.Sleep(max(0, 3*clusterTTL-time.Since(cut)))
+	pw.cl.HealRoutes()
+	partitioned := time.Since(cut)
+	healed := time.Now()
+	var leader, standby *node
+	testutil.WaitFor(t, 60*time.Second, "the routes back and a ready leader with a ready standby", func() bool {
+		if pw.cl.RoutesProxied() != nil {
+			return false
+		}
+		for _, pair := range [][2]*node{{pw.a, pw.b}, {pw.b, pw.a}} {
+			if metaOf(pair[0].dbPath, "role") == "leader" && readyz(pair[0].admin) == "" &&
+				metaOf(pair[1].dbPath, "role") == "standby" && readyz(pair[1].admin) == "" {
+				leader, standby = pair[0], pair[1]
+				return true
+			}
+		}
+		return false
+	})
+	recovered := time.Since(healed)
+	time.Sleep(2 * time.Second) // data changes after the heal
+	figures := pw.finish(leader, standby)
+	publishedDuring := "none during the partition"
+	if published > 0 {
+		publishedDuring = "after " + published.Round(time.Millisecond).String()
+	}
+	t.Logf("stream leader partitioned figures: %s (stream leader) isolated from the other two for %s: %s elected stream leader after %s; first new message on the majority %s; roles at the end of the partition: %s; healed: %s leads, both ready after %s; %s",
+		isolated, partitioned.Round(time.Millisecond), newLeader, elected.Round(time.Millisecond), publishedDuring, roles, leader.name, recovered.Round(time.Millisecond), figures)
+}
+
+// TestCluster_SlowNetworkNoTakeover adds 100 ms each way to every
+// connection of both replicas to NATS, so that every round trip (a lease
+// renewal, a publish's acknowledgement, a fetch) takes 200 ms longer, for
+// 20 s while data changes (the issue asks for a minute: 20 s is ten lease
+// TTLs, thirty renewals, which proves the point within make
+// cluster-test's budget). A renewal must answer within TTL/3 (667 ms
+// here): 200 ms is under a third of it; 200 ms each way (400 ms, 60% of
+// it) cost the leader its lease on the loaded test machine
+// (docs/cluster.md). No takeover may happen: a keeps the lease
+// and b stands by throughout; each /readyz that is not ready says why.
+// Then the latency is removed, and the oracle.
+func TestCluster_SlowNetworkNoTakeover(t *testing.T) {
+	const slow, window = 100 * time.Millisecond, 20 * time.Second
+	pw := startPartitionWorld(t, 89)
+	a, b := pw.a, pw.b
+	for _, n := range []*node{a, b} {
+		pw.replicaFaults(n, func(p *testutil.FaultProxy) { p.Latency(slow) })
+	}
+	began := time.Now()
+	notReady := map[string]int{}
+	reasons := map[string]string{}
+	polls := 0
+	for time.Since(began) < window {
+		if ra, rb := metaOf(a.dbPath, "role"), metaOf(b.dbPath, "role"); ra != "leader" || rb != "standby" {
+			t.Fatalf("after %s of %s latency: a is %q, b is %q; want a to lead and b to stand by (no takeover)",
+				time.Since(began).Round(time.Millisecond), slow, ra, rb)
+		}
+		polls++
+		for _, n := range []*node{a, b} {
+			if r := readyz(n.admin); r != "" {
+				notReady[n.name]++
+				reasons[n.name] = r
+				if !strings.Contains(r, "failed") {
+					t.Errorf("%s not ready without saying why: %q", n.name, r)
+				}
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	// Between two polls a replica could have lost and regained the lease:
+	// its log says so.
+	if n := strings.Count(a.out.String(), "gained the leader lease"); n != 1 {
+		t.Errorf("a gained the lease %d times, want once (before the latency)", n)
+	}
+	if strings.Contains(b.out.String(), "gained the leader lease") {
+		t.Error("b gained the lease")
+	}
+	for _, n := range []*node{a, b} {
+		pw.replicaFaults(n, func(p *testutil.FaultProxy) { p.Latency(0) })
+	}
+	time.Sleep(2 * time.Second) // data changes at full speed again
+	figures := pw.finish(a, b)
+	t.Logf("slow network figures: %s added each way to both replicas' NATS connections for %s (lease TTL %s): no takeover; /readyz polled %d times a replica: not ready a %d, b %d (last reasons %q); %s",
+		slow, window, clusterTTL, polls, notReady["a"], notReady["b"], reasons, figures)
 }
