@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -143,39 +144,70 @@ func (pw *partitionWorld) connectedTo(n *node) string {
 
 // finish stops the changes and checks the oracle with leader as the
 // leader and standby as the other replica: the leader's mirror equals the
-// truth and every move reached the consumer once, in order per tag; the
-// stream holds every event of the leader's mirror exactly once and nothing
-// else; no KV key went back to an older state; the standby's resources and
+// truth and its outbox is empty; the stream, read message by message,
+// holds every move of every tag once, in order, and every event of the
+// leader's mirror exactly once and nothing else; an ordered consumer that
+// read it during the faults saw the same moves; no KV key went back to an older state; the standby's resources and
 // the follower's whole mirror equal the leader's, and both match the same
 // checkpoint. It returns the figures for the log.
 func (pw *partitionWorld) finish(leader, standby *node) string {
 	t := pw.t
 	t.Helper()
 	changes := pw.ch.halt()
-	pw.w.dbPath = leader.dbPath
-	pw.w.converge(pw.rcv, 60*time.Second)
+	truth := pw.w.sim.Truth()
+	db := openReader(t, leader.dbPath)
+	testutil.Eventually(t, 60*time.Second, func() error {
+		if diff := mirrorDiff(db, truth); diff != "" {
+			return fmt.Errorf("the leader's mirror differs from the truth:\n%s", diff)
+		}
+		var unpublished int
+		db.QueryRow(`SELECT count(*) FROM events WHERE published_time IS NULL`).Scan(&unpublished)
+		if unpublished > 0 {
+			return fmt.Errorf("%d events unpublished", unpublished)
+		}
+		return nil
+	})
 
+	// The stream itself, read message by message (not through a
+	// consumer), holds every move of every tag once and in order, and
+	// exactly the events of the leader's mirror.
+	onStream := streamReceived(pw.ctx, t, pw.js)
+	if diff := pw.w.movesDiff(onStream, truth); diff != "" {
+		t.Errorf("the stream's tag moves differ from the truth's:\n%s", diff)
+	}
 	expected := eventIDs(t, leader.dbPath)
-	onStream, total, described := streamIDs(pw.ctx, t, pw.js)
+	total, delivered := onStream.counts()
 	missing, extra := 0, 0
 	for id := range expected {
-		if onStream[id] == 0 {
+		if onStream.ids[id] == 0 {
 			missing++
 			t.Logf("missing from the stream: %s", id)
 		}
 	}
-	for id := range onStream {
+	for id := range onStream.ids {
 		if !expected[id] {
 			extra++
-			t.Logf("on the stream, not in the leader's mirror: %s", described[id])
+			t.Logf("on the stream, not in the leader's mirror: %s", id)
 		}
 	}
-	if missing > 0 || extra > 0 || total != len(onStream) {
+	if missing > 0 || extra > 0 || total != delivered {
 		t.Errorf("events: %d in the leader's mirror, %d distinct on the stream (%d messages): %d missing, %d extra",
-			len(expected), len(onStream), total, missing, extra)
+			len(expected), delivered, total, missing, extra)
+	}
+	// A consumer's view: an ordered consumer that read the stream from the
+	// start while the faults happened.
+	consumerView := "the same"
+	var diff string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if diff = pw.w.movesDiff(pw.rcv, truth); diff == "" {
+			break
+		}
+	}
+	if diff != "" {
+		consumerView = "different"
+		t.Errorf("an ordered consumer that read the stream during the faults saw other moves than the stream holds:\n%s", diff)
 	}
 
-	truth := pw.w.sim.Truth()
 	testutil.Eventually(t, 30*time.Second, func() error { return pw.kv.tagsDiff(truth) })
 	seen, regressions, details := pw.kv.result()
 	if regressions > 0 {
@@ -198,8 +230,50 @@ func (pw *partitionWorld) finish(leader, standby *node) string {
 			t.Errorf("%s after SIGTERM: %v; log tail:\n%s", n.name, err, tail(n.out.String(), 20))
 		}
 	}
-	return fmt.Sprintf("%d changes; events expected %d = delivered %d (%d messages, %d duplicates); KV values seen %d, regressions %d; mirror diffs 0 (leader vs truth, %s vs leader, follower vs leader; checkpoint match at stream seq %s); whole test %s",
-		changes, len(expected), len(onStream), total, total-len(onStream), seen, regressions, standby.name, cpSeq, time.Since(pw.start).Round(time.Second))
+	return fmt.Sprintf("%d changes; events expected %d = delivered %d (%d messages, %d duplicates; an ordered consumer's moves: %s); KV values seen %d, regressions %d; mirror diffs 0 (leader vs truth, %s vs leader, follower vs leader; checkpoint match at stream seq %s); whole test %s",
+		changes, len(expected), delivered, total, total-delivered, consumerView, seen, regressions, standby.name, cpSeq, time.Since(pw.start).Round(time.Second))
+}
+
+// streamReceived reads the SYNCD stream message by message, as received
+// would have it: deliveries per event id, and each tag's moves in stream
+// order (the first copy of each event).
+func streamReceived(ctx context.Context, t *testing.T, js jetstream.JetStream) *received {
+	t.Helper()
+	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, subjects: map[string]string{}, byType: map[string]int{}}
+	s, err := js.Stream(ctx, "SYNCD")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("stream message %d: %v", seq, err)
+		}
+		var ev cloudEvent
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatalf("stream message %d: %v", seq, err)
+		}
+		if ev.Type == publish.CheckpointType {
+			continue // the leader's checkpoints: no events
+		}
+		rcv.total++
+		rcv.ids[ev.ID]++
+		if rcv.ids[ev.ID] == 1 {
+			rcv.byType[ev.Type]++
+			if ev.Type == "dev.syncd.tag.moved" {
+				rcv.moves[ev.Subject] = append(rcv.moves[ev.Subject], ev.Data.After.Digest)
+				rcv.subjects[ev.Subject] = m.Subject
+			}
+		}
+	}
+	return rcv
 }
 
 // kvRecorder watches the state buckets from outside the faults, as a
