@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -224,14 +227,40 @@ func (pw *partitionWorld) finish(leader, standby *node) string {
 		return cpSeq != "" && cpSeq == metaOf(pw.f.dbPath, "checkpoint_seq") &&
 			metaOf(standby.dbPath, "checkpoint_result") == "match" && metaOf(pw.f.dbPath, "checkpoint_result") == "match"
 	})
+	fenced := fmt.Sprintf("a %s, b %s", fencedWrites(pw.a.admin), fencedWrites(pw.b.admin))
 	for _, n := range []*node{pw.a, pw.b, pw.f} {
 		n.cmd.Process.Signal(syscall.SIGTERM)
 		if err := n.cmd.Wait(); err != nil {
 			t.Errorf("%s after SIGTERM: %v; log tail:\n%s", n.name, err, tail(n.out.String(), 20))
 		}
 	}
-	return fmt.Sprintf("%d changes; events expected %d = delivered %d (%d messages, %d duplicates; an ordered consumer's moves: %s); KV values seen %d, regressions %d; mirror diffs 0 (leader vs truth, %s vs leader, follower vs leader; checkpoint match at stream seq %s); whole test %s",
-		changes, len(expected), delivered, total, total-delivered, consumerView, seen, regressions, standby.name, cpSeq, time.Since(pw.start).Round(time.Second))
+	return fmt.Sprintf("%d changes; events expected %d = delivered %d (%d messages, %d duplicates; an ordered consumer's moves: %s); KV values seen %d, regressions %d; writes fenced: %s; mirror diffs 0 (leader vs truth, %s vs leader, follower vs leader; checkpoint match at stream seq %s); whole test %s",
+		changes, len(expected), delivered, total, total-delivered, consumerView, seen, regressions, fenced, standby.name, cpSeq, time.Since(pw.start).Round(time.Second))
+}
+
+// fencedWrites is a replica's syncd_fenced_writes_total from /metrics
+// (summed over its labels), or "n/a" while syncd has no such metric.
+func fencedWrites(admin string) string {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return "n/a"
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var sum float64
+	found := false
+	for _, line := range strings.Split(string(body), "\n") {
+		if name, value, ok := strings.Cut(line, " "); ok && strings.HasPrefix(name, "syncd_fenced_writes_total") {
+			if v, err := strconv.ParseFloat(value, 64); err == nil {
+				sum, found = sum+v, true
+			}
+		}
+	}
+	if !found {
+		return "n/a"
+	}
+	return strconv.FormatFloat(sum, 'f', -1, 64)
 }
 
 // streamReceived reads the SYNCD stream message by message, as received
