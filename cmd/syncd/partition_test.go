@@ -211,7 +211,17 @@ func (pw *partitionWorld) finish(leader, standby *node) string {
 		t.Errorf("an ordered consumer that read the stream during the faults saw other moves than the stream holds:\n%s", diff)
 	}
 
-	testutil.Eventually(t, 30*time.Second, func() error { return pw.kv.tagsDiff(truth) })
+	var kvErr error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if kvErr = pw.kv.tagsDiff(truth); kvErr == nil {
+			break
+		}
+	}
+	if kvErr != nil {
+		// The watcher or the bucket: read the bucket itself.
+		tags := kvBucket(t, pw.js, "syncd_tags")
+		t.Errorf("%v; the bucket itself holds %d tags, %s", kvErr, len(tags), bucketTagsDiff(tags, truth))
+	}
 	seen, regressions, details := pw.kv.result()
 	if regressions > 0 {
 		t.Errorf("%d KV values went back to an older state of their resource:\n%s", regressions, strings.Join(details, "\n"))
@@ -410,6 +420,27 @@ func (r *kvRecorder) tagsDiff(truth platformsim.Truth) error {
 		}
 	}
 	return nil
+}
+
+// bucketTagsDiff says whether the tags bucket holds every live tag's
+// digest and deprecation.
+func bucketTagsDiff(tags map[string][]byte, truth platformsim.Truth) string {
+	paths := map[string]string{}
+	for _, rp := range truth.Repos {
+		paths[rp.UID] = rp.Path
+	}
+	var diffs []string
+	for _, tg := range truth.Tags {
+		key := publish.TagKey(paths[tg.RepoUID], tg.Name)
+		var v publish.TagValue
+		if err := json.Unmarshal(tags[key], &v); err != nil || v.Digest != tg.Digest || v.Deprecated != tg.Deprecated {
+			diffs = append(diffs, fmt.Sprintf("%s is %s", key, tags[key]))
+		}
+	}
+	if len(diffs) == 0 {
+		return "all as the truth has them (the watcher fell behind)"
+	}
+	return "differing from the truth: " + strings.Join(diffs, "; ")
 }
 
 // TestCluster_LeaderBlackHoled black-holes every connection of syncd's
