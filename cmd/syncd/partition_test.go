@@ -322,6 +322,7 @@ type kvRecorder struct {
 	mu sync.Mutex
 	// newest is the latest updateTime each bucket/key carried so far.
 	newest      map[string]time.Time
+	newestValue map[string][]byte // the value that carried it
 	last        map[string][]byte // by tags key: the latest value
 	seen        int
 	regressions int
@@ -334,7 +335,7 @@ var kvBuckets = []string{"syncd_tags", "syncd_repos", "syncd_advisories"}
 // recordKV watches every state bucket until ctx is done.
 func recordKV(ctx context.Context, t *testing.T, js jetstream.JetStream) *kvRecorder {
 	t.Helper()
-	r := &kvRecorder{newest: map[string]time.Time{}, last: map[string][]byte{}}
+	r := &kvRecorder{newest: map[string]time.Time{}, newestValue: map[string][]byte{}, last: map[string][]byte{}}
 	for _, bucket := range kvBuckets {
 		var kv jetstream.KeyValue
 		testutil.WaitFor(t, 30*time.Second, "bucket "+bucket, func() bool {
@@ -390,10 +391,10 @@ func (r *kvRecorder) record(bucket string, e jetstream.KeyValueEntry) {
 		r.details = append(r.details, fmt.Sprintf("%s rev %d: not a state value: %v", key, e.Revision(), err))
 	case v.UpdateTime.Before(r.newest[key]):
 		r.regressions++
-		r.details = append(r.details, fmt.Sprintf("%s rev %d at %s: updateTime %s after %s: %s",
-			key, e.Revision(), e.Created().UTC().Format(time.RFC3339Nano), v.UpdateTime, r.newest[key], e.Value()))
+		r.details = append(r.details, fmt.Sprintf("%s rev %d at %s: updateTime %s after %s: %s (the newest before: %s)",
+			key, e.Revision(), e.Created().UTC().Format(time.RFC3339Nano), v.UpdateTime, r.newest[key], e.Value(), r.newestValue[key]))
 	default:
-		r.newest[key] = v.UpdateTime
+		r.newest[key], r.newestValue[key] = v.UpdateTime, e.Value()
 	}
 }
 
