@@ -24,11 +24,12 @@ import (
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
-// This file runs the network faults of docs/cluster.md ("Partitions"):
-// two "syncd run" replicas and a follower as processes against a three-node
-// JetStream cluster whose routes, and each replica's connections to each
-// node, go through fault proxies (testutil.FaultProxy), while the
-// simulator changes data. Each test ends with the same oracle (finish).
+// This file runs the network faults of docs/cluster.md ("Partitions and a
+// slow network"): two "syncd run" replicas and a follower as processes
+// against a three-node JetStream cluster whose routes, and each replica's
+// connections to each node, go through fault proxies
+// (testutil.FaultProxy), while the simulator changes data. Each test ends
+// with the same oracle (finish).
 
 // partitionWorld is the cluster, the replicas a and b, the follower f, and
 // what watches the stream and the KV buckets from outside the faults.
