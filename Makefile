@@ -24,9 +24,9 @@ test:
 	$(GO) vet $(PKGS)
 	$(GO) test $(RACE) -count=1 -timeout 9m $(PKGS)
 
-## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die (about a minute; docs/cluster.md)
+## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die, and through fault proxies: the leader black-holed, the stream leader's node partitioned, a slow network (about five minutes; docs/cluster.md)
 cluster-test:
-	SYNCD_TEST_CLUSTER=1 $(GO) test $(RACE) -count=1 -timeout 5m -run '^TestCluster_ThreeNodes$$' -v ./cmd/syncd/
+	SYNCD_TEST_CLUSTER=1 $(GO) test $(RACE) -count=1 -timeout 10m -run '^(TestCluster_ThreeNodes|TestCluster_LeaderBlackHoled|TestCluster_StreamLeaderNodePartitioned|TestCluster_SlowNetworkNoTakeover|TestFaultProxy|TestProxiedNATSCluster_Isolate)$$' -v ./cmd/syncd/ ./internal/testutil/
 
 ## bench: syncd against the limits of the machine and the API, at full size; one table, and bench/results.json (docs/performance.md)
 bench:

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -61,8 +62,10 @@ type node struct {
 	replicas      int
 	admin         string
 	snapshotEvery string
-	cmd           *exec.Cmd
-	out           *syncBuffer
+	// ttl is [cluster] lease_ttl; 0: clusterTTL.
+	ttl time.Duration
+	cmd *exec.Cmd
+	out *syncBuffer
 }
 
 // clusterNodeConfig writes a cluster-mode configuration for one replica.
@@ -108,7 +111,7 @@ enabled = true
 node_id = %[5]q
 lease_ttl = %[6]q
 consumer = "follow-%[5]s"
-`, simURL, n.token, natsURL, n.dbPath, n.name, clusterTTL.String(), max(n.replicas, 1), n.admin, n.snapshotEvery))
+`, simURL, n.token, natsURL, n.dbPath, n.name, cmp.Or(n.ttl, clusterTTL).String(), max(n.replicas, 1), n.admin, n.snapshotEvery))
 }
 
 // start runs the test binary as "syncd <args> --config n.cfg".
