@@ -11,9 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -49,6 +51,13 @@ type FollowerConfig struct {
 	SnapshotBucket string
 	Restore        RestoreMode
 	SnapshotDir    string
+	// Verifier, when set, is the leader's keys: a message on the stream
+	// that is unsigned or not signed by one of them is terminated, never
+	// applied (see internal/signing). Nil: every message is taken.
+	Verifier *signing.Verifier
+	// OnRejected, when set, is called with the reason of every message
+	// Verifier rejected (signing.ReasonUnsigned, ReasonBadSignature).
+	OnRejected func(reason string)
 }
 
 // Follower applies the event stream to a mirror through a durable
@@ -593,7 +602,7 @@ func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, noWait boo
 		defer close(b.done)
 		defer cancel()
 		if b.err == nil {
-			b.err = b.collect(batch, f.log)
+			b.err = b.collect(batch, f)
 		}
 	}()
 	return b
@@ -647,6 +656,9 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 			break
 		}
 		seq = m.Sequence + 1
+		if f.verify(m.Subject, m.Header, m.Data) != nil {
+			continue // the consumer terminates it, and counts it, when it comes
+		}
 		ev, err := publish.Decode(m.Data)
 		if err != nil {
 			continue // the consumer terminates it when it comes
@@ -700,12 +712,26 @@ type pendingCheck struct {
 }
 
 // collect takes the batch's messages, decoding them; a message that is not
-// a syncd event or checkpoint is terminated, never to come again.
-func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
+// a syncd event or checkpoint, or not signed by the leader when f verifies
+// signatures, is terminated, never to come again.
+func (b *pulled) collect(batch jetstream.MessageBatch, f *Follower) error {
+	log := f.log
 	for m := range batch.Messages() {
 		var seq uint64
 		if md, err := m.Metadata(); err == nil {
 			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream
+		}
+		if err := f.verify(m.Subject(), m.Headers(), m.Data()); err != nil {
+			reason := signing.Reason(err)
+			log.Warn("a message on the stream not signed by the leader; rejected it", "stream_seq", seq, "subject", m.Subject(),
+				"reason", reason, "err", err)
+			if f.cfg.OnRejected != nil {
+				f.cfg.OnRejected(reason)
+			}
+			if err := m.Term(); err != nil {
+				log.Warn("terminate rejected message", "err", err)
+			}
+			continue
 		}
 		if strings.HasSuffix(m.Subject(), "."+publish.CheckpointToken) {
 			cp, err := publish.DecodeCheckpoint(m.Data())
@@ -736,6 +762,14 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 		return err
 	}
 	return nil
+}
+
+// verify checks a message's signature when the follower has a Verifier.
+func (f *Follower) verify(subject string, h nats.Header, data []byte) error {
+	if f.cfg.Verifier == nil {
+		return nil
+	}
+	return f.cfg.Verifier.Verify(subject, h, data)
 }
 
 // nak asks for the batch's messages again.
