@@ -79,7 +79,10 @@ type App struct {
 	// Position is the stream sequence the mirror has applied, for the
 	// query service.
 	Position *query.Position
-	version  string
+	// Trust signs what the relay publishes and checks what a standby
+	// follows.
+	Trust   *Trust
+	version string
 }
 
 // Options are what a command chooses about an App beyond the config.
@@ -101,6 +104,10 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	if a.Jobs, err = ParseSchedules(cfg.Crawl); err != nil {
 		return nil, err
 	}
+	if a.Trust, err = LoadTrust(cfg, log); err != nil {
+		return nil, err
+	}
+	a.Trust.countTo(a.Metrics)
 	if cfg.Events.SinkURL == "" {
 		delete(a.Jobs, crawler.JobSubscriptions)
 	}
@@ -121,6 +128,9 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	}
 	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), opts.Published)),
 		publish.WithCheckpoints(a.Store, cfg.Verify.CheckpointEvery.Duration, cfg.Cluster.NodeID)}
+	if a.Trust.Signer != nil {
+		relayOpts = append(relayOpts, publish.WithSigner(a.Trust.Signer))
+	}
 	if cfg.KV.Enabled {
 		kv, err := publish.OpenKV(ctx, a.NATS.JS, kvConfig(cfg, log), a.Store)
 		if err != nil {
@@ -132,7 +142,7 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	a.Relay = publish.NewRelay(a.NATS.JS, a.Store, pcfg, relayOpts...)
 	a.Auditor = publish.NewAuditor(a.NATS.JS, a.Store, a.Relay.Message, publish.AuditConfig{Stream: cfg.NATS.Stream,
 		SubjectPrefix: cfg.NATS.SubjectPrefix, Every: cfg.Verify.AuditEvery.Duration, Logger: log.With("part", "audit"),
-		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }})
+		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }, MsgID: a.Relay.MsgID})
 	a.Crawler = newCrawler(cfg, a.Client, a.Store, a.Jobs, a.observeRun, log)
 	a.Receiver = newReceiver(cfg, a.Crawler, a.Store, log)
 	a.Registrar = NewRegistrar(cfg, a.Client, a.Store, log)
@@ -265,11 +275,13 @@ func NewRegistrar(cfg config.Config, client *platform.Client, st *store.Store, l
 }
 
 // NewFollower follows the stream into st, recording its lag there and
-// advancing pos; restore says when it starts from a snapshot.
-func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position, log *slog.Logger) *cluster.Follower {
+// advancing pos, and applying only what tr verifies; restore says when it
+// starts from a snapshot.
+func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position, tr *Trust, log *slog.Logger) *cluster.Follower {
 	var f *cluster.Follower
 	f = cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
 		Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow"),
-		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path), OnBatch: followAt(pos, &f)})
+		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path), OnBatch: followAt(pos, &f),
+		Verifier: tr.Verifier, OnRejected: tr.rejected})
 	return f
 }

@@ -28,6 +28,8 @@ type Follower struct {
 	// Position is the stream sequence the mirror has applied, for the
 	// query service.
 	Position *query.Position
+	// Trust is whose signatures the follower accepts.
+	Trust *Trust
 }
 
 // OpenFollower opens the mirror and the connection to the leader's NATS
@@ -39,6 +41,9 @@ type Follower struct {
 func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.RestoreMode, log *slog.Logger) (*Follower, error) {
 	f := &Follower{Config: cfg, Log: log, Position: query.NewPosition()}
 	var err error
+	if f.Trust, err = LoadTrust(cfg, log); err != nil {
+		return nil, err
+	}
 	if f.Store, err = OpenStore(ctx, cfg, log, store.Options{}); err != nil {
 		return nil, err
 	}
@@ -58,7 +63,7 @@ func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.Restor
 		f.Close()
 		return nil, err
 	}
-	f.Follower = NewFollower(f.NATS, f.Store, cfg, restore, f.Position, log)
+	f.Follower = NewFollower(f.NATS, f.Store, cfg, restore, f.Position, f.Trust, log)
 	return f, nil
 }
 
@@ -66,6 +71,7 @@ func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.Restor
 // (the mirror, the stream, NATS).
 func (f *Follower) AdminHandler(version string) http.Handler {
 	m := admin.NewMetrics(version)
+	f.Trust.countTo(m)
 	m.WatchLag(f.Follower.Lag)
 	m.WatchVerification(f.Follower)
 	m.WatchNATS(f.NATS.NC)
