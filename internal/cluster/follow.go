@@ -229,7 +229,7 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		due = empty
 	}
 	if due {
-		info, found, err := restoreSnapshot(ctx, f.js, f.cfg.SnapshotBucket, f.cfg.SnapshotDir, m)
+		info, found, err := restoreSnapshot(ctx, f.js, f.cfg.SnapshotBucket, f.cfg.SnapshotDir, m, f.cfg.Verifier, f.rejectSnapshot)
 		if err != nil {
 			return 0, err
 		}
@@ -762,6 +762,16 @@ func (b *pulled) collect(batch jetstream.MessageBatch, f *Follower) error {
 		return err
 	}
 	return nil
+}
+
+// rejectSnapshot logs and counts a snapshot passed over for its signature.
+func (f *Follower) rejectSnapshot(info SnapshotInfo, err error) {
+	reason := signing.Reason(err)
+	f.log.Warn("a snapshot not signed by the leader; passing it over", "bucket", f.cfg.SnapshotBucket, "name", info.Name,
+		"stream_seq", info.Seq, "reason", reason, "err", err)
+	if f.cfg.OnRejected != nil {
+		f.cfg.OnRejected(reason)
+	}
 }
 
 // verify checks a message's signature when the follower has a Verifier.

@@ -301,3 +301,81 @@ func TestRelay_PreemptedMsgID(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshot_SignedManifest: the leader signs its snapshot's manifest.
+// An attacker copies the genuine object under a newer name, claiming a
+// stream sequence far ahead (a follower would skip the stream from there),
+// with the genuine signature copied along. A follower that verifies
+// restores the genuine snapshot and counts the planted one; one that
+// verifies nothing restores the planted one (the attack is real).
+func TestSnapshot_SignedManifest(t *testing.T) {
+	ctx := context.Background()
+	key := newKey(t)
+	js, leader := signedLeader(t, key)
+	leader.change(2)
+	leader.publish()
+	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 5, Dir: t.TempDir(),
+		Signer: key})
+	genuine, err := snaps.Write(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	attacker := attackerConn(t, js)
+	obj, err := attacker.ObjectStore(ctx, "snaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := obj.GetInfo(ctx, genuine.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Metadata["signature"] == "" {
+		t.Fatalf("genuine snapshot metadata %v: no signature", info.Metadata)
+	}
+	body, err := obj.GetBytes(ctx, genuine.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := map[string]string{}
+	for k, v := range info.Metadata {
+		md[k] = v
+	}
+	md["stream_seq"], md["created"] = "18446744073709551000", "2099-01-01T00:00:00Z"
+	if _, err := obj.PutBytes(ctx, "mirror-20990101T000000.000Z", body); err != nil {
+		t.Fatal(err)
+	}
+	if err := obj.UpdateMeta(ctx, "mirror-20990101T000000.000Z", jetstream.ObjectMeta{Name: "mirror-20990101T000000.000Z", Metadata: md}); err != nil {
+		t.Fatal(err)
+	}
+
+	v, err := signing.NewVerifier([]string{key.PublicKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restoring := func(consumer string, v *signing.Verifier, rej *rejections) *cluster.Follower {
+		fst, err := store.Open(ctx, filepath.Join(t.TempDir(), consumer+".db"), store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { fst.Close() })
+		f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: consumer, MaxWait: 100 * time.Millisecond,
+			SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir(), Verifier: v, OnRejected: rej.add})
+		if err := f.CatchUp(ctx); err != nil {
+			t.Fatalf("%s: %v", consumer, err)
+		}
+		return f
+	}
+	var rej, none rejections
+	f := restoring("verifying", v, &rej)
+	if got := f.Restored(); got.Name != genuine.Name || got.Seq != genuine.Seq {
+		t.Errorf("verifying follower restored %s (stream_seq %d), want %s (%d)", got.Name, got.Seq, genuine.Name, genuine.Seq)
+	}
+	if rej.get(signing.ReasonBadSignature) != 1 {
+		t.Errorf("bad_signature rejections = %d, want 1 (the planted snapshot)", rej.get(signing.ReasonBadSignature))
+	}
+	open := restoring("trusting", nil, &none)
+	if got := open.Restored(); got.Name != "mirror-20990101T000000.000Z" {
+		t.Errorf("trusting follower restored %s, want the planted snapshot: the attack is not one", got.Name)
+	}
+}

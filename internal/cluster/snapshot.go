@@ -17,6 +17,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -68,6 +69,8 @@ type SnapshotConfig struct {
 	// copy is on the same disk and as private.
 	Dir    string
 	Logger *slog.Logger
+	// Signer, when set, signs each snapshot's manifest (snapshot_sign.go).
+	Signer *signing.Signer
 }
 
 // SnapshotInfo describes the newest snapshot.
@@ -80,6 +83,9 @@ type SnapshotInfo struct {
 	Bytes, RawBytes int64
 	// Took is how long writing it took; zero when another process wrote it.
 	Took time.Duration
+	// manifest and signature are as listed, for verifySnapshot.
+	manifest  manifest
+	signature string
 }
 
 // Snapshotter writes snapshots of the mirror on a schedule: a leader duty.
@@ -243,6 +249,11 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("put snapshot %s into %s: %w", name, s.cfg.Bucket, err)
 	}
+	if s.cfg.Signer != nil {
+		if err := signSnapshot(ctx, obj, oi, s.cfg.Signer); err != nil {
+			return SnapshotInfo{}, err
+		}
+	}
 	info := SnapshotInfo{Name: name, Seq: seq, Created: created, Bytes: int64(oi.Size), RawBytes: fi.Size(), Took: time.Since(start)}
 	s.setLast(info)
 	return info, nil
@@ -290,7 +301,7 @@ func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotIn
 		if !strings.HasPrefix(o.Name, snapshotPrefix) || o.Deleted {
 			continue
 		}
-		info := SnapshotInfo{Name: o.Name, Bytes: int64(o.Size), Created: o.ModTime}
+		info := SnapshotInfo{Name: o.Name, Bytes: int64(o.Size), Created: o.ModTime, manifest: manifestOf(o), signature: o.Metadata[snapshotSigKey]}
 		info.Seq, _ = strconv.ParseUint(o.Metadata[snapshotSeqKey], 10, 64)
 		info.RawBytes, _ = strconv.ParseInt(o.Metadata[snapshotRawKey], 10, 64)
 		if t, err := time.Parse(time.RFC3339Nano, o.Metadata[snapshotCreatedKey]); err == nil {
@@ -357,9 +368,10 @@ const (
 	RestoreAlways
 )
 
-// restoreSnapshot downloads the newest snapshot of bucket, restores it into
+// restoreSnapshot downloads the newest snapshot of bucket (signed by a key
+// of v, when given; reject is told of those passed over), restores it into
 // m and returns it; false when the bucket has none.
-func restoreSnapshot(ctx context.Context, js jetstream.JetStream, bucket, dir string, m Restorable) (SnapshotInfo, bool, error) {
+func restoreSnapshot(ctx context.Context, js jetstream.JetStream, bucket, dir string, m Restorable, v *signing.Verifier, reject func(SnapshotInfo, error)) (SnapshotInfo, bool, error) {
 	obj, err := js.ObjectStore(ctx, bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return SnapshotInfo{}, false, nil
@@ -367,7 +379,7 @@ func restoreSnapshot(ctx context.Context, js jetstream.JetStream, bucket, dir st
 	if err != nil {
 		return SnapshotInfo{}, false, fmt.Errorf("look up snapshot bucket %s: %w", bucket, err)
 	}
-	newest, ok, err := newestSnapshot(ctx, obj)
+	newest, ok, err := newestVerified(ctx, obj, v, reject)
 	if err != nil || !ok {
 		return SnapshotInfo{}, false, err
 	}

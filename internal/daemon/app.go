@@ -148,7 +148,8 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	a.Registrar = NewRegistrar(cfg, a.Client, a.Store, log)
 	if sc := cfg.Snapshot; sc.Enabled {
 		a.Snapshots = cluster.NewSnapshotter(a.NATS.JS, a.Store, cluster.SnapshotConfig{Bucket: sc.Bucket, Replicas: cfg.NATS.Replicas,
-			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot")})
+			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot"),
+			Signer: a.Trust.Signer})
 	}
 	return a, nil
 }
