@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -100,7 +101,11 @@ type Follower struct {
 	checked atomic.Pointer[CheckpointResult]
 	// complete: the mirror was restored from a snapshot or matched a
 	// checkpoint, so it holds the history the stream does not carry.
-	complete atomic.Bool
+	complete atomic.Bool	// rejected holds the stream sequences of the messages rejected for
+	// their signature (see reject), under rejectedMu: the collecting
+	// goroutine and the gap reader both reject.
+	rejectedMu sync.Mutex
+	rejected   map[uint64]struct{}
 }
 
 // Positioned is a mirror that knows the stream sequence it reflects.
@@ -446,6 +451,10 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 			f.cons = nil
 		}
 	}
+	if b.maxSeq > 0 {
+		// The rejected messages are terminated: none of them is missing.
+		f.next = max(f.next, b.maxSeq+1)
+	}
 	pending := b.pending
 	if !b.known {
 		// An empty fetch carries no metadata; ask the consumer.
@@ -468,7 +477,9 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 // events it applied.
 func (f *Follower) apply(ctx context.Context, b *pulled) (int, error) {
 	var evs []store.StreamEvent
-	if len(b.evs) > 0 {
+	if len(b.seqs) > 0 {
+		// A batch of checkpoints alone needs the events skipped before it
+		// too, or it is compared without them.
 		var err error
 		if evs, err = f.withMissing(ctx, b); err != nil {
 			return 0, err
@@ -656,8 +667,11 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 			break
 		}
 		seq = m.Sequence + 1
-		if f.verify(m.Subject, m.Header, m.Data) != nil {
-			continue // the consumer terminates it, and counts it, when it comes
+		if err := f.verify(m.Subject, m.Header, m.Data); err != nil {
+			// Counted now: the consumer's delivery of it was lost, and
+			// comes again only after the AckWait (it terminates it then).
+			f.reject(m.Sequence, m.Subject, err)
+			continue
 		}
 		ev, err := publish.Decode(m.Data)
 		if err != nil {
@@ -695,6 +709,9 @@ type pulled struct {
 	// known: there was a message to tell.
 	pending uint64
 	known   bool
+	// maxSeq is the highest stream sequence of a message rejected for its
+	// signature (0: none).
+	maxSeq uint64
 }
 
 // wait waits for the fetch to end and returns its error.
@@ -722,12 +739,8 @@ func (b *pulled) collect(batch jetstream.MessageBatch, f *Follower) error {
 			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream
 		}
 		if err := f.verify(m.Subject(), m.Headers(), m.Data()); err != nil {
-			reason := signing.Reason(err)
-			log.Warn("a message on the stream not signed by the leader; rejected it", "stream_seq", seq, "subject", m.Subject(),
-				"reason", reason, "err", err)
-			if f.cfg.OnRejected != nil {
-				f.cfg.OnRejected(reason)
-			}
+			f.reject(seq, m.Subject(), err)
+			b.maxSeq = max(b.maxSeq, seq)
 			if err := m.Term(); err != nil {
 				log.Warn("terminate rejected message", "err", err)
 			}
@@ -773,6 +786,34 @@ func (f *Follower) rejectSnapshot(info SnapshotInfo, err error) {
 		f.cfg.OnRejected(reason)
 	}
 }
+
+// reject logs and counts the message at stream sequence seq that verify
+// rejected, once: the gap reader (readRange) and the consumer may both
+// meet it.
+func (f *Follower) reject(seq uint64, subject string, err error) {
+	f.rejectedMu.Lock()
+	_, seen := f.rejected[seq]
+	if !seen {
+		if f.rejected == nil || len(f.rejected) >= maxRejectedSeen {
+			f.rejected = make(map[uint64]struct{}) // at worst one is counted twice
+		}
+		f.rejected[seq] = struct{}{}
+	}
+	f.rejectedMu.Unlock()
+	if seen {
+		return
+	}
+	reason := signing.Reason(err)
+	f.log.Warn("a message on the stream not signed by the leader; rejected it", "stream_seq", seq, "subject", subject,
+		"reason", reason, "err", err)
+	if f.cfg.OnRejected != nil {
+		f.cfg.OnRejected(reason)
+	}
+}
+
+// maxRejectedSeen bounds the stream sequences of rejected messages a
+// follower remembers so as to count each once.
+const maxRejectedSeen = 4096
 
 // verify checks a message's signature when the follower has a Verifier.
 func (f *Follower) verify(subject string, h nats.Header, data []byte) error {
