@@ -101,7 +101,8 @@ type Follower struct {
 	checked atomic.Pointer[CheckpointResult]
 	// complete: the mirror was restored from a snapshot or matched a
 	// checkpoint, so it holds the history the stream does not carry.
-	complete atomic.Bool	// rejected holds the stream sequences of the messages rejected for
+	complete atomic.Bool
+	// rejected holds the stream sequences of the messages rejected for
 	// their signature (see reject), under rejectedMu: the collecting
 	// goroutine and the gap reader both reject.
 	rejectedMu sync.Mutex
