@@ -159,3 +159,35 @@ func TestLoadSigner_Errors(t *testing.T) {
 		t.Errorf("bad verify key: %v", err)
 	}
 }
+
+// BenchmarkSeal is the relay's cost per event of a signing key: a
+// Nats-Msg-Id derived and an Ed25519 signature over a typical event.
+func BenchmarkSeal(b *testing.B) {
+	kp, _ := nkeys.CreateUser()
+	seed, _ := kp.Seed()
+	s, err := signing.ParseSigner(seed)
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := []byte(strings.Repeat("x", 700))
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Seal(&nats.Msg{Subject: "syncd.tag.moved.nginx", Data: data, Header: nats.Header{jetstream.MsgIDHeader: []string{"0123456789abcdef0123456789abcdef"}}})
+	}
+}
+
+// BenchmarkVerify is a follower's cost per message of verifying.
+func BenchmarkVerify(b *testing.B) {
+	kp, _ := nkeys.CreateUser()
+	seed, _ := kp.Seed()
+	s, _ := signing.ParseSigner(seed)
+	v, _ := signing.NewVerifier([]string{s.PublicKey()})
+	m := s.Seal(&nats.Msg{Subject: "syncd.tag.moved.nginx", Data: []byte(strings.Repeat("x", 700)),
+		Header: nats.Header{jetstream.MsgIDHeader: []string{"0123456789abcdef0123456789abcdef"}}})
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := v.Verify(m.Subject, m.Header, m.Data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
