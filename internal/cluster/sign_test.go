@@ -1,12 +1,15 @@
 package cluster_test
 
 import (
+	"bytes"
 	"context"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -382,5 +385,29 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 	open := restoring("trusting", nil, &none)
 	if got := open.Restored(); got.Name != "mirror-20990101T000000.000Z" {
 		t.Errorf("trusting follower restored %s, want the planted snapshot: the attack is not one", got.Name)
+	}
+
+	// The genuine snapshot's content replaced, its signed metadata kept:
+	// the manifest verifies, the download does not match it.
+	if err := obj.Delete(ctx, "mirror-20990101T000000.000Z"); err != nil {
+		t.Fatal(err)
+	}
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := enc.EncodeAll([]byte("not the leader's mirror"), nil)
+	if _, err := obj.Put(ctx, jetstream.ObjectMeta{Name: genuine.Name, Metadata: info.Metadata}, bytes.NewReader(other)); err != nil {
+		t.Fatal(err)
+	}
+	fst, err := store.Open(ctx, filepath.Join(t.TempDir(), "tampered.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fst.Close() })
+	tf := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "tampered", MaxWait: 100 * time.Millisecond,
+		SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir(), Verifier: v})
+	if err := tf.CatchUp(ctx); err == nil || !strings.Contains(err.Error(), "signed digest") {
+		t.Errorf("restoring a snapshot whose content was replaced: %v, want it refused for its digest", err)
 	}
 }

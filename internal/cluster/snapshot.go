@@ -231,6 +231,13 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	}
 	created := time.Now().UTC()
 	name := snapshotPrefix + created.Format("20060102T150405.000Z")
+	md := map[string]string{snapshotSeqKey: strconv.FormatUint(seq, 10), snapshotCreatedKey: created.Format(time.RFC3339Nano),
+		snapshotRawKey: strconv.FormatInt(fi.Size(), 10)}
+	if s.cfg.Signer != nil {
+		if err := signManifest(f, name, md, s.cfg.Signer); err != nil {
+			return SnapshotInfo{}, err
+		}
+	}
 	pr, pw := io.Pipe()
 	compressed := make(chan struct{})
 	go func() {
@@ -238,9 +245,8 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 		pw.CloseWithError(compress(pw, f))
 	}()
 	oi, err := obj.Put(ctx, jetstream.ObjectMeta{Name: name, Description: "syncd mirror, zstd-compressed SQLite database",
-		Metadata: map[string]string{snapshotSeqKey: strconv.FormatUint(seq, 10), snapshotCreatedKey: created.Format(time.RFC3339Nano),
-			snapshotRawKey: strconv.FormatInt(fi.Size(), 10)},
-		Opts: &jetstream.ObjectMetaOptions{ChunkSize: snapshotChunk}}, pr)
+		Metadata: md,
+		Opts:     &jetstream.ObjectMetaOptions{ChunkSize: snapshotChunk}}, pr)
 	// Closing the pipe ends the compressor if Put stopped early (a
 	// shutdown cancels it); the file is closed and removed only after the
 	// compressor has stopped reading it.
@@ -248,11 +254,6 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	<-compressed
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("put snapshot %s into %s: %w", name, s.cfg.Bucket, err)
-	}
-	if s.cfg.Signer != nil {
-		if err := signSnapshot(ctx, obj, oi, s.cfg.Signer); err != nil {
-			return SnapshotInfo{}, err
-		}
 	}
 	info := SnapshotInfo{Name: name, Seq: seq, Created: created, Bytes: int64(oi.Size), RawBytes: fi.Size(), Took: time.Since(start)}
 	s.setLast(info)
@@ -392,6 +393,11 @@ func restoreSnapshot(ctx context.Context, js jetstream.JetStream, bucket, dir st
 	path := filepath.Join(tmp, "mirror.db")
 	if err := download(ctx, obj, newest.Name, path); err != nil {
 		return SnapshotInfo{}, false, err
+	}
+	if v != nil {
+		if err := checkDownload(path, newest); err != nil {
+			return SnapshotInfo{}, false, err
+		}
 	}
 	if err := m.Restore(ctx, path, newest.Seq); err != nil {
 		return SnapshotInfo{}, false, fmt.Errorf("restore snapshot %s: %w", newest.Name, err)
