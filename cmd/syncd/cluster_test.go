@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nkeys"
-
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
@@ -63,9 +61,7 @@ type node struct {
 	replicas      int
 	admin         string
 	snapshotEvery string
-	// signingKey is [cluster] signing_key_file (default none).
-	signingKey string
-	cmd        *exec.Cmd
+	cmd           *exec.Cmd
 	out           *syncBuffer
 }
 
@@ -112,19 +108,7 @@ enabled = true
 node_id = %[5]q
 lease_ttl = %[6]q
 consumer = "follow-%[5]s"
-signing_key_file = %[10]q
-`, simURL, n.token, natsURL, n.dbPath, n.name, clusterTTL.String(), max(n.replicas, 1), n.admin, n.snapshotEvery, n.signingKey))
-}
-
-// signingKey writes a fresh nkey seed, 0600, for [cluster] signing_key_file.
-func signingKey(t *testing.T) string {
-	t.Helper()
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, _ := kp.Seed()
-	return writeFile(t, "signing.nk", string(seed))
+`, simURL, n.token, natsURL, n.dbPath, n.name, clusterTTL.String(), max(n.replicas, 1), n.admin, n.snapshotEvery))
 }
 
 // start runs the test binary as "syncd <args> --config n.cfg".
