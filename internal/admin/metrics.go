@@ -62,6 +62,9 @@ func NewMetrics(version string) *Metrics {
 	for _, ep := range []string{"GET /registry/v2/repos", "GET /registry/v2/tags", "GET /v2/{image}/history", "GET /vulnerabilities/v2/advisories"} {
 		m.retries.WithLabelValues(ep)
 	}
+	for _, reason := range []string{"unsigned", "bad_signature"} {
+		m.rejected.WithLabelValues(reason)
+	}
 	for _, job := range []string{"crawl", "sweep", "advisories"} {
 		for _, outcome := range []string{"ok", "partial", "failed", "canceled"} {
 			m.crawlRuns.WithLabelValues(job, outcome)

@@ -8,12 +8,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -61,6 +64,13 @@ type FollowerConfig struct {
 	// MaxRestoreBytes bounds the size a snapshot may decompress to; 0:
 	// 64 times its compressed size, at least 256 MiB.
 	MaxRestoreBytes int64
+	// Verifier, when set, is the leader's keys: a message on the stream
+	// that is unsigned or not signed by one of them is terminated, never
+	// applied (see internal/signing). Nil: every message is taken.
+	Verifier *signing.Verifier
+	// OnRejected, when set, is called with the reason of every message
+	// Verifier rejected (signing.ReasonUnsigned, ReasonBadSignature).
+	OnRejected func(reason string)
 }
 
 // Follower applies the event stream to a mirror through a durable
@@ -104,6 +114,11 @@ type Follower struct {
 	// complete: the mirror was restored from a snapshot or matched a
 	// checkpoint, so it holds the history the stream does not carry.
 	complete atomic.Bool
+	// rejected holds the stream sequences of the messages rejected for
+	// their signature (see reject), under rejectedMu: the collecting
+	// goroutine and the gap reader both reject.
+	rejectedMu sync.Mutex
+	rejected   map[uint64]struct{}
 }
 
 // Positioned is a mirror that knows the stream sequence it reflects.
@@ -261,7 +276,7 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 	}
 	if due {
 		r := restorer{js: f.js, bucket: f.cfg.SnapshotBucket, stream: f.cfg.Stream, dir: f.cfg.SnapshotDir,
-			maxBytes: f.cfg.MaxRestoreBytes, log: f.log, onReject: f.cfg.OnReject}
+			maxBytes: f.cfg.MaxRestoreBytes, log: f.log, onReject: f.cfg.OnReject, verifier: f.cfg.Verifier, onUnsigned: f.rejectSnapshot}
 		info, found, refused, err := r.restore(ctx, m)
 		if err != nil {
 			return 0, err
@@ -492,6 +507,10 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 			f.cons = nil
 		}
 	}
+	if b.maxSeq > 0 {
+		// The rejected messages are terminated: none of them is missing.
+		f.next = max(f.next, b.maxSeq+1)
+	}
 	pending := b.pending
 	if !b.known {
 		// An empty fetch carries no metadata; ask the consumer.
@@ -514,7 +533,9 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 // events it applied.
 func (f *Follower) apply(ctx context.Context, b *pulled) (int, []store.RejectedEvent, error) {
 	var evs []store.StreamEvent
-	if len(b.evs) > 0 {
+	if len(b.seqs) > 0 {
+		// A batch of checkpoints alone needs the events skipped before it
+		// too, or it is compared without them.
 		var err error
 		if evs, err = f.withMissing(ctx, b); err != nil {
 			return 0, nil, err
@@ -688,7 +709,7 @@ func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, pending ui
 		defer close(b.done)
 		defer cancel()
 		if b.err == nil {
-			b.err = b.collect(batch, f.log, f.cfg.OnReject)
+			b.err = b.collect(batch, f)
 		}
 	}()
 	return b
@@ -742,6 +763,12 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 			break
 		}
 		seq = m.Sequence + 1
+		if err := f.verify(m.Subject, m.Header, m.Data); err != nil {
+			// Counted now: the consumer's delivery of it was lost, and
+			// comes again only after the AckWait (it terminates it then).
+			f.rejectUnsigned(m.Sequence, m.Subject, err)
+			continue
+		}
 		if publish.Reserved(m.Subject) {
 			continue // checkpoints and term markers apply nothing
 		}
@@ -780,6 +807,9 @@ type pulled struct {
 	// known: there was a message to tell.
 	pending uint64
 	known   bool
+	// maxSeq is the highest stream sequence of a message rejected for its
+	// signature (0: none).
+	maxSeq uint64
 }
 
 // wait waits for the fetch to end and returns its error.
@@ -797,17 +827,28 @@ type pendingCheck struct {
 }
 
 // collect takes the batch's messages, decoding them; a message that is not
-// a syncd event or checkpoint is terminated, never to come again.
-func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger, onReject func(string)) error {
+// a syncd event or checkpoint, or not signed by the leader when f verifies
+// signatures, is terminated, never to come again.
+func (b *pulled) collect(batch jetstream.MessageBatch, f *Follower) error {
+	log, onReject := f.log, f.cfg.OnReject
 	for m := range batch.Messages() {
 		var seq uint64
 		if md, err := m.Metadata(); err == nil {
 			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream
 		}
+		if err := f.verify(m.Subject(), m.Headers(), m.Data()); err != nil {
+			f.rejectUnsigned(seq, m.Subject(), err)
+			b.maxSeq = max(b.maxSeq, seq)
+			if err := m.TermWithReason("syncd: " + signing.Reason(err)); err != nil {
+				log.Warn("terminate rejected message", "err", err)
+			}
+			continue
+		}
 		if strings.HasSuffix(m.Subject(), "."+publish.CheckpointToken) {
 			cp, err := publish.DecodeCheckpoint(m.Data())
 			if err != nil || seq == 0 {
-				log.Warn("not a syncd checkpoint; set aside, never to be retried", "stream_seq", seq, "subject", m.Subject(), "reason", RejectDecode, "err", err)
+				log.Warn("not a syncd checkpoint; set aside, never to be retried", "stream_seq", seq, "subject", m.Subject(),
+					"reason", RejectDecode, "err", err)
 				onReject(RejectDecode)
 				if err := m.TermWithReason("syncd: " + RejectDecode); err != nil {
 					log.Warn("terminate undecodable message", "err", err)
@@ -827,7 +868,8 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger, onRejec
 		ev, err := publish.Decode(m.Data())
 		if err != nil {
 			// Never redelivered: it would fail the same way forever.
-			log.Warn("not a syncd event; set aside, never to be retried", "stream_seq", seq, "subject", m.Subject(), "reason", RejectDecode, "err", err)
+			log.Warn("not a syncd event; set aside, never to be retried", "stream_seq", seq, "subject", m.Subject(),
+				"reason", RejectDecode, "err", err)
 			onReject(RejectDecode)
 			if err := m.TermWithReason("syncd: " + RejectDecode); err != nil {
 				log.Warn("terminate undecodable message", "err", err)
@@ -845,6 +887,52 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger, onRejec
 		return err
 	}
 	return nil
+}
+
+// rejectSnapshot logs and counts a snapshot passed over for its signature.
+func (f *Follower) rejectSnapshot(info SnapshotInfo, err error) {
+	reason := signing.Reason(err)
+	f.log.Warn("a snapshot not signed by the leader; passing it over", "bucket", f.cfg.SnapshotBucket, "name", info.Name,
+		"stream_seq", info.Seq, "reason", reason, "err", err)
+	if f.cfg.OnRejected != nil {
+		f.cfg.OnRejected(reason)
+	}
+}
+
+// rejectUnsigned logs and counts the message at stream sequence seq that verify
+// rejected, once: the gap reader (readRange) and the consumer may both
+// meet it.
+func (f *Follower) rejectUnsigned(seq uint64, subject string, err error) {
+	f.rejectedMu.Lock()
+	_, seen := f.rejected[seq]
+	if !seen {
+		if f.rejected == nil || len(f.rejected) >= maxRejectedSeen {
+			f.rejected = make(map[uint64]struct{}) // at worst one is counted twice
+		}
+		f.rejected[seq] = struct{}{}
+	}
+	f.rejectedMu.Unlock()
+	if seen {
+		return
+	}
+	reason := signing.Reason(err)
+	f.log.Warn("a message on the stream not signed by the leader; rejected it", "stream_seq", seq, "subject", subject,
+		"reason", reason, "err", err)
+	if f.cfg.OnRejected != nil {
+		f.cfg.OnRejected(reason)
+	}
+}
+
+// maxRejectedSeen bounds the stream sequences of rejected messages a
+// follower remembers so as to count each once.
+const maxRejectedSeen = 4096
+
+// verify checks a message's signature when the follower has a Verifier.
+func (f *Follower) verify(subject string, h nats.Header, data []byte) error {
+	if f.cfg.Verifier == nil {
+		return nil
+	}
+	return f.cfg.Verifier.Verify(subject, h, data)
 }
 
 // nak asks for the batch's messages again.

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -73,6 +74,8 @@ type SnapshotConfig struct {
 	// server refused, since another replica leads, is deleted.
 	Fence  *publish.Fence
 	Logger *slog.Logger
+	// Signer, when set, signs each snapshot's manifest (snapshot_sign.go).
+	Signer *signing.Signer
 }
 
 // SnapshotInfo describes the newest snapshot.
@@ -88,6 +91,9 @@ type SnapshotInfo struct {
 	Bytes, RawBytes int64
 	// Took is how long writing it took; zero when another process wrote it.
 	Took time.Duration
+	// manifest and signature are as listed, for verifySnapshot.
+	manifest  manifest
+	signature string
 }
 
 // Snapshotter writes snapshots of the mirror on a schedule: a leader duty.
@@ -236,6 +242,13 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	}
 	created := time.Now().UTC()
 	name := snapshotPrefix + created.Format("20060102T150405.000Z")
+	md := map[string]string{snapshotSeqKey: strconv.FormatUint(seq, 10), snapshotCreatedKey: created.Format(time.RFC3339Nano),
+		snapshotRawKey: strconv.FormatInt(fi.Size(), 10)}
+	if s.cfg.Signer != nil {
+		if err := signManifest(f, name, md, s.cfg.Signer); err != nil {
+			return SnapshotInfo{}, err
+		}
+	}
 	pr, pw := io.Pipe()
 	compressed := make(chan struct{})
 	go func() {
@@ -243,9 +256,8 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 		pw.CloseWithError(compress(pw, f))
 	}()
 	oi, err := obj.Put(ctx, jetstream.ObjectMeta{Name: name, Description: "syncd mirror, zstd-compressed SQLite database",
-		Metadata: map[string]string{snapshotSeqKey: strconv.FormatUint(seq, 10), snapshotCreatedKey: created.Format(time.RFC3339Nano),
-			snapshotRawKey: strconv.FormatInt(fi.Size(), 10)},
-		Opts: &jetstream.ObjectMetaOptions{ChunkSize: snapshotChunk}}, pr)
+		Metadata: md,
+		Opts:     &jetstream.ObjectMetaOptions{ChunkSize: snapshotChunk}}, pr)
 	// Closing the pipe ends the compressor if Put stopped early (a
 	// shutdown cancels it); the file is closed and removed only after the
 	// compressor has stopped reading it.
@@ -391,7 +403,8 @@ func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotIn
 		if !strings.HasPrefix(o.Name, snapshotPrefix) || o.Deleted {
 			continue
 		}
-		info := SnapshotInfo{Name: o.Name, Bytes: int64(o.Size), Created: o.ModTime, Stored: o.ModTime}
+		info := SnapshotInfo{Name: o.Name, Bytes: int64(o.Size), Created: o.ModTime, Stored: o.ModTime, manifest: manifestOf(o),
+			signature: o.Metadata[snapshotSigKey]}
 		info.Seq, _ = strconv.ParseUint(o.Metadata[snapshotSeqKey], 10, 64)
 		info.RawBytes, _ = strconv.ParseInt(o.Metadata[snapshotRawKey], 10, 64)
 		if t, err := time.Parse(time.RFC3339Nano, o.Metadata[snapshotCreatedKey]); err == nil {
@@ -462,6 +475,11 @@ type restorer struct {
 	maxBytes int64
 	log      *slog.Logger
 	onReject func(reason string)
+	// verifier, when set, is the leader's keys: a snapshot whose manifest
+	// is not signed by one of them is passed over (onUnsigned is told),
+	// and a download must match its signed SHA-256.
+	verifier   *signing.Verifier
+	onUnsigned func(SnapshotInfo, error)
 }
 
 // Decompression bounds: the size a snapshot may decompress to when none
@@ -499,6 +517,13 @@ func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, fo
 		return SnapshotInfo{}, false, 0, err
 	}
 	for _, info := range all {
+		if r.verifier != nil {
+			if err := verifySnapshot(r.verifier, info); err != nil {
+				r.onUnsigned(info, err)
+				refused++
+				continue
+			}
+		}
 		start := time.Now()
 		err := plausible(info, start, last)
 		if err != nil {
@@ -532,6 +557,11 @@ func (r restorer) restoreOne(ctx context.Context, obj jetstream.ObjectStore, inf
 	}
 	if err := download(ctx, obj, info.Name, path, bound); err != nil {
 		return err
+	}
+	if r.verifier != nil {
+		if err := checkDownload(path, info); err != nil {
+			return fmt.Errorf("%w: %w", errSnapshotRefused, err)
+		}
 	}
 	if err := m.Restore(ctx, path, info.Seq); err != nil {
 		// The mirror is as it was (the restore is one transaction):

@@ -27,14 +27,14 @@ import (
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
-// rejections counts the reasons a follower reports, as the
+// reasonCounts counts the reasons a follower reports, as the
 // syncd_rejected_messages_total{reason} counter does.
-type rejections struct {
+type reasonCounts struct {
 	mu sync.Mutex
 	n  map[string]int
 }
 
-func (r *rejections) add(reason string) {
+func (r *reasonCounts) add(reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.n == nil {
@@ -43,7 +43,7 @@ func (r *rejections) add(reason string) {
 	r.n[reason]++
 }
 
-func (r *rejections) get() map[string]int {
+func (r *reasonCounts) get() map[string]int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := map[string]int{}
@@ -123,7 +123,7 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { follower.Close() })
-	var rej rejections
+	var rej reasonCounts
 	var logs testutil.Buffer
 	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
 		MaxWait: 200 * time.Millisecond, OnReject: rej.add, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -142,7 +142,7 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 		t.Fatalf("the follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
 	}
 	if got := rej.get(); got[cluster.RejectApply] != 1 || got[cluster.RejectPosition] != 1 || got[cluster.RejectDecode] != 1 || len(got) != 3 {
-		t.Errorf("rejections %v, want one each of apply, position, decode", got)
+		t.Errorf("reasonCounts %v, want one each of apply, position, decode", got)
 	}
 	// Terminated, not NAK'd: nothing is pending or waiting for an ack, and
 	// another catch-up sees none of them again.
@@ -163,7 +163,7 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := rej.get(); got[cluster.RejectApply] != 1 || got[cluster.RejectPosition] != 1 {
-		t.Errorf("rejections after another catch-up %v: a poison message came again", got)
+		t.Errorf("reasonCounts after another catch-up %v: a poison message came again", got)
 	}
 	var evil int
 	if err := follower.Reader().QueryRow(`SELECT count(*) FROM tags WHERE uid = 'g/r1/evil' OR digest = 'sha256:evil'`).Scan(&evil); err != nil || evil != 0 {
@@ -373,7 +373,7 @@ func TestSnapshot_PlantedFutureSnapshotIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { follower.Close() })
-	var rej rejections
+	var rej reasonCounts
 	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
 		MaxWait: 200 * time.Millisecond, SnapshotBucket: "snaps", SnapshotDir: t.TempDir(), OnReject: rej.add})
 	if err := f.CatchUp(ctx); err != nil {
@@ -383,7 +383,7 @@ func TestSnapshot_PlantedFutureSnapshotIgnored(t *testing.T) {
 		t.Errorf("restored %+v, want the genuine snapshot %+v", got, genuine)
 	}
 	if got := rej.get(); got[cluster.RejectSnapshot] != 1 {
-		t.Errorf("rejections %v, want one snapshot", got)
+		t.Errorf("reasonCounts %v, want one snapshot", got)
 	}
 	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
 		t.Errorf("follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
@@ -435,7 +435,7 @@ func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { st.Close() })
-		var rej rejections
+		var rej reasonCounts
 		f := cluster.NewFollower(js, st, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f-" + bucket,
 			MaxWait: 200 * time.Millisecond, SnapshotBucket: bucket, SnapshotDir: t.TempDir(), MaxRestoreBytes: bound, OnReject: rej.add})
 		if err := f.CatchUp(ctx); err != nil {
@@ -458,7 +458,7 @@ func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
 		t.Errorf("restored %q, want none", f.Restored().Name)
 	}
 	if rej[cluster.RejectSnapshot] != len(bad) {
-		t.Errorf("rejections %v, want %d snapshots", rej, len(bad))
+		t.Errorf("reasonCounts %v, want %d snapshots", rej, len(bad))
 	}
 
 	// An older genuine one.
@@ -475,6 +475,6 @@ func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
 		t.Errorf("restored %q, want the genuine %q", got.Name, genuine.Name)
 	}
 	if rej[cluster.RejectSnapshot] != len(bad) {
-		t.Errorf("rejections %v, want %d snapshots", rej, len(bad))
+		t.Errorf("reasonCounts %v, want %d snapshots", rej, len(bad))
 	}
 }

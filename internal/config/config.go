@@ -126,6 +126,15 @@ type Cluster struct {
 	LeaseTTL Duration `toml:"lease_ttl"`
 	// Consumer is the durable consumer's name; empty: syncd-follow-<node_id>.
 	Consumer string `toml:"consumer"`
+	// SigningKeyFile is the leader's key (an nkey seed or a PEM Ed25519
+	// private key, mode 0600): it signs every message it puts on the
+	// stream. Empty: messages go unsigned.
+	SigningKeyFile string `toml:"signing_key_file"`
+	// VerifyKeys are the nkey public keys whose signatures followers and
+	// standbys accept; a message signed by none of them is rejected.
+	// Empty: the signing key's own, or without one, every message is
+	// taken.
+	VerifyKeys []string `toml:"verify_keys"`
 }
 
 // Admin configures the operations listener: metrics, liveness, readiness.

@@ -83,7 +83,10 @@ type App struct {
 	Fence *publish.Fence
 	// stepDown is what a fenced write calls: the lease's StepDown.
 	stepDown atomic.Pointer[func()]
-	version  string
+	// Trust signs what the relay publishes and checks what a standby
+	// follows.
+	Trust   *Trust
+	version string
 }
 
 // Options are what a command chooses about an App beyond the config.
@@ -105,6 +108,10 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	if a.Jobs, err = ParseSchedules(cfg.Crawl); err != nil {
 		return nil, err
 	}
+	if a.Trust, err = LoadTrust(cfg, log); err != nil {
+		return nil, err
+	}
+	a.Trust.countTo(a.Metrics)
 	if cfg.Events.SinkURL == "" {
 		delete(a.Jobs, crawler.JobSubscriptions)
 	}
@@ -133,6 +140,9 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		nil, func() float64 { return float64(a.Fence.Refused()) })
 	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), opts.Published)),
 		publish.WithCheckpoints(a.Store, cfg.Verify.CheckpointEvery.Duration, cfg.Cluster.NodeID), publish.WithFence(a.Fence)}
+	if a.Trust.Signer != nil {
+		relayOpts = append(relayOpts, publish.WithSigner(a.Trust.Signer))
+	}
 	if cfg.KV.Enabled {
 		kv, err := publish.OpenKV(ctx, a.NATS.JS, kvConfig(cfg, log), a.Store)
 		if err != nil {
@@ -144,7 +154,7 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	a.Relay = publish.NewRelay(a.NATS.JS, a.Store, pcfg, relayOpts...)
 	a.Auditor = publish.NewAuditor(a.NATS.JS, a.Store, a.Relay.Message, publish.AuditConfig{Stream: cfg.NATS.Stream,
 		SubjectPrefix: cfg.NATS.SubjectPrefix, Every: cfg.Verify.AuditEvery.Duration, Logger: log.With("part", "audit"),
-		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }, Fence: a.Fence})
+		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }, Fence: a.Fence, MsgID: a.Relay.MsgID})
 	a.Crawler = newCrawler(cfg, a.Client, a.Store, a.Jobs, a.observeRun, log)
 	a.Receiver = newReceiver(cfg, a.Crawler, a.Store, log)
 	a.Registrar = NewRegistrar(cfg, a.Client, a.Store, log)
@@ -154,7 +164,7 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	if sc := cfg.Snapshot; sc.Enabled {
 		a.Snapshots = cluster.NewSnapshotter(a.NATS.JS, a.Store, cluster.SnapshotConfig{Bucket: sc.Bucket, Replicas: cfg.NATS.Replicas,
 			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot"),
-			Fence: a.Fence})
+			Fence: a.Fence, Signer: a.Trust.Signer})
 	}
 	return a, nil
 }
@@ -320,13 +330,14 @@ func NewRegistrar(cfg config.Config, client *platform.Client, st *store.Store, l
 }
 
 // NewFollower follows the stream into st, recording its lag there,
-// advancing pos and counting in m what it sets aside; restore says when it
-// starts from a snapshot.
-func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position, m *admin.Metrics, log *slog.Logger) *cluster.Follower {
+// advancing pos, counting in m what it sets aside and applying only what
+// tr verifies; restore says when it starts from a snapshot.
+func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position,
+	m *admin.Metrics, tr *Trust, log *slog.Logger) *cluster.Follower {
 	var f *cluster.Follower
 	f = cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
 		Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow"),
 		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path), OnBatch: followAt(pos, &f),
-		OnReject: m.MessageRejected})
+		OnReject: m.MessageRejected, Verifier: tr.Verifier, OnRejected: tr.rejected})
 	return f
 }

@@ -31,6 +31,8 @@ type Follower struct {
 	// Metrics is what AdminHandler serves; the follower counts in it
 	// what it sets aside.
 	Metrics *admin.Metrics
+	// Trust is whose signatures the follower accepts.
+	Trust *Trust
 }
 
 // OpenFollower opens the mirror and the connection to the leader's NATS
@@ -42,6 +44,9 @@ type Follower struct {
 func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.RestoreMode, version string, log *slog.Logger) (*Follower, error) {
 	f := &Follower{Config: cfg, Log: log, Position: query.NewPosition(), Metrics: admin.NewMetrics(version)}
 	var err error
+	if f.Trust, err = LoadTrust(cfg, log); err != nil {
+		return nil, err
+	}
 	if f.Store, err = OpenStore(ctx, cfg, log, store.Options{}); err != nil {
 		return nil, err
 	}
@@ -61,7 +66,8 @@ func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.Restor
 		f.Close()
 		return nil, err
 	}
-	f.Follower = NewFollower(f.NATS, f.Store, cfg, restore, f.Position, f.Metrics, log)
+	f.Follower = NewFollower(f.NATS, f.Store, cfg, restore, f.Position, f.Metrics, f.Trust, log)
+	f.Trust.countTo(f.Metrics)
 	return f, nil
 }
 

@@ -82,7 +82,7 @@ func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
 	stepDown := lease.StepDown
 	a.stepDown.Store(&stepDown)
 	duties := a.duties(grace, lease.IsLeader)
-	rep := &cluster.Replica{Lease: lease, Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Position, a.Metrics, a.Log),
+	rep := &cluster.Replica{Lease: lease, Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Position, a.Metrics, a.Trust, a.Log),
 		Promote: a.Crawler.ResolveFollowed, Mark: a.Fence.Mark, Meta: a.Store, Logger: a.Log.With("part", "cluster"),
 		Lead: func(ctx context.Context) error {
 			defer a.Fence.End() // nothing of this term is sent after it

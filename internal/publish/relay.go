@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -78,6 +79,9 @@ type Relay struct {
 	cpSentTime time.Time
 	// fence, when set, stamps every write with the lease term (fence.go).
 	fence *Fence
+	// signer, when set, signs every message the relay publishes and
+	// derives its Nats-Msg-Id (see internal/signing).
+	signer *signing.Signer
 }
 
 // StreamPosition is a mirror that records the stream sequence it reflects
@@ -157,6 +161,10 @@ func WithKV(k *KV) RelayOption { return func(r *Relay) { r.kv = k } }
 // term began, the server refuses them.
 func WithFence(f *Fence) RelayOption { return func(r *Relay) { r.fence = f } }
 
+// WithSigner has the relay sign every event and checkpoint it publishes
+// with s, under a Nats-Msg-Id derived with s (signing.Signer.Seal).
+func WithSigner(s *signing.Signer) RelayOption { return func(r *Relay) { r.signer = s } }
+
 // NewRelay returns a relay from outbox to js.
 func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOption) *Relay {
 	log := cfg.Logger
@@ -175,8 +183,26 @@ func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOp
 	return r
 }
 
-// Message encodes e as the JetStream message the relay publishes.
-func (r *Relay) Message(e store.Event) *nats.Msg { return r.format.Message(e) }
+// Message encodes e as the JetStream message the relay publishes: signed,
+// under a Nats-Msg-Id derived from its id, when the relay has a signer.
+func (r *Relay) Message(e store.Event) *nats.Msg { return r.seal(r.format.Message(e)) }
+
+// seal signs m when the relay has a signer.
+func (r *Relay) seal(m *nats.Msg) *nats.Msg {
+	if r.signer == nil {
+		return m
+	}
+	return r.signer.Seal(m)
+}
+
+// MsgID is the Nats-Msg-Id the relay publishes the event whose id is id
+// under, for the stream audit.
+func (r *Relay) MsgID(id string) string {
+	if r.signer == nil {
+		return id
+	}
+	return r.signer.MsgID(id)
+}
 
 // Run relays until ctx is done: it drains the outbox, then waits for the
 // store to commit new events (or a minute, whichever is first). Failures
@@ -712,7 +738,7 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	}
 	// Published as the events are, so that whoever watches the
 	// acknowledgements (the query service's position) sees it too.
-	fut, err := r.js.PublishMsgAsync(msg)
+	fut, err := r.js.PublishMsgAsync(r.seal(msg))
 	if err != nil {
 		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
 	}
