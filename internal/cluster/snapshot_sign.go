@@ -88,4 +88,3 @@ func checkDownload(path string, info SnapshotInfo) error {
 func verifySnapshot(v *signing.Verifier, info SnapshotInfo) error {
 	return v.VerifyBytes(info.signature, info.manifest.payload)
 }
-
