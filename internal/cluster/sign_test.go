@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
-	"strings"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -312,10 +312,11 @@ func TestRelay_PreemptedMsgID(t *testing.T) {
 
 // TestSnapshot_SignedManifest: the leader signs its snapshot's manifest.
 // An attacker copies the genuine object under a newer name, claiming a
-// stream sequence far ahead (a follower would skip the stream from there),
-// with the genuine signature copied along. A follower that verifies
-// restores the genuine snapshot and counts the planted one; one that
-// verifies nothing restores the planted one (the attack is real).
+// stream sequence ahead of it, the stream's last (a follower would skip the
+// events in between), and a created time of now, so that the plausibility
+// checks pass, with the genuine signature copied along. A follower that
+// verifies restores the genuine snapshot and counts the planted one; one
+// that verifies nothing restores the planted one (the attack is real).
 func TestSnapshot_SignedManifest(t *testing.T) {
 	ctx := context.Background()
 	key := newKey(t)
@@ -328,6 +329,20 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	leader.change(2)
+	leader.publish()
+	stream, err := js.Stream(ctx, "EV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sinfo, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sinfo.State.LastSeq <= genuine.Seq {
+		t.Fatalf("stream's last sequence %d, want past the snapshot's %d", sinfo.State.LastSeq, genuine.Seq)
+	}
+	planted := "mirror-" + time.Now().UTC().Add(time.Second).Format("20060102T150405.000Z")
 
 	attacker := attackerConn(t, js)
 	obj, err := attacker.ObjectStore(ctx, "snaps")
@@ -349,11 +364,11 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 	for k, v := range info.Metadata {
 		md[k] = v
 	}
-	md["stream_seq"], md["created"] = "18446744073709551000", "2099-01-01T00:00:00Z"
-	if _, err := obj.PutBytes(ctx, "mirror-20990101T000000.000Z", body); err != nil {
+	md["stream_seq"], md["created"] = strconv.FormatUint(sinfo.State.LastSeq, 10), time.Now().UTC().Format(time.RFC3339Nano)
+	if _, err := obj.PutBytes(ctx, planted, body); err != nil {
 		t.Fatal(err)
 	}
-	if err := obj.UpdateMeta(ctx, "mirror-20990101T000000.000Z", jetstream.ObjectMeta{Name: "mirror-20990101T000000.000Z", Metadata: md}); err != nil {
+	if err := obj.UpdateMeta(ctx, planted, jetstream.ObjectMeta{Name: planted, Metadata: md}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -383,13 +398,13 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 		t.Errorf("bad_signature rejections = %d, want 1 (the planted snapshot)", rej.get(signing.ReasonBadSignature))
 	}
 	open := restoring("trusting", nil, &none)
-	if got := open.Restored(); got.Name != "mirror-20990101T000000.000Z" {
+	if got := open.Restored(); got.Name != planted {
 		t.Errorf("trusting follower restored %s, want the planted snapshot: the attack is not one", got.Name)
 	}
 
 	// The genuine snapshot's content replaced, its signed metadata kept:
 	// the manifest verifies, the download does not match it.
-	if err := obj.Delete(ctx, "mirror-20990101T000000.000Z"); err != nil {
+	if err := obj.Delete(ctx, planted); err != nil {
 		t.Fatal(err)
 	}
 	enc, err := zstd.NewWriter(nil)
@@ -405,9 +420,16 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fst.Close() })
+	var refused rejections
 	tf := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "tampered", MaxWait: 100 * time.Millisecond,
-		SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir(), Verifier: v})
-	if err := tf.CatchUp(ctx); err == nil || !strings.Contains(err.Error(), "signed digest") {
-		t.Errorf("restoring a snapshot whose content was replaced: %v, want it refused for its digest", err)
+		SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir(), Verifier: v, OnReject: refused.add})
+	if err := tf.CatchUp(ctx); err != nil {
+		t.Fatalf("a follower whose only snapshot is refused follows the stream instead: %v", err)
+	}
+	if got := tf.Restored(); got.Name != "" {
+		t.Errorf("restored %s, whose content was replaced under its signed manifest; want it refused for its digest", got.Name)
+	}
+	if refused.get(cluster.RejectSnapshot) != 1 {
+		t.Errorf("snapshot rejections = %d, want 1 (the replaced content)", refused.get(cluster.RejectSnapshot))
 	}
 }
