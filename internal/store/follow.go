@@ -98,7 +98,7 @@ func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, 
 		}
 		// A mirror that holds the stream's events is past its baseline: if
 		// this replica becomes the leader, what it crawls next is news.
-		return s.endBaseline(ctx, tx, now)
+		return s.endBaseline(ctx, tx, now, true)
 	})
 	if err != nil {
 		return 0, err
