@@ -248,7 +248,10 @@ func (m *Metrics) WatchBackfill(b Backfiller, rate float64) {
 	})
 	m.GaugeFunc("syncd_backfill_eta_seconds", "Time the backfill needs for the tags left at the request rate limit (0: done, or no limit).", func() float64 {
 		n, _ := b.BackfillRemaining(ctx)
-		return crawler.BackfillETA(n, rate).Seconds()
+		if rate <= 0 {
+			return 0
+		}
+		return float64(n) / rate
 	})
 }
 
