@@ -35,43 +35,50 @@ const maxBackfillFailed = 1000
 // again by a later pass). One backfill runs at a time; a crawl may run
 // beside it.
 func (c *Crawler) Backfill(ctx context.Context) (Summary, error) {
+	start, req0 := c.cfg.Now(), c.client.Requests()
+	var s summary
+	err := c.backfillPass(ctx, &s)
+	sum := s.snapshot()
+	sum.Requests = c.client.Requests() - req0
+	sum.Duration = c.cfg.Now().Sub(start)
+	return sum, err
+}
+
+// backfillPass is Backfill's work, counted in s: a crawl that runs the
+// backfill in its own run (Sync, Sweep) counts its reads and failures.
+func (c *Crawler) backfillPass(ctx context.Context, s *summary) error {
 	c.backfilling.Lock()
 	defer c.backfilling.Unlock()
 	left, err := c.store.BackfillRemaining(ctx)
 	if err != nil || left == 0 {
-		return Summary{}, errors.Join(err, c.store.EndBackfill(ctx))
+		return errors.Join(err, c.store.EndBackfill(ctx))
 	}
 	// A backfill resumed at start, before any crawl, holds back the tags
 	// whose reads failed as a crawl does.
 	if err := c.failed.load(ctx); err != nil {
-		return Summary{}, err
+		return err
 	}
-	start, req0 := c.cfg.Now(), c.client.Requests()
+	start, read0 := c.cfg.Now(), s.historyReads.Load()
 	c.log.Info("backfill: reading the tags' histories behind the current state", "tags", left)
-	var s summary
-	stop := c.backfillProgress(ctx, &s, left)
-	err = c.backfill(ctx, &s)
+	stop := c.backfillProgress(ctx, s, left)
+	err = c.backfill(ctx, s)
 	stop()
-	sum := s.snapshot()
-	sum.Requests = c.client.Requests() - req0
-	sum.Duration = c.cfg.Now().Sub(start)
 	if err != nil {
-		return sum, fmt.Errorf("backfill: %w", err)
+		return fmt.Errorf("backfill: %w", err)
 	}
-	left, err = c.store.BackfillRemaining(ctx)
-	if err != nil {
-		return sum, err
+	if left, err = c.store.BackfillRemaining(ctx); err != nil {
+		return err
 	}
-	if left == 0 {
-		if err := c.store.EndBackfill(ctx); err != nil {
-			return sum, err
-		}
-		c.log.Info("backfill complete: the mirror holds every tag's history", "history_reads", sum.HistoryReads,
-			"records", sum.HistoryRecords, "events", sum.Events, "took", sum.Duration.Round(time.Millisecond).String())
-	} else {
-		c.log.Warn("backfill pass ended with histories left to read; the next crawl goes on with them", "left", left, "failures", sum.Failures)
+	if left > 0 {
+		c.log.Warn("backfill pass ended with histories left to read; the next crawl goes on with them", "left", left, "failures", s.failures.Load())
+		return nil
 	}
-	return sum, nil
+	if err := c.store.EndBackfill(ctx); err != nil {
+		return err
+	}
+	c.log.Info("backfill complete: the mirror holds every tag's history", "history_reads", s.historyReads.Load()-read0,
+		"took", c.cfg.Now().Sub(start).Round(time.Millisecond).String())
+	return nil
 }
 
 // backfill is one pass over the backfill: it asks the store for the next

@@ -154,13 +154,13 @@ func (c *Crawler) AdvisoriesListedSince(t time.Time) bool {
 // what the backfill holds (see Backfill), so that the mirror holds every
 // history when it returns.
 func (c *Crawler) Sync(ctx context.Context) (Summary, error) {
-	return withBackfill(ctx, c, c.sync)
+	return c.recordRun(ctx, JobCrawl, func(s *summary) error { return c.crawl(ctx, s, false, true) })
 }
 
 // sync is Sync without the backfill: the scheduled crawl's, whose backfill
 // runs beside the schedule (see Run).
 func (c *Crawler) sync(ctx context.Context) (Summary, error) {
-	return c.recordRun(ctx, JobCrawl, func(s *summary) error { return c.crawl(ctx, s, false) })
+	return c.recordRun(ctx, JobCrawl, func(s *summary) error { return c.crawl(ctx, s, false, false) })
 }
 
 // Sweep lists everything, like Sync, and also records deletions: a repo or
@@ -168,29 +168,11 @@ func (c *Crawler) sync(ctx context.Context) (Summary, error) {
 // a Get answered 404. A listing that failed deletes nothing. Like Sync, it
 // reads what the backfill holds before it returns.
 func (c *Crawler) Sweep(ctx context.Context) (Summary, error) {
-	return withBackfill(ctx, c, c.sweep)
+	return c.recordRun(ctx, JobSweep, func(s *summary) error { return c.crawl(ctx, s, true, true) })
 }
 
 func (c *Crawler) sweep(ctx context.Context) (Summary, error) {
-	return c.recordRun(ctx, JobSweep, func(s *summary) error {
-		return c.crawl(ctx, s, true)
-	})
-}
-
-// withBackfill runs crawl and then the backfill, adding what the backfill
-// read to the crawl's summary.
-func withBackfill(ctx context.Context, c *Crawler, crawl func(context.Context) (Summary, error)) (Summary, error) {
-	sum, err := crawl(ctx)
-	if err != nil {
-		return sum, err
-	}
-	b, err := c.Backfill(ctx)
-	sum.HistoryReads += b.HistoryReads
-	sum.HistoryRecords += b.HistoryRecords
-	sum.Events += b.Events
-	sum.Failures += b.Failures
-	sum.Requests += b.Requests
-	return sum, err
+	return c.recordRun(ctx, JobSweep, func(s *summary) error { return c.crawl(ctx, s, true, false) })
 }
 
 // SyncAdvisories lists the advisories into the store.
@@ -256,7 +238,9 @@ func (s *summary) snapshot() Summary {
 		Failures: s.failures.Load()}
 }
 
-func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
+// crawl is one crawl; with backfill it then reads what the backfill holds,
+// in the same run (Sync and Sweep), rather than leaving it to Run's loop.
+func (c *Crawler) crawl(ctx context.Context, s *summary, sweep, backfill bool) error {
 	baseline, err := c.store.InBaseline(ctx)
 	if err != nil {
 		return err
@@ -327,9 +311,18 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 	}
 	if baseline {
 		c.log.Info("baseline listings complete: the mirror holds the current state, and from now on every change is an event; the histories follow in the backfill")
-		return c.store.EndBaseline(ctx)
+		if err := c.store.EndBaseline(ctx); err != nil {
+			return err
+		}
 	}
-	return nil
+	if !backfill {
+		return nil
+	}
+	s.listOnly = false
+	if err := c.backfillPass(ctx, s); err != nil {
+		return err
+	}
+	return s.allFailed()
 }
 
 // crawlTags lists the organization's tags and reads the histories that

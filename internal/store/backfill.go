@@ -100,6 +100,27 @@ func (s *Store) BackfillNext(ctx context.Context, n int, skip func(uid string) b
 	return refs, nil
 }
 
+// BackfillRefs returns those of the tags uids that the backfill holds, to
+// read now: a pushed move need not wait for its turn.
+func (s *Store) BackfillRefs(ctx context.Context, uids []string) ([]TagRef, error) {
+	tx, err := s.r.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("read the backfill: %w", err)
+	}
+	defer tx.Rollback()
+	tags, err := loadTags(ctx, tx, `t.uid IN (%s)`, uids, false)
+	if err != nil {
+		return nil, err
+	}
+	var refs []TagRef
+	for _, uid := range uids {
+		if t, ok := tags[uid]; ok && t.backfill && !t.deleted {
+			refs = append(refs, TagRef{UID: t.UID, RepoUID: t.RepoUID, Repo: t.Repo, Path: t.Path, Name: t.Name, UpdateTime: t.UpdateTime, Bookmark: t.bookmark})
+		}
+	}
+	return refs, nil
+}
+
 // backfillMoved marks tags of the backfill that a listing showed changed
 // since the first: their moves are news, and they are read first.
 func backfillMoved(ctx context.Context, tx *sql.Tx, uids []string) error {
