@@ -209,7 +209,25 @@ func (c *Crawler) backfillLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-c.backfillDue:
-			if _, err := c.Backfill(ctx); err != nil && ctx.Err() == nil {
+			// A pass with something to read is a recorded run, whose
+			// failures (a tag whose history read failed) show in
+			// crawl_runs, syncd status and the metrics as a crawl's do.
+			if left, err := c.store.BackfillRemaining(ctx); err != nil || left == 0 {
+				if err == nil {
+					err = c.store.EndBackfill(ctx)
+				}
+				if err != nil && ctx.Err() == nil {
+					c.log.Error("backfill: check what is left", "err", err)
+				}
+				continue
+			}
+			_, err := c.runRecorded(ctx, JobBackfill, func(s *summary) error {
+				if err := c.backfillPass(ctx, s); err != nil {
+					return err
+				}
+				return s.allFailed()
+			})
+			if err != nil && ctx.Err() == nil {
 				c.log.Error("backfill failed; the next crawl starts it again", "err", err)
 			}
 		}

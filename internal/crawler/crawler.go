@@ -184,6 +184,12 @@ func (c *Crawler) SyncAdvisories(ctx context.Context) (Summary, error) {
 func (c *Crawler) recordRun(ctx context.Context, job string, fn func(*summary) error) (Summary, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.runRecorded(ctx, job, fn)
+}
+
+// runRecorded runs one job and records it in crawl_runs, without the crawl
+// lock: the backfill beside the schedule holds its own.
+func (c *Crawler) runRecorded(ctx context.Context, job string, fn func(*summary) error) (Summary, error) {
 	start := c.cfg.Now()
 	req0 := c.client.Requests()
 	run, err := c.store.StartRun(ctx, job)

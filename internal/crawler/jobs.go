@@ -21,6 +21,9 @@ const (
 	JobAdvisories    = "advisories"
 	JobSubscriptions = "subscriptions"
 	JobPrune         = "prune"
+	// JobBackfill is a pass of the backfill of the tags' histories that
+	// runs beside the schedule (Run), recorded like the jobs.
+	JobBackfill = "backfill"
 )
 
 // Job is scheduled work.
