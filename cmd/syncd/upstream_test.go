@@ -77,7 +77,8 @@ func TestRun_StrictPlatform(t *testing.T) {
 	defer cancel()
 	d := startDaemon(t, cfg)
 	rcv := consume(ctx, t, ns.URL())
-	waitBaseline(t, w.dbPath)
+	// The first sync with its histories, read with the first tokens.
+	waitBaseline(t, w.dbPath, `SELECT COUNT(*) = 0 FROM backfill`)
 
 	truth := w.sim.Truth()
 	nested, dated := map[string]bool{}, ""
