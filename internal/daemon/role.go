@@ -106,7 +106,9 @@ func (a *App) AdminHandler(r Role) http.Handler {
 		m.WatchReceiver(&a.Receiver.Stats)
 	}
 	checks := []admin.Check{{Name: "database", Run: a.Store.Writable}, admin.NATSCheck(a.NATS.NC), admin.RoleCheck("publish", a.Relay, leading),
-		admin.FreshnessCheck(a.Fresh, leading), admin.BaselineCheck(a.Store, leading), admin.CredentialsCheck(a.Client, leading)}
+		admin.FreshnessCheck(a.Fresh, leading), admin.BaselineCheck(a.Store, leading), admin.CredentialsCheck(a.Client, leading),
+		admin.HistoryCheck(a.Store, a.Config.Crawl.RequestsPerSecond, leading)}
+	m.WatchBackfill(a.Store, a.Config.Crawl.RequestsPerSecond)
 	if r.Follower != nil {
 		checks = append(checks, admin.RoleCheck("stream", r.Follower, func() bool { return !leading() }))
 	}

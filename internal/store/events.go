@@ -168,10 +168,24 @@ func (s *Store) inBaseline(ctx context.Context, tx *sql.Tx) (bool, error) {
 // the baseline, and during it only in snapshot mode.
 func (s *Store) announce(baseline bool) bool { return !baseline || s.snapshot }
 
-// EndBaseline records that the first complete crawl finished; from now on
-// every change is an event. It builds the indexes DeferIndexes dropped.
+// EndBaseline records that the first complete listing finished; from now on
+// every change is an event. It queues the history of every tag not read yet
+// for the backfill (see BackfillNext) and builds the indexes DeferIndexes
+// dropped.
 func (s *Store) EndBaseline(ctx context.Context) error {
-	err := s.sortingTx(ctx, func(tx *sql.Tx) error { return s.endBaseline(ctx, tx, FormatTime(s.now())) })
+	err := s.sortingTx(ctx, func(tx *sql.Tx) error {
+		in, err := s.inBaseline(ctx, tx)
+		if err != nil || !in {
+			return err
+		}
+		// The histories are read after the baseline, in the backfill: the
+		// mirror serves the current state meanwhile.
+		queued, err := startBackfill(ctx, tx)
+		if err != nil {
+			return err
+		}
+		return s.endBaseline(ctx, tx, FormatTime(s.now()), queued == 0)
+	})
 	if err != nil {
 		return fmt.Errorf("end baseline: %w", err)
 	}

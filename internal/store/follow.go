@@ -237,7 +237,7 @@ func (s *Store) applyStreamTx(ctx context.Context, tx *sql.Tx, evs []StreamEvent
 	}
 	// A mirror that holds the stream's events is past its baseline: if
 	// this replica becomes the leader, what it crawls next is news.
-	if err := s.endBaseline(ctx, tx, now); err != nil {
+	if err := s.endBaseline(ctx, tx, now, true); err != nil {
 		return 0, err
 	}
 	return len(fresh), nil
@@ -423,6 +423,14 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	if len(fresh) == 0 {
 		return nil
 	}
+	// Moves after these records that came first (a lost message published
+	// again by the leader's audit arrives after the later ones) are in
+	// tag_history already: the bookmark and digest go on over them.
+	later, err := b.historyFrom(ctx, d.Tag, old.Count+len(fresh))
+	if err != nil {
+		return err
+	}
+	fresh = append(fresh, later...)
 	nb, last := bookmarkAfter(old, fresh), fresh[len(fresh)-1]
 	_, err = b.exec(ctx, `UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4, digest = ?4,
 		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END WHERE uid = ?5`,
@@ -431,6 +439,37 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 		return fmt.Errorf("move bookmark of tag %s: %w", d.Tag, err)
 	}
 	return nil
+}
+
+// historyFrom returns the records of tag stored at positions from on
+// without a gap, oldest first.
+func (b *followBatch) historyFrom(ctx context.Context, tag string, from int) ([]HistoryRecord, error) {
+	st, err := b.stmt(ctx, `SELECT seq, update_time, digest FROM tag_history WHERE tag_uid = ? AND seq >= ? ORDER BY seq`)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := st.QueryContext(ctx, tag, from)
+	if err != nil {
+		return nil, fmt.Errorf("read history of tag %s: %w", tag, err)
+	}
+	defer rows.Close()
+	var out []HistoryRecord
+	for rows.Next() {
+		var seq int
+		var at, digest string
+		if err := rows.Scan(&seq, &at, &digest); err != nil {
+			return nil, err
+		}
+		if seq != from+len(out) {
+			break
+		}
+		t, err := ParseTime(at)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, HistoryRecord{Time: t, Digest: digest})
+	}
+	return out, rows.Err()
 }
 
 // appendFollowedMove records a tag.moved event as a history row at the

@@ -23,7 +23,7 @@ const SnapshotSeqKey = "snapshot_stream_seq"
 // They are what a follower builds from the stream (the mirror and its
 // change log), plus the history the stream never carried. The others are
 // the leader's own bookkeeping, which a follower does not have:
-// crawl_runs, crawl_failures, subscriptions, webhook_deliveries; meta
+// crawl_runs, crawl_failures, subscriptions, webhook_deliveries, backfill; meta
 // gives only baseline_time; outbox is emptied (see Restore);
 // replica_digest is computed from the copied rows.
 // TestSnapshotTables fails when a table is in neither list.
@@ -32,7 +32,7 @@ var snapshotTables = []string{"repos", "tags", "tag_history", "advisories", "adv
 
 // SnapshotSkippedTables are the tables a restore leaves alone (see
 // snapshotTables).
-var SnapshotSkippedTables = []string{"meta", "schema_migrations", "outbox", "replica_digest", "crawl_runs", "crawl_failures", "subscriptions", "webhook_deliveries"}
+var SnapshotSkippedTables = []string{"meta", "schema_migrations", "outbox", "replica_digest", "crawl_runs", "crawl_failures", "subscriptions", "webhook_deliveries", "backfill"}
 
 // SnapshotTables returns the tables a restore copies.
 func SnapshotTables() []string { return append([]string(nil), snapshotTables...) }
