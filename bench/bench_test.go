@@ -386,6 +386,7 @@ func printTable(w io.Writer, r results) {
 	row("full sync: requests", f("%d", r.FullSync.Requests), f("minimum %d", r.MinimumTotal), f("%.3f", r.RequestRatio), status["requests / minimum"])
 	row("  (minimum repo by repo, a token per image)", "", f("%d", r.Minimum.PerRepoTotal()), f("%.3f", float64(r.FullSync.Requests)/float64(r.Minimum.PerRepoTotal())), "")
 	row(f("latency sync (%s/req): wall", r.Params.Latency), f("%.1f s", r.LatencySync.WallSeconds), f("floor %.1f s", r.LatencyFloor), f("%.2f", r.LatencyRatio), status["latency-bound sync / floor"])
+	phaseRows(row, "  ", r.LatencySync, r.Minimum, r.LatencyFloor, r.Params.Latency)
 	row("  against its requests in a plain loop", f("%.2f ms a request", r.LatencyCeiling.PerRequestMs), f("ceiling %.1f s", r.LatencyCeiling.CeilingSeconds), f("%.2f", r.LatencyCeiling.Ratio), "")
 	row("  a bare net/http pair's own ratio", "", "", f("%.3f", r.MachineLatencyRatio), "")
 	row("idle resync: crawl requests", f("%d (history %d)", r.Idle.Requests, r.Idle.HistoryRequests), f("limit %d", r.IdleLimit), "", status["idle resync requests"]+"; history "+status["idle resync history requests"])
@@ -430,10 +431,29 @@ func printTable(w io.Writer, r results) {
 	row("  full sync: requests", f("%d", rr.FullSync.Requests), f("minimum %d", rr.MinimumTotal), f("%.3f", rr.RequestRatio), status["realistic: requests / minimum"])
 	row("  full sync: wall, peak RSS", f("%.1f s, %.0f MB", rr.FullSync.WallSeconds, rr.Memory.PeakMB), "", "", status["realistic: peak memory (MB)"])
 	row(f("  latency sync (%s/req): wall", r.Params.Latency), f("%.1f s", rr.LatencySync.WallSeconds), f("floor %.1f s", rr.LatencyFloor), f("%.2f", rr.LatencyRatio), status["realistic: latency-bound / floor"])
+	phaseRows(row, "    ", rr.LatencySync, rr.Minimum, rr.LatencyFloor, r.Params.Latency)
 	row("    against its requests in a plain loop", f("%.2f ms a request", rr.LatencyCeiling.PerRequestMs), f("ceiling %.1f s", rr.LatencyCeiling.CeilingSeconds), f("%.2f", rr.LatencyCeiling.Ratio), "")
 	row(f("  at requests_per_second %g", rr.RequestsPerSecond), f("%.1f h", rr.RateBoundHours), "minimum / rate", "", "")
 	row("  idle resync: crawl requests", f("%d (history %d)", rr.Idle.Requests, rr.Idle.HistoryRequests), f("limit %d", rr.IdleLimit), "", status["realistic: idle requests"])
 	row(f("  incremental (%d moved): crawl requests", rr.Moved), f("%d (history %d)", rr.Incremental.Requests, rr.Incremental.HistoryRequests), f("minimum %d", rr.IncrementalMinimum), f("%.3f", rr.IncrementalRatio), status["realistic: incremental / minimum"])
 	tw.Flush()
 	fmt.Fprintf(w, "\ntotal %.0f s\n", r.Total)
+}
+
+// defaultRate is [crawl] requests_per_second's default, at which the first
+// sync's phases have the floors the table shows beside the measured ones.
+const defaultRate = 20.0
+
+// phaseRows prints a first sync's two phases: the time to the current
+// state against its latency floor (the listings' pages one after another),
+// and to the history complete against the sync's floor; and the floors of
+// both at the default request rate (pages ÷ rate).
+func phaseRows(row func(...string), indent string, sr syncResult, m minimum, historyFloor float64, latency time.Duration) {
+	f := fmt.Sprintf
+	lf := listingFloor(m, latency)
+	row(indent+"  time to current ready", f("%.1f s", sr.CurrentSeconds), f("floor %.1f s", lf), f("%.2f", sr.CurrentSeconds/lf), "")
+	row(indent+"  time to history complete", f("%.1f s", sr.WallSeconds), f("floor %.1f s", historyFloor), f("%.2f", sr.WallSeconds/historyFloor), "")
+	pages := m.RepoPages + m.TagPages + m.AdvisoryPages
+	row(indent+f("  floors at %g requests/s", defaultRate), f("current %.0f s, history %.0f s", float64(pages)/defaultRate, float64(m.Total())/defaultRate),
+		f("%d listing pages, %d requests", pages, m.Total()), "", "")
 }

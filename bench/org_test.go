@@ -224,6 +224,11 @@ type syncResult struct {
 	HistoryRequests  int   `json:"history_requests"`
 	HistoryRows      int64 `json:"history_rows"` // rows added to tag_history
 	Events           int64 `json:"events"`
+	// CurrentSeconds is, for a sync that ended the baseline, how long it
+	// took to the current state (the listings complete, the backfill of
+	// the histories starting); WallSeconds is then the time to the
+	// history complete.
+	CurrentSeconds float64 `json:"current_s,omitempty"`
 }
 
 // syncOnce runs the crawl and the advisories job, as a start of syncd
@@ -254,7 +259,32 @@ func syncOnce(ctx context.Context, o *org, m *mirror) (syncResult, error) {
 	if err != nil {
 		return syncResult{}, err
 	}
+	current, err := currentAfter(ctx, m, start)
+	if err != nil {
+		return syncResult{}, err
+	}
 	return syncResult{Wall: wall, WallSeconds: wall.Seconds(), Requests: crawled.Total, HistoryRequests: st.ByEndpoint[historyEndpoint],
-		HistoryRows: after - before, Events: crawl.Events + adv.Events,
+		HistoryRows: after - before, Events: crawl.Events + adv.Events, CurrentSeconds: current,
 		AdvisoryRequests: st.ByEndpoint[advisoryListEndpoint] + st.ByEndpoint[advisoryGetEndpoint]}, nil
+}
+
+// currentAfter is how long after start the mirror's baseline ended, when
+// it ended after start (0 otherwise): the time to the current state.
+func currentAfter(ctx context.Context, m *mirror, start time.Time) (float64, error) {
+	v, err := m.store.Meta(ctx, "baseline_time")
+	if err != nil || v == "" {
+		return 0, err
+	}
+	ended, err := store.ParseTime(v)
+	if err != nil || ended.Before(start.Truncate(time.Millisecond)) {
+		return 0, err
+	}
+	return ended.Sub(start).Seconds(), nil
+}
+
+// listingFloor is the least time a latency-bound sync takes to the
+// current state: the repo and tag listings, a page after another (the
+// advisories are listed beside them).
+func listingFloor(m minimum, latency time.Duration) float64 {
+	return float64(m.RepoPages+m.TagPages) * latency.Seconds()
 }

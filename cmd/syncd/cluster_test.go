@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -61,8 +62,10 @@ type node struct {
 	replicas      int
 	admin         string
 	snapshotEvery string
-	cmd           *exec.Cmd
-	out           *syncBuffer
+	// ttl is [cluster] lease_ttl; 0: clusterTTL.
+	ttl time.Duration
+	cmd *exec.Cmd
+	out *syncBuffer
 }
 
 // clusterNodeConfig writes a cluster-mode configuration for one replica.
@@ -108,7 +111,7 @@ enabled = true
 node_id = %[5]q
 lease_ttl = %[6]q
 consumer = "follow-%[5]s"
-`, simURL, n.token, natsURL, n.dbPath, n.name, clusterTTL.String(), max(n.replicas, 1), n.admin, n.snapshotEvery))
+`, simURL, n.token, natsURL, n.dbPath, n.name, cmp.Or(n.ttl, clusterTTL).String(), max(n.replicas, 1), n.admin, n.snapshotEvery))
 }
 
 // start runs the test binary as "syncd <args> --config n.cfg".
@@ -299,9 +302,15 @@ func tail(s string, n int) string {
 // included: the first records of the tags created while it was frozen
 // reached it only from the stream (history.recorded). Before, it lacked
 // them and, as the leader, never read them again.
+//
+// A watcher of the tags bucket records every value each key took: none
+// may go back to an older record of its tag's history, which a write the
+// frozen leader had under way when it froze, sent when it woke after the
+// other replica's writes, would do without the fence (#30). The consumer
+// receives every move once, in order (converge).
 func TestCluster_LeaderFrozenPastItsLease(t *testing.T) {
 	natsURL := startNATSProcess(t)
-	nodes := []*node{{name: "a", token: "tok-a-1f3c"}, {name: "b", token: "tok-b-7d2e"}}
+	nodes := []*node{{name: "a", token: "tok-a-1f3c", admin: freePort(t)}, {name: "b", token: "tok-b-7d2e"}}
 	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 71, Tokens: []string{nodes[0].token, nodes[1].token}},
 		platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 3, Advisories: 2, PublicImages: -1})
 	dir := t.TempDir()
@@ -319,41 +328,89 @@ func TestCluster_LeaderFrozenPastItsLease(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	rcv := consume(ctx, t, natsURL)
+	tags := watchKV(ctx, t, natsURL, "syncd_tags")
 	b.start(t, "run")
 	testutil.WaitFor(t, 30*time.Second, "b to stand by", func() bool {
 		return metaOf(b.dbPath, "role") == "standby" && metaOf(b.dbPath, "lease_holder") == "a"
 	})
 
 	sim.SetRates(platformsim.Rates{CreateTag: 40, MoveTag: 60})
+	// Freeze a while it has events to publish, so that it has writes to
+	// send when it wakes: the writes the fence must refuse.
+	created, pending := changesUntilPending(t, sim, a.dbPath)
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	frozen := time.Now()
-	created := 0
 	for time.Since(frozen) < 3*clusterTTL {
 		created += len(sim.Step(2))
 		time.Sleep(300 * time.Millisecond) // the data changes while b takes over
 	}
 	testutil.WaitFor(t, 4*clusterTTL, "b to take over from the frozen leader", func() bool { return metaOf(b.dbPath, "role") == "leader" })
+	takeover := time.Since(frozen)
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 4*clusterTTL, "a to stand by after it woke", func() bool {
 		return metaOf(a.dbPath, "role") == "standby" && metaOf(a.dbPath, "lease_holder") == "b"
 	})
+	woke := time.Now()
+	fenced := fencedWrites(a.admin)
+	if fenced < 0 {
+		t.Errorf("a's /metrics has no syncd_fenced_writes_total")
+	}
 	created += len(sim.Step(2))
 	// b stops; a leads again, with the mirror it followed.
 	b.cmd.Process.Signal(syscall.SIGTERM)
 	if err := b.cmd.Wait(); err != nil {
 		t.Errorf("b after SIGTERM: %v", err)
 	}
+	bStopped := time.Now()
 	testutil.WaitFor(t, 4*clusterTTL, "a to lead again", func() bool { return metaOf(a.dbPath, "role") == "leader" })
 	w.dbPath = a.dbPath
 	w.converge(rcv, 40*time.Second)
 	total, distinct := rcv.counts()
-	t.Logf("frozen %s; %d changes; %d messages, %d distinct events", 3*clusterTTL, created, total, distinct)
+	regressions, checked := tags.tagRegressions(rcv)
+	// Against the upstream's order, a tag created after the baseline goes
+	// back once by design: its tag.created carries the listing's digest,
+	// and the tag.moved events of its earlier records follow.
+	upstream, _ := tags.truthRegressions(sim.Truth())
+	if len(regressions) > 0 {
+		t.Logf("frozen at %s, b leads at %s, a woke at %s, b stopped at %s", frozen.Format("15:04:05.000"),
+			frozen.Add(takeover).Format("15:04:05.000"), woke.Format("15:04:05.000"), bStopped.Format("15:04:05.000"))
+		t.Errorf("%d tag keys went back to an older state (of %d values watched):\n%s", len(regressions), checked, strings.Join(regressions, "\n"))
+	}
+	if checked == 0 {
+		t.Error("the KV watcher saw no tag value: the test proved nothing")
+	}
+	if m := tags.markers(); m < 3 {
+		t.Errorf("the tags bucket's term marker took %d values, want one for each of the 3 terms at least", m)
+	}
+	t.Logf("frozen %s with events to publish: %v; takeover %s; %d changes; %d messages, %d distinct events; %d tag values watched, %d regressions against the stream (%d against the upstream's order); a's fenced writes %d",
+		3*clusterTTL, pending, takeover.Round(time.Millisecond), created, total, distinct, checked, len(regressions), len(upstream), fenced)
 	a.cmd.Process.Signal(syscall.SIGTERM)
 	if err := a.cmd.Wait(); err != nil {
 		t.Errorf("a after SIGTERM: %v; log tail:\n%s", err, tail(a.out.String(), 20))
 	}
+}
+
+// changesUntilPending changes the simulator's data until the leader's
+// mirror at path holds events it has not published yet, or for 10s, and
+// returns the changes made and whether it saw such events. The relay
+// publishes within milliseconds of a commit, so the outbox is looked at
+// every millisecond.
+func changesUntilPending(t *testing.T, sim *platformsim.Sim, path string) (int, bool) {
+	t.Helper()
+	db := openReader(t, path)
+	changes := 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		changes += len(sim.Step(2))
+		for next := time.Now().Add(1500 * time.Millisecond); time.Now().Before(next); time.Sleep(time.Millisecond) {
+			var n int
+			if db.QueryRow(`SELECT count(*) FROM events WHERE published_time IS NULL`).Scan(&n) == nil && n > 0 {
+				return changes, true
+			}
+		}
+	}
+	return changes, false
 }

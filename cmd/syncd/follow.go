@@ -37,7 +37,7 @@ func (c *followCommand) Run(ctx context.Context) error {
 		return err
 	}
 	defer release()
-	f, err := daemon.OpenFollower(ctx, cfg, c.restore, log)
+	f, err := daemon.OpenFollower(ctx, cfg, c.restore, version(), log)
 	if err != nil {
 		return err
 	}
@@ -49,7 +49,7 @@ func (c *followCommand) Run(ctx context.Context) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.Admin.Listen != "" {
-		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, f.AdminHandler(version()), log); err != nil {
+		if err := c.m.serveAdmin(gctx, g, cfg.Admin.Listen, f.AdminHandler(), log); err != nil {
 			return err
 		}
 	}

@@ -135,8 +135,9 @@ func TestRun_WaitsForNATSAtStart(t *testing.T) {
 
 // TestRun_NotReadyWhileTheRegistryRefusesTheCredential runs syncd with a
 // registry token the registry does not accept: /readyz answers 503 and says
-// why (the credential refused, with the key to set, and the baseline not
-// ended), where it used to answer 200 until the schedule fell behind.
+// why (the credential refused, with the key to set, and the histories,
+// read from the registry, pending: the listings end the baseline without
+// it), where it used to answer 200 until the schedule fell behind.
 func TestRun_NotReadyWhileTheRegistryRefusesTheCredential(t *testing.T) {
 	_, simURL := testutil.Sim(t, platformsim.Options{Seed: 8, Strict: true, Tokens: []string{e2eToken}, RegistryTokens: []string{"good-registry-token"}},
 		platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2})
@@ -151,7 +152,7 @@ func TestRun_NotReadyWhileTheRegistryRefusesTheCredential(t *testing.T) {
 		body = b
 		return code == 503 && strings.Contains(b, "registry refused")
 	})
-	for _, want := range []string{"credentials", "registry_token", "baseline"} {
+	for _, want := range []string{"credentials", "registry_token", `"history"`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/readyz does not say %q: %s", want, body)
 		}

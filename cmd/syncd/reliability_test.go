@@ -283,8 +283,10 @@ type received struct {
 	moves map[string][]string
 	// subjects is the NATS subject of each tag's latest tag.moved, by uid.
 	subjects map[string]string
-	byType   map[string]int
-	total    int
+	// tagStates is the digest after each tag event, by tag uid, in stream order.
+	tagStates map[string][]string
+	byType    map[string]int
+	total     int
 }
 
 // counts are the messages received and the distinct events among them, read
@@ -299,7 +301,8 @@ func (r *received) counts() (total, distinct int) {
 // would, until ctx is done.
 func consume(ctx context.Context, t *testing.T, natsURL string) *received {
 	t.Helper()
-	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, subjects: map[string]string{}, byType: map[string]int{}}
+	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, subjects: map[string]string{}, byType: map[string]int{},
+		tagStates: map[string][]string{}}
 	js := testutil.JetStream(t, natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	var stream jetstream.Stream
 	var err error
@@ -327,6 +330,9 @@ func consume(ctx context.Context, t *testing.T, natsURL string) *received {
 				rcv.ids[ev.ID]++
 				if rcv.ids[ev.ID] == 1 {
 					rcv.byType[ev.Type]++
+					if strings.HasPrefix(ev.Type, "dev.syncd.tag.") && ev.Data.After.Digest != "" {
+						rcv.tagStates[ev.Subject] = append(rcv.tagStates[ev.Subject], ev.Data.After.Digest)
+					}
 					if ev.Type == "dev.syncd.tag.moved" {
 						rcv.moves[ev.Subject] = append(rcv.moves[ev.Subject], ev.Data.After.Digest)
 						rcv.subjects[ev.Subject] = m.Subject()

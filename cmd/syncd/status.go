@@ -41,6 +41,7 @@ func (c *statusCommand) Run(ctx context.Context) error {
 		return err
 	}
 	rep := admin.NewStatusReport(cfg.Store.Path, s)
+	rep.EstimateBackfill(cfg.Crawl.RequestsPerSecond)
 	if c.json {
 		enc := json.NewEncoder(c.m.Stdout)
 		enc.SetIndent("", "  ")

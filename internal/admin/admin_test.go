@@ -82,3 +82,32 @@ func TestHandler_ReadyzReportsFailedChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestMetrics_RejectedMessages: what a follower sets aside is counted by
+// reason in syncd_rejected_messages_total.
+func TestMetrics_RejectedMessages(t *testing.T) {
+	m := admin.NewMetrics("test")
+	m.MessageRejected("apply")
+	m.MessageRejected("apply")
+	m.MessageRejected("snapshot")
+	families, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "syncd_rejected_messages_total" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "reason" && s.GetCounter().GetValue() != 0 {
+					got[l.GetValue()] = s.GetCounter().GetValue() // the signature reasons start at 0
+				}
+			}
+		}
+	}
+	if got["apply"] != 2 || got["snapshot"] != 1 || len(got) != 2 {
+		t.Errorf("syncd_rejected_messages_total by reason: %v, want apply 2, snapshot 1", got)
+	}
+}

@@ -27,6 +27,7 @@ type Metrics struct {
 	published      *prometheus.CounterVec
 	publishLatency prometheus.Histogram
 	streamRepaired prometheus.Counter
+	rejected       *prometheus.CounterVec
 }
 
 // NewMetrics registers syncd's series, and the Go and process collectors, on
@@ -55,6 +56,8 @@ func NewMetrics(version string) *Metrics {
 			Help: "From an event's commit to its JetStream acknowledgement.", Buckets: prometheus.ExponentialBuckets(0.001, 3, 12)}),
 		streamRepaired: prometheus.NewCounter(prometheus.CounterOpts{Name: "syncd_stream_repaired_total",
 			Help: "Events the mirror marks published that the stream audit found missing from the stream and published again."}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_rejected_messages_total",
+			Help: "Messages and snapshots read back from NATS that were set aside, by reason (docs/reliability.md, Trust)."}, []string{"reason"}),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "syncd_build_info", Help: "syncd's version.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
@@ -64,12 +67,15 @@ func NewMetrics(version string) *Metrics {
 	for _, ep := range []string{"GET /registry/v2/repos", "GET /registry/v2/tags", "GET /v2/{image}/history", "GET /vulnerabilities/v2/advisories"} {
 		m.retries.WithLabelValues(ep)
 	}
+	for _, reason := range []string{"unsigned", "bad_signature"} {
+		m.rejected.WithLabelValues(reason)
+	}
 	for _, job := range []string{"crawl", "sweep", "advisories"} {
 		for _, outcome := range []string{"ok", "partial", "failed", "canceled"} {
 			m.crawlRuns.WithLabelValues(job, outcome)
 		}
 	}
-	reg.MustRegister(m.requests, m.retries, m.crawlDuration, m.crawlRuns, m.lastSuccess, m.rows, m.recorded, m.published, m.publishLatency, m.streamRepaired, build,
+	reg.MustRegister(m.requests, m.retries, m.crawlDuration, m.crawlRuns, m.lastSuccess, m.rows, m.recorded, m.published, m.publishLatency, m.streamRepaired, m.rejected, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -116,6 +122,10 @@ func (m *Metrics) EventPublished(typ string, latency time.Duration) {
 
 // StreamRepaired counts an event the stream audit published again.
 func (m *Metrics) StreamRepaired() { m.streamRepaired.Inc() }
+
+// MessageRejected counts a message or snapshot read back from NATS that
+// was set aside, and why.
+func (m *Metrics) MessageRejected(reason string) { m.rejected.WithLabelValues(reason).Inc() }
 
 // GaugeFunc registers a gauge read at every scrape.
 func (m *Metrics) GaugeFunc(name, help string, fn func() float64) {

@@ -15,6 +15,14 @@ import (
 type Check struct {
 	Name string
 	Run  func(ctx context.Context) error
+	// Phase, when set, names the readiness phase the check stands for in
+	// /readyz's "phases": current (the listings are in the mirror) or
+	// history (every tag's history is too).
+	Phase string
+	// Deferred: the check counts toward /readyz's status only when the
+	// request asks for its phase (?phase=history); otherwise a failure is
+	// reported under "pending" and the status stays 200.
+	Deferred bool
 }
 
 // Freshness tracks when each scheduled job last succeeded, so readiness can
@@ -82,9 +90,19 @@ func Handler(m *Metrics, checks []Check) http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
-		failed := map[string]string{}
+		asked := r.URL.Query().Get("phase")
+		failed, pending, phases := map[string]string{}, map[string]string{}, map[string]bool{}
 		for _, c := range checks {
-			if err := c.Run(ctx); err != nil {
+			err := c.Run(ctx)
+			if c.Phase != "" {
+				ok, seen := phases[c.Phase]
+				phases[c.Phase] = (ok || !seen) && err == nil
+			}
+			switch {
+			case err == nil:
+			case c.Deferred && asked != c.Phase:
+				pending[c.Name] = err.Error()
+			default:
 				failed[c.Name] = err.Error()
 			}
 		}
@@ -94,7 +112,14 @@ func Handler(m *Metrics, checks []Check) http.Handler {
 			status = http.StatusServiceUnavailable
 		}
 		w.WriteHeader(status)
-		json.NewEncoder(w).Encode(map[string]any{"ready": len(failed) == 0, "failed": failed})
+		body := map[string]any{"ready": len(failed) == 0, "failed": failed}
+		if len(phases) > 0 {
+			body["phases"] = phases
+		}
+		if len(pending) > 0 {
+			body["pending"] = pending
+		}
+		json.NewEncoder(w).Encode(body)
 	})
 	return mux
 }

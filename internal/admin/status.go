@@ -26,6 +26,11 @@ type StatusReport struct {
 	OldestUnpublished string          `json:"oldest_unpublished,omitempty"`
 	// Progress is the running crawl's, when one runs.
 	Progress *crawler.Progress `json:"progress,omitempty"`
+	// Phases says which readiness phases are ready: current (the first
+	// complete listing ended) and history (every tag's history read).
+	Phases map[string]bool `json:"phases"`
+	// Backfill is what is left of the backfill of the tags' histories.
+	Backfill *BackfillStatus `json:"backfill,omitempty"`
 	// Cluster mode and followers: leader, standby or follower; the lease
 	// holder; how many stream messages the follower had pending.
 	Role        string `json:"role,omitempty"`
@@ -64,6 +69,10 @@ func NewStatusReport(mirror string, s store.Status) StatusReport {
 	if s.CheckpointSeq != "" {
 		rep.Checkpoint = &CheckpointStatus{StreamSeq: s.CheckpointSeq, Result: s.CheckpointResult, Time: s.CheckpointTime}
 	}
+	rep.Phases = map[string]bool{PhaseCurrent: s.Current, PhaseHistory: s.Current && s.BackfillRemaining == 0}
+	if s.BackfillRemaining > 0 {
+		rep.Backfill = &BackfillStatus{RemainingTags: s.BackfillRemaining}
+	}
 	if s.Progress != "" {
 		var p crawler.Progress
 		if json.Unmarshal([]byte(s.Progress), &p) == nil {
@@ -97,6 +106,7 @@ func (rep StatusReport) WriteTable(out io.Writer) error {
 	for _, t := range store.StatusTables {
 		fmt.Fprintf(w, "%s\t%d\n", t, rep.Tables[t])
 	}
+	rep.writePhases(w)
 	if len(rep.Jobs) == 0 {
 		fmt.Fprintf(w, "last runs\tnone yet\n")
 	}
@@ -149,6 +159,37 @@ func (rep StatusReport) writeSubscriptions(w io.Writer) {
 			state = "removed " + sub.Deleted
 		}
 		fmt.Fprintf(w, "subscription\t%s -> %s (%s)\n", sub.UID, sub.Sink, state)
+	}
+}
+
+// BackfillStatus is what is left of the backfill in a StatusReport.
+type BackfillStatus struct {
+	RemainingTags int64 `json:"remaining_tags"`
+	// ETA is the time the reads left take at the request rate limit; ""
+	// without a limit.
+	ETA string `json:"eta,omitempty"`
+}
+
+// EstimateBackfill fills in the backfill's time left at rate requests a
+// second ([crawl] requests_per_second; 0: unlimited, no estimate).
+func (rep *StatusReport) EstimateBackfill(rate float64) {
+	if b := rep.Backfill; b != nil {
+		if eta := crawler.BackfillETA(b.RemainingTags, rate); eta > 0 {
+			b.ETA = eta.String()
+		}
+	}
+}
+
+func (rep StatusReport) writePhases(w io.Writer) {
+	state := func(ready bool) string {
+		if ready {
+			return "ready"
+		}
+		return "pending"
+	}
+	fmt.Fprintf(w, "phases	current %s, history %s\n", state(rep.Phases[PhaseCurrent]), state(rep.Phases[PhaseHistory]))
+	if b := rep.Backfill; b != nil {
+		fmt.Fprintf(w, "backfill	%d tags' histories left, ETA %s\n", b.RemainingTags, cmp.Or(b.ETA, "unknown (no rate limit)"))
 	}
 }
 

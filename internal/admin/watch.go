@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/syncd-dev/syncd/internal/crawler"
 	"github.com/syncd-dev/syncd/internal/events"
 	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/store"
@@ -168,10 +169,11 @@ type Baseliner interface {
 	InBaseline(ctx context.Context) (bool, error)
 }
 
-// BaselineCheck is not ready until the first complete crawl (the baseline)
-// has ended: before it, the mirror holds part of the organization.
+// BaselineCheck is not ready until the first complete listing (the
+// baseline) has ended: before it, the mirror holds part of the
+// organization. It is the readiness of the current state.
 func BaselineCheck(b Baseliner, active func() bool) Check {
-	return Check{Name: "baseline", Run: func(ctx context.Context) error {
+	return Check{Name: "baseline", Phase: PhaseCurrent, Run: func(ctx context.Context) error {
 		if active != nil && !active() {
 			return nil
 		}
@@ -180,10 +182,77 @@ func BaselineCheck(b Baseliner, active func() bool) Check {
 			return err
 		}
 		if in {
-			return errors.New("the first complete crawl (the baseline) has not ended yet; syncd status shows its progress")
+			return errors.New("the first complete listing (the baseline) has not ended yet; syncd status shows its progress")
 		}
 		return nil
 	}}
+}
+
+// Readiness phases, as /readyz, the syncd_ready gauge and syncd status
+// name them.
+const (
+	PhaseCurrent = "current" // every repo, tag and advisory as listed
+	PhaseHistory = "history" // and every tag's history
+)
+
+// Backfiller says how far the backfill of the tags' histories is.
+type Backfiller interface {
+	Baseliner
+	HistoryReady(ctx context.Context) (bool, error)
+	BackfillRemaining(ctx context.Context) (int64, error)
+}
+
+// HistoryCheck is not ready while the backfill has tags' histories left to
+// read, and says how many and how long at rate requests a second (0:
+// unlimited). It is deferred: /readyz answers 503 for it only when asked
+// for ?phase=history, since the current state is served meanwhile.
+func HistoryCheck(b Backfiller, rate float64, active func() bool) Check {
+	return Check{Name: "history", Phase: PhaseHistory, Deferred: true, Run: func(ctx context.Context) error {
+		if active != nil && !active() {
+			return nil
+		}
+		ready, err := b.HistoryReady(ctx)
+		if err != nil || ready {
+			return err
+		}
+		left, err := b.BackfillRemaining(ctx)
+		if err != nil {
+			return err
+		}
+		msg := fmt.Sprintf("the backfill has %d tags' histories left to read", left)
+		if eta := crawler.BackfillETA(left, rate); eta > 0 {
+			msg += fmt.Sprintf(", about %s at %g requests/s", eta, rate)
+		}
+		return errors.New(msg)
+	}}
+}
+
+// WatchBackfill exports the readiness of each phase (syncd_ready, 1 when
+// ready) and the backfill's tags left and time left at rate requests a
+// second (0: unlimited, no estimate).
+func (m *Metrics) WatchBackfill(b Backfiller, rate float64) {
+	ctx := context.Background()
+	m.GaugeFuncWith("syncd_ready", "1 when the phase is ready: current (every repo, tag and advisory listed), history (every tag's history read).",
+		prometheus.Labels{"phase": PhaseCurrent}, func() float64 {
+			in, err := b.InBaseline(ctx)
+			return boolGauge(err == nil && !in)
+		})
+	m.GaugeFuncWith("syncd_ready", "1 when the phase is ready: current (every repo, tag and advisory listed), history (every tag's history read).",
+		prometheus.Labels{"phase": PhaseHistory}, func() float64 {
+			ready, err := b.HistoryReady(ctx)
+			return boolGauge(err == nil && ready)
+		})
+	m.GaugeFunc("syncd_backfill_remaining_tags", "Tags whose history the backfill has yet to read.", func() float64 {
+		n, _ := b.BackfillRemaining(ctx)
+		return float64(n)
+	})
+	m.GaugeFunc("syncd_backfill_eta_seconds", "Time the backfill needs for the tags left at the request rate limit (0: done, or no limit).", func() float64 {
+		n, _ := b.BackfillRemaining(ctx)
+		if rate <= 0 {
+			return 0
+		}
+		return float64(n) / rate
+	})
 }
 
 // Refuser reports the credentials the platform or the registry refuse now.

@@ -8,18 +8,22 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
 // Mirror is what a follower needs of the store.
 type Mirror interface {
-	ApplyStreamEvents(ctx context.Context, evs []store.StreamEvent) (int, error)
+	// ApplyStream applies evs, setting aside those it cannot apply.
+	ApplyStream(ctx context.Context, evs []store.StreamEvent) (store.StreamResult, error)
 	// ReplicaDigest is compared with the leader's at each checkpoint.
 	ReplicaDigest(ctx context.Context) (store.ReplicaDigest, error)
 }
@@ -35,7 +39,15 @@ type FollowerConfig struct {
 	Batch int
 	// MaxWait is how long a fetch waits for messages; default 1s.
 	MaxWait time.Duration
-	Logger  *slog.Logger
+	// MaxBytes bounds the bytes of one fetch, so that a batch of large
+	// messages cannot take the follower's memory; default 8 MiB, or two of
+	// the server's largest messages if more. It must exceed the largest
+	// message: one larger is never delivered.
+	MaxBytes int
+	// OnReject, when set, is called with the reason of every message
+	// set aside (see Rejection reasons); it must be safe for concurrent use.
+	OnReject func(reason string)
+	Logger   *slog.Logger
 	// OnBatch, when set, is called after every fetch with how many events
 	// were applied and how many messages the consumer still has pending.
 	OnBatch func(applied int, pending uint64)
@@ -49,6 +61,16 @@ type FollowerConfig struct {
 	SnapshotBucket string
 	Restore        RestoreMode
 	SnapshotDir    string
+	// MaxRestoreBytes bounds the size a snapshot may decompress to; 0:
+	// 64 times its compressed size, at least 256 MiB.
+	MaxRestoreBytes int64
+	// Verifier, when set, is the leader's keys: a message on the stream
+	// that is unsigned or not signed by one of them is terminated, never
+	// applied (see internal/signing). Nil: every message is taken.
+	Verifier *signing.Verifier
+	// OnRejected, when set, is called with the reason of every message
+	// Verifier rejected (signing.ReasonUnsigned, ReasonBadSignature).
+	OnRejected func(reason string)
 }
 
 // Follower applies the event stream to a mirror through a durable
@@ -92,6 +114,11 @@ type Follower struct {
 	// complete: the mirror was restored from a snapshot or matched a
 	// checkpoint, so it holds the history the stream does not carry.
 	complete atomic.Bool
+	// rejected holds the stream sequences of the messages rejected for
+	// their signature (see reject), under rejectedMu: the collecting
+	// goroutine and the gap reader both reject.
+	rejectedMu sync.Mutex
+	rejected   map[uint64]struct{}
 }
 
 // Positioned is a mirror that knows the stream sequence it reflects.
@@ -118,6 +145,16 @@ func NewFollower(js jetstream.JetStream, mirror Mirror, cfg FollowerConfig) *Fol
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = time.Second
 	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = defaultFetchBytes
+		if nc := js.Conn(); nc != nil {
+			// A message larger than the limit would never be delivered.
+			cfg.MaxBytes = max(cfg.MaxBytes, 2*int(nc.MaxPayload()))
+		}
+	}
+	if cfg.OnReject == nil {
+		cfg.OnReject = func(string) {}
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -125,6 +162,24 @@ func NewFollower(js jetstream.JetStream, mirror Mirror, cfg FollowerConfig) *Fol
 	f.state.Store(&followState{errors.New("not following yet: no fetch has completed")})
 	return f
 }
+
+// defaultFetchBytes is FollowerConfig.MaxBytes' default: a batch of a
+// thousand events of a few KiB each fits.
+const defaultFetchBytes = 8 << 20
+
+// Rejection reasons: why a message read back from NATS was set aside, as
+// syncd_rejected_messages_total{reason} counts them.
+const (
+	// RejectDecode: not a syncd event or checkpoint.
+	RejectDecode = "decode"
+	// RejectApply: an event that decodes but cannot be applied.
+	RejectApply = "apply"
+	// RejectPosition: a tag.moved event whose history position is neither
+	// in its data nor found among the positions tried.
+	RejectPosition = "position"
+	// RejectSnapshot: a snapshot that failed a check before its restore.
+	RejectSnapshot = "snapshot"
+)
 
 // followState is the outcome of Run's last fetch.
 type followState struct{ err error }
@@ -220,7 +275,9 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		due = empty
 	}
 	if due {
-		info, found, err := restoreSnapshot(ctx, f.js, f.cfg.SnapshotBucket, f.cfg.SnapshotDir, m)
+		r := restorer{js: f.js, bucket: f.cfg.SnapshotBucket, stream: f.cfg.Stream, dir: f.cfg.SnapshotDir,
+			maxBytes: f.cfg.MaxRestoreBytes, log: f.log, onReject: f.cfg.OnReject, verifier: f.cfg.Verifier, onUnsigned: f.rejectSnapshot}
+		info, found, refused, err := r.restore(ctx, m)
 		if err != nil {
 			return 0, err
 		}
@@ -248,8 +305,11 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 			f.log.Error("cannot repair the mirror: no snapshot to restore yet; following on, and trying again in "+repairRetry.String(),
 				"bucket", f.cfg.SnapshotBucket)
 			f.retryRepairAt = time.Now().Add(repairRetry)
-		case f.cfg.Restore == RestoreAlways:
+		case f.cfg.Restore == RestoreAlways && refused == 0:
 			return 0, fmt.Errorf("no snapshot in bucket %s to restore the mirror from", f.cfg.SnapshotBucket)
+		case refused > 0:
+			// A failed restore never stops the follower.
+			f.log.Error("no snapshot passed its checks; following the stream from its first message", "bucket", f.cfg.SnapshotBucket, "refused", refused)
 		default:
 			f.log.Info("no snapshot to start from; following the stream from its first message", "bucket", f.cfg.SnapshotBucket)
 		}
@@ -406,11 +466,12 @@ func (f *Follower) catchUpTail(ctx context.Context) error {
 		return err
 	}
 	if len(evs) > 0 {
-		n, err := f.mirror.ApplyStreamEvents(ctx, evs)
+		res, err := f.mirror.ApplyStream(ctx, evs)
 		if err != nil {
 			return err
 		}
-		if n > 0 {
+		f.reject(res.Rejected, nil)
+		if n := res.Applied; n > 0 {
 			f.log.Info("events the consumer skipped were read from the stream", "from", f.next, "to", last, "events", n)
 		}
 	}
@@ -441,25 +502,34 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 	b := f.ahead
 	f.ahead = nil
 	if b == nil {
-		b = f.pull(ctx, cons, f.lag.Load() > 0)
+		b = f.pull(ctx, cons, f.lag.Load())
 	}
 	if err := b.wait(); err != nil {
+		// What did arrive comes again at once, not after the AckWait.
+		b.nak()
 		return 0, 0, fmt.Errorf("fetch from consumer %s: %w", f.cfg.Consumer, err)
 	}
 	if b.known && b.pending > 0 {
-		f.ahead = f.pull(ctx, cons, true)
+		f.ahead = f.pull(ctx, cons, b.pending)
 	}
 	applied := 0
-	if len(b.evs) > 0 || len(b.checks) > 0 {
-		var err error
-		if applied, err = f.apply(ctx, b); err != nil {
-			// Redelivered in order: this batch, then the one fetched
-			// ahead of it.
-			b.nak()
-			f.dropAhead()
-			return 0, 0, err
+	if len(b.msgs) > 0 {
+		var rejected []store.RejectedEvent
+		if len(b.evs) > 0 || len(b.checks) > 0 {
+			var err error
+			if applied, rejected, err = f.apply(ctx, b); err != nil {
+				// Redelivered in order: this batch, then the one fetched
+				// ahead of it.
+				b.nak()
+				f.dropAhead()
+				return 0, 0, err
+			}
 		}
+		termed := f.reject(rejected, b)
 		for _, m := range b.msgs {
+			if termed[m] {
+				continue
+			}
 			if err := m.Ack(); err != nil {
 				f.log.Debug("ack failed; the message comes again and changes nothing", "err", err)
 			}
@@ -471,6 +541,10 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 			f.dropAhead()
 			f.cons = nil
 		}
+	}
+	if b.maxSeq > 0 {
+		// The rejected messages are terminated: none of them is missing.
+		f.next = max(f.next, b.maxSeq+1)
 	}
 	pending := b.pending
 	if !b.known {
@@ -492,37 +566,80 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 // apply applies b's events, comparing the mirror with each checkpoint
 // among them once the events before it are applied, and returns how many
 // events it applied.
-func (f *Follower) apply(ctx context.Context, b *pulled) (int, error) {
+func (f *Follower) apply(ctx context.Context, b *pulled) (int, []store.RejectedEvent, error) {
 	var evs []store.StreamEvent
-	if len(b.evs) > 0 {
+	if len(b.seqs) > 0 {
+		// A batch of checkpoints alone needs the events skipped before it
+		// too, or it is compared without them.
 		var err error
 		if evs, err = f.withMissing(ctx, b); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 	}
 	// The gap read from the stream comes before b's first event.
 	shift := len(evs) - len(b.evs)
 	applied, from := 0, 0
+	var rejected []store.RejectedEvent
 	for _, c := range b.checks {
-		n, err := f.applyEvents(ctx, evs[from:c.at+shift])
-		applied += n
+		res, err := f.applyEvents(ctx, evs[from:c.at+shift])
+		applied, rejected = applied+res.Applied, append(rejected, res.Rejected...)
 		if err != nil {
-			return applied, err
+			return applied, rejected, err
 		}
 		from = c.at + shift
 		if err := f.compare(ctx, c); err != nil {
-			return applied, err
+			return applied, rejected, err
 		}
 	}
-	n, err := f.applyEvents(ctx, evs[from:])
-	return applied + n, err
+	res, err := f.applyEvents(ctx, evs[from:])
+	return applied + res.Applied, append(rejected, res.Rejected...), err
 }
 
-func (f *Follower) applyEvents(ctx context.Context, evs []store.StreamEvent) (int, error) {
+func (f *Follower) applyEvents(ctx context.Context, evs []store.StreamEvent) (store.StreamResult, error) {
 	if len(evs) == 0 {
-		return 0, nil
+		return store.StreamResult{}, nil
 	}
-	return f.mirror.ApplyStreamEvents(ctx, evs)
+	return f.mirror.ApplyStream(ctx, evs)
+}
+
+// reject sets aside the events the mirror could not apply: each is
+// logged with its stream sequence and why, counted, and its message, when
+// it is one of b's, terminated, never to come again (a redelivery would
+// fail the same way, for ever). It returns the messages it terminated.
+// An event read from the stream directly (see withMissing) has no message
+// here: it is terminated when the consumer delivers it.
+func (f *Follower) reject(rejected []store.RejectedEvent, b *pulled) map[jetstream.Msg]bool {
+	if len(rejected) == 0 {
+		return nil
+	}
+	bySeq := map[uint64]jetstream.Msg{}
+	if b != nil {
+		for i, m := range b.msgs {
+			if b.seqs[i] > 0 {
+				bySeq[b.seqs[i]] = m
+			}
+		}
+	}
+	termed := map[jetstream.Msg]bool{}
+	for _, r := range rejected {
+		m, ok := bySeq[r.Event.Seq]
+		if !ok || r.Event.Seq == 0 {
+			f.log.Debug("an event read from the stream cannot be applied; set aside when the consumer delivers it", "stream_seq", r.Event.Seq, "err", r.Err)
+			continue
+		}
+		reason := RejectApply
+		if errors.Is(r.Err, store.ErrUnknownPosition) {
+			reason = RejectPosition
+		}
+		f.log.Warn("an event on the stream cannot be applied; set aside, never to be retried", "stream_seq", r.Event.Seq,
+			"reason", reason, "type", r.Event.Type, "id", r.Event.ID, "err", r.Err)
+		f.cfg.OnReject(reason)
+		if err := m.TermWithReason("syncd: " + reason); err != nil {
+			f.log.Warn("terminate a message set aside; it may come again and be set aside again", "stream_seq", r.Event.Seq, "err", err)
+		}
+		termed[m] = true
+	}
+	return termed
 }
 
 // compare compares the mirror, which holds every event before c on the
@@ -607,28 +724,27 @@ func (f *Follower) recordCheckpoint(res CheckpointResult) {
 	}
 }
 
-// pull starts fetching a batch: with noWait (messages are pending) it
-// takes what the consumer has at once, otherwise it waits up to MaxWait
-// for a full batch. The messages are collected and decoded on a goroutine
-// of their own, beside the batch being applied.
-func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, noWait bool) *pulled {
+// pull starts fetching a batch of at most MaxBytes: when messages are
+// pending it asks for no more than those, which the server has at once,
+// otherwise it waits up to MaxWait for a full batch. (A fetch without
+// waiting takes no byte limit.) The messages are collected and decoded on
+// a goroutine of their own, beside the batch being applied.
+func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, pending uint64) *pulled {
 	b := &pulled{done: make(chan struct{})}
-	var batch jetstream.MessageBatch
-	cancel := context.CancelFunc(func() {})
-	if noWait {
-		batch, b.err = cons.FetchNoWait(f.cfg.Batch)
-	} else {
-		// The context both bounds the wait and ends it at shutdown (the
-		// library takes one or the other, not a max wait and a context).
-		var fctx context.Context
-		fctx, cancel = context.WithTimeout(ctx, f.cfg.MaxWait)
-		batch, b.err = cons.Fetch(f.cfg.Batch, jetstream.FetchContext(fctx))
+	n := f.cfg.Batch
+	if pending > 0 {
+		n = int(min(pending, uint64(n)))
 	}
+	// The context both bounds the wait and ends it at shutdown (the
+	// library takes one or the other, not a max wait and a context).
+	fctx, cancel := context.WithTimeout(ctx, f.cfg.MaxWait)
+	batch, err := cons.Fetch(n, jetstream.FetchContext(fctx), jetstream.FetchMaxBytes(f.cfg.MaxBytes))
+	b.err = err
 	go func() {
 		defer close(b.done)
 		defer cancel()
 		if b.err == nil {
-			b.err = b.collect(batch, f.log)
+			b.err = b.collect(batch, f)
 		}
 	}()
 	return b
@@ -682,6 +798,15 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 			break
 		}
 		seq = m.Sequence + 1
+		if err := f.verify(m.Subject, m.Header, m.Data); err != nil {
+			// Counted now: the consumer's delivery of it was lost, and
+			// comes again only after the AckWait (it terminates it then).
+			f.rejectUnsigned(m.Sequence, m.Subject, err)
+			continue
+		}
+		if publish.Reserved(m.Subject) {
+			continue // checkpoints and term markers apply nothing
+		}
 		ev, err := publish.Decode(m.Data)
 		if err != nil {
 			continue // the consumer terminates it when it comes
@@ -699,9 +824,8 @@ func (f *Follower) dropAhead() {
 	}
 	b := f.ahead
 	f.ahead = nil
-	if b.wait() == nil {
-		b.nak()
-	}
+	b.wait() // what arrived before an error comes again too
+	b.nak()
 }
 
 // pulled is a fetch under way, and once done, its messages.
@@ -718,6 +842,9 @@ type pulled struct {
 	// known: there was a message to tell.
 	pending uint64
 	known   bool
+	// maxSeq is the highest stream sequence of a message rejected for its
+	// signature (0: none).
+	maxSeq uint64
 }
 
 // wait waits for the fetch to end and returns its error.
@@ -735,18 +862,30 @@ type pendingCheck struct {
 }
 
 // collect takes the batch's messages, decoding them; a message that is not
-// a syncd event or checkpoint is terminated, never to come again.
-func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
+// a syncd event or checkpoint, or not signed by the leader when f verifies
+// signatures, is terminated, never to come again.
+func (b *pulled) collect(batch jetstream.MessageBatch, f *Follower) error {
+	log, onReject := f.log, f.cfg.OnReject
 	for m := range batch.Messages() {
 		var seq uint64
 		if md, err := m.Metadata(); err == nil {
 			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream
 		}
+		if err := f.verify(m.Subject(), m.Headers(), m.Data()); err != nil {
+			f.rejectUnsigned(seq, m.Subject(), err)
+			b.maxSeq = max(b.maxSeq, seq)
+			if err := m.TermWithReason("syncd: " + signing.Reason(err)); err != nil {
+				log.Warn("terminate rejected message", "err", err)
+			}
+			continue
+		}
 		if strings.HasSuffix(m.Subject(), "."+publish.CheckpointToken) {
 			cp, err := publish.DecodeCheckpoint(m.Data())
 			if err != nil || seq == 0 {
-				log.Error("not a syncd checkpoint; skipping it", "subject", m.Subject(), "err", err)
-				if err := m.Term(); err != nil {
+				log.Warn("not a syncd checkpoint; set aside, never to be retried", "stream_seq", seq, "subject", m.Subject(),
+					"reason", RejectDecode, "err", err)
+				onReject(RejectDecode)
+				if err := m.TermWithReason("syncd: " + RejectDecode); err != nil {
 					log.Warn("terminate undecodable message", "err", err)
 				}
 				continue
@@ -755,11 +894,19 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 			b.msgs, b.seqs = append(b.msgs, m), append(b.seqs, seq)
 			continue
 		}
+		if publish.Reserved(m.Subject()) {
+			// A lease term's marker or a snapshot's record: no event to
+			// apply, acknowledged with the batch.
+			b.msgs, b.seqs = append(b.msgs, m), append(b.seqs, seq)
+			continue
+		}
 		ev, err := publish.Decode(m.Data())
 		if err != nil {
 			// Never redelivered: it would fail the same way forever.
-			log.Error("not a syncd event; skipping it", "subject", m.Subject(), "err", err)
-			if err := m.Term(); err != nil {
+			log.Warn("not a syncd event; set aside, never to be retried", "stream_seq", seq, "subject", m.Subject(),
+				"reason", RejectDecode, "err", err)
+			onReject(RejectDecode)
+			if err := m.TermWithReason("syncd: " + RejectDecode); err != nil {
 				log.Warn("terminate undecodable message", "err", err)
 			}
 			continue
@@ -767,10 +914,60 @@ func (b *pulled) collect(batch jetstream.MessageBatch, log *slog.Logger) error {
 		ev.Seq = seq
 		b.msgs, b.evs, b.seqs = append(b.msgs, m), append(b.evs, ev), append(b.seqs, seq)
 	}
-	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) {
+	// A fetch with a byte limit that got its count of messages before its
+	// bytes ends with a "409 Batch Completed" status, which the library
+	// reports as an error: the batch is whole.
+	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) &&
+		!errors.Is(err, jetstream.ErrBatchCompleted) {
 		return err
 	}
 	return nil
+}
+
+// rejectSnapshot logs and counts a snapshot passed over for its signature.
+func (f *Follower) rejectSnapshot(info SnapshotInfo, err error) {
+	reason := signing.Reason(err)
+	f.log.Warn("a snapshot not signed by the leader; passing it over", "bucket", f.cfg.SnapshotBucket, "name", info.Name,
+		"stream_seq", info.Seq, "reason", reason, "err", err)
+	if f.cfg.OnRejected != nil {
+		f.cfg.OnRejected(reason)
+	}
+}
+
+// rejectUnsigned logs and counts the message at stream sequence seq that verify
+// rejected, once: the gap reader (readRange) and the consumer may both
+// meet it.
+func (f *Follower) rejectUnsigned(seq uint64, subject string, err error) {
+	f.rejectedMu.Lock()
+	_, seen := f.rejected[seq]
+	if !seen {
+		if f.rejected == nil || len(f.rejected) >= maxRejectedSeen {
+			f.rejected = make(map[uint64]struct{}) // at worst one is counted twice
+		}
+		f.rejected[seq] = struct{}{}
+	}
+	f.rejectedMu.Unlock()
+	if seen {
+		return
+	}
+	reason := signing.Reason(err)
+	f.log.Warn("a message on the stream not signed by the leader; rejected it", "stream_seq", seq, "subject", subject,
+		"reason", reason, "err", err)
+	if f.cfg.OnRejected != nil {
+		f.cfg.OnRejected(reason)
+	}
+}
+
+// maxRejectedSeen bounds the stream sequences of rejected messages a
+// follower remembers so as to count each once.
+const maxRejectedSeen = 4096
+
+// verify checks a message's signature when the follower has a Verifier.
+func (f *Follower) verify(subject string, h nats.Header, data []byte) error {
+	if f.cfg.Verifier == nil {
+		return nil
+	}
+	return f.cfg.Verifier.Verify(subject, h, data)
 }
 
 // nak asks for the batch's messages again.

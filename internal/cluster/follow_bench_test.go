@@ -16,8 +16,8 @@ import (
 // discard is a mirror that applies nothing: what fetching costs alone.
 type discard struct{}
 
-func (discard) ApplyStreamEvents(_ context.Context, evs []store.StreamEvent) (int, error) {
-	return len(evs), nil
+func (discard) ApplyStream(_ context.Context, evs []store.StreamEvent) (store.StreamResult, error) {
+	return store.StreamResult{Applied: len(evs)}, nil
 }
 
 func (discard) ReplicaDigest(context.Context) (store.ReplicaDigest, error) { return nil, nil }

@@ -56,6 +56,10 @@ type Lease struct {
 	state   LeaseState
 	rev     uint64
 	changes chan struct{}
+	// op serializes the requests that write the key at l.rev (renewal,
+	// confirmation, release), which Run and StepDown make from different
+	// goroutines: two updates at one revision would fail one of them.
+	op sync.Mutex
 }
 
 // NewLease creates the bucket, or updates it to cfg, and returns a lease
@@ -159,6 +163,11 @@ func (l *Lease) campaign(ctx context.Context) {
 }
 
 func (l *Lease) renew(ctx context.Context) {
+	l.op.Lock()
+	defer l.op.Unlock()
+	if !l.IsLeader() {
+		return // stepped down meanwhile
+	}
 	octx, cancel := context.WithTimeout(ctx, l.opTimeout())
 	defer cancel()
 	l.mu.Lock()
@@ -178,9 +187,34 @@ func (l *Lease) renew(ctx context.Context) {
 	l.log.Warn("lost the leader lease: renewal failed; stepping down", "node", l.cfg.Node, "err", err)
 }
 
+// Confirm renews the lease of term now, and ends the leadership when that
+// fails: a replica that wrote its term's markers confirms that it still
+// held the lease after they landed, so that a replica paused between
+// gaining the lease and marking cannot write under a marker it laid after
+// a newer leader's.
+func (l *Lease) Confirm(ctx context.Context, term uint64) error {
+	if st := l.State(); !st.Leader || st.Term != term {
+		return errors.New("no longer the leader")
+	}
+	l.renew(ctx)
+	if st := l.State(); !st.Leader || st.Term != term {
+		return errors.New("the lease was lost while the term was marked")
+	}
+	return nil
+}
+
+// StepDown ends the leadership at once and deletes the key if this
+// replica still holds it (a fenced write is the sign that it may not):
+// then any replica, this one included, may gain the lease for a new term.
+func (l *Lease) StepDown() {
+	l.release()
+}
+
 // release deletes the key if this replica still holds it at the revision it
 // last wrote, so that nobody else's lease is ever deleted.
 func (l *Lease) release() {
+	l.op.Lock()
+	defer l.op.Unlock()
 	l.mu.Lock()
 	leader, rev := l.state.Leader, l.rev
 	l.mu.Unlock()

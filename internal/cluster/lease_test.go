@@ -121,3 +121,46 @@ func TestLease_StepDownOnFailedRenewal(t *testing.T) {
 	}
 	testutil.WaitFor(t, ttl, "a to see the intruder as holder", func() bool { return a.Holder() == "intruder" })
 }
+
+// TestLease_ConfirmAndStepDown: Confirm renews the lease of the current
+// term and fails for another term; StepDown after a fenced write deletes
+// the key this replica holds, so that a standby takes over at once.
+func TestLease_ConfirmAndStepDown(t *testing.T) {
+	ctx := context.Background()
+	js := mustJetStream(t)
+	a, stopA := runLease(t, js, "a")
+	testutil.WaitFor(t, ttl, "a to lead", a.IsLeader)
+	term := a.State().Term
+	if err := a.Confirm(ctx, term); err != nil {
+		t.Fatalf("confirm while leading: %v", err)
+	}
+	if err := a.Confirm(ctx, term+1); err == nil {
+		t.Error("confirmed a term a does not hold")
+	}
+	b, _ := runLease(t, js, "b")
+	testutil.WaitFor(t, ttl, "b to see a as the holder", func() bool { return b.Holder() == "a" })
+	// A step-down without a's loop, which would campaign again at once
+	// and might win: the takeover measured is b's.
+	a.StepDown()
+	stopA()
+	if a.IsLeader() {
+		t.Fatal("a still leads after stepping down")
+	}
+	start := time.Now()
+	testutil.WaitFor(t, ttl, "b to take over after a stepped down", b.IsLeader)
+	if took := time.Since(start); took > ttl/2 {
+		t.Errorf("takeover after a step-down took %s, want well under the TTL %s", took, ttl)
+	}
+	// b leads now: a confirmation of a's old term fails and changes
+	// nothing.
+	if err := a.Confirm(ctx, term); err == nil {
+		t.Error("a confirmed its old term after b took over")
+	}
+	kv, err := js.KeyValue(ctx, "lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := kv.Get(ctx, "leader"); err != nil || string(e.Value()) != "b" {
+		t.Errorf("lease key after a's stale confirmation: %v, want b's", err)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/cenkalti/backoff/v4"
 )
 
 // Roles a replica reports.
@@ -24,6 +26,10 @@ type Replica struct {
 	// Promote runs once the lease is gained and the stream caught up, before
 	// Lead: it readies the followed mirror for crawling.
 	Promote func(ctx context.Context) error
+	// Mark, when set, begins the lease term before anything of it is
+	// written: it lays the term's fence markers (publish.Fence.Mark).
+	// Leading waits until it succeeded and the lease was confirmed after it.
+	Mark func(ctx context.Context) error
 	// Lead does the leader's work until ctx is done; ctx ends as soon as
 	// the lease is lost. An error from Lead ends Run.
 	Lead func(ctx context.Context) error
@@ -166,18 +172,12 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 		cancel()
 		<-watchDone
 	}()
-	// Events the old leader published are in the stream: applying them
-	// first means the crawl that follows finds them in the mirror and does
-	// not record them again. Bounded, so that a huge backlog cannot keep
-	// the replica from leading; the rest is deduplicated by event id.
-	if err := r.Follower.Complete(dctx); err != nil && dctx.Err() == nil {
-		log.Error("completing the mirror from a snapshot before leading failed", "err", err)
+	if !r.mark(dctx, st, log) {
+		return nil
 	}
-	cctx, ccancel := context.WithTimeout(dctx, r.Lease.cfg.TTL)
-	if err := r.Follower.CatchUp(cctx); err != nil && dctx.Err() == nil {
-		log.Warn("catching up with the stream before leading was cut short", "err", err, "lag", r.Follower.Lag())
+	if r.catchUp(dctx, log) != nil {
+		return nil
 	}
-	ccancel()
 	if r.Promote != nil && dctx.Err() == nil {
 		if err := r.Promote(dctx); err != nil && dctx.Err() == nil {
 			log.Warn("readying the mirror for crawling failed; tags not readied are read silently", "err", err)
@@ -199,6 +199,75 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 		return nil
 	}
 	return err
+}
+
+// catchUp completes the mirror and applies what the stream holds, trying
+// again until both succeed or ctx ends. Events the old leader published are
+// in the stream: applying them first means the crawl that follows finds
+// them in the mirror and does not record them again. A replica leads only
+// with a mirror that holds the stream: one behind it would put older values
+// back into the KV buckets and delete live keys in its first
+// reconciliation, and one left empty by a restore cut short would crawl a
+// silent baseline over changes the stream never got (the partition tests
+// saw all three when the catch-up was bounded by a TTL and leading went on
+// regardless). A large backlog takes several attempts, each resuming where
+// the last one stopped.
+func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
+	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(250*time.Millisecond), backoff.WithMaxInterval(5*time.Second),
+		backoff.WithMaxElapsedTime(0))
+	for attempt := 1; ; attempt++ {
+		err := r.Follower.Complete(ctx)
+		if err == nil {
+			cctx, cancel := context.WithTimeout(ctx, r.Lease.cfg.TTL)
+			err = r.Follower.CatchUp(cctx)
+			cancel()
+		}
+		if err == nil || ctx.Err() != nil {
+			return ctx.Err()
+		}
+		wait := b.NextBackOff()
+		log.Warn("not leading yet: the mirror has not caught up with the stream", "attempt", attempt, "err", err,
+			"lag", r.Follower.Lag(), "retry_in", wait.Round(time.Millisecond).String())
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// mark begins the term st with Mark, trying again while the lease holds,
+// and reports whether the replica may lead: the markers are laid and the
+// lease was still this term's after they landed. Marking first means that
+// everything the old leader got onto the stream lies before the markers,
+// where the catch-up that follows applies it.
+func (r *Replica) mark(ctx context.Context, st LeaseState, log *slog.Logger) bool {
+	if r.Mark == nil {
+		return true
+	}
+	wait := time.NewTimer(0)
+	defer wait.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-wait.C:
+		}
+		err := r.Mark(ctx)
+		if err == nil {
+			err = r.Lease.Confirm(ctx, st.Term)
+			if err == nil {
+				return true
+			}
+			log.Warn("not leading: the lease was lost while the term was marked", "err", err)
+			return false
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		log.Warn("marking the lease term failed; trying again", "err", err, "in", r.Lease.cfg.TTL/4)
+		wait.Reset(r.Lease.cfg.TTL / 4)
+	}
 }
 
 // role takes role and records it.

@@ -17,6 +17,8 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -66,8 +68,14 @@ type SnapshotConfig struct {
 	Keep int
 	// Dir holds the temporary copy of the mirror: beside it, so that the
 	// copy is on the same disk and as private.
-	Dir    string
+	Dir string
+	// Fence, when set, fences every snapshot by its record on the event
+	// stream (publish.Fence.RecordSnapshot): a snapshot whose record the
+	// server refused, since another replica leads, is deleted.
+	Fence  *publish.Fence
 	Logger *slog.Logger
+	// Signer, when set, signs each snapshot's manifest (snapshot_sign.go).
+	Signer *signing.Signer
 }
 
 // SnapshotInfo describes the newest snapshot.
@@ -76,10 +84,16 @@ type SnapshotInfo struct {
 	// Seq is the stream sequence the snapshot covers.
 	Seq     uint64
 	Created time.Time
+	// Stored is when the server stored the object: its own clock, which
+	// a client cannot set, unlike Created.
+	Stored time.Time
 	// Bytes is the compressed size, RawBytes the size of the database.
 	Bytes, RawBytes int64
 	// Took is how long writing it took; zero when another process wrote it.
 	Took time.Duration
+	// manifest and signature are as listed, for verifySnapshot.
+	manifest  manifest
+	signature string
 }
 
 // Snapshotter writes snapshots of the mirror on a schedule: a leader duty.
@@ -136,7 +150,7 @@ func (s *Snapshotter) Run(ctx context.Context) error {
 			if err := s.prune(ctx, obj); err != nil {
 				s.log.Warn("delete old snapshots", "err", err)
 			}
-			if newest, ok, err := newestSnapshot(ctx, obj); err != nil {
+			if newest, ok, err := s.newest(ctx, obj); err != nil {
 				s.log.Warn("list snapshots", "err", err)
 			} else if ok {
 				s.setLast(newest)
@@ -187,6 +201,9 @@ func (s *Snapshotter) setLast(info SnapshotInfo) {
 // Write writes one snapshot now into obj (the bucket, when nil).
 func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (SnapshotInfo, error) {
 	start := time.Now()
+	if !s.cfg.Fence.InTerm() {
+		return SnapshotInfo{}, publish.ErrFenced
+	}
 	if obj == nil {
 		var err error
 		if obj, err = s.bucket(ctx); err != nil {
@@ -225,6 +242,13 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	}
 	created := time.Now().UTC()
 	name := snapshotPrefix + created.Format("20060102T150405.000Z")
+	md := map[string]string{snapshotSeqKey: strconv.FormatUint(seq, 10), snapshotCreatedKey: created.Format(time.RFC3339Nano),
+		snapshotRawKey: strconv.FormatInt(fi.Size(), 10)}
+	if s.cfg.Signer != nil {
+		if err := signManifest(f, name, md, s.cfg.Signer); err != nil {
+			return SnapshotInfo{}, err
+		}
+	}
 	pr, pw := io.Pipe()
 	compressed := make(chan struct{})
 	go func() {
@@ -232,9 +256,8 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 		pw.CloseWithError(compress(pw, f))
 	}()
 	oi, err := obj.Put(ctx, jetstream.ObjectMeta{Name: name, Description: "syncd mirror, zstd-compressed SQLite database",
-		Metadata: map[string]string{snapshotSeqKey: strconv.FormatUint(seq, 10), snapshotCreatedKey: created.Format(time.RFC3339Nano),
-			snapshotRawKey: strconv.FormatInt(fi.Size(), 10)},
-		Opts: &jetstream.ObjectMetaOptions{ChunkSize: snapshotChunk}}, pr)
+		Metadata: md,
+		Opts:     &jetstream.ObjectMetaOptions{ChunkSize: snapshotChunk}}, pr)
 	// Closing the pipe ends the compressor if Put stopped early (a
 	// shutdown cancels it); the file is closed and removed only after the
 	// compressor has stopped reading it.
@@ -243,9 +266,23 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("put snapshot %s into %s: %w", name, s.cfg.Bucket, err)
 	}
+	if err := s.cfg.Fence.RecordSnapshot(ctx, name, seq); err != nil {
+		return SnapshotInfo{}, s.unrecorded(ctx, obj, name, err)
+	}
 	info := SnapshotInfo{Name: name, Seq: seq, Created: created, Bytes: int64(oi.Size), RawBytes: fi.Size(), Took: time.Since(start)}
 	s.setLast(info)
 	return info, nil
+}
+
+// unrecorded deletes snapshot name, whose record err kept off the stream:
+// written by a replica that may no longer lead, it must not be restored.
+func (s *Snapshotter) unrecorded(ctx context.Context, obj jetstream.ObjectStore, name string, err error) error {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if derr := obj.Delete(dctx, name); derr != nil {
+		return fmt.Errorf("%w; and deleting the unrecorded snapshot failed: %w", err, derr)
+	}
+	return fmt.Errorf("%w; the snapshot was deleted", err)
 }
 
 // compress writes f to w with zstd.
@@ -261,9 +298,12 @@ func compress(w io.Writer, f io.Reader) error {
 	return enc.Close()
 }
 
-// prune deletes the snapshots beyond the newest Keep.
+// prune deletes the snapshots beyond the newest Keep. Only plausible
+// snapshots count (see plausible): a planted object that claims to be
+// newer than all never pushes a genuine one out. The implausible are left
+// alone, and logged.
 func (s *Snapshotter) prune(ctx context.Context, obj jetstream.ObjectStore) error {
-	all, err := listSnapshots(ctx, obj)
+	all, err := s.plausible(ctx, obj)
 	if err != nil {
 		return err
 	}
@@ -276,7 +316,80 @@ func (s *Snapshotter) prune(ctx context.Context, obj jetstream.ObjectStore) erro
 	return errors.Join(errs...)
 }
 
-// listSnapshots lists the bucket's snapshots, newest first.
+// newest is the newest plausible snapshot in obj; false when it has none.
+func (s *Snapshotter) newest(ctx context.Context, obj jetstream.ObjectStore) (SnapshotInfo, bool, error) {
+	all, err := s.plausible(ctx, obj)
+	if err != nil || len(all) == 0 {
+		return SnapshotInfo{}, false, err
+	}
+	return all[0], true, nil
+}
+
+// plausible lists obj's plausible snapshots, newest first, and logs the
+// others.
+func (s *Snapshotter) plausible(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotInfo, error) {
+	all, err := listSnapshots(ctx, obj)
+	if err != nil || len(all) == 0 {
+		return nil, err
+	}
+	last, err := streamLastSeq(ctx, s.js, s.cfg.Stream)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	out := all[:0:0]
+	for _, info := range all {
+		if err := plausible(info, now, last); err != nil {
+			s.log.Warn("a snapshot in the bucket is not one this leader can have written; ignoring it", "bucket", s.cfg.Bucket, "name", info.Name, "err", err)
+			continue
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// maxSnapshotSkew is how far in the future, by this host's clock, a
+// snapshot's created time may be.
+const maxSnapshotSkew = time.Minute
+
+// plausible checks what a snapshot's metadata claims, which any client of
+// the account can write: created no later than now (within
+// maxSnapshotSkew), and a stream sequence the stream has reached (last:
+// its last sequence). A snapshot claiming 2099 would otherwise make the
+// leader wait until then for its next one, and one claiming a sequence
+// beyond the stream would make a follower skip every event up to it.
+//
+// created is compared with this host's clock, not the server's time of
+// storing the object: the leader's own snapshots always pass on the
+// leader, whatever the skew between its clock and the server's (they
+// failed on each check, the leader wrote one at every poll and pruned
+// none). A follower whose clock is behind the leader's by more than
+// maxSnapshotSkew passes over the newest snapshots for older ones.
+func plausible(info SnapshotInfo, now time.Time, last uint64) error {
+	switch {
+	case info.Created.After(now.Add(maxSnapshotSkew)):
+		return fmt.Errorf("snapshot %s claims to be created at %s, in the future", info.Name, info.Created.Format(time.RFC3339))
+	case info.Seq > last:
+		return fmt.Errorf("snapshot %s claims to cover stream sequence %d, beyond the stream's last, %d", info.Name, info.Seq, last)
+	}
+	return nil
+}
+
+// streamLastSeq is the last sequence of stream.
+func streamLastSeq(ctx context.Context, js jetstream.JetStream, stream string) (uint64, error) {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, fmt.Errorf("look up stream %s: %w", stream, err)
+	}
+	si, err := st.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s info: %w", stream, err)
+	}
+	return si.State.LastSeq, nil
+}
+
+// listSnapshots lists the bucket's snapshots, newest first by the
+// server's time of storing them.
 func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotInfo, error) {
 	objs, err := listObjects(ctx, obj)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
@@ -290,7 +403,8 @@ func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotIn
 		if !strings.HasPrefix(o.Name, snapshotPrefix) || o.Deleted {
 			continue
 		}
-		info := SnapshotInfo{Name: o.Name, Bytes: int64(o.Size), Created: o.ModTime}
+		info := SnapshotInfo{Name: o.Name, Bytes: int64(o.Size), Created: o.ModTime, Stored: o.ModTime, manifest: manifestOf(o),
+			signature: o.Metadata[snapshotSigKey]}
 		info.Seq, _ = strconv.ParseUint(o.Metadata[snapshotSeqKey], 10, 64)
 		info.RawBytes, _ = strconv.ParseInt(o.Metadata[snapshotRawKey], 10, 64)
 		if t, err := time.Parse(time.RFC3339Nano, o.Metadata[snapshotCreatedKey]); err == nil {
@@ -298,7 +412,7 @@ func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotIn
 		}
 		out = append(out, info)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Created.After(out[j].Created) })
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Stored.After(out[j].Stored) })
 	return out, nil
 }
 
@@ -326,15 +440,6 @@ func listObjects(ctx context.Context, obj jetstream.ObjectStore) ([]*jetstream.O
 	return nil, fmt.Errorf("no answer in %d attempts of %s: %w", listAttempts, listAttempt, err)
 }
 
-// newestSnapshot is the newest snapshot in obj; false when it has none.
-func newestSnapshot(ctx context.Context, obj jetstream.ObjectStore) (SnapshotInfo, bool, error) {
-	all, err := listSnapshots(ctx, obj)
-	if err != nil || len(all) == 0 {
-		return SnapshotInfo{}, false, err
-	}
-	return all[0], true, nil
-}
-
 // Restorable is what a follower needs of a mirror to start it from a
 // snapshot.
 type Restorable interface {
@@ -357,45 +462,126 @@ const (
 	RestoreAlways
 )
 
-// restoreSnapshot downloads the newest snapshot of bucket, restores it into
-// m and returns it; false when the bucket has none.
-func restoreSnapshot(ctx context.Context, js jetstream.JetStream, bucket, dir string, m Restorable) (SnapshotInfo, bool, error) {
-	obj, err := js.ObjectStore(ctx, bucket)
+// restorer restores a mirror from the newest snapshot that passes every
+// check, trying older ones after one that fails.
+type restorer struct {
+	js     jetstream.JetStream
+	bucket string
+	stream string
+	// dir holds the download.
+	dir string
+	// maxBytes bounds a download's decompressed size; 0: maxRestoreRatio
+	// times the object's size, at least minRestoreBound.
+	maxBytes int64
+	log      *slog.Logger
+	onReject func(reason string)
+	// verifier, when set, is the leader's keys: a snapshot whose manifest
+	// is not signed by one of them is passed over (onUnsigned is told),
+	// and a download must match its signed SHA-256.
+	verifier   *signing.Verifier
+	onUnsigned func(SnapshotInfo, error)
+}
+
+// Decompression bounds: the size a snapshot may decompress to when none
+// is configured, and the zstd decoder's window (the writer's is 8 MiB).
+const (
+	maxRestoreRatio  = 64
+	minRestoreBound  = 256 << 20
+	maxRestoreWindow = 32 << 20
+)
+
+// errSnapshotRefused marks a snapshot's own failure: the next older one is
+// tried.
+var errSnapshotRefused = errors.New("snapshot refused")
+
+// restore downloads the newest snapshot that passes its checks, restores
+// it into m and returns it; false when the bucket has none, or none
+// passed (refused says how many were refused: the follower then follows
+// the stream from its start). A snapshot that fails a check (plausible
+// metadata, a bounded download, store.CheckSnapshot, the restore itself)
+// is logged, counted and passed over for the next older one.
+func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, found bool, refused int, _ error) {
+	obj, err := r.js.ObjectStore(ctx, r.bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return SnapshotInfo{}, false, nil
+		return SnapshotInfo{}, false, 0, nil
 	}
 	if err != nil {
-		return SnapshotInfo{}, false, fmt.Errorf("look up snapshot bucket %s: %w", bucket, err)
+		return SnapshotInfo{}, false, 0, fmt.Errorf("look up snapshot bucket %s: %w", r.bucket, err)
 	}
-	newest, ok, err := newestSnapshot(ctx, obj)
-	if err != nil || !ok {
-		return SnapshotInfo{}, false, err
+	all, err := listSnapshots(ctx, obj)
+	if err != nil || len(all) == 0 {
+		return SnapshotInfo{}, false, 0, err
 	}
-	start := time.Now()
-	tmp, err := os.MkdirTemp(dir, ".restore-")
+	last, err := streamLastSeq(ctx, r.js, r.stream)
 	if err != nil {
-		return SnapshotInfo{}, false, fmt.Errorf("temporary directory for the snapshot: %w", err)
+		return SnapshotInfo{}, false, 0, err
+	}
+	for _, info := range all {
+		if r.verifier != nil {
+			if err := verifySnapshot(r.verifier, info); err != nil {
+				r.onUnsigned(info, err)
+				refused++
+				continue
+			}
+		}
+		start := time.Now()
+		err := plausible(info, start, last)
+		if err != nil {
+			err = fmt.Errorf("%w: %w", errSnapshotRefused, err)
+		} else if err = r.restoreOne(ctx, obj, info, m); err == nil {
+			info.Took = time.Since(start)
+			return info, true, refused, nil
+		}
+		if ctx.Err() != nil || !errors.Is(err, errSnapshotRefused) {
+			return SnapshotInfo{}, false, refused, err
+		}
+		r.log.Warn("a snapshot failed its checks; trying the next older one", "bucket", r.bucket, "name", info.Name, "reason", RejectSnapshot, "err", err)
+		r.onReject(RejectSnapshot)
+		refused++
+	}
+	r.log.Error("no snapshot in the bucket passed its checks", "bucket", r.bucket, "snapshots", len(all))
+	return SnapshotInfo{}, false, refused, nil
+}
+
+// restoreOne downloads info into a directory of its own and restores it.
+func (r restorer) restoreOne(ctx context.Context, obj jetstream.ObjectStore, info SnapshotInfo, m Restorable) error {
+	tmp, err := os.MkdirTemp(r.dir, ".restore-")
+	if err != nil {
+		return fmt.Errorf("temporary directory for the snapshot: %w", err)
 	}
 	defer os.RemoveAll(tmp)
 	path := filepath.Join(tmp, "mirror.db")
-	if err := download(ctx, obj, newest.Name, path); err != nil {
-		return SnapshotInfo{}, false, err
+	bound := r.maxBytes
+	if bound <= 0 {
+		bound = max(maxRestoreRatio*info.Bytes, minRestoreBound)
 	}
-	if err := m.Restore(ctx, path, newest.Seq); err != nil {
-		return SnapshotInfo{}, false, fmt.Errorf("restore snapshot %s: %w", newest.Name, err)
+	if err := download(ctx, obj, info.Name, path, bound); err != nil {
+		return err
 	}
-	newest.Took = time.Since(start)
-	return newest, true, nil
+	if r.verifier != nil {
+		if err := checkDownload(path, info); err != nil {
+			return fmt.Errorf("%w: %w", errSnapshotRefused, err)
+		}
+	}
+	if err := m.Restore(ctx, path, info.Seq); err != nil {
+		// The mirror is as it was (the restore is one transaction):
+		// whatever failed, trying the same snapshot again would too.
+		return fmt.Errorf("%w: restore snapshot %s: %w", errSnapshotRefused, info.Name, err)
+	}
+	return nil
 }
 
-// download writes the decompressed object name of obj to path, 0600.
-func download(ctx context.Context, obj jetstream.ObjectStore, name, path string) error {
+// download writes the decompressed object name of obj to path, 0600, and
+// refuses (errSnapshotRefused) an object that decompresses to more than
+// bound bytes, having written no more than that, or does not decompress.
+func download(ctx context.Context, obj jetstream.ObjectStore, name, path string, bound int64) error {
 	r, err := obj.Get(ctx, name)
 	if err != nil {
 		return fmt.Errorf("get snapshot %s: %w", name, err)
 	}
 	defer r.Close()
-	dec, err := zstd.NewReader(r)
+	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxRestoreWindow),
+		zstd.WithDecoderMaxMemory(maxRestoreWindow))
 	if err != nil {
 		return fmt.Errorf("decompress snapshot %s: %w", name, err)
 	}
@@ -404,11 +590,22 @@ func download(ctx context.Context, obj jetstream.ObjectStore, name, path string)
 	if err != nil {
 		return fmt.Errorf("create %s: %w", path, err)
 	}
-	if _, err := io.Copy(f, dec); err != nil {
-		f.Close()
-		return fmt.Errorf("download snapshot %s: %w", name, err)
+	_, err = io.CopyN(f, dec, bound)
+	if cerr := f.Close(); err == nil || errors.Is(err, io.EOF) {
+		err = cerr
 	}
-	return f.Close()
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		return fmt.Errorf("%w: download snapshot %s: %w", errSnapshotRefused, name, err)
+	}
+	// Exactly bound bytes so far: one more, read but not written, tells
+	// a snapshot that exceeds it.
+	if n, _ := dec.Read(make([]byte, 1)); n > 0 {
+		return fmt.Errorf("%w: snapshot %s decompresses to more than %d bytes", errSnapshotRefused, name, bound)
+	}
+	return nil
 }
 
 // String is the mode as the --from-snapshot flag takes it.

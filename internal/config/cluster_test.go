@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nkeys"
 
 	"github.com/syncd-dev/syncd/internal/config"
 )
@@ -88,5 +91,65 @@ func TestSnapshot_Validate(t *testing.T) {
 	cfg.Snapshot.Bucket = "ok"
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("disabled snapshots: Validate = %v, want nil", err)
+	}
+}
+
+// TestCluster_SigningKeys: a readable 0600 nkey seed and well-formed
+// verify keys listing its public key load; each mistake fails naming its
+// key and its problem.
+func TestCluster_SigningKeys(t *testing.T) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	pub, _ := kp.PublicKey()
+	other, _ := nkeys.CreateUser()
+	otherPub, _ := other.PublicKey()
+	dir := t.TempDir()
+	key := filepath.Join(dir, "signing.nk")
+	if err := os.WriteFile(key, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := filepath.Join(dir, "open.nk")
+	if err := os.WriteFile(open, seed, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.nk")
+	if err := os.WriteFile(bad, []byte("SUnotaseed"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	section := func(file string, keys ...string) string {
+		return fmt.Sprintf("[cluster]\nsigning_key_file = %q\nverify_keys = [%s]\n", file, strings.Join(keys, ", "))
+	}
+	q := func(s string) string { return fmt.Sprintf("%q", s) }
+	cfg, err := config.Load(writeConfig(t, section(key, q(pub), q(otherPub))), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Cluster.SigningKeyFile != key || len(cfg.Cluster.VerifyKeys) != 2 {
+		t.Errorf("cluster = %+v", cfg.Cluster)
+	}
+	for _, tc := range []struct{ name, file, key, msg string }{
+		{"Missing", section(filepath.Join(dir, "none")), "cluster.signing_key_file", "no such file"},
+		{"Open", section(open), "cluster.signing_key_file", "chmod 600"},
+		{"Malformed", section(bad), "cluster.signing_key_file", "malformed nkey seed"},
+		{"BadVerifyKey", section("", q(pub), q("UABC")), "cluster.verify_keys", "key 2: "},
+		{"SeedAsVerifyKey", section("", q(string(seed))), "cluster.verify_keys", "not an nkey public key"},
+		{"SigningKeyNotListed", section(key, q(otherPub)), "cluster.verify_keys", pub},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Load(writeConfig(t, tc.file), nil)
+			var ce *config.Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("err=%v, want a *config.Error", err)
+			}
+			if ce.Key != tc.key || !strings.Contains(ce.Msg, tc.msg) {
+				t.Fatalf("err=%v, want key %s and a message containing %q", err, tc.key, tc.msg)
+			}
+			if strings.Contains(err.Error(), string(seed[2:20])) {
+				t.Errorf("the error shows the seed: %v", err)
+			}
+		})
 	}
 }

@@ -33,6 +33,17 @@ type Config struct {
 	Verify   Verify   `toml:"verify"`
 	Sync     Sync     `toml:"sync"`
 	Query    Query    `toml:"query"`
+	Maturity Maturity `toml:"maturity"`
+}
+
+// Maturity configures tags that mature: for each age, the leader keeps
+// every tag's matured digest (the one the tag pointed to that long ago) in the [kv] matured bucket and announces each change as
+// tag.matured.
+type Maturity struct {
+	// After are the ages, Go durations of whole seconds ("72h"); empty:
+	// off. Strings, not Durations, so that SYNCD_MATURITY_AFTER sets them
+	// as any other list.
+	After []string `toml:"after"`
 }
 
 // Verify configures how the replicas and the stream are checked against
@@ -71,6 +82,9 @@ type KV struct {
 	Tags       string `toml:"tags_bucket"`
 	Repos      string `toml:"repos_bucket"`
 	Advisories string `toml:"advisories_bucket"`
+	// Matured is the bucket of matured digests ([maturity]):
+	// <repo path>.<tag>.<age>.
+	Matured string `toml:"matured_bucket"`
 	// History is how many values each key keeps (1 to 64).
 	History int `toml:"history"`
 	// Replicas of each bucket; 0: nats.replicas.
@@ -118,6 +132,15 @@ type Cluster struct {
 	LeaseTTL Duration `toml:"lease_ttl"`
 	// Consumer is the durable consumer's name; empty: syncd-follow-<node_id>.
 	Consumer string `toml:"consumer"`
+	// SigningKeyFile is the leader's key (an nkey seed or a PEM Ed25519
+	// private key, mode 0600): it signs every message it puts on the
+	// stream. Empty: messages go unsigned.
+	SigningKeyFile string `toml:"signing_key_file"`
+	// VerifyKeys are the nkey public keys whose signatures followers and
+	// standbys accept; a message signed by none of them is rejected.
+	// Empty: the signing key's own, or without one, every message is
+	// taken.
+	VerifyKeys []string `toml:"verify_keys"`
 }
 
 // Admin configures the operations listener: metrics, liveness, readiness.
@@ -308,6 +331,7 @@ func Default() Config {
 			Tags:              "syncd_tags",
 			Repos:             "syncd_repos",
 			Advisories:        "syncd_advisories",
+			Matured:           "syncd_matured",
 			History:           1,
 			ReconcileInterval: Duration{time.Hour},
 		},
@@ -330,6 +354,7 @@ func Default() Config {
 			Concurrency: 4,
 			MaxPending:  256,
 		},
+		Maturity: Maturity{After: []string{}},
 	}
 }
 

@@ -58,6 +58,7 @@ func TestLoad_ExampleIsDefaults(t *testing.T) {
 	def := config.Default()
 	// TOML cannot write nil slices; empty ones are the same setting.
 	cfg.Crawl.Include, cfg.Crawl.Exclude, cfg.Crawl.PublicImages = nil, nil, nil
+	cfg.Cluster.VerifyKeys = nil
 	if got, want := cfg, def; !reflect.DeepEqual(got, want) {
 		t.Fatalf("config.example.toml differs from the defaults:\n got %+v\nwant %+v", got, want)
 	}

@@ -28,6 +28,7 @@ func (c *Config) Validate() error {
 	c.Verify.validate(&p)
 	c.Sync.validate(&p)
 	c.validateQuery(&p)
+	c.Maturity.validate(&p)
 	return p.err()
 }
 

@@ -2,7 +2,10 @@ package config
 
 import (
 	"regexp"
+	"slices"
 	"time"
+
+	"github.com/syncd-dev/syncd/internal/signing"
 )
 
 // kvName is what NATS accepts as a KV bucket or key name (the KV's own rule,
@@ -30,6 +33,7 @@ func (c *Config) validateCluster(p *problems) {
 	if cl.Consumer != "" && !kvName.MatchString(cl.Consumer) {
 		p.addf("cluster.consumer", "must be a consumer name of letters, digits, '-' and '_': %q", cl.Consumer)
 	}
+	c.validateTrust(p)
 	if !cl.Enabled {
 		return
 	}
@@ -40,5 +44,29 @@ func (c *Config) validateCluster(p *problems) {
 	// must be in it.
 	if c.Store.InitialEvents != "snapshot" {
 		p.addf("store.initial_events", "must be \"snapshot\" with cluster.enabled = true, got %q: standbys and followers learn the baseline from the stream", c.Store.InitialEvents)
+	}
+}
+
+// validateTrust checks the signing key and the verify keys: readable by
+// this process alone and well formed, and the signing key among the verify
+// keys, or the replicas would reject what this one publishes as leader.
+func (c *Config) validateTrust(p *problems) {
+	cl := c.Cluster
+	var pub string
+	if cl.SigningKeyFile != "" {
+		s, err := signing.LoadSigner(cl.SigningKeyFile)
+		if err != nil {
+			p.addf("cluster.signing_key_file", "%v", err)
+		} else {
+			pub = s.PublicKey()
+		}
+	}
+	for i, k := range cl.VerifyKeys {
+		if _, err := signing.ParsePublicKey(k); err != nil {
+			p.addf("cluster.verify_keys", "key %d: %v", i+1, err)
+		}
+	}
+	if pub != "" && len(cl.VerifyKeys) > 0 && !slices.Contains(cl.VerifyKeys, pub) {
+		p.addf("cluster.verify_keys", "does not list the public key of signing_key_file (%s): the other replicas would reject what this one publishes as leader", pub)
 	}
 }

@@ -9,6 +9,7 @@ func (c *Config) validateKV(p *problems) {
 	seen := map[string]string{c.Cluster.Bucket: "cluster.bucket"}
 	for _, b := range []struct{ key, name string }{
 		{"kv.tags_bucket", kv.Tags}, {"kv.repos_bucket", kv.Repos}, {"kv.advisories_bucket", kv.Advisories},
+		{"kv.matured_bucket", kv.Matured},
 	} {
 		if !kvName.MatchString(b.name) {
 			p.addf(b.key, "must be a KV bucket name of letters, digits, '-' and '_': %q", b.name)

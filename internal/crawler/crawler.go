@@ -88,6 +88,10 @@ type Crawler struct {
 	// skipped holds the uids of repos the include and exclude patterns
 	// leave out, as the repo listing found them.
 	skipped sync.Map
+	// backfilling is held by the backfill pass under way; backfillDue asks
+	// Run's backfill loop for one.
+	backfilling sync.Mutex
+	backfillDue chan struct{}
 }
 
 // New returns a Crawler.
@@ -121,7 +125,7 @@ func New(client *platform.Client, st *store.Store, cfg Config) *Crawler {
 	c := &Crawler{client: client, store: st, cfg: cfg, log: cfg.Logger, histories: semaphore.NewWeighted(int64(readers)),
 		committing: semaphore.NewWeighted(int64(8 * cfg.Concurrency)),
 		pending:    newRecordGate(maxPendingRecords),
-		paths:      newPaths(cfg.Group, client), failed: newFailures(st, cfg.Now)}
+		paths:      newPaths(cfg.Group, client), failed: newFailures(st, cfg.Now), backfillDue: make(chan struct{}, 1)}
 	c.commits = newHistoryCommitter(st, &c.reading)
 	return c
 }
@@ -146,18 +150,29 @@ func (c *Crawler) AdvisoriesListedSince(t time.Time) bool {
 }
 
 // Sync runs one incremental crawl: repos, their tags, and the history of
-// the tags that changed. It records the run in crawl_runs.
+// the tags that changed. It records the run in crawl_runs. Then it reads
+// what the backfill holds (see Backfill), so that the mirror holds every
+// history when it returns.
 func (c *Crawler) Sync(ctx context.Context) (Summary, error) {
-	return c.recordRun(ctx, JobCrawl, func(s *summary) error { return c.crawl(ctx, s, false) })
+	return c.recordRun(ctx, JobCrawl, func(s *summary) error { return c.crawl(ctx, s, false, true) })
+}
+
+// sync is Sync without the backfill: the scheduled crawl's, whose backfill
+// runs beside the schedule (see Run).
+func (c *Crawler) sync(ctx context.Context) (Summary, error) {
+	return c.recordRun(ctx, JobCrawl, func(s *summary) error { return c.crawl(ctx, s, false, false) })
 }
 
 // Sweep lists everything, like Sync, and also records deletions: a repo or
 // tag the mirror holds that a finished listing did not show, and for which
-// a Get answered 404. A listing that failed deletes nothing.
+// a Get answered 404. A listing that failed deletes nothing. Like Sync, it
+// reads what the backfill holds before it returns.
 func (c *Crawler) Sweep(ctx context.Context) (Summary, error) {
-	return c.recordRun(ctx, JobSweep, func(s *summary) error {
-		return c.crawl(ctx, s, true)
-	})
+	return c.recordRun(ctx, JobSweep, func(s *summary) error { return c.crawl(ctx, s, true, true) })
+}
+
+func (c *Crawler) sweep(ctx context.Context) (Summary, error) {
+	return c.recordRun(ctx, JobSweep, func(s *summary) error { return c.crawl(ctx, s, true, false) })
 }
 
 // SyncAdvisories lists the advisories into the store.
@@ -169,6 +184,12 @@ func (c *Crawler) SyncAdvisories(ctx context.Context) (Summary, error) {
 func (c *Crawler) recordRun(ctx context.Context, job string, fn func(*summary) error) (Summary, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.runRecorded(ctx, job, fn)
+}
+
+// runRecorded runs one job and records it in crawl_runs, without the crawl
+// lock: the backfill beside the schedule holds its own.
+func (c *Crawler) runRecorded(ctx context.Context, job string, fn func(*summary) error) (Summary, error) {
 	start := c.cfg.Now()
 	req0 := c.client.Requests()
 	run, err := c.store.StartRun(ctx, job)
@@ -206,6 +227,9 @@ type summary struct {
 	failures, reposRead, reposFailed, historiesFailed atomic.Int64
 	historyQueued                                     atomic.Int64
 	firstFailure                                      atomic.Pointer[error]
+	// listOnly: the crawl lists and reads no history, as the baseline
+	// crawl does; the backfill reads the histories after it.
+	listOnly bool
 }
 
 // fail counts a failed scope and keeps the first error.
@@ -220,7 +244,9 @@ func (s *summary) snapshot() Summary {
 		Failures: s.failures.Load()}
 }
 
-func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
+// crawl is one crawl; with backfill it then reads what the backfill holds,
+// in the same run (Sync and Sweep), rather than leaving it to Run's loop.
+func (c *Crawler) crawl(ctx context.Context, s *summary, sweep, backfill bool) error {
 	baseline, err := c.store.InBaseline(ctx)
 	if err != nil {
 		return err
@@ -231,6 +257,10 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 		if err := c.store.DeferIndexes(ctx); err != nil {
 			return err
 		}
+		// The baseline is the listings alone: the current state of every
+		// repo, tag and advisory. The histories are the backfill's, once
+		// the mirror serves that state.
+		s.listOnly = true
 	}
 	if err := c.failed.load(ctx); err != nil {
 		return err
@@ -286,10 +316,19 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep bool) error {
 		return err
 	}
 	if baseline {
-		c.log.Info("baseline crawl complete: from now on every change is an event")
-		return c.store.EndBaseline(ctx)
+		c.log.Info("baseline listings complete: the mirror holds the current state, and from now on every change is an event; the histories follow in the backfill")
+		if err := c.store.EndBaseline(ctx); err != nil {
+			return err
+		}
 	}
-	return nil
+	if !backfill {
+		return nil
+	}
+	s.listOnly = false
+	if err := c.backfillPass(ctx, s); err != nil {
+		return err
+	}
+	return s.allFailed()
 }
 
 // crawlTags lists the organization's tags and reads the histories that
@@ -618,6 +657,9 @@ func (c *Crawler) listTags(ctx context.Context, repo store.Repo, seen map[string
 			}
 			s.tags.Add(int64(len(page)))
 			s.events.Add(int64(n))
+			if s.listOnly {
+				continue
+			}
 			for _, ref := range need {
 				if err := c.histories.Acquire(gctx, 1); err != nil {
 					return err

@@ -136,16 +136,21 @@ func TestCrawl_FailingReposFailAlone(t *testing.T) {
 
 // TestCrawl_EveryHistoryFailing fails the crawl rather than calling it
 // partial: when no history read succeeds, the credential or the registry is
-// at fault, not one repo, and the baseline must not end.
+// at fault, not one repo. The listings, which do not use the registry, end
+// the baseline (the current state); the histories stay in the backfill.
 func TestCrawl_EveryHistoryFailing(t *testing.T) {
 	h := newHarness(t, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2})
 	h.sim.AddFaults(platformsim.Fault{Name: "down", Path: "/v2/*", Status: 403})
-	_, err := h.crawler.Sync(context.Background())
+	ctx := context.Background()
+	_, err := h.crawler.Sync(ctx)
 	if err == nil {
 		t.Fatal("a crawl whose every history read failed succeeded")
 	}
-	if n := h.count(t, `SELECT count(*) FROM meta WHERE key = 'baseline_time'`); n != 0 {
-		t.Errorf("the baseline ended although no history was read")
+	if ready, err := h.store.HistoryReady(ctx); err != nil || ready {
+		t.Errorf("history ready = %v (%v) although no history was read", ready, err)
+	}
+	if left, err := h.store.BackfillRemaining(ctx); err != nil || left != 4 {
+		t.Errorf("backfill left = %d (%v), want the 4 tags", left, err)
 	}
 	if n := h.count(t, `SELECT count(*) FROM crawl_runs WHERE outcome = 'failed'`); n != 1 {
 		t.Errorf("the run is not recorded as failed")

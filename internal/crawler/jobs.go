@@ -21,6 +21,9 @@ const (
 	JobAdvisories    = "advisories"
 	JobSubscriptions = "subscriptions"
 	JobPrune         = "prune"
+	// JobBackfill is a pass of the backfill of the tags' histories that
+	// runs beside the schedule (Run), recorded like the jobs.
+	JobBackfill = "backfill"
 )
 
 // Job is scheduled work.
@@ -123,15 +126,26 @@ func (c *Crawler) Run(ctx context.Context, extra ...Job) error {
 		jobs = append(jobs, c.observed(j))
 	}
 	jobs = append(jobs, c.jobs(c.cfg.Now())...)
-	return Scheduler{Jitter: c.cfg.Jitter, Logger: c.log}.Run(ctx, jobs...)
+	// The backfill runs beside the schedule, not in the crawl's job: the
+	// crawls go on while it reads, and mark the tags they see move.
+	ctx, stop := context.WithCancel(ctx)
+	backfill := make(chan struct{})
+	go func() {
+		defer close(backfill)
+		c.backfillLoop(ctx)
+	}()
+	err := Scheduler{Jitter: c.cfg.Jitter, Logger: c.log}.Run(ctx, jobs...)
+	stop()
+	<-backfill
+	return err
 }
 
 // jobs are the crawler's own jobs, for a start at started.
 func (c *Crawler) jobs(started time.Time) []Job {
 	advisories := func(ctx context.Context) error { _, err := c.SyncAdvisories(ctx); return err }
 	return []Job{
-		{Name: JobCrawl, Schedule: c.cfg.Schedule, Run: func(ctx context.Context) error { _, err := c.Sync(ctx); return err }},
-		{Name: JobSweep, Schedule: c.cfg.SweepSchedule, NoStartRun: true, Run: func(ctx context.Context) error { _, err := c.Sweep(ctx); return err }},
+		{Name: JobCrawl, Schedule: c.cfg.Schedule, Run: c.thenBackfill(c.sync)},
+		{Name: JobSweep, Schedule: c.cfg.SweepSchedule, NoStartRun: true, Run: c.thenBackfill(c.sweep)},
 		{Name: JobAdvisories, Schedule: c.cfg.AdvisoriesSchedule, Run: advisories, AtStart: func(ctx context.Context) error {
 			if !c.AdvisoriesListedSince(started) {
 				return advisories(ctx)
@@ -142,6 +156,17 @@ func (c *Crawler) jobs(started time.Time) []Job {
 			_, err := c.recordRun(ctx, JobAdvisories, func(*summary) error { return nil })
 			return err
 		}},
+	}
+}
+
+// thenBackfill runs crawl and then asks the backfill loop for a pass: the
+// first crawl's listings fill the backfill, and a pass that ended with
+// reads failed goes on after a later crawl.
+func (c *Crawler) thenBackfill(crawl func(context.Context) (Summary, error)) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := crawl(ctx)
+		c.backfillSoon()
+		return err
 	}
 }
 

@@ -81,6 +81,17 @@ func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
 	if err != nil {
 		return err
 	}
+	// A pushed tag the backfill has yet to read is read now: the push says
+	// it moved, and its moves are news waiting on the read.
+	uids := make([]string, len(tags))
+	for i, t := range tags {
+		uids[i] = t.UID
+	}
+	pending, err := c.store.BackfillRefs(ctx, uids)
+	if err != nil {
+		return err
+	}
+	need = append(need, pending...)
 	s := &summary{}
 	for _, ref := range need {
 		if err := c.syncHistory(ctx, ref, s, func() {}); err != nil {

@@ -139,6 +139,9 @@ func (c *Crawler) applyTagPage(ctx context.Context, l *tagListing, page []platfo
 			return err
 		}
 		s.events.Add(int64(n))
+		if s.listOnly {
+			continue
+		}
 		for _, ref := range need {
 			select {
 			case refs <- ref:

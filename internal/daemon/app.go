@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -76,10 +77,21 @@ type App struct {
 	Snapshots *cluster.Snapshotter
 	// Auditor audits the stream against the mirror, as the leader.
 	Auditor *publish.Auditor
+	// Maturity keeps the tags' matured digests, as the leader; nil when
+	// [maturity] after is empty.
+	Maturity *cluster.Maturity
 	// Position is the stream sequence the mirror has applied, for the
 	// query service.
 	Position *query.Position
-	version  string
+	// Fence fences the leader's writes by lease term; nil in single mode,
+	// which is unfenced (one process writes, by the mirror's lock).
+	Fence *publish.Fence
+	// stepDown is what a fenced write calls: the lease's StepDown.
+	stepDown atomic.Pointer[func()]
+	// Trust signs what the relay publishes and checks what a standby
+	// follows.
+	Trust   *Trust
+	version string
 }
 
 // Options are what a command chooses about an App beyond the config.
@@ -101,6 +113,10 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	if a.Jobs, err = ParseSchedules(cfg.Crawl); err != nil {
 		return nil, err
 	}
+	if a.Trust, err = LoadTrust(cfg, log); err != nil {
+		return nil, err
+	}
+	a.Trust.countTo(a.Metrics)
 	if cfg.Events.SinkURL == "" {
 		delete(a.Jobs, crawler.JobSubscriptions)
 	}
@@ -119,8 +135,19 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		a.Close()
 		return nil, err
 	}
+	if cfg.Cluster.Enabled {
+		if a.Fence, err = a.newFence(ctx, pcfg, log); err != nil {
+			a.Close()
+			return nil, err
+		}
+	}
+	a.Metrics.CounterFunc("syncd_fenced_writes_total", "Writes of this replica that JetStream refused because another replica's lease term began after its own.",
+		nil, func() float64 { return float64(a.Fence.Refused()) })
 	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), opts.Published)),
-		publish.WithCheckpoints(a.Store, cfg.Verify.CheckpointEvery.Duration, cfg.Cluster.NodeID)}
+		publish.WithCheckpoints(a.Store, cfg.Verify.CheckpointEvery.Duration, cfg.Cluster.NodeID), publish.WithFence(a.Fence)}
+	if a.Trust.Signer != nil {
+		relayOpts = append(relayOpts, publish.WithSigner(a.Trust.Signer))
+	}
 	if cfg.KV.Enabled {
 		kv, err := publish.OpenKV(ctx, a.NATS.JS, kvConfig(cfg, log), a.Store)
 		if err != nil {
@@ -132,21 +159,57 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	a.Relay = publish.NewRelay(a.NATS.JS, a.Store, pcfg, relayOpts...)
 	a.Auditor = publish.NewAuditor(a.NATS.JS, a.Store, a.Relay.Message, publish.AuditConfig{Stream: cfg.NATS.Stream,
 		SubjectPrefix: cfg.NATS.SubjectPrefix, Every: cfg.Verify.AuditEvery.Duration, Logger: log.With("part", "audit"),
-		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }})
+		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }, Fence: a.Fence, MsgID: a.Relay.MsgID})
 	a.Crawler = newCrawler(cfg, a.Client, a.Store, a.Jobs, a.observeRun, log)
 	a.Receiver = newReceiver(cfg, a.Crawler, a.Store, log)
 	a.Registrar = NewRegistrar(cfg, a.Client, a.Store, log)
+	if ages, _ := cfg.Maturity.Ages(); len(ages) > 0 { // validated with the config
+		a.Maturity = &cluster.Maturity{Store: a.Store, Ages: ages, Logger: log.With("part", "maturity")}
+	}
 	if sc := cfg.Snapshot; sc.Enabled {
 		a.Snapshots = cluster.NewSnapshotter(a.NATS.JS, a.Store, cluster.SnapshotConfig{Bucket: sc.Bucket, Replicas: cfg.NATS.Replicas,
-			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot")})
+			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot"),
+			Fence: a.Fence, Signer: a.Trust.Signer})
 	}
 	return a, nil
+}
+
+// newFence returns the fence of a cluster replica's writes, or nil, with a
+// warning, when the stream or the KV buckets are replicated, where
+// JetStream cannot fence pipelined writes (publish.FenceSupported).
+func (a *App) newFence(ctx context.Context, pcfg publish.Config, log *slog.Logger) (*publish.Fence, error) {
+	s, err := a.NATS.JS.Stream(ctx, pcfg.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", pcfg.Stream, err)
+	}
+	replicas := []int{s.CachedInfo().Config.Replicas}
+	if a.Config.KV.Enabled {
+		replicas = append(replicas, a.Config.BucketReplicas())
+	}
+	if !publish.FenceSupported(replicas...) {
+		log.Warn("leader writes are not fenced: the stream or the KV buckets are replicated, where JetStream refuses concurrent writes conditional on one subject (docs/cluster.md, \"Fencing\")",
+			"stream_replicas", replicas[0])
+		return nil, nil
+	}
+	return publish.NewFence(a.NATS.JS, publish.FenceConfig{Node: a.Config.Cluster.Node(), Format: pcfg.Format(),
+		OnFenced: a.fenced, Logger: log.With("part", "fence")}), nil
+}
+
+// fenced steps the replica down after JetStream refused one of its writes.
+func (a *App) fenced() {
+	if fn := a.stepDown.Load(); fn != nil {
+		(*fn)()
+	}
 }
 
 // kvConfig is the publish.KVConfig of [kv].
 func kvConfig(cfg config.Config, log *slog.Logger) publish.KVConfig {
 	k := cfg.KV
-	return publish.KVConfig{Tags: k.Tags, Repos: k.Repos, Advisories: k.Advisories, History: k.History,
+	var matured string
+	if len(cfg.Maturity.After) > 0 {
+		matured = k.Matured
+	}
+	return publish.KVConfig{Tags: k.Tags, Repos: k.Repos, Advisories: k.Advisories, Matured: matured, History: k.History,
 		Replicas: cfg.BucketReplicas(), CheckOnly: !cfg.NATS.ManageStream, ReconcileInterval: k.ReconcileInterval.Duration,
 		Logger: log.With("part", "kv")}
 }
@@ -264,12 +327,15 @@ func NewRegistrar(cfg config.Config, client *platform.Client, st *store.Store, l
 		Sink: cfg.Events.SinkURL, Logger: log.With("part", "events")}
 }
 
-// NewFollower follows the stream into st, recording its lag there and
-// advancing pos; restore says when it starts from a snapshot.
-func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position, log *slog.Logger) *cluster.Follower {
+// NewFollower follows the stream into st, recording its lag there,
+// advancing pos, counting in m what it sets aside and applying only what
+// tr verifies; restore says when it starts from a snapshot.
+func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position,
+	m *admin.Metrics, tr *Trust, log *slog.Logger) *cluster.Follower {
 	var f *cluster.Follower
 	f = cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
 		Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow"),
-		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path), OnBatch: followAt(pos, &f)})
+		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path), OnBatch: followAt(pos, &f),
+		OnReject: m.MessageRejected, Verifier: tr.Verifier, OnRejected: tr.rejected})
 	return f
 }

@@ -82,10 +82,12 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 			t.Errorf("leader: %v", err)
 		}
 	})
-	testutil.WaitFor(t, 30*time.Second, "the baseline to end and be published", func() bool {
-		v, _ := app.Store.Meta(ctx, "baseline_time")
+	// The first sync, its backfill of the histories included: the audit is
+	// tested on the changes after it.
+	testutil.WaitFor(t, 30*time.Second, "the first sync to end and be published", func() bool {
+		ready, _ := app.Store.HistoryReady(ctx)
 		n, _, _ := app.Store.UnpublishedCount(ctx)
-		return v != "" && n == 0
+		return ready && n == 0
 	})
 
 	// The data changes; messages go missing from the stream meanwhile.

@@ -28,6 +28,11 @@ type Follower struct {
 	// Position is the stream sequence the mirror has applied, for the
 	// query service.
 	Position *query.Position
+	// Metrics is what AdminHandler serves; the follower counts in it
+	// what it sets aside.
+	Metrics *admin.Metrics
+	// Trust is whose signatures the follower accepts.
+	Trust *Trust
 }
 
 // OpenFollower opens the mirror and the connection to the leader's NATS
@@ -36,9 +41,12 @@ type Follower struct {
 // created it, so a missing stream is waited for (the follower's Run
 // retries); one that exists and does not carry the events is a mistake to
 // fix.
-func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.RestoreMode, log *slog.Logger) (*Follower, error) {
-	f := &Follower{Config: cfg, Log: log, Position: query.NewPosition()}
+func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.RestoreMode, version string, log *slog.Logger) (*Follower, error) {
+	f := &Follower{Config: cfg, Log: log, Position: query.NewPosition(), Metrics: admin.NewMetrics(version)}
 	var err error
+	if f.Trust, err = LoadTrust(cfg, log); err != nil {
+		return nil, err
+	}
 	if f.Store, err = OpenStore(ctx, cfg, log, store.Options{}); err != nil {
 		return nil, err
 	}
@@ -58,14 +66,15 @@ func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.Restor
 		f.Close()
 		return nil, err
 	}
-	f.Follower = NewFollower(f.NATS, f.Store, cfg, restore, f.Position, log)
+	f.Follower = NewFollower(f.NATS, f.Store, cfg, restore, f.Position, f.Metrics, f.Trust, log)
+	f.Trust.countTo(f.Metrics)
 	return f, nil
 }
 
 // AdminHandler serves the follower's metrics (lag, NATS) and readiness
 // (the mirror, the stream, NATS).
-func (f *Follower) AdminHandler(version string) http.Handler {
-	m := admin.NewMetrics(version)
+func (f *Follower) AdminHandler() http.Handler {
+	m := f.Metrics
 	m.WatchLag(f.Follower.Lag)
 	m.WatchVerification(f.Follower)
 	m.WatchNATS(f.NATS.NC)

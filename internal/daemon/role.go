@@ -20,7 +20,7 @@ func (a *App) extraJobs() []crawler.Job {
 }
 
 // duties are the leader's: the crawler's jobs, the receiver's queue, the
-// snapshots, the stream audit and the relay, shut down within grace; drain
+// snapshots, the stream audit, the matured digests and the relay, shut down within grace; drain
 // as in cluster.Duties.
 func (a *App) duties(grace time.Duration, drain func() bool) *cluster.Duties {
 	jobs := a.extraJobs()
@@ -33,6 +33,9 @@ func (a *App) duties(grace time.Duration, drain func() bool) *cluster.Duties {
 	}
 	if a.Auditor != nil {
 		work = append(work, a.Auditor.Run)
+	}
+	if a.Maturity != nil {
+		work = append(work, a.Maturity.Run)
 	}
 	return &cluster.Duties{Work: work, Relay: a.Relay, Outbox: a.Store, Grace: grace, Drain: drain, Logger: a.Log}
 }
@@ -76,8 +79,15 @@ func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
 	if err != nil {
 		return Role{}, err
 	}
-	rep := &cluster.Replica{Lease: lease, Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Position, a.Log),
-		Promote: a.Crawler.ResolveFollowed, Lead: a.duties(grace, lease.IsLeader).Run, Meta: a.Store, Logger: a.Log.With("part", "cluster")}
+	stepDown := lease.StepDown
+	a.stepDown.Store(&stepDown)
+	duties := a.duties(grace, lease.IsLeader)
+	rep := &cluster.Replica{Lease: lease, Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Position, a.Metrics, a.Trust, a.Log),
+		Promote: a.Crawler.ResolveFollowed, Mark: a.Fence.Mark, Meta: a.Store, Logger: a.Log.With("part", "cluster"),
+		Lead: func(ctx context.Context) error {
+			defer a.Fence.End() // nothing of this term is sent after it
+			return duties.Run(ctx)
+		}}
 	a.Metrics.WatchReplica(rep, cluster.RoleLeader, cluster.RoleStandby)
 	a.Metrics.WatchLag(rep.Follower.Lag)
 	a.Metrics.WatchVerification(rep.Follower)
@@ -96,7 +106,9 @@ func (a *App) AdminHandler(r Role) http.Handler {
 		m.WatchReceiver(&a.Receiver.Stats)
 	}
 	checks := []admin.Check{{Name: "database", Run: a.Store.Writable}, admin.NATSCheck(a.NATS.NC), admin.RoleCheck("publish", a.Relay, leading),
-		admin.FreshnessCheck(a.Fresh, leading), admin.BaselineCheck(a.Store, leading), admin.CredentialsCheck(a.Client, leading)}
+		admin.FreshnessCheck(a.Fresh, leading), admin.BaselineCheck(a.Store, leading), admin.CredentialsCheck(a.Client, leading),
+		admin.HistoryCheck(a.Store, a.Config.Crawl.RequestsPerSecond, leading)}
+	m.WatchBackfill(a.Store, a.Config.Crawl.RequestsPerSecond)
 	if r.Follower != nil {
 		checks = append(checks, admin.RoleCheck("stream", r.Follower, func() bool { return !leading() }))
 	}

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -13,6 +14,10 @@ import (
 // resulting event published. It returns the sweep's summary and how long
 // publishing took.
 func (a *App) SyncOnce(ctx context.Context) (crawler.Summary, time.Duration, error) {
+	if a.Fence != nil {
+		// No lease term: every write would be refused, after the crawl.
+		return crawler.Summary{}, 0, errors.New(`"sync --once" does not write in cluster mode ([cluster] enabled): only the lease holder's "syncd run" writes, fenced by its lease term (docs/cluster.md, "Fencing")`)
+	}
 	sum, err := a.Crawler.Sweep(ctx)
 	if err != nil {
 		return sum, 0, fmt.Errorf("crawl: %w", err)

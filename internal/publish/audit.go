@@ -62,6 +62,13 @@ type AuditConfig struct {
 	// OnRepaired, when set, is called for every event the stream lacked
 	// that was published again.
 	OnRepaired func(store.Event)
+	// Fence, when set, stamps every re-publish with the lease term
+	// (fence.go). The deletions that move later events behind a repaired
+	// one cannot carry it: JetStream's delete request takes no condition.
+	Fence *Fence
+	// MsgID is the Nats-Msg-Id an event id is published under (see
+	// signing.Signer.MsgID); nil: the event id itself.
+	MsgID func(eventID string) string
 }
 
 // AuditReport is what an audit did.
@@ -371,8 +378,13 @@ func (au *audit) repairResource(ctx context.Context, tail []store.AuditEvent, fo
 				return 0, fmt.Errorf("audit: move %s %s (stream seq %d) behind the repaired events of %s: %w", e.Type, e.ID, pos.seq, e.Subject, err)
 			}
 		}
-		ack, err := a.js.PublishMsg(ctx, a.message(e.Event), jetstream.WithExpectStream(a.cfg.Stream))
+		m := a.message(e.Event)
+		if err := a.cfg.Fence.StampEvent(m); err != nil {
+			return 0, fmt.Errorf("audit: publish %s %s again: %w", e.Type, e.ID, err)
+		}
+		ack, err := a.js.PublishMsg(ctx, m, jetstream.WithExpectStream(a.cfg.Stream))
 		if err != nil {
+			a.cfg.Fence.Check(err)
 			return 0, fmt.Errorf("audit: publish %s %s again: %w", e.Type, e.ID, err)
 		}
 		if ack.Duplicate {
@@ -425,6 +437,14 @@ func (au *audit) behindCopies(ctx context.Context, last store.AuditEvent, lastCo
 	return nil
 }
 
+// msgID is the Nats-Msg-Id of the event whose id is id.
+func (a *Auditor) msgID(id string) string {
+	if a.cfg.MsgID == nil {
+		return id
+	}
+	return a.cfg.MsgID(id)
+}
+
 // streamPos is where the stream holds a message; the zero value: nowhere.
 type streamPos struct{ seq uint64 }
 
@@ -451,7 +471,8 @@ const scanBatch = 1000
 // scan reads the stream's messages on the syncd subjects from start up to
 // sequence until (or its end, or until it found all of want), headers
 // only, through an ephemeral consumer, batch by batch, and returns where
-// it found those whose Nats-Msg-Id is in want. A message the read skipped (a lost fetch) fails
+// it found the events of want (by the Nats-Msg-Id each is published under).
+// A message the read skipped (a lost fetch) fails
 // it: the audit must never take a message for missing that it did not
 // read.
 func (au *audit) scan(ctx context.Context, start scanStart, until uint64, want map[string]bool) (map[string]streamPos, error) {
@@ -477,6 +498,11 @@ func (au *audit) scan(ctx context.Context, start scanStart, until uint64, want m
 		}
 	}()
 	found := make(map[string]streamPos)
+	// The stream names messages by Nats-Msg-Id, the audit by event id.
+	byMsgID := make(map[string]string, len(want))
+	for id := range want {
+		byMsgID[a.msgID(id)] = id
+	}
 	if cons.CachedInfo().NumPending == 0 {
 		return found, nil
 	}
@@ -499,7 +525,7 @@ func (au *audit) scan(ctx context.Context, start scanStart, until uint64, want m
 					a.cfg.Stream, next, md.Sequence.Consumer)
 			}
 			next++
-			if id := m.Headers().Get(jetstream.MsgIDHeader); want[id] {
+			if id, ok := byMsgID[m.Headers().Get(jetstream.MsgIDHeader)]; ok && want[id] {
 				found[id] = streamPos{md.Sequence.Stream}
 			}
 			// Once all it looks for is found, the rest need not be read:

@@ -8,9 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
@@ -26,7 +29,7 @@ type auditWorld struct {
 	repaired atomic.Int64
 }
 
-func newAuditWorld(t *testing.T, window time.Duration) *auditWorld {
+func newAuditWorld(t *testing.T, window time.Duration, opts ...publish.RelayOption) *auditWorld {
 	t.Helper()
 	srv := startServer(t, nil)
 	w := &auditWorld{log: &logBuffer{}}
@@ -35,14 +38,14 @@ func newAuditWorld(t *testing.T, window time.Duration) *auditWorld {
 	w.conn = mustConnect(t, cfg)
 	w.st = mustOpenStore(t)
 	w.p = newProducer(t, w.st)
-	w.relay = publish.NewRelay(w.conn.JS, w.st, cfg)
+	w.relay = publish.NewRelay(w.conn.JS, w.st, cfg, opts...)
 	return w
 }
 
 // auditor returns an auditor of the world's stream with the clock now.
 func (w *auditWorld) auditor(now func() time.Time) *publish.Auditor {
 	return publish.NewAuditor(w.conn.JS, w.st, w.relay.Message, publish.AuditConfig{Stream: testStream, SubjectPrefix: testPrefix,
-		Every: time.Hour, Now: now, Batch: 7, Logger: w.log.logger(), OnRepaired: func(store.Event) { w.repaired.Add(1) }})
+		Every: time.Hour, Now: now, Batch: 7, Logger: w.log.logger(), OnRepaired: func(store.Event) { w.repaired.Add(1) }, MsgID: w.relay.MsgID})
 }
 
 // flush publishes the outbox.
@@ -212,5 +215,66 @@ func TestAuditor_LeavesWhatTheStreamDropped(t *testing.T) {
 	}
 	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 2 {
 		t.Errorf("stream holds %v messages (%v), want the 2 kept", info.State.Msgs, err)
+	}
+}
+
+// TestAuditor_SignedEvents: with a signing key, events go out under a
+// Nats-Msg-Id that is not their id; the audit still finds every one on the
+// stream (nothing published again), and one lost from the stream it
+// publishes again signed, under the same Nats-Msg-Id, verifiable with the
+// key.
+func TestAuditor_SignedEvents(t *testing.T) {
+	ctx := context.Background()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	key, err := signing.ParseSigner(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := signing.NewVerifier([]string{key.PublicKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newAuditWorld(t, time.Second, publish.WithSigner(key))
+	w.p.addRepos(ctx, "signed", 3, 0)
+	w.flush(t)
+	stored := storedEvents(t, w.st)
+	got := consumeAll(t, w.conn.JS, len(stored))
+	for _, m := range got {
+		if id := first(m.Header, jetstream.MsgIDHeader); !strings.Contains(id, ".") {
+			t.Fatalf("Nats-Msg-Id %q is the event id", id)
+		}
+	}
+	// Past every window: everything is due, and everything is there.
+	later := func() time.Time { return time.Now().Add(3 * time.Minute) }
+	rep, err := w.auditor(later).Audit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Checked != len(stored) || rep.Repaired+rep.Reordered+rep.Deferred+rep.Duplicates != 0 {
+		t.Fatalf("audit of a whole signed stream = %+v, want %d checked and nothing published", rep, len(stored))
+	}
+
+	w.p.addRepos(ctx, "lost", 1, 0)
+	w.flush(t)
+	stored = storedEvents(t, w.st)
+	w.deleteMsgs(t, uint64(len(stored)))
+	au := w.auditor(time.Now)
+	testutil.WaitFor(t, 20*time.Second, "an audit to publish the lost event again", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return w.repaired.Load() >= 1
+	})
+	got = consumeAll(t, w.conn.JS, len(stored))
+	last := got[len(got)-1]
+	if err := v.Verify(last.Subject, nats.Header(last.Header), last.Data); err != nil {
+		t.Errorf("the re-published event: %v", err)
+	}
+	if id, want := first(last.Header, jetstream.MsgIDHeader), key.MsgID(stored[len(stored)-1].ID); id != want {
+		t.Errorf("re-published under Nats-Msg-Id %q, want %q", id, want)
 	}
 }

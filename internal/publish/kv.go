@@ -42,6 +42,9 @@ type KVConfig struct {
 	Tags       string // bucket of tags: <repo path>.<tag>
 	Repos      string // bucket of repos: <repo path>
 	Advisories string // bucket of advisories: <advisory id>
+	// Matured is the bucket of matured digests, <repo path>.<tag>.<age>;
+	// empty: none (maturity is off).
+	Matured string
 	// History is how many values the buckets keep per key (1 to 64).
 	History int
 	// Replicas of each bucket's stream; 0 means 1.
@@ -91,14 +94,20 @@ type KVSource interface {
 	PublishedState(ctx context.Context, fn func(store.PublishedResource) error) error
 	LatestEventIDs(ctx context.Context, subjects []string) (map[string]string, error)
 	KVEpoch(ctx context.Context) (string, error)
+	MaturedDigests(ctx context.Context, fn func(store.MaturedTag) error) error
 }
 
 // KV writes the state buckets.
 type KV struct {
-	buckets map[string]jetstream.KeyValue // by kind: tag, repo, advisory
+	buckets map[string]jetstream.KeyValue // by kind: tag, repo, advisory, matured
 	// prefix is the subject prefix of a bucket's keys, by kind, as the
 	// client's Put builds it: $KV.<bucket>.
 	prefix map[string]string
+	// local is the subject prefix of a bucket's keys, by kind, in the
+	// stream that stores them: prefix without another domain's API prefix.
+	local map[string]string
+	// fence, when set, stamps every write with the lease term (fence.go).
+	fence *Fence
 	// pub sends the writes; a JetStream context of its own, so that its
 	// pending writes never count against the relay's publishes.
 	pub      jetstream.JetStream
@@ -129,7 +138,7 @@ type ReconcileStats struct {
 // cfg.CheckOnly) and returns their writer, which reconciles them at its
 // first use.
 func OpenKV(ctx context.Context, js jetstream.JetStream, cfg KVConfig, source KVSource) (*KV, error) {
-	k := &KV{buckets: map[string]jetstream.KeyValue{}, prefix: map[string]string{}, source: source, cfg: cfg, log: cfg.Logger,
+	k := &KV{buckets: map[string]jetstream.KeyValue{}, prefix: map[string]string{}, local: map[string]string{}, source: source, cfg: cfg, log: cfg.Logger,
 		inFlight: cfg.InFlight, queue: cfg.Queue, queueWait: kvQueueWait}
 	k.dirty.Store(true)
 	if k.log == nil {
@@ -150,7 +159,11 @@ func OpenKV(ctx context.Context, js jetstream.JetStream, cfg KVConfig, source KV
 		{"tag", cfg.Tags, "tags: <repo path>.<tag>"},
 		{"repo", cfg.Repos, "repos: <repo path>"},
 		{"advisory", cfg.Advisories, "advisories: <advisory id>"},
+		{"matured", cfg.Matured, "matured digests: <repo path>.<tag>.<age>"},
 	} {
+		if b.name == "" && b.kind == "matured" {
+			continue
+		}
 		var kv jetstream.KeyValue
 		var err error
 		if cfg.CheckOnly {
@@ -165,7 +178,7 @@ func OpenKV(ctx context.Context, js jetstream.JetStream, cfg KVConfig, source KV
 			return nil, fmt.Errorf("open KV bucket %s: %w", b.name, err)
 		}
 		k.buckets[b.kind] = kv
-		if k.prefix[b.kind], err = keyPrefix(ctx, kv); err != nil {
+		if k.prefix[b.kind], k.local[b.kind], err = keyPrefix(ctx, kv); err != nil {
 			return nil, fmt.Errorf("open KV bucket %s: %w", b.name, err)
 		}
 	}
@@ -210,6 +223,29 @@ type AdvisoryValue struct {
 	EventID      string    `json:"eventId"`
 }
 
+// MaturedValue is a tag's matured digest for an age in the matured
+// bucket (docs/events.md, tag.matured).
+type MaturedValue struct {
+	Repo   string `json:"repo"` // the repo's registry path
+	Tag    string `json:"tag"`
+	UID    string `json:"uid"`
+	Age    string `json:"age"`
+	Digest string `json:"digest"`
+	// Since is when the tag moved to Digest; MaturedTime when Digest had
+	// stayed on it for Age.
+	Since       time.Time `json:"since"`
+	MaturedTime time.Time `json:"maturedTime,omitzero"`
+	// EventID is the id of the tag.matured event that set this state.
+	EventID string `json:"eventId"`
+}
+
+// maturedOp is the put of a matured digest.
+func maturedOp(d store.MaturedTag, eventID string) (kvOp, error) {
+	b, err := json.Marshal(MaturedValue{Repo: d.Repo, Tag: d.Tag, UID: d.UID, Age: d.Age, Digest: d.Digest,
+		Since: d.Since.UTC(), MaturedTime: d.MaturedTime.UTC(), EventID: eventID})
+	return kvOp{kind: "matured", key: MaturedKey(d.Repo, d.Tag, d.Age), value: b, subject: d.UID}, err
+}
+
 func tagValue(t store.Tag, path, eventID string) TagValue {
 	if path == "" {
 		path = t.Path
@@ -242,6 +278,14 @@ type kvOp struct {
 // of the "before" only its key: the writer does this for every event the
 // relay publishes.
 func opsOf(e store.Event) ([]kvOp, error) {
+	if e.Type == store.TagMatured {
+		var d store.MaturedTag
+		if err := json.Unmarshal(e.Data, &d); err != nil {
+			return nil, fmt.Errorf("decode data of %s %s: %w", e.Type, e.ID, err)
+		}
+		op, err := maturedOp(d, e.ID)
+		return []kvOp{op}, err
+	}
 	if !statefulType(e.Resource, e.Action) {
 		return nil, nil
 	}
@@ -315,7 +359,7 @@ func statefulType(resource, action string) bool {
 	case store.AdvisoryCreated, store.AdvisoryUpdated, store.AdvisoryWithdrawn:
 		return true
 	}
-	return resource == "repo" || resource == "tag"
+	return resource == "repo" || (resource == "tag" && action != "matured")
 }
 
 // keyOf returns the bucket (by kind) and key of r. A tag's path is scope
@@ -361,33 +405,46 @@ func putOp(r store.PublishedResource, scope, eventID string) (*kvOp, error) {
 
 // keyPrefix is the subject prefix of kv's keys, as the client's Put
 // builds it (kvs.putPre and kvs.pre in nats.go's jetstream/kv.go): a
-// bucket that mirrors another is written through the other's subjects.
-func keyPrefix(ctx context.Context, kv jetstream.KeyValue) (string, error) {
+// bucket that mirrors another is written through the other's subjects;
+// local is the prefix in the stream that stores them.
+func keyPrefix(ctx context.Context, kv jetstream.KeyValue) (prefix, local string, err error) {
 	st, err := kv.Status(ctx)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
 		if m := bs.StreamInfo().Config.Mirror; m != nil {
 			origin := strings.TrimPrefix(m.Name, "KV_")
+			local = "$KV." + origin + "."
 			if m.External != nil && m.External.APIPrefix != "" {
-				return m.External.APIPrefix + ".$KV." + origin + ".", nil
+				return m.External.APIPrefix + "." + local, local, nil
 			}
-			return "$KV." + origin + ".", nil
+			return local, local, nil
 		}
 	}
-	return "$KV." + kv.Bucket() + ".", nil
+	local = "$KV." + kv.Bucket() + "."
+	return local, local, nil
+}
+
+// setFence has every write of the buckets go through f, and f mark a term
+// in each of them (their key TermKey).
+func (k *KV) setFence(f *Fence) {
+	k.fence = f
+	for _, kind := range []string{"tag", "repo", "advisory"} {
+		f.Guard(k.prefix[kind]+TermKey, k.local[kind]+TermKey)
+	}
 }
 
 // message is the JetStream message of o, as the client's Put and Delete
 // send it: the value to the key's subject, or a delete marker (header
 // KV-Operation: DEL) that watchers see as a delete.
-func (k *KV) message(o kvOp) *nats.Msg {
+// It is stamped with the fence's term.
+func (k *KV) message(o kvOp) (*nats.Msg, error) {
 	m := &nats.Msg{Subject: k.prefix[o.kind] + o.key, Data: o.value}
 	if o.value == nil {
 		m.Header = nats.Header{"KV-Operation": []string{"DEL"}}
 	}
-	return m
+	return m, k.fence.Stamp(m, k.local[o.kind]+TermKey)
 }
 
 // write does ops in their order and waits for them. It returns the first
@@ -443,13 +500,21 @@ func (p *kvPipe) apply(ctx context.Context, evs []store.Event) {
 // send publishes o, after waiting for the oldest write when k.inFlight
 // are in flight; it does nothing once a write failed.
 func (p *kvPipe) send(ctx context.Context, o kvOp) {
+	if p.k.buckets[o.kind] == nil {
+		return // a tag.matured while this replica keeps no matured bucket
+	}
 	for p.err == nil && len(p.inflight) >= p.k.inFlight {
 		p.waitOldest(ctx)
 	}
 	if p.err != nil {
 		return
 	}
-	fut, err := p.k.pub.PublishMsgAsync(p.k.message(o), noRetry...)
+	m, err := p.k.message(o)
+	if err != nil {
+		p.fail(o, err)
+		return
+	}
+	fut, err := p.k.pub.PublishMsgAsync(m, noRetry...)
 	if err != nil {
 		p.fail(o, err)
 		return
@@ -497,6 +562,7 @@ func (p *kvPipe) pop(err error) {
 }
 
 func (p *kvPipe) fail(o kvOp, err error) {
+	p.k.fence.Check(err)
 	if p.err != nil {
 		return
 	}
@@ -704,6 +770,20 @@ func (k *KV) reconcile(ctx context.Context) (ReconcileStats, error) {
 	if err != nil {
 		return st, fmt.Errorf("reconcile KV buckets: %w", err)
 	}
+	// The matured digests carry the id of their event already; they are
+	// put apart from the others, whose ids are looked up.
+	var matured []kvOp
+	if k.buckets["matured"] != nil {
+		want["matured"] = map[string]kvOp{}
+		err := k.source.MaturedDigests(ctx, func(d store.MaturedTag) error {
+			op, err := maturedOp(d, d.EventID)
+			want["matured"][op.key] = op
+			return err
+		})
+		if err != nil {
+			return st, fmt.Errorf("reconcile KV buckets: %w", err)
+		}
+	}
 	var ops []kvOp
 	for kind, kv := range k.buckets {
 		have, err := bucketValues(ctx, kv)
@@ -724,8 +804,12 @@ func (k *KV) reconcile(ctx context.Context) (ReconcileStats, error) {
 	}
 	var puts []kvOp
 	var subjects []string
-	for _, byKey := range want {
+	for kind, byKey := range want {
 		for _, op := range byKey {
+			if kind == "matured" {
+				matured = append(matured, op)
+				continue
+			}
 			puts = append(puts, op)
 			subjects = append(subjects, op.subject)
 		}
@@ -747,7 +831,8 @@ func (k *KV) reconcile(ctx context.Context) (ReconcileStats, error) {
 		}
 		st.Put = len(puts)
 	}
-	if err := k.write(ctx, append(ops, puts...)); err != nil {
+	st.Put += len(matured)
+	if err := k.write(ctx, append(append(ops, puts...), matured...)); err != nil {
 		return st, fmt.Errorf("reconcile KV buckets: %w", err)
 	}
 	return st, nil
@@ -766,6 +851,9 @@ func bucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte
 		case e := <-w.Updates():
 			if e == nil {
 				return out, nil // the initial values are all in
+			}
+			if e.Key() == TermKey {
+				continue // the lease term's marker, no resource's state
 			}
 			out[e.Key()] = e.Value()
 		case <-ctx.Done():
@@ -832,5 +920,6 @@ func cutLastString(obj []byte, name string) ([]byte, bool) {
 	return append(append(out, obj[:i]...), '}'), true
 }
 
-// Bucket returns the bucket of kind (tag, repo or advisory).
+// Bucket returns the bucket of kind (tag, repo, advisory or matured; nil
+// when there is none).
 func (k *KV) Bucket(kind string) jetstream.KeyValue { return k.buckets[kind] }

@@ -75,6 +75,14 @@ func TagKey(repoPath, tag string) string {
 	return EscapeKeyToken(repoPath) + "." + EscapeKeyToken(tag)
 }
 
+// MaturedKey is the key of a tag's matured digest for an age in the
+// matured bucket: <repo path>.<tag>.<age>, each escaped with
+// EscapeKeyToken, so that "<repo path>.<tag>.*" watches a tag's ages and
+// "*.*.72h" one age.
+func MaturedKey(repoPath, tag, age string) string {
+	return TagKey(repoPath, tag) + "." + EscapeKeyToken(age)
+}
+
 // RepoKey is the key of a repo in the repos bucket: its escaped path.
 func RepoKey(repoPath string) string { return EscapeKeyToken(repoPath) }
 

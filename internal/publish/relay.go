@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -61,7 +62,8 @@ type Relay struct {
 	// went out: Err tells a stalled pass before it ends.
 	inFlight, progress atomic.Int64
 	// kvDropped: the last pass dropped KV writes its writer could not keep
-	// up with, so the next pass, which reconciles the buckets, is due now.
+	// up with, or skipped those of duplicates, so the next pass, which
+	// reconciles the buckets, is due now.
 	kvDropped bool
 	// cp, when set, is where checkpoints are read from (see checkpoint.go):
 	// one is due every cpEvery, and at once after RequestCheckpoint.
@@ -75,6 +77,11 @@ type Relay struct {
 	// waits for the next one due.
 	cpSent     string
 	cpSentTime time.Time
+	// fence, when set, stamps every write with the lease term (fence.go).
+	fence *Fence
+	// signer, when set, signs every message the relay publishes and
+	// derives its Nats-Msg-Id (see internal/signing).
+	signer *signing.Signer
 }
 
 // StreamPosition is a mirror that records the stream sequence it reflects
@@ -149,6 +156,15 @@ func WithOnPublished(fn func(store.Event)) RelayOption {
 // buckets with the mirror when it starts and whenever they may lag.
 func WithKV(k *KV) RelayOption { return func(r *Relay) { r.kv = k } }
 
+// WithFence has every write of the relay (events, checkpoints, and the KV
+// buckets' puts and deletes) go through f: once another replica's lease
+// term began, the server refuses them.
+func WithFence(f *Fence) RelayOption { return func(r *Relay) { r.fence = f } }
+
+// WithSigner has the relay sign every event and checkpoint it publishes
+// with s, under a Nats-Msg-Id derived with s (signing.Signer.Seal).
+func WithSigner(s *signing.Signer) RelayOption { return func(r *Relay) { r.signer = s } }
+
 // NewRelay returns a relay from outbox to js.
 func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOption) *Relay {
 	log := cfg.Logger
@@ -161,11 +177,32 @@ func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOp
 		o(r)
 	}
 	r.batch = min(r.batch, r.maxInFlight)
+	if r.kv != nil {
+		r.kv.setFence(r.fence)
+	}
 	return r
 }
 
-// Message encodes e as the JetStream message the relay publishes.
-func (r *Relay) Message(e store.Event) *nats.Msg { return r.format.Message(e) }
+// Message encodes e as the JetStream message the relay publishes: signed,
+// under a Nats-Msg-Id derived from its id, when the relay has a signer.
+func (r *Relay) Message(e store.Event) *nats.Msg { return r.seal(r.format.Message(e)) }
+
+// seal signs m when the relay has a signer.
+func (r *Relay) seal(m *nats.Msg) *nats.Msg {
+	if r.signer == nil {
+		return m
+	}
+	return r.signer.Seal(m)
+}
+
+// MsgID is the Nats-Msg-Id the relay publishes the event whose id is id
+// under, for the stream audit.
+func (r *Relay) MsgID(id string) string {
+	if r.signer == nil {
+		return id
+	}
+	return r.signer.MsgID(id)
+}
 
 // Run relays until ctx is done: it drains the outbox, then waits for the
 // store to commit new events (or a minute, whichever is first). Failures
@@ -328,8 +365,10 @@ type relayPass struct {
 	stop    bool            // stop reading: publishing is failing wholesale
 	errs    []error
 	acked   []int64
-	// ackedEvs are the events of acked, for the KV buckets (nil without).
+	// ackedEvs are the events of acked, for the KV buckets (nil without),
+	// less the duplicates: dupes counts those.
 	ackedEvs []store.Event
+	dupes    int
 	total    int
 
 	marks  chan marking
@@ -474,7 +513,12 @@ func (p *relayPass) submit(e store.Event) {
 
 // publish sends e, whose resource is idle, and registers it as in flight.
 func (p *relayPass) publish(e store.Event) {
-	fut, err := p.r.js.PublishMsgAsync(p.r.Message(e))
+	m := p.r.Message(e)
+	if err := p.r.fence.StampEvent(m); err != nil {
+		p.failed(e, err)
+		return
+	}
+	fut, err := p.r.js.PublishMsgAsync(m)
 	if err != nil {
 		p.failed(e, err)
 		return
@@ -491,7 +535,17 @@ func (p *relayPass) acknowledged(e store.Event, ack *jetstream.PubAck) {
 		p.streamSeq = max(p.streamSeq, ack.Sequence)
 	}
 	p.acked = append(p.acked, e.Seq)
-	if p.r.kv != nil {
+	switch {
+	case p.r.kv == nil:
+	case ack != nil && ack.Duplicate:
+		// The stream had it already, and newer events of its resource
+		// may have followed it there: a deposed leader's outbox, published
+		// when it leads again, holds changes the other leader recorded
+		// under the same ids and moved on from. Writing its state now
+		// could put an older state over a newer one; the reconciliation
+		// after the pass writes the mirror's instead.
+		p.dupes++
+	default:
 		p.ackedEvs = append(p.ackedEvs, e)
 	}
 	p.total++
@@ -523,7 +577,7 @@ func (p *relayPass) failed(e store.Event, err error) {
 	if len(p.errs) < 3 {
 		p.errs = append(p.errs, fmt.Errorf("publish %s %s (seq %d): %w", e.Type, e.ID, e.Seq, err))
 	}
-	if wholesale(p.r.js.Conn(), err) {
+	if wholesale(p.r.js.Conn(), err) || p.r.fence.Check(err) {
 		p.stop = true
 	}
 }
@@ -591,7 +645,10 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 		if err != nil && ctx.Err() == nil {
 			markErr = errors.Join(markErr, fmt.Errorf("write the state of published events to the KV buckets: %w", err))
 		}
-		p.r.kvDropped = dropped > 0
+		if p.dupes > 0 {
+			p.r.kv.dirty.Store(true)
+		}
+		p.r.kvDropped = dropped > 0 || p.dupes > 0
 		if dropped > 0 {
 			p.r.log.Warn("KV writes fell behind the relay; dropped them, the buckets will be reconciled", "events", dropped)
 		}
@@ -676,9 +733,12 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
+	if err := r.fence.StampEvent(msg); err != nil {
+		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
+	}
 	// Published as the events are, so that whoever watches the
 	// acknowledgements (the query service's position) sees it too.
-	fut, err := r.js.PublishMsgAsync(msg)
+	fut, err := r.js.PublishMsgAsync(r.seal(msg))
 	if err != nil {
 		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
 	}
@@ -686,6 +746,7 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	select {
 	case ack = <-fut.Ok():
 	case err := <-fut.Err():
+		r.fence.Check(err)
 		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
 	case <-ctx.Done():
 		return 0, "", ctx.Err()

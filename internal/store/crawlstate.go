@@ -23,7 +23,8 @@ func (s *Store) NewestTagUpdate(ctx context.Context, group string) (time.Time, e
 // behind their listing: the walk has not read up to the tag's update time
 // and digest, because a read failed, was held back, or was cut short. A
 // listing that shows only what changed (updated_since) would not show
-// them again, so the crawl asks for them here.
+// them again, so the crawl asks for them here. The tags the backfill has
+// yet to read are its own.
 func (s *Store) PendingHistories(ctx context.Context, group string) ([]TagRef, error) {
 	tx, err := s.r.BeginTx(ctx, nil)
 	if err != nil {
@@ -31,7 +32,8 @@ func (s *Store) PendingHistories(ctx context.Context, group string) ([]TagRef, e
 	}
 	defer tx.Rollback()
 	rows, err := tx.QueryContext(ctx, `SELECT uid FROM tags WHERE uid > ? AND uid < ? AND deleted_time IS NULL
-		AND (COALESCE(history_update_time, '') != COALESCE(update_time, '') OR history_last_digest != digest)`, group+"/", group+"0")
+		AND (COALESCE(history_update_time, '') != COALESCE(update_time, '') OR history_last_digest != digest)
+		AND uid NOT IN (SELECT tag_uid FROM backfill)`, group+"/", group+"0")
 	if err != nil {
 		return nil, fmt.Errorf("pending histories: %w", err)
 	}

@@ -53,6 +53,7 @@ var digestTables = []digestTable{
 	{"advisories", []string{"uid", "advisory_id", "artifact_name", "deleted_time IS NOT NULL", "deletions"}, false},
 	{"advisory_aliases", []string{"advisory_uid", "seq", "alias"}, false},
 	{"advisory_events", []string{"advisory_uid", "seq", "uid", "type", "review_state", "fixed_version"}, false},
+	{"tag_matured", []string{"tag_uid", "age", "seq", "update_time", "digest"}, false},
 }
 
 // digestVersion names the triggers; a change of the columns is a new
@@ -246,15 +247,22 @@ func (s *Store) ensureDigest(ctx context.Context) error {
 }
 
 // createDigest drops every digest trigger, computes the sums from the
-// rows, and creates this version's triggers, in tx.
+// rows, and creates this version's triggers, in tx. Tables the file does
+// not have are left out: a mirror migrated to an older version, as the
+// snapshot check's reference of that version is (the mirror syncd opens
+// is always migrated to the last).
 func createDigest(ctx context.Context, tx *sql.Tx) error {
 	if err := dropDigestTriggers(ctx, tx); err != nil {
 		return err
 	}
-	if err := recomputeDigest(ctx, tx); err != nil {
+	tables, err := presentDigestTables(ctx, tx)
+	if err != nil {
 		return err
 	}
-	for _, t := range digestTables {
+	if err := recomputeDigest(ctx, tx, tables); err != nil {
+		return err
+	}
+	for _, t := range tables {
 		for _, q := range t.triggers() {
 			if _, err := tx.ExecContext(ctx, q); err != nil {
 				return fmt.Errorf("create the replica digest's triggers on %s: %w", t.table, err)
@@ -262,6 +270,21 @@ func createDigest(ctx context.Context, tx *sql.Tx) error {
 		}
 	}
 	return nil
+}
+
+// presentDigestTables are the digest's tables the file has.
+func presentDigestTables(ctx context.Context, tx *sql.Tx) ([]digestTable, error) {
+	var out []digestTable
+	for _, t := range digestTables {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM main.sqlite_schema WHERE type = 'table' AND name = ?`, t.table).Scan(&n); err != nil {
+			return nil, fmt.Errorf("read the schema: %w", err)
+		}
+		if n > 0 {
+			out = append(out, t)
+		}
+	}
+	return out, nil
 }
 
 // dropDigestTriggers drops the digest's triggers of any version: a bulk
@@ -286,9 +309,9 @@ func dropDigestTriggers(ctx context.Context, tx *sql.Tx) error {
 	return nil
 }
 
-// recomputeDigest sets every table's sum and count from its rows.
-func recomputeDigest(ctx context.Context, tx *sql.Tx) error {
-	for _, t := range digestTables {
+// recomputeDigest sets the sum and count of each of tables from its rows.
+func recomputeDigest(ctx context.Context, tx *sql.Tx, tables []digestTable) error {
+	for _, t := range tables {
 		q := `INSERT INTO main.replica_digest (name, sum, rows) SELECT ?, COALESCE(syncd_digest_sum(` + t.hashExpr("") + `), 0), count(*) FROM main.` + t.table +
 			` WHERE true ON CONFLICT(name) DO UPDATE SET sum = excluded.sum, rows = excluded.rows`
 		if _, err := tx.ExecContext(ctx, q, t.table); err != nil {
@@ -321,13 +344,21 @@ func (d ReplicaDigest) Diff(other ReplicaDigest) string {
 		theirs[t.Table] = t
 	}
 	for _, t := range d {
-		if o, ok := theirs[t.Table]; !ok || o != t {
+		// A table the other side does not list (a syncd from before it)
+		// is as good as empty there.
+		o, ok := theirs[t.Table]
+		if !ok {
+			o = TableDigest{Table: t.Table}
+		}
+		if o != t {
 			return fmt.Sprintf("%s (%d rows here, %d there)", t.Table, t.Rows, o.Rows)
 		}
 		delete(theirs, t.Table)
 	}
-	for name := range theirs {
-		return name + " (only there)"
+	for name, o := range theirs {
+		if o.Rows != 0 || o.Sum != 0 {
+			return name + " (only there)"
+		}
 	}
 	return ""
 }

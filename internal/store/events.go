@@ -71,6 +71,10 @@ type change struct {
 	// data, when set, is the event's data instead of {"before", "after"}
 	// (an advisory's lifecycle step).
 	data any
+	// position is a tag.moved event's position in the tag's history (0:
+	// none), carried in its data so that a follower places the move
+	// without searching for it (see appendFollowedMove).
+	position int
 }
 
 // eventID is deterministic: the same change always gets the same id, so a
@@ -128,9 +132,10 @@ func (s *Store) appendEvents(ctx context.Context, tx *sql.Tx, cs []change) (int,
 	args := make([]any, 0, eventColumns*len(cs))
 	for _, c := range cs {
 		var v any = struct {
-			Before any `json:"before"`
-			After  any `json:"after"`
-		}{c.before, c.after}
+			Before   any `json:"before"`
+			After    any `json:"after"`
+			Position int `json:"position,omitempty"`
+		}{c.before, c.after, c.position}
 		if c.data != nil {
 			v = c.data
 		}
@@ -163,15 +168,31 @@ func (s *Store) inBaseline(ctx context.Context, tx *sql.Tx) (bool, error) {
 // the baseline, and during it only in snapshot mode.
 func (s *Store) announce(baseline bool) bool { return !baseline || s.snapshot }
 
-// EndBaseline records that the first complete crawl finished; from now on
-// every change is an event. It builds the indexes DeferIndexes dropped.
+// EndBaseline records that the first complete listing finished; from now on
+// every change is an event. It queues the history of every tag not read yet
+// for the backfill (see BackfillNext) and builds the indexes DeferIndexes
+// dropped.
 func (s *Store) EndBaseline(ctx context.Context) error {
-	err := s.sortingTx(ctx, func(tx *sql.Tx) error { return s.endBaseline(ctx, tx, FormatTime(s.now())) })
+	err := s.sortingTx(ctx, func(tx *sql.Tx) error {
+		in, err := s.inBaseline(ctx, tx)
+		if err != nil || !in {
+			return err
+		}
+		// The histories are read after the baseline, in the backfill: the
+		// mirror serves the current state meanwhile.
+		queued, err := startBackfill(ctx, tx)
+		if err != nil {
+			return err
+		}
+		return s.endBaseline(ctx, tx, FormatTime(s.now()), queued == 0)
+	})
 	if err != nil {
 		return fmt.Errorf("end baseline: %w", err)
 	}
-	// The relay reconciles the KV buckets with what the baseline found.
+	// The relay reconciles the KV buckets with what the baseline found;
+	// the tags' histories are known now, and mature.
 	s.signal()
+	s.signalHistory()
 	return nil
 }
 

@@ -18,3 +18,18 @@ func CVSS(typ, score string) (float64, string, bool) {
 	}
 	return b, rating(typ, b), true
 }
+
+// MoveCandidates is how many history positions the followers' search for
+// a move's position tried so far, in this process.
+func MoveCandidates() int64 { return moveCandidates.Load() }
+
+// MaxMoveCandidates is the most positions one search tries.
+const MaxMoveCandidates = maxMoveCandidates
+
+// SetMatureChunk sets how many tags a transaction of Mature recomputes,
+// until the test ends.
+func SetMatureChunk(t interface{ Cleanup(func()) }, n int) {
+	old := matureChunk
+	matureChunk = n
+	t.Cleanup(func() { matureChunk = old })
+}

@@ -3,12 +3,18 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // A follower builds its mirror from the event stream instead of the
@@ -29,81 +35,212 @@ type StreamEvent struct {
 	Seq uint64
 }
 
-// maxRecoverSeq bounds the search for a move's position in its tag's
-// history; histories are far shorter.
-const maxRecoverSeq = 1 << 17
-
 // ApplyStreamEvents applies events, in order, in one transaction, skipping
 // those already in the mirror, and returns how many it applied. An event it
-// cannot decode fails the whole batch, naming the event.
+// cannot decode fails the whole batch, naming the event. A follower uses
+// ApplyStream, which sets such an event aside instead.
 func (s *Store) ApplyStreamEvents(ctx context.Context, evs []StreamEvent) (int, error) {
 	applied := 0
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		fresh, known, err := newStreamEvents(ctx, tx, evs)
-		if err != nil {
-			return err
-		}
-		if err := recordStreamSeq(ctx, tx, evs); err != nil {
-			return err
-		}
-		// Events of this mirror's own outbox (committed here while it
-		// led, and never published) are on the stream now, published by
-		// whoever leads: as a leader again it must not publish them anew.
-		if err := markPublished(ctx, tx, known, FormatTime(s.now())); err != nil {
-			return err
-		}
-		applied = len(fresh)
-		if applied == 0 {
-			return nil
-		}
-		now := FormatTime(s.now())
-		b := newFollowBatch(s, tx, now)
-		rows := make([]any, 0, eventColumns*len(fresh))
-		for _, e := range fresh {
-			scope, err := b.apply(ctx, e)
-			if err != nil {
-				return fmt.Errorf("apply %s event %s of %s: %w", e.Type, e.ID, e.Subject, err)
-			}
-			resource, action, _ := strings.Cut(e.Type, ".")
-			rows = append(rows, e.ID, e.Type, resource, action, scope, e.Subject, FormatTime(e.Time), string(e.Data), now)
-		}
-		if err := b.flush(ctx); err != nil {
-			return fmt.Errorf("apply events %s..%s: %w", fresh[0].ID, fresh[len(fresh)-1].ID, err)
-		}
-		if err := addHistoryDigest(ctx, tx, b.history); err != nil {
-			return err
-		}
-		// Recorded in stream order; the seqs past the last one before are
-		// this batch's, the transaction being the only writer.
-		var last int64
-		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM event_log`).Scan(&last); err != nil {
-			return fmt.Errorf("read the last event's seq: %w", err)
-		}
-		if _, err := b.insert(ctx, bulkEvents, rows); err != nil {
-			return fmt.Errorf("record events %s..%s: %w", fresh[0].ID, fresh[len(fresh)-1].ID, err)
-		}
-		seqs := make([]int64, 0, len(fresh))
-		err = queryRows(ctx, tx, `SELECT seq FROM event_log WHERE seq > ?`, []any{last}, func(r *sql.Rows) error {
-			var seq int64
-			err := r.Scan(&seq)
-			seqs = append(seqs, seq)
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("read the recorded events' seqs: %w", err)
-		}
-		// The stream holds these events already: they are published.
-		if err := markPublished(ctx, tx, seqs, now); err != nil {
-			return err
-		}
-		// A mirror that holds the stream's events is past its baseline: if
-		// this replica becomes the leader, what it crawls next is news.
-		return s.endBaseline(ctx, tx, now)
+		var err error
+		applied, err = s.applyStreamTx(ctx, tx, evs)
+		return err
 	})
 	if err != nil {
 		return 0, err
 	}
 	return applied, nil
+}
+
+// StreamResult is what ApplyStream did with a batch.
+type StreamResult struct {
+	// Applied is how many events changed the mirror.
+	Applied int
+	// Rejected are the events that could not be applied, in order: the
+	// rest of the batch was applied without them.
+	Rejected []RejectedEvent
+}
+
+// RejectedEvent is an event ApplyStream set aside, and why.
+type RejectedEvent struct {
+	Event StreamEvent
+	Err   error
+}
+
+// ErrUnknownPosition is why a tag.moved event without a position, whose id
+// matches none of the positions tried, is rejected.
+var ErrUnknownPosition = errors.New("the move's history position is not in its data, and its id matches no position tried")
+
+// ApplyStream applies evs as ApplyStreamEvents does, in one transaction,
+// but an event that cannot be applied (data that does not decode or breaks
+// a constraint: what the stream carries is untrusted) is set aside and
+// returned in Rejected, while the events before and after it are applied.
+// Each attempt runs in a SAVEPOINT, so a rejected event leaves nothing
+// behind. The batch is tried whole first, the usual case staying one
+// multi-row write; after a failure the events up to the one that failed are
+// applied one at a time, and the rest whole again, so a batch costs at most
+// one extra attempt per rejected event and one single-event write per
+// event. An error of the database itself (a full disk, a busy or damaged
+// file, a cancelled context) fails the whole batch, which is then retried:
+// it says nothing about the event.
+func (s *Store) ApplyStream(ctx context.Context, evs []StreamEvent) (StreamResult, error) {
+	var res StreamResult
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		res = StreamResult{}
+		for rest := evs; len(rest) > 0; {
+			n, err := s.applySavepoint(ctx, tx, rest)
+			if err == nil {
+				res.Applied += n
+				break
+			}
+			if !eventFault(ctx, err) {
+				return err
+			}
+			k, own := len(rest)-1, false
+			var ee *eventError
+			if errors.As(err, &ee) && ee.index < len(rest) {
+				// The k-th event failed; the cause is its own when nothing
+				// of earlier events was pending, or its position was not
+				// found (a search not worth repeating).
+				k, own = ee.index, ee.index == 0 || errors.Is(err, ErrUnknownPosition)
+			}
+			for j, e := range rest[:k+1] {
+				if j == k && own {
+					res.Rejected = append(res.Rejected, RejectedEvent{Event: e, Err: err})
+					continue
+				}
+				n, err := s.applySavepoint(ctx, tx, []StreamEvent{e})
+				switch {
+				case err == nil:
+					res.Applied += n
+				case eventFault(ctx, err):
+					res.Rejected = append(res.Rejected, RejectedEvent{Event: e, Err: err})
+				default:
+					return err
+				}
+			}
+			rest = rest[k+1:]
+		}
+		// The rejected events are behind the mirror too: its position
+		// covers them.
+		return recordStreamSeq(ctx, tx, evs)
+	})
+	if err != nil {
+		return StreamResult{}, err
+	}
+	return res, nil
+}
+
+// applySavepoint applies evs in a savepoint of tx, undone when they fail.
+func (s *Store) applySavepoint(ctx context.Context, tx *sql.Tx, evs []StreamEvent) (int, error) {
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT apply_stream`); err != nil {
+		return 0, err
+	}
+	n, err := s.applyStreamTx(ctx, tx, evs)
+	if err != nil {
+		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO apply_stream`); rerr != nil {
+			return 0, errors.Join(err, rerr)
+		}
+	}
+	if _, rerr := tx.ExecContext(ctx, `RELEASE apply_stream`); rerr != nil {
+		return 0, errors.Join(err, rerr)
+	}
+	return n, err
+}
+
+// eventError is the failure of the index-th event of a batch.
+type eventError struct {
+	index int
+	err   error
+}
+
+func (e *eventError) Error() string { return e.err.Error() }
+func (e *eventError) Unwrap() error { return e.err }
+
+// eventFault reports whether err, the failure to apply events, may be the
+// events' own fault rather than the database's or the caller's: only such
+// a failure sets an event aside.
+func eventFault(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, sql.ErrTxDone) || errors.Is(err, driver.ErrBadConn) {
+		return false
+	}
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return true // decoding and validation
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_INTERRUPT, sqlite3.SQLITE_PROTOCOL:
+		return false
+	}
+	return !fileRefused(err)
+}
+
+// applyStreamTx is ApplyStreamEvents' work in tx.
+func (s *Store) applyStreamTx(ctx context.Context, tx *sql.Tx, evs []StreamEvent) (int, error) {
+	fresh, known, err := newStreamEvents(ctx, tx, evs)
+	if err != nil {
+		return 0, err
+	}
+	if err := recordStreamSeq(ctx, tx, evs); err != nil {
+		return 0, err
+	}
+	// Events of this mirror's own outbox (committed here while it
+	// led, and never published) are on the stream now, published by
+	// whoever leads: as a leader again it must not publish them anew.
+	if err := markPublished(ctx, tx, known, FormatTime(s.now())); err != nil {
+		return 0, err
+	}
+	if len(fresh) == 0 {
+		return 0, nil
+	}
+	now := FormatTime(s.now())
+	b := newFollowBatch(s, tx, now)
+	rows := make([]any, 0, eventColumns*len(fresh))
+	for _, e := range fresh {
+		scope, err := b.apply(ctx, e)
+		if err != nil {
+			return 0, &eventError{index: slices.IndexFunc(evs, func(x StreamEvent) bool { return x.ID == e.ID }),
+				err: fmt.Errorf("apply %s event %s of %s: %w", e.Type, e.ID, e.Subject, err)}
+		}
+		resource, action, _ := strings.Cut(e.Type, ".")
+		rows = append(rows, e.ID, e.Type, resource, action, scope, e.Subject, FormatTime(e.Time), string(e.Data), now)
+	}
+	if err := b.flush(ctx); err != nil {
+		return 0, fmt.Errorf("apply events %s..%s: %w", fresh[0].ID, fresh[len(fresh)-1].ID, err)
+	}
+	if err := addHistoryDigest(ctx, tx, b.history); err != nil {
+		return 0, err
+	}
+	// Recorded in stream order; the seqs past the last one before are
+	// this batch's, the transaction being the only writer.
+	var last int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM event_log`).Scan(&last); err != nil {
+		return 0, fmt.Errorf("read the last event's seq: %w", err)
+	}
+	if _, err := b.insert(ctx, bulkEvents, rows); err != nil {
+		return 0, fmt.Errorf("record events %s..%s: %w", fresh[0].ID, fresh[len(fresh)-1].ID, err)
+	}
+	seqs := make([]int64, 0, len(fresh))
+	err = queryRows(ctx, tx, `SELECT seq FROM event_log WHERE seq > ?`, []any{last}, func(r *sql.Rows) error {
+		var seq int64
+		err := r.Scan(&seq)
+		seqs = append(seqs, seq)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read the recorded events' seqs: %w", err)
+	}
+	// The stream holds these events already: they are published.
+	if err := markPublished(ctx, tx, seqs, now); err != nil {
+		return 0, err
+	}
+	// A mirror that holds the stream's events is past its baseline: if
+	// this replica becomes the leader, what it crawls next is news.
+	if err := s.endBaseline(ctx, tx, now, true); err != nil {
+		return 0, err
+	}
+	return len(fresh), nil
 }
 
 // recordStreamSeq records the highest stream sequence of evs as the
@@ -158,6 +295,9 @@ func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]Stre
 // apply applies one event's state and returns the event's scope (the
 // repo's path, or the artifact name), as the leader recorded it.
 func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) {
+	if e.Type == TagMatured {
+		return b.applyMatured(ctx, e)
+	}
 	resource, _, _ := strings.Cut(e.Type, ".")
 	switch resource {
 	case "repo":
@@ -179,7 +319,10 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 		}
 		return repoPath(*d.Before), b.s.tombstone(ctx, b.tx, "repos", FormatTime(e.Time), []string{d.Before.UID})
 	case "tag":
-		var d struct{ Before, After *Tag }
+		var d struct {
+			Before, After *Tag
+			Position      int
+		}
 		if err := json.Unmarshal(e.Data, &d); err != nil {
 			return "", fmt.Errorf("decode data: %w", err)
 		}
@@ -202,7 +345,7 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 			if err := b.flush(ctx); err != nil {
 				return "", err
 			}
-			return scopeOf(d.After.Path, d.After.Repo), b.appendFollowedMove(ctx, e.ID, *d.After)
+			return scopeOf(d.After.Path, d.After.Repo), b.appendFollowedMove(ctx, e.ID, *d.After, d.Position)
 		}
 		return scopeOf(d.After.Path, d.After.Repo), nil
 	case "advisory":
@@ -218,6 +361,27 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 		return d.Path, b.appendRecorded(ctx, d)
 	}
 	return "", fmt.Errorf("unknown resource %q", resource)
+}
+
+// applyMatured writes a tag.matured event's record to tag_matured, as the
+// leader wrote it with the event, so that this replica, leading, goes on
+// from it without announcing it again.
+func (b *followBatch) applyMatured(ctx context.Context, e StreamEvent) (string, error) {
+	var d MaturedTag
+	if err := json.Unmarshal(e.Data, &d); err != nil {
+		return "", fmt.Errorf("decode data: %w", err)
+	}
+	if err := validMatured(d, e.Subject); err != nil {
+		return "", err
+	}
+	if d.MaturedTime.IsZero() {
+		d.MaturedTime = d.Since
+	}
+	st, err := b.stmt(ctx, upsertMaturedSQL)
+	if err != nil {
+		return "", err
+	}
+	return d.Repo, upsertMatured(ctx, st, d, e.ID)
 }
 
 // appendRecorded stores a history.recorded event's records at their
@@ -259,6 +423,14 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	if len(fresh) == 0 {
 		return nil
 	}
+	// Moves after these records that came first (a lost message published
+	// again by the leader's audit arrives after the later ones) are in
+	// tag_history already: the bookmark and digest go on over them.
+	later, err := b.historyFrom(ctx, d.Tag, old.Count+len(fresh))
+	if err != nil {
+		return err
+	}
+	fresh = append(fresh, later...)
 	nb, last := bookmarkAfter(old, fresh), fresh[len(fresh)-1]
 	_, err = b.exec(ctx, `UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4, digest = ?4,
 		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END WHERE uid = ?5`,
@@ -269,17 +441,49 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	return nil
 }
 
+// historyFrom returns the records of tag stored at positions from on
+// without a gap, oldest first.
+func (b *followBatch) historyFrom(ctx context.Context, tag string, from int) ([]HistoryRecord, error) {
+	st, err := b.stmt(ctx, `SELECT seq, update_time, digest FROM tag_history WHERE tag_uid = ? AND seq >= ? ORDER BY seq`)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := st.QueryContext(ctx, tag, from)
+	if err != nil {
+		return nil, fmt.Errorf("read history of tag %s: %w", tag, err)
+	}
+	defer rows.Close()
+	var out []HistoryRecord
+	for rows.Next() {
+		var seq int
+		var at, digest string
+		if err := rows.Scan(&seq, &at, &digest); err != nil {
+			return nil, err
+		}
+		if seq != from+len(out) {
+			break
+		}
+		t, err := ParseTime(at)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, HistoryRecord{Time: t, Digest: digest})
+	}
+	return out, rows.Err()
+}
+
 // appendFollowedMove records a tag.moved event as a history row at the
 // position the leader gave it, and moves the tag's bookmark to it, so that
 // a follower that becomes the leader continues the history (and the event
 // ids, which contain the position) where the old leader left off.
 //
-// The position is not in the event's data but is part of its id, so it is
-// recovered by recomputing the id: first at the position after the
-// bookmark (the usual case), then by search. Should the id not match any
-// position (an id scheme this binary does not know), the row goes after the
-// mirror's last one.
-func (b *followBatch) appendFollowedMove(ctx context.Context, id string, after Tag) error {
+// The position is in the event's data (position). An event of an older
+// leader lacks it; the position is part of its id, so it is recovered by
+// recomputing the id at the positions nearest the bookmark, at most
+// maxMoveCandidates of them: an id that matches none of them (a forgery,
+// or an id scheme this binary does not know) is rejected with
+// ErrUnknownPosition rather than searched for at length.
+func (b *followBatch) appendFollowedMove(ctx context.Context, id string, after Tag, position int) error {
 	var count, lastCount int
 	var lastTime string
 	row, err := b.queryRow(ctx, `SELECT history_count, history_last_count, COALESCE(history_last_time,'') FROM tags WHERE uid = ?`, after.UID)
@@ -290,10 +494,15 @@ func (b *followBatch) appendFollowedMove(ctx context.Context, id string, after T
 		return fmt.Errorf("read bookmark: %w", err)
 	}
 	at := FormatTime(after.UpdateTime)
-	seq, ok := movePosition(id, after.UID, at, after.Digest, count)
-	if !ok {
-		seq = max(count, 1)
-		b.s.log.Warn("cannot tell the position of a followed move from its id; appending it", "event", id, "tag", after.UID, "seq", seq)
+	seq := position
+	switch {
+	case position < 0 || position > maxPosition:
+		return fmt.Errorf("history position %d out of range 1..%d", position, maxPosition)
+	case position == 0:
+		var ok bool
+		if seq, ok = movePosition(id, after.UID, at, after.Digest, count); !ok {
+			return fmt.Errorf("%w (%d positions around %d)", ErrUnknownPosition, maxMoveCandidates, count)
+		}
 	}
 	res, err := b.exec(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
 		after.UID, seq, at, after.Digest)
@@ -321,14 +530,36 @@ func (b *followBatch) appendFollowedMove(ctx context.Context, id string, after T
 	return nil
 }
 
+// maxPosition bounds a move's history position as its data gives it: a
+// tag's history is far shorter, and the bookmark (position + 1) must fit.
+const maxPosition = 1 << 31
+
+// maxMoveCandidates bounds the positions movePosition tries: a move
+// arrives at the position after the bookmark, or (late, redelivered) a
+// little before it.
+const maxMoveCandidates = 1024
+
+// moveCandidates counts the positions movePosition tried, for tests.
+var moveCandidates atomic.Int64
+
 // movePosition finds the history position seq for which a tag.moved event
-// of tag at time at to digest has the given id (see ApplyHistory).
+// of tag at time at to digest has the given id (see ApplyHistory), trying
+// hint (the position after the bookmark) first, then the positions below
+// it, nearest first, then those above it: maxMoveCandidates at most.
 func movePosition(id, tag, at, digest string, hint int) (int, bool) {
-	try := func(seq int) bool { return eventID(TagMoved, tag, moveDisc(seq, at, digest)) == id }
-	if hint > 0 && try(hint) {
-		return hint, true
+	hint = max(hint, 1)
+	tries := 0
+	try := func(seq int) bool {
+		tries++
+		moveCandidates.Add(1)
+		return eventID(TagMoved, tag, moveDisc(seq, at, digest)) == id
 	}
-	for seq := 1; seq < maxRecoverSeq; seq++ {
+	for seq := hint; seq >= 1 && tries < maxMoveCandidates; seq-- {
+		if try(seq) {
+			return seq, true
+		}
+	}
+	for seq := hint + 1; tries < maxMoveCandidates; seq++ {
 		if try(seq) {
 			return seq, true
 		}
@@ -411,5 +642,6 @@ func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []Histor
 	if err != nil {
 		return 0, fmt.Errorf("resolve history of tag %s:%s: %w", ref.Repo, ref.Name, err)
 	}
+	s.signalHistory()
 	return len(known), nil
 }

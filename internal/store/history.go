@@ -75,6 +75,7 @@ func (s *Store) ApplyHistories(ctx context.Context, ups []HistoryUpdate) (events
 	if err != nil {
 		return 0, err
 	}
+	s.signalHistory()
 	return n, nil
 }
 
@@ -108,6 +109,8 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 	// cs are the moves, recorded the replication records, which are not
 	// counted as events: they change no resource.
 	var cs, recorded []change
+	// backfilled are the tags of the backfill read now.
+	var backfilled []string
 	type bookmarkRow struct {
 		ref      TagRef
 		b        Bookmark
@@ -127,26 +130,27 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		b, cur := st.bookmark, st.Tag
 		cur.RepoUID, cur.Repo, cur.Path = ref.RepoUID, ref.Repo, scopeOf(st.Path, ref.Path)
 		fresh := newRecords(storedPrecision(u.Records), b)
-		// A tag's first history read during the baseline, or for a tag the
-		// baseline found, is the starting point: its past moves are not news.
-		silent := baseline || (st.baseline && b.Count == 0)
+		quiet := silentRecords(fresh, baseline, st)
+		if st.backfill {
+			backfilled = append(backfilled, ref.UID)
+		}
 		// before is the tag as the previous record left it: its digest and
 		// its time.
 		prev, prevTime := st.historyLastDigest, b.LastTime
 		// What is stored without a move (the first record, or a silent
 		// read's) after the baseline goes on the stream as a replication
 		// record; the baseline's own reach followers in a snapshot.
-		if unannounced := unannouncedRecords(fresh, b.Count, silent); !baseline && unannounced > 0 {
+		if unannounced := unannouncedRecords(fresh, b.Count, quiet); !baseline && unannounced > 0 {
 			recorded = append(recorded, recordedChange(ref.UID, cur.Path, b.Count, fresh[:unannounced]))
 		}
 		for i, r := range fresh {
 			seq := b.Count + i
-			if seq > 0 && !silent {
+			if seq > 0 && i >= quiet {
 				before, after := cur, cur
 				before.Digest, after.Digest = prev, r.Digest
 				before.UpdateTime, after.UpdateTime = prevTime, r.Time
 				cs = append(cs, change{typ: TagMoved, scope: cur.Path, subject: ref.UID,
-					disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after})
+					disc: moveDisc(seq, FormatTime(r.Time), r.Digest), time: r.Time, before: before, after: after, position: seq})
 			}
 			prev, prevTime = r.Digest, r.Time
 			args = append(args, ref.UID, seq, FormatTime(r.Time), r.Digest)
@@ -195,23 +199,47 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 			}
 		}
 	}
+	if err := s.backfillDone(ctx, tx, backfilled); err != nil {
+		return 0, err
+	}
 	if _, err := s.appendEvents(ctx, tx, recorded); err != nil {
 		return 0, err
 	}
 	return s.appendEvents(ctx, tx, cs)
 }
 
-// unannouncedRecords is how many of the fresh records, the first at
-// position first, are stored without a tag.moved event: all of a silent
-// read, else the tag's first record.
-func unannouncedRecords(fresh []HistoryRecord, first int, silent bool) int {
+// silentRecords is how many of the fresh records of the tag st, from the
+// first, are the starting point rather than news, and so no tag.moved
+// events: every record read during the baseline; of a tag the backfill
+// reads, those up to the update time the first complete listing showed
+// (later ones are moves made after it, announced as any move); of the
+// first read of another tag the baseline found (its repo's baseline was
+// pending), all.
+func silentRecords(fresh []HistoryRecord, baseline bool, st storedTag) int {
 	switch {
-	case silent:
+	case baseline:
 		return len(fresh)
-	case first == 0 && len(fresh) > 0:
-		return 1
+	case st.backfill && !st.listedTime.IsZero():
+		cutoff := st.listedTime.UTC().Truncate(time.Millisecond)
+		n := 0
+		for n < len(fresh) && !fresh[n].Time.After(cutoff) {
+			n++
+		}
+		return n
+	case st.backfill, st.baseline && st.bookmark.Count == 0:
+		return len(fresh)
 	}
 	return 0
+}
+
+// unannouncedRecords is how many of the fresh records, the first at
+// position first, are stored without a tag.moved event: the quiet ones,
+// and at least the tag's first record.
+func unannouncedRecords(fresh []HistoryRecord, first, quiet int) int {
+	if first == 0 && len(fresh) > 0 {
+		return max(quiet, 1)
+	}
+	return quiet
 }
 
 // storedPrecision returns records with times cut to the millisecond the

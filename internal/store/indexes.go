@@ -23,10 +23,11 @@ var deferredIndexes = []struct{ name, create string }{
 	{"tag_history_digest", `CREATE INDEX tag_history_digest ON tag_history(digest)`},
 }
 
-// DeferIndexes drops the indexes that wait for the end of the baseline, if
-// the mirror is in its baseline; EndBaseline builds them. A baseline crawl
-// calls it before it starts writing history. Until the baseline ends,
-// queries of tag_history by time or digest scan the table.
+// DeferIndexes drops the indexes that wait for the end of the backfill, if
+// the mirror is in its baseline; EndBackfill builds them (EndBaseline when
+// nothing is left to backfill). A baseline crawl calls it before it starts.
+// Until the backfill ends, queries of tag_history by time or digest scan
+// the table.
 func (s *Store) DeferIndexes(ctx context.Context) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		baseline, err := s.inBaseline(ctx, tx)
@@ -55,14 +56,15 @@ func (s *Store) DeferIndexes(ctx context.Context) error {
 }
 
 // endBaseline records that the baseline is over, if it was not already, and
-// builds the deferred indexes in the same transaction: a mirror past its
-// baseline always has them.
+// builds the deferred indexes in the same transaction, unless build is
+// false: a mirror past its baseline has them, but for the leader's while
+// its backfill writes the histories (see EndBackfill).
 //
 // The repos whose crawl failed (a repo failure in crawl_failures) keep
 // their baseline pending: their tags were not all listed, and those listed
 // once the repo recovers are the starting point, not news. ClearFailure
 // ends it.
-func (s *Store) endBaseline(ctx context.Context, tx *sql.Tx, now string) error {
+func (s *Store) endBaseline(ctx context.Context, tx *sql.Tx, now string, build bool) error {
 	res, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('baseline_time', ?) ON CONFLICT(key) DO NOTHING`, now)
 	if err != nil {
 		return err
@@ -74,7 +76,23 @@ func (s *Store) endBaseline(ctx context.Context, tx *sql.Tx, now string) error {
 		WHERE uid IN (SELECT repo_uid FROM crawl_failures WHERE kind = 'repo')`); err != nil {
 		return fmt.Errorf("mark repos whose baseline is pending: %w", err)
 	}
+	if !build {
+		return nil
+	}
 	return s.buildIndexes(ctx, tx)
+}
+
+// EndBackfill builds the indexes the baseline deferred, once the backfill
+// has read every tag's history: built from a sort after the last history
+// row, rather than kept up row by row while the backfill wrote them.
+func (s *Store) EndBackfill(ctx context.Context) error {
+	if ready, err := s.HistoryReady(ctx); err != nil || !ready {
+		return err
+	}
+	if err := s.sortingTx(ctx, func(tx *sql.Tx) error { return s.buildIndexes(ctx, tx) }); err != nil {
+		return fmt.Errorf("end backfill: %w", err)
+	}
+	return nil
 }
 
 // buildIndexes builds whichever deferred indexes are missing.
@@ -104,11 +122,11 @@ func hasIndex(ctx context.Context, q queryer, name string) (bool, error) {
 }
 
 // repairIndexes builds the deferred indexes of a mirror past its baseline
-// that lacks any: none should, since the end of the baseline builds them in
+// and backfill that lacks any: none should, since their end builds them in
 // its own transaction, but a mirror must never be left without them.
 func (s *Store) repairIndexes(ctx context.Context) error {
-	baseline, err := s.InBaseline(ctx)
-	if err != nil || baseline {
+	ready, err := s.historyReady(ctx, s.w)
+	if err != nil || !ready {
 		return err
 	}
 	for _, ix := range deferredIndexes {

@@ -23,16 +23,16 @@ const SnapshotSeqKey = "snapshot_stream_seq"
 // They are what a follower builds from the stream (the mirror and its
 // change log), plus the history the stream never carried. The others are
 // the leader's own bookkeeping, which a follower does not have:
-// crawl_runs, crawl_failures, subscriptions, webhook_deliveries; meta
+// crawl_runs, crawl_failures, subscriptions, webhook_deliveries, backfill; meta
 // gives only baseline_time; outbox is emptied (see Restore);
 // replica_digest is computed from the copied rows.
 // TestSnapshotTables fails when a table is in neither list.
 var snapshotTables = []string{"repos", "tags", "tag_history", "advisories", "advisory_aliases", "advisory_severities",
-	"advisory_events", "event_log", "event_publishes"}
+	"advisory_events", "tag_matured", "event_log", "event_publishes"}
 
 // SnapshotSkippedTables are the tables a restore leaves alone (see
 // snapshotTables).
-var SnapshotSkippedTables = []string{"meta", "schema_migrations", "outbox", "replica_digest", "crawl_runs", "crawl_failures", "subscriptions", "webhook_deliveries"}
+var SnapshotSkippedTables = []string{"meta", "schema_migrations", "outbox", "replica_digest", "crawl_runs", "crawl_failures", "subscriptions", "webhook_deliveries", "backfill"}
 
 // SnapshotTables returns the tables a restore copies.
 func SnapshotTables() []string { return append([]string(nil), snapshotTables...) }
@@ -96,7 +96,13 @@ func (s *Store) SnapshotSeq(ctx context.Context) (uint64, error) {
 // published yet reach the stream later, and the follower skips them there
 // by id, since they are in the mirror already; were they left in the
 // outbox, a follower that becomes the leader would publish them again.
+//
+// The snapshot is not trusted: CheckSnapshot must pass before anything of
+// it is opened as a mirror or copied.
 func (s *Store) Restore(ctx context.Context, path string, seq uint64) error {
+	if err := CheckSnapshot(ctx, path); err != nil {
+		return err
+	}
 	// Opening the snapshot as a mirror migrates it, so that its tables have
 	// this binary's columns.
 	snap, err := Open(ctx, path, Options{Logger: s.log, Readers: 1})

@@ -40,6 +40,11 @@ type Status struct {
 	// Progress is the running crawl's progress as it last wrote it (JSON;
 	// "" when no crawl is running).
 	Progress string
+	// Current: the first complete listing ended (the baseline), so the
+	// mirror holds the current state; BackfillRemaining counts the tags
+	// whose history is still to read.
+	Current           bool
+	BackfillRemaining int64
 }
 
 // SubscriptionStatus is a subscription as syncd last saw it.
@@ -73,6 +78,14 @@ func (s *Store) Status(ctx context.Context) (Status, error) {
 		return st, err
 	}
 	if st.Unpublished, st.OldestUnpublished, err = s.UnpublishedCount(ctx); err != nil {
+		return st, err
+	}
+	in, err := s.InBaseline(ctx)
+	if err != nil {
+		return st, err
+	}
+	st.Current = !in
+	if st.BackfillRemaining, err = s.BackfillRemaining(ctx); err != nil {
 		return st, err
 	}
 	for key, v := range map[string]*string{"role": &st.Role, "lease_holder": &st.LeaseHolder, "follow_lag": &st.FollowLag, ProgressKey: &st.Progress,

@@ -94,6 +94,8 @@ type Store struct {
 	readOnly bool // OpenReadOnly: w is the reader pool
 	cacheKiB int  // the writer's page cache
 	notify   chan struct{}
+	// history receives a value after a write of history (HistoryWritten).
+	history chan struct{}
 	// beforeCommit is Options.BeforeCommit.
 	beforeCommit func(ctx context.Context) error
 	onEvents     func(map[string]int)
@@ -138,7 +140,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	w.SetMaxOpenConns(1)
 	w.SetConnMaxIdleTime(0)
 	s := &Store{w: w, cacheKiB: opts.CacheKiB, now: opts.Now, log: opts.Logger, snapshot: opts.InitialEvents == "snapshot",
-		notify: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit, onEvents: opts.OnEvents}
+		notify: make(chan struct{}, 1), history: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit, onEvents: opts.OnEvents}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, explain(path, err))
@@ -260,6 +262,19 @@ func (s *Store) signal() {
 	}
 }
 
+// HistoryWritten returns a channel that receives a value after a commit
+// that may have added history records, and when the baseline ends: what
+// can bring a tag's next maturation nearer (Mature). It holds at most one
+// pending signal.
+func (s *Store) HistoryWritten() <-chan struct{} { return s.history }
+
+func (s *Store) signalHistory() {
+	select {
+	case s.history <- struct{}{}:
+	default:
+	}
+}
+
 // SchemaVersion returns the newest migration applied.
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	var v int
@@ -295,11 +310,14 @@ func migrations() ([]migration, error) {
 	return ms, nil
 }
 
+// createMigrationsSQL creates the table of the migrations applied.
+const createMigrationsSQL = `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_time TEXT NOT NULL)`
+
 // migrate applies every embedded migration newer than the database, each in
 // its own transaction, and refuses a database newer than this binary.
 func (s *Store) migrate(ctx context.Context) error {
-	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_time TEXT NOT NULL)`); err != nil {
+	if _, err := s.w.ExecContext(ctx, createMigrationsSQL); err != nil {
 		return err
 	}
 	ms, err := migrations()

@@ -49,6 +49,11 @@ type storedTag struct {
 	historyUpdateTime string
 	historyLastDigest string
 	bookmark          Bookmark
+	// backfill: the tag's history is still to read in the backfill;
+	// listedTime is its update time as the first complete listing showed
+	// it, the end of its silent baseline.
+	backfill   bool
+	listedTime time.Time
 }
 
 // tagColumns is how many values one tags row takes in ApplyTags.
@@ -61,6 +66,10 @@ const tagColumns = 11
 // ApplyHistory. A tag whose raw JSON alone changed is rewritten without an
 // event. It returns the tags whose history needs reading, because their
 // digest or update time differs from what the history walk last saw.
+//
+// A tag the backfill has yet to read is not returned: the backfill reads it,
+// first when this listing shows it changed, and until then it keeps the
+// digest the first listing showed, which its history's moves change.
 //
 // The tags of a repo the baseline did not finish (repos.baseline_pending)
 // are taken as the baseline would have taken them: not news, and their
@@ -88,6 +97,7 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 		}
 		now := FormatTime(s.now())
 		var cs []change
+		var moved []string
 		args := make([]any, 0, tagColumns*len(tags))
 		for _, t := range tags {
 			t.Repo, t.RepoUID, t.Path = repo.Name, repo.UID, path
@@ -97,7 +107,13 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 			}
 			o, seen := old[t.UID]
 			listed := t.Digest
-			if seen && !o.deleted && o.bookmark.Count > 0 {
+			// A tag whose history the backfill has yet to read is read
+			// there, first when the listing shows it changed since.
+			backfill := seen && !o.deleted && o.backfill && !baseline
+			if backfill && (o.Digest != listed || !sameTime(o.UpdateTime, t.UpdateTime)) {
+				moved = append(moved, t.UID)
+			}
+			if seen && !o.deleted && (o.bookmark.Count > 0 || backfill) {
 				// The digest moves with the history read this listing
 				// asks for, with its tag.moved events: a digest changed
 				// here, silently, would be state no event carries.
@@ -122,12 +138,15 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 				args = append(args, t.UID, repo.UID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles),
 					nullTime(t.CreateTime), nullTime(t.UpdateTime), now, baseline, raw)
 			}
-			if !seen || o.historyUpdateTime != FormatTime(t.UpdateTime) || o.historyLastDigest != listed {
+			if !backfill && (!seen || o.historyUpdateTime != FormatTime(t.UpdateTime) || o.historyLastDigest != listed) {
 				need = append(need, TagRef{UID: t.UID, RepoUID: repo.UID, Repo: repo.Name, Path: path, Name: t.Name, UpdateTime: t.UpdateTime, Bookmark: o.bookmark})
 			}
 		}
 		if _, err := s.insertRows(ctx, tx, bulkTags, args); err != nil {
 			return 0, fmt.Errorf("upsert tags: %w", err)
+		}
+		if err := s.backfillMoved(ctx, tx, moved); err != nil {
+			return 0, err
 		}
 		return s.appendEvents(ctx, tx, cs)
 	})
@@ -167,12 +186,14 @@ func loadTags(ctx context.Context, tx *sql.Tx, where string, uids []string, with
 	err := queryByUIDs(ctx, tx, `SELECT t.uid, t.repo_uid, COALESCE(r.name,''), COALESCE(r.path,''), t.name, t.digest, t.deprecated, t.bundles,
 		COALESCE(t.create_time,''), COALESCE(t.update_time,''), t.deleted_time IS NOT NULL, t.deletions,
 		COALESCE(t.history_update_time,''), t.history_last_digest, COALESCE(t.history_last_time,''), t.history_last_count, t.history_count, t.baseline,
-		`+raw+` FROM tags t LEFT JOIN repos r ON r.uid = t.repo_uid WHERE `+where, uids,
+		b.tag_uid IS NOT NULL, COALESCE(b.listed_time,''),
+		`+raw+` FROM tags t LEFT JOIN repos r ON r.uid = t.repo_uid LEFT JOIN backfill b ON b.tag_uid = t.uid WHERE `+where, uids,
 		func(rows *sql.Rows) error {
 			var t storedTag
-			var bundles, ct, ut, lt string
+			var bundles, ct, ut, lt, listed string
 			if err := rows.Scan(&t.UID, &t.RepoUID, &t.Repo, &t.Path, &t.Name, &t.Digest, &t.Deprecated, &bundles, &ct, &ut, &t.deleted, &t.deletions,
-				&t.historyUpdateTime, &t.historyLastDigest, &lt, &t.bookmark.LastCount, &t.bookmark.Count, &t.baseline, &t.raw); err != nil {
+				&t.historyUpdateTime, &t.historyLastDigest, &lt, &t.bookmark.LastCount, &t.bookmark.Count, &t.baseline,
+				&t.backfill, &listed, &t.raw); err != nil {
 				return err
 			}
 			t.Path = scopeOf(t.Path, t.Repo)
@@ -181,6 +202,9 @@ func loadTags(ctx context.Context, tx *sql.Tx, where string, uids []string, with
 			}
 			var err error
 			if t.bookmark.LastTime, err = ParseTime(lt); err != nil {
+				return err
+			}
+			if t.listedTime, err = ParseTime(listed); err != nil {
 				return err
 			}
 			old[t.UID] = t

@@ -149,6 +149,13 @@ func (s *Store) tombstone(ctx context.Context, tx *sql.Tx, table, now string, ui
 			return fmt.Errorf("forget failures of deleted %s: %w", table, err)
 		}
 	}
+	// A deleted tag has no history left to backfill; if it comes back, it
+	// is created anew.
+	if table == "tags" {
+		if err := s.backfillDone(ctx, tx, uids); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

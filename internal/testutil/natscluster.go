@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,11 +20,32 @@ import (
 // storage.
 type NATSCluster struct {
 	Nodes []*NATSServer
+	// routeProxies is, by "from>to" node name, the fault proxy through
+	// which the first node dials the second's routes (ProxiedNATSClusterOf).
+	routeProxies map[string]*FaultProxy
+	clusterPorts []int
 }
 
 // NATSClusterOf starts n servers named n1…nN as one JetStream cluster and
 // waits until JetStream answers, until the test ends.
 func NATSClusterOf(tb testing.TB, n int) *NATSCluster {
+	tb.Helper()
+	return natsCluster(tb, n, false)
+}
+
+// ProxiedNATSClusterOf is NATSClusterOf with every route through a
+// FaultProxy of its own, one per direction (node i dials node j through
+// proxy i>j), so that a test can partition nodes (Isolate). The nodes
+// advertise neither their client URLs (a client reaches only the
+// addresses it was given: a test's proxies) nor a usable route address
+// (a node that learns of a peer by gossip cannot dial it around the
+// proxy).
+func ProxiedNATSClusterOf(tb testing.TB, n int) *NATSCluster {
+	tb.Helper()
+	return natsCluster(tb, n, true)
+}
+
+func natsCluster(tb testing.TB, n int, proxied bool) *NATSCluster {
 	tb.Helper()
 	// Routes name every node's cluster port before any starts: take free
 	// ports from the system and give them back.
@@ -36,18 +58,29 @@ func NATSClusterOf(tb testing.TB, n int) *NATSCluster {
 		ports[i] = ln.Addr().(*net.TCPAddr).Port
 		ln.Close()
 	}
-	c := &NATSCluster{}
+	c := &NATSCluster{routeProxies: map[string]*FaultProxy{}, clusterPorts: ports}
 	for i := range n {
 		var routes []string
 		for j, p := range ports {
-			if j != i {
-				routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
+			if j == i {
+				continue
 			}
+			addr := fmt.Sprintf("127.0.0.1:%d", p)
+			if proxied {
+				px := NewFaultProxy(tb, addr)
+				c.routeProxies[fmt.Sprintf("n%d>n%d", i+1, j+1)] = px
+				addr = px.Addr()
+			}
+			routes = append(routes, "nats://"+addr)
 		}
 		s := &NATSServer{tb: tb, opts: server.Options{ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: server.RANDOM_PORT,
 			JetStream: true, StoreDir: tb.TempDir(), NoLog: true, NoSigs: true,
 			Cluster: server.ClusterOpts{Name: "syncd-test", Host: "127.0.0.1", Port: ports[i]},
 			Routes:  server.RoutesFromStr(strings.Join(routes, ","))}}
+		if proxied {
+			// Port 1 refuses: an implicit route is tried once and dropped.
+			s.opts.Cluster.NoAdvertise, s.opts.Cluster.Advertise = true, "127.0.0.1:1"
+		}
 		c.Nodes = append(c.Nodes, s)
 	}
 	for _, s := range c.Nodes {
@@ -100,4 +133,42 @@ func (c *NATSCluster) WaitJetStream(tb testing.TB, within time.Duration) {
 		_, err := js.AccountInfo(ctx)
 		return err
 	})
+}
+
+// Isolate black-holes every route to and from the node named name
+// (ProxiedNATSClusterOf): a partition of that node from the others, its
+// clients still connected to it.
+func (c *NATSCluster) Isolate(name string) {
+	for link, p := range c.routeProxies {
+		if from, to, _ := strings.Cut(link, ">"); from == name || to == name {
+			p.BlackHole()
+		}
+	}
+}
+
+// HealRoutes ends every route fault: the nodes route to each other again.
+func (c *NATSCluster) HealRoutes() {
+	for _, p := range c.routeProxies {
+		p.Heal()
+	}
+}
+
+// RoutesProxied is nil when no running node has a route it dialed
+// straight to another node's cluster port, around the proxies.
+func (c *NATSCluster) RoutesProxied() error {
+	for _, s := range c.Nodes {
+		if s.Server == nil {
+			continue
+		}
+		rz, err := s.Server.Routez(nil)
+		if err != nil {
+			return err
+		}
+		for _, r := range rz.Routes {
+			if r.DidSolicit && slices.Contains(c.clusterPorts, r.Port) {
+				return fmt.Errorf("node %s has a route to %s at %s:%d, around the fault proxies", s.Name(), r.RemoteName, r.IP, r.Port)
+			}
+		}
+	}
+	return nil
 }

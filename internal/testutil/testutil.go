@@ -83,6 +83,13 @@ func Sim(tb testing.TB, opts platformsim.Options, sc platformsim.Scale, wrap ...
 type Clock struct {
 	mu sync.Mutex
 	t  time.Time
+	// waiters are After's channels, each with its instant.
+	waiters []clockWaiter
+}
+
+type clockWaiter struct {
+	at time.Time
+	ch chan time.Time
 }
 
 // NewClock returns a Clock standing at t.
@@ -95,11 +102,50 @@ func (c *Clock) Now() time.Time {
 	return c.t
 }
 
-// Advance moves the clock on by d.
+// Advance moves the clock on by d, and fires the channels of After whose
+// instant it reached.
 func (c *Clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
+	c.fire()
 	c.mu.Unlock()
+}
+
+// After returns a channel that receives the clock's time once Advance has
+// moved it d on (at once when d <= 0), as time.After does in real time.
+func (c *Clock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	c.waiters = append(c.waiters, clockWaiter{at: c.t.Add(d), ch: ch})
+	c.fire()
+	return ch
+}
+
+// Waiting reports whether a channel of After waits for the instant at:
+// whether the code under test armed a timer for it.
+func (c *Clock) Waiting(at time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.waiters {
+		if w.at.Equal(at) {
+			return true
+		}
+	}
+	return false
+}
+
+// fire sends on the waiters' channels whose instant has come; c.mu is held.
+func (c *Clock) fire() {
+	kept := c.waiters[:0]
+	for _, w := range c.waiters {
+		if w.at.After(c.t) {
+			kept = append(kept, w)
+			continue
+		}
+		w.ch <- c.t
+	}
+	c.waiters = kept
 }
 
 // TagHistory is a tag of the simulator with its repo's registry path and

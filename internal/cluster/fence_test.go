@@ -1,0 +1,106 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/publish"
+)
+
+// markingSource is a snapshot source whose backup, once done, has another
+// replica begin its term: the snapshot's upload and record come after the
+// newer term's markers, as when the leader paused while it copied.
+type markingSource struct {
+	cluster.SnapshotSource
+	newer func()
+}
+
+func (s markingSource) Backup(ctx context.Context, path string) error {
+	err := s.SnapshotSource.Backup(ctx, path)
+	s.newer()
+	return err
+}
+
+// TestFence_SnapshotRefusedAfterNewTerm: a snapshot the deposed leader
+// finished after another replica's term began gets no record on the stream
+// and is deleted from the bucket; one written within its term stays, with
+// its record.
+func TestFence_SnapshotRefusedAfterNewTerm(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	format := publish.Format{SubjectPrefix: "ev", Source: "test"}
+	stepDowns := 0
+	a := publish.NewFence(js, publish.FenceConfig{Node: "a", Format: format, OnFenced: func() { stepDowns++ }})
+	b := publish.NewFence(js, publish.FenceConfig{Node: "b", Format: format})
+	if err := a.Mark(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leader.change(2)
+	leader.publish()
+	cfg := cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 5, Dir: t.TempDir(), Fence: a}
+	kept, err := cluster.NewSnapshotter(js, leader.st, cfg).Write(ctx, nil)
+	if err != nil {
+		t.Fatalf("a snapshot within the term: %v", err)
+	}
+	record := lastOn(t, js, "ev."+publish.SnapshotToken)
+	if record == nil || record.Sequence == 0 {
+		t.Fatal("no record of the snapshot written within the term")
+	}
+
+	newer := markingSource{SnapshotSource: leader.st, newer: func() {
+		if err := b.Mark(ctx); err != nil {
+			t.Error(err)
+		}
+	}}
+	_, err = cluster.NewSnapshotter(js, newer, cfg).Write(ctx, nil)
+	if !errors.Is(err, publish.ErrFenced) {
+		t.Fatalf("the deposed leader's snapshot: %v, want it fenced", err)
+	}
+	if got := lastOn(t, js, "ev."+publish.SnapshotToken); got.Sequence != record.Sequence {
+		t.Errorf("a record of the fenced snapshot reached the stream at seq %d", got.Sequence)
+	}
+	obj, err := js.ObjectStore(ctx, "snaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := obj.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 1 || objs[0].Name != kept.Name {
+		var names []string
+		for _, o := range objs {
+			names = append(names, o.Name)
+		}
+		t.Errorf("bucket holds %v, want only the snapshot of the term, %s", names, kept.Name)
+	}
+	if a.Refused() != 1 || stepDowns != 1 {
+		t.Errorf("refused %d writes and stepped down %d times, want 1 and 1", a.Refused(), stepDowns)
+	}
+	// Outside a term, nothing is even uploaded.
+	if _, err := cluster.NewSnapshotter(js, leader.st, cfg).Write(ctx, nil); !errors.Is(err, publish.ErrFenced) {
+		t.Errorf("a snapshot after the refusal: %v, want ErrFenced", err)
+	}
+}
+
+// lastOn is the stream EV's last message on subject; nil when none.
+func lastOn(t *testing.T, js jetstream.JetStream, subject string) *jetstream.RawStreamMsg {
+	t.Helper()
+	s, err := js.Stream(context.Background(), "EV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(context.Background(), subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}

@@ -1,0 +1,129 @@
+package daemon_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/daemon"
+	"github.com/syncd-dev/syncd/internal/platformsim"
+	"github.com/syncd-dev/syncd/internal/testutil"
+)
+
+// TestPermissions_LeastPrivilege runs a signing leader (a cluster replica:
+// crawl, relay, KV buckets, lease, checkpoints, snapshots, audit) and
+// "syncd follow" on a NATS server whose users are exactly those of
+// deploy/nats-permissions.conf: the follower restores the leader's
+// snapshot and follows the stream to the upstream state, and neither logs
+// a permissions violation. The follower's user cannot publish an event,
+// and a client with only read access to the events can neither publish one
+// nor delete the stream.
+func TestPermissions_LeastPrivilege(t *testing.T) {
+	ctx := context.Background()
+	t.Setenv("SYNCD_REPLICA_PASSWORD", "replica-secret-3f9a")
+	t.Setenv("SYNCD_FOLLOWER_PASSWORD", "follower-secret-81c2")
+	conf, err := server.ProcessConfigFile(filepath.Join("..", "..", "deploy", "nats-permissions.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := &server.User{Username: "reader", Password: "reader-secret",
+		Permissions: &server.Permissions{Publish: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"syncd.>", "_INBOX.>"}}}}
+	ns := testutil.NATS(t, func(o *server.Options) { o.Users = append(conf.Users, reader) })
+
+	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 29, Tokens: []string{auditToken}},
+		platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 2, Advisories: 2, PublicImages: -1})
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	keyFile := filepath.Join(t.TempDir(), "signing.nk")
+	if err := os.WriteFile(keyFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := auditConfig(t, simURL, ns.URL())
+	cfg.NATS.User, cfg.NATS.Password = "syncd-replica", "replica-secret-3f9a"
+	cfg.Cluster.Enabled, cfg.Cluster.NodeID, cfg.Cluster.LeaseTTL = true, "leader-1", config.Duration{Duration: 2 * time.Second}
+	cfg.Cluster.SigningKeyFile = keyFile
+	cfg.KV.Enabled, cfg.Snapshot.Enabled, cfg.Snapshot.Every = true, true, config.Duration{Duration: time.Second}
+	cfg.Verify.CheckpointEvery, cfg.Verify.AuditEvery = config.Duration{Duration: time.Second}, config.Duration{Duration: time.Second}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	logs := &testutil.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	app, err := daemon.Open(ctx, cfg, log, daemon.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { app.Close() })
+	role, err := app.Role(ctx, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- role.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	testutil.WaitFor(t, 30*time.Second, "the leader to publish its baseline and write a snapshot", func() bool {
+		n, _, _ := app.Store.UnpublishedCount(ctx)
+		return n == 0 && app.Snapshots.Last().Name != "" && sameAsTruth(app.Store.Reader(), sim.Truth()) == nil
+	})
+
+	fcfg := cfg
+	fcfg.NATS.User, fcfg.NATS.Password = "syncd-follower", "follower-secret-81c2"
+	fcfg.Cluster.Enabled, fcfg.Cluster.SigningKeyFile, fcfg.Cluster.Consumer = false, "", "follower-1"
+	fcfg.Cluster.VerifyKeys = []string{app.Trust.Signer.PublicKey()}
+	fcfg.Store.Path = filepath.Join(t.TempDir(), "follower.db")
+	f, err := daemon.OpenFollower(ctx, fcfg, cluster.RestoreWhenEmpty, "test", log.With("role", "follower"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	fctx, stopFollower := context.WithCancel(ctx)
+	followed := make(chan error, 1)
+	go func() { followed <- f.Run(fctx) }()
+	t.Cleanup(func() { stopFollower(); <-followed })
+	testutil.Eventually(t, 30*time.Second, func() error { return sameAsTruth(f.Store.Reader(), sim.Truth()) })
+	if f.Follower.Restored().Name == "" {
+		t.Error("the follower did not restore the leader's snapshot")
+	}
+	// A signed checkpoint of the leader's, verified and matched.
+	testutil.WaitFor(t, 10*time.Second, "the follower to match a checkpoint", func() bool {
+		r, ok := f.Follower.LastCheckpoint()
+		return ok && r.Diff == ""
+	})
+	if strings.Contains(strings.ToLower(logs.String()), "permissions violation") {
+		t.Errorf("a permissions violation under the documented permissions:\n%s", grepLines(strings.ToLower(logs.String()), "permissions violation"))
+	}
+
+	forged := &nats.Msg{Subject: "syncd.tag.created.evil", Data: []byte("{}")}
+	for user, pass := range map[string]string{"syncd-follower": "follower-secret-81c2", "reader": "reader-secret"} {
+		js := testutil.JetStream(t, ns.URL(), nats.UserInfo(user, pass))
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.PublishMsg(pctx, forged)
+		cancel()
+		if err == nil {
+			t.Errorf("%s published an event", user)
+		}
+		if user == "reader" {
+			if err := js.DeleteStream(ctx, cfg.NATS.Stream); err == nil {
+				t.Error("reader deleted the stream")
+			}
+		}
+	}
+	if _, err := app.NATS.JS.Stream(ctx, cfg.NATS.Stream); err != nil {
+		t.Errorf("the stream after the refused clients: %v", err)
+	}
+}

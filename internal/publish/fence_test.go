@@ -1,0 +1,338 @@
+package publish_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// fencedNode is one replica's fence in a fencing test: it counts its
+// step-downs.
+type fencedNode struct {
+	fence    *publish.Fence
+	stepDown atomic.Int32
+	log      *logBuffer
+}
+
+func newFencedNode(js jetstream.JetStream, cfg publish.Config, node string) *fencedNode {
+	n := &fencedNode{log: &logBuffer{}}
+	n.fence = publish.NewFence(js, publish.FenceConfig{Node: node, Format: cfg.Format(), OnFenced: func() { n.stepDown.Add(1) }, Logger: n.log.logger()})
+	return n
+}
+
+// guardBuckets has f fence the test's KV buckets as KV.setFence would.
+func guardBuckets(f *publish.Fence) {
+	c := kvTestConfig()
+	for _, b := range []string{c.Tags, c.Repos, c.Advisories} {
+		f.Guard("$KV."+b+"."+publish.TermKey, "$KV."+b+"."+publish.TermKey)
+	}
+}
+
+func mark(t *testing.T, f *publish.Fence) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.Mark(ctx); err != nil {
+		t.Fatalf("mark the term: %v", err)
+	}
+}
+
+// streamState is the stream's last sequence and the subject stored there.
+func streamState(t *testing.T, js jetstream.JetStream) (uint64, string) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := info.State.LastSeq
+	m, err := s.GetMsg(ctx, last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return last, m.Subject
+}
+
+// assertOnlyMarkerSince checks that the stream gained exactly one message
+// since seq before, the newer term's marker: nothing of the older term.
+func assertOnlyMarkerSince(t *testing.T, js jetstream.JetStream, before uint64) {
+	t.Helper()
+	last, subject := streamState(t, js)
+	if last != before+1 || subject != publish.TermSubject(testPrefix) {
+		t.Errorf("stream ends at seq %d (%s), want %d, the newer term's marker: the deposed leader's write landed", last, subject, before+1)
+	}
+}
+
+// assertFenced checks that n counted refused writes, stepped down once and
+// warned once.
+func assertFenced(t *testing.T, n *fencedNode) {
+	t.Helper()
+	if n.fence.Refused() == 0 {
+		t.Error("no refused write counted")
+	}
+	if got := n.stepDown.Load(); got != 1 {
+		t.Errorf("stepped down %d times, want once", got)
+	}
+	if got := strings.Count(n.log.String(), "a write was refused"); got != 1 {
+		t.Errorf("warned %d times of the refusal, want once; log:\n%s", got, n.log.String())
+	}
+}
+
+// TestFence_RelayEventRefusedAfterNewTerm: once another replica marked its
+// term, the deposed leader's relay publishes nothing: the server refuses
+// its events, which stay in its outbox, and it counts, warns and steps down
+// once, and sends nothing more.
+func TestFence_RelayEventRefusedAfterNewTerm(t *testing.T) {
+	ctx := context.Background()
+	s := startServer(t, nil)
+	cfg := s.config(nil)
+	c := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	a, b := newFencedNode(c.JS, cfg, "a"), newFencedNode(c.JS, cfg, "b")
+	r := publish.NewRelay(c.JS, st, cfg, publish.WithFence(a.fence))
+	mark(t, a.fence)
+	p.addRepos(ctx, "app", 2, 2)
+	if err := r.Flush(ctx); err != nil {
+		t.Fatalf("flush within the term: %v", err)
+	}
+	before, _ := streamState(t, c.JS)
+	mark(t, b.fence)
+
+	p.updateAll(ctx)
+	err := r.Flush(ctx)
+	if err == nil {
+		t.Fatal("the deposed leader's flush succeeded")
+	}
+	assertOnlyMarkerSince(t, c.JS, before)
+	if n, _, _ := st.UnpublishedCount(ctx); n != 2 {
+		t.Errorf("%d events unpublished, want the 2 refused", n)
+	}
+	assertFenced(t, a)
+	refused := a.fence.Refused()
+	if err := r.Flush(ctx); !errors.Is(err, publish.ErrFenced) {
+		t.Errorf("a second flush: %v, want ErrFenced before anything is sent", err)
+	}
+	if a.fence.Refused() != refused {
+		t.Error("the second flush sent writes the server refused: the fence did not stop them")
+	}
+	assertOnlyMarkerSince(t, c.JS, before)
+}
+
+// TestFence_CheckpointRefusedAfterNewTerm: a checkpoint of the deposed
+// leader does not reach the stream.
+func TestFence_CheckpointRefusedAfterNewTerm(t *testing.T) {
+	ctx := context.Background()
+	s := startServer(t, nil)
+	cfg := s.config(nil)
+	c := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	a, b := newFencedNode(c.JS, cfg, "a"), newFencedNode(c.JS, cfg, "b")
+	r := publish.NewRelay(c.JS, st, cfg, publish.WithFence(a.fence), publish.WithCheckpoints(st, time.Hour, "a"))
+	mark(t, a.fence)
+	p.addRepos(ctx, "app", 1, 1)
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := streamState(t, c.JS)
+	mark(t, b.fence)
+	seq, why, err := r.PublishCheckpoint(ctx)
+	if err == nil {
+		t.Fatalf("the deposed leader published a checkpoint at seq %d (why %q)", seq, why)
+	}
+	assertOnlyMarkerSince(t, c.JS, before)
+	assertFenced(t, a)
+}
+
+// TestFence_KVPutRefusedAfterNewTerm: the deposed leader's events reached
+// the stream before the newer term began, but their KV writes came after
+// its markers (the process paused between the two): the buckets keep what
+// they held, and only the newer term's marker key changed.
+func TestFence_KVPutRefusedAfterNewTerm(t *testing.T) {
+	ctx := context.Background()
+	s := startServer(t, nil)
+	cfg := s.config(nil)
+	c := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	a, b := newFencedNode(c.JS, cfg, "a"), newFencedNode(c.JS, cfg, "b")
+	guardBuckets(b.fence)
+	k := mustOpenKV(t, c.JS, st)
+	r := publish.NewRelay(c.JS, st, cfg, publish.WithKV(k), publish.WithFence(a.fence))
+	mark(t, a.fence)
+	p.addRepos(ctx, "app", 2, 2)
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tags := k.Bucket("tag")
+	want := withoutMarker(t, bucketContents(t, tags))
+	if len(want) != 4 {
+		t.Fatalf("tags bucket holds %d tags before the new term, want 4", len(want))
+	}
+	publish.SetBeforeKVApply(k, func([]store.Event) error {
+		mark(t, b.fence) // the newer term begins between the marking and the writes
+		return nil
+	})
+	p.moveAll(ctx, 1)
+	if err := r.Flush(ctx); err == nil {
+		t.Fatal("the deposed leader's KV writes succeeded")
+	}
+	got := bucketContents(t, tags)
+	if !strings.Contains(string(got[publish.TermKey]), `"node":"b"`) {
+		t.Errorf("marker key = %s, want node b's", got[publish.TermKey])
+	}
+	if diff := sameValues(want, withoutMarker(t, got)); diff != "" {
+		t.Errorf("tags bucket changed after the newer term began: %s", diff)
+	}
+	assertFenced(t, a)
+}
+
+// TestFence_KVReconcileRefusedAfterNewTerm: the deposed leader's
+// reconciliation neither puts a missing key back nor deletes a stray one.
+func TestFence_KVReconcileRefusedAfterNewTerm(t *testing.T) {
+	ctx := context.Background()
+	s := startServer(t, nil)
+	cfg := s.config(nil)
+	c := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	a, b := newFencedNode(c.JS, cfg, "a"), newFencedNode(c.JS, cfg, "b")
+	guardBuckets(b.fence)
+	k := mustOpenKV(t, c.JS, st)
+	r := publish.NewRelay(c.JS, st, cfg, publish.WithKV(k), publish.WithFence(a.fence))
+	mark(t, a.fence)
+	p.addRepos(ctx, "app", 1, 2)
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// What a reconciliation would repair: a key missing, a stray key.
+	tags := k.Bucket("tag")
+	if err := tags.Delete(ctx, publish.TagKey("app-0", "v0")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tags.Put(ctx, "stray.key", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	want := withoutMarker(t, bucketContents(t, tags))
+	mark(t, b.fence)
+
+	if _, err := k.Reconcile(ctx); err == nil {
+		t.Fatal("the deposed leader's reconciliation succeeded")
+	}
+	if diff := sameValues(want, withoutMarker(t, bucketContents(t, tags))); diff != "" {
+		t.Errorf("tags bucket changed after the newer term began: %s", diff)
+	}
+	assertFenced(t, a)
+}
+
+// withoutMarker returns kv without the term marker key, which it must hold.
+func withoutMarker(t *testing.T, kv map[string][]byte) map[string][]byte {
+	t.Helper()
+	if _, ok := kv[publish.TermKey]; !ok {
+		t.Errorf("bucket has no term marker key %s", publish.TermKey)
+	}
+	delete(kv, publish.TermKey)
+	return kv
+}
+
+// sameValues is "" when a and b hold the same keys and values.
+func sameValues(a, b map[string][]byte) string {
+	var diffs []string
+	for k, v := range a {
+		if string(b[k]) != string(v) {
+			diffs = append(diffs, k+": "+string(v)+" became "+string(b[k]))
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			diffs = append(diffs, k+" added")
+		}
+	}
+	return strings.Join(diffs, "; ")
+}
+
+// TestKV_DuplicateWritesNoOlderState: a replica that leads again publishes
+// the events its outbox kept from its earlier term; the other leader had
+// recorded the same changes under the same ids, and more since. JetStream
+// drops them as duplicates, and their states, older than the buckets',
+// are not written: the buckets never go back, and end with the mirror's.
+func TestKV_DuplicateWritesNoOlderState(t *testing.T) {
+	ctx := context.Background()
+	s := startServer(t, nil)
+	cfg := s.config(nil)
+	c := mustConnect(t, cfg)
+	st := mustOpenStore(t)
+	p := newProducer(t, st)
+	k := mustOpenKV(t, c.JS, st)
+	r := publish.NewRelay(c.JS, st, cfg, publish.WithKV(k))
+	p.addRepos(ctx, "app", 1, 1)
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Two moves the other leader published, and whose newest state it
+	// wrote to the bucket; this replica's outbox still holds them.
+	tag := p.tags[p.repos[0].UID][0]
+	p.move(ctx, tag.UID, 2)
+	var evs []store.Event
+	if err := st.ReadUnpublished(ctx, 0, 100, func(b []store.Event) error { evs = append(evs, b...); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) < 2 {
+		t.Fatalf("%d events unpublished, want the 2 moves at least", len(evs))
+	}
+	for _, e := range evs {
+		if _, err := c.JS.PublishMsg(ctx, r.Message(e)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := publish.TagKey("app-0", tag.Name)
+	newest, err := json.Marshal(publish.TagValue{Repo: "app-0", Tag: tag.Name, UID: tag.UID, Digest: digest(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tags := k.Bucket("tag")
+	rev, err := tags.Put(ctx, key, newest)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hist, err := tags.History(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range hist {
+		var v publish.TagValue
+		if e.Revision() <= rev || json.Unmarshal(e.Value(), &v) != nil {
+			continue
+		}
+		if v.Digest != digest(2) {
+			t.Errorf("after the newest state, the key went to digest %s (revision %d): an older state", v.Digest, e.Revision())
+		}
+	}
+	if n, _, _ := st.UnpublishedCount(ctx); n != 0 {
+		t.Errorf("%d events unpublished, want the duplicates marked published", n)
+	}
+}
+
+func TestFenceSupported(t *testing.T) {
+	if !publish.FenceSupported(1, 0) || publish.FenceSupported(1, 3) || publish.FenceSupported(3) {
+		t.Error("fencing is supported exactly when no stream is replicated")
+	}
+}

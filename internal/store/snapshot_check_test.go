@@ -1,0 +1,81 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// backupOf writes a snapshot of a fresh mirror past its baseline.
+func backupOf(t *testing.T) string {
+	t.Helper()
+	st, _ := openTemp(t, newClock(), false, store.Options{})
+	path := filepath.Join(t.TempDir(), "snap.db")
+	if err := store.CreateEmpty(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Backup(context.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestCheckSnapshot: a mirror's backup passes; one with an extra view (a
+// recursive one, which would run for ever) or trigger, or damaged pages,
+// is refused with ErrBadSnapshot, and a restore of it copies nothing.
+func TestCheckSnapshot(t *testing.T) {
+	ctx := context.Background()
+	if err := store.CheckSnapshot(ctx, backupOf(t)); err != nil {
+		t.Fatalf("a mirror's own backup: %v", err)
+	}
+	for _, c := range []struct{ name, sql string }{
+		{"recursive view", `CREATE VIEW boom AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c`},
+		{"trigger", `CREATE TRIGGER evil AFTER INSERT ON repos BEGIN DELETE FROM tags; END`},
+		{"changed index", `DROP INDEX tag_history_time; CREATE INDEX tag_history_time ON tag_history(digest)`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := backupOf(t)
+			db, err := sql.Open("sqlite", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec(c.sql); err != nil {
+				t.Fatal(err)
+			}
+			db.Close()
+			if err := store.CheckSnapshot(ctx, path); !errors.Is(err, store.ErrBadSnapshot) {
+				t.Fatalf("CheckSnapshot: %v, want ErrBadSnapshot", err)
+			}
+			follower, _ := openTemp(t, newClock(), false, store.Options{})
+			if err := follower.Restore(ctx, path, 7); !errors.Is(err, store.ErrBadSnapshot) {
+				t.Fatalf("Restore: %v, want ErrBadSnapshot", err)
+			}
+			if seq, err := follower.SnapshotSeq(ctx); err != nil || seq != 0 {
+				t.Errorf("the refused restore recorded snapshot seq %d (%v)", seq, err)
+			}
+		})
+	}
+	t.Run("damaged", func(t *testing.T) {
+		path := backupOf(t)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Past the first page (the header and sqlite_schema's root): the
+		// tables' pages.
+		for i := 4096 + 100; i < len(b); i += 7 {
+			b[i] ^= 0x5a
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.CheckSnapshot(ctx, path); !errors.Is(err, store.ErrBadSnapshot) {
+			t.Fatalf("CheckSnapshot: %v, want ErrBadSnapshot", err)
+		}
+	})
+}
