@@ -255,6 +255,17 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	f.cons = cons
 	f.lag.Store(cons.CachedInfo().NumPending)
+	if f.next == 0 {
+		// Where the mirror stands, so that messages lost on their way
+		// before the first that arrives are read from the stream (see
+		// fetch): a durable consumer resumes where its acknowledgements
+		// stopped, at or before it.
+		if m, ok := f.mirror.(Positioned); ok {
+			if pos, _, err := m.StreamPosition(ctx); err == nil && pos > 0 {
+				f.next = pos + 1
+			}
+		}
+	}
 	return cons, nil
 }
 
@@ -299,6 +310,9 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 				return 0, fmt.Errorf("delete consumer %s before following from the snapshot: %w", f.cfg.Consumer, err)
 			}
 			f.restored = info
+			// The mirror is at the snapshot's sequence now, wherever it
+			// was before (a repair goes back).
+			f.next = info.Seq + 1
 			f.log.Info("restored the mirror from a snapshot", "bucket", f.cfg.SnapshotBucket, "name", info.Name, "stream_seq", info.Seq,
 				"bytes", info.Bytes, "raw_bytes", info.RawBytes, "took", info.Took.Round(time.Millisecond).String())
 		case f.repair:
@@ -398,6 +412,20 @@ type Forfeiting interface {
 	DropUnpublished(ctx context.Context) (n int, first, last int64, err error)
 }
 
+// Unpublished is how many events the mirror recorded and never published,
+// as far as it can tell; 0 when it cannot.
+func (f *Follower) Unpublished(ctx context.Context) int {
+	m, ok := f.mirror.(Positioned)
+	if !ok {
+		return 0
+	}
+	_, n, err := m.StreamPosition(ctx)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
 // Forfeit is called when another replica leads and Run is not running:
 // the events this mirror recorded while its replica led, and never
 // published, are dropped (the new leader records those changes again from
@@ -457,8 +485,15 @@ func (f *Follower) catchUpTail(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stream %s info: %w", f.cfg.Stream, err)
 	}
-	last := info.State.LastSeq
-	if last < f.next || last-f.next >= maxMissing {
+	return f.applyThrough(ctx, info.State.LastSeq)
+}
+
+// applyThrough applies the events of the stream's sequences from the one
+// after the last applied through last, read from the stream directly, and
+// moves the position past last. A gap of maxMissing or more is left to
+// the consumer.
+func (f *Follower) applyThrough(ctx context.Context, last uint64) error {
+	if f.next == 0 || last < f.next || last-f.next >= maxMissing {
 		return nil
 	}
 	evs, err := f.readRange(ctx, f.next, last)
@@ -554,6 +589,16 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 			return applied, f.lag.Load(), fmt.Errorf("consumer %s info: %w", f.cfg.Consumer, err)
 		}
 		pending = info.NumPending
+		if info.NumAckPending > 0 {
+			// Messages the consumer delivered and this follower never
+			// received: a fetch whose wait ended as they arrived drops
+			// them, and the consumer sends them again only after the
+			// AckWait, nothing after them showing the gap (withMissing).
+			// Everything received was acknowledged or given back by now.
+			if err := f.applyThrough(ctx, info.Delivered.Stream); err != nil {
+				return applied, pending, err
+			}
+		}
 	}
 	f.lag.Store(pending)
 	f.recordLag(pending)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // TestFollower_DeliveryLostOnTheWay: a message the consumer delivered but
@@ -83,4 +84,60 @@ func TestFollower_DeliveryLostOnTheWay(t *testing.T) {
 			t.Fatalf("%s: the follower differs from the leader after its catch-up:\nleader:\n%s\nfollower:\n%s", c.name, l, fo)
 		}
 	}
+}
+
+// TestFollower_TailLostWhileFollowing: a follower that is following, not
+// catching up, and was just restarted, loses the stream's last messages on
+// their way (fetched by
+// another client of its durable consumer, never acknowledged), with nothing
+// after them. It reads them from the stream at its next empty fetch, which
+// finds them delivered and unacknowledged, instead of waiting out the 30 s
+// AckWait: a fetch whose wait ends as a batch arrives drops the batch the
+// same way, and the three-node test's standby stayed behind its leader for
+// the AckWait after such a loss.
+func TestFollower_TailLostWhileFollowing(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	js, leader := newStreamLeader(t)
+	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { follower.Close() })
+	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond})
+	leader.change(3)
+	leader.publish()
+	if err := f.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Lost while the follower is not fetching, so that nothing but the
+	// other client can take them.
+	leader.change(2)
+	leader.publish()
+	cons, err := js.Consumer(ctx, "EV", "f1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range batch.Messages() {
+		n++
+	}
+	if n != 2 {
+		t.Fatalf("took %d messages, want 2 (%v)", n, batch.Error())
+	}
+	// A restarted process: a new follower of the same mirror and consumer,
+	// which learns from the mirror where it stands.
+	f = cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	start := time.Now()
+	testutil.WaitFor(t, 10*time.Second, "the follower to hold the lost tail", func() bool {
+		return mirrorRows(t, leader.st) == mirrorRows(t, follower)
+	})
+	t.Logf("the lost tail applied after %s (AckWait 30s)", time.Since(start).Round(time.Millisecond))
 }

@@ -129,8 +129,11 @@ func (r *Replica) follow(ctx context.Context, st LeaseState) {
 			if st.Leader {
 				return
 			}
-			if !r.othersLead(was) && r.othersLead(st) {
-				return // Run follows again, forfeiting first
+			if !r.othersLead(was) && r.othersLead(st) && r.Follower.Unpublished(ctx) > 0 {
+				// Run follows again, forfeiting first. Only then: a
+				// fetch cut short drops the messages on their way, which
+				// come again after the consumer's AckWait.
+				return
 			}
 			r.role(RoleStandby, st.Holder)
 		}

@@ -1,0 +1,92 @@
+package cluster_test
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
+)
+
+// TestReplica_LeadsOnlyWithTheStreamInItsMirror: a standby that gains the
+// lease while it cannot read the stream (here: the stream is not there
+// yet) does not lead, however long that lasts; once it can, it leads with
+// every event the stream holds already in its mirror. Before, the
+// catch-up was bounded by one lease TTL and leading went on regardless: the
+// partition tests saw new leaders put older values back into the KV
+// buckets, delete live keys, and crawl a silent baseline over changes the
+// stream never got.
+func TestReplica_LeadsOnlyWithTheStreamInItsMirror(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	js := mustJetStream(t)
+	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
+	leader := newLeaderMirror(t, js, pcfg)
+	leader.change(3)
+
+	standby, err := store.Open(ctx, filepath.Join(t.TempDir(), "standby.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { standby.Close() })
+	lease, err := cluster.NewLease(ctx, js, cluster.LeaseConfig{Bucket: "lease", Key: "leader", Node: "b", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waits := &countingHandler{text: "not leading yet"}
+	var ledWith atomic.Pointer[string]
+	r := &cluster.Replica{
+		Lease: lease,
+		Follower: cluster.NewFollower(js, standby, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "b",
+			MaxWait: 100 * time.Millisecond}),
+		Lead: func(ctx context.Context) error {
+			rows := mirrorRows(t, standby)
+			ledWith.Store(&rows)
+			<-ctx.Done()
+			return nil
+		},
+		Logger: slog.New(waits),
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	testutil.WaitFor(t, 5*ttl, "the standby to hold the lease and fail to catch up twice, or to lead", func() bool {
+		return lease.IsLeader() && (waits.n.Load() >= 2 || ledWith.Load() != nil)
+	})
+	if ledWith.Load() != nil {
+		t.Fatal("led with a mirror that could not read the stream")
+	}
+
+	if err := publish.EnsureStream(ctx, js, pcfg); err != nil {
+		t.Fatal(err)
+	}
+	leader.publish()
+	testutil.WaitFor(t, 5*ttl, "the standby to lead", func() bool { return ledWith.Load() != nil })
+	if got, want := *ledWith.Load(), mirrorRows(t, leader.st); got != want {
+		t.Fatalf("led with the mirror:\n%s\nthe stream's (the old leader's):\n%s", got, want)
+	}
+}
+
+// countingHandler counts log records whose message contains text.
+type countingHandler struct {
+	text string
+	n    atomic.Int64
+}
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.text) {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
