@@ -30,6 +30,12 @@ import (
 // make test; make cluster-test (and CI) sets it.
 const clusterTestEnv = "SYNCD_TEST_CLUSTER"
 
+// auditWindow is the three-node test's duplicate window: long enough that
+// a publish retried across the quorum loss is still deduplicated, short
+// enough that the audit publishes again, within the test, what the stream
+// lost.
+const auditWindow = 45 * time.Second
+
 // freePort is a loopback address the system had free, for a child process
 // to listen on.
 func freePort(t *testing.T) string {
@@ -141,6 +147,9 @@ func TestCluster_ThreeNodes(t *testing.T) {
 	dir := t.TempDir()
 	for _, n := range nodes {
 		n.dbPath, n.replicas, n.admin, n.snapshotEvery = filepath.Join(dir, n.name+".db"), 3, freePort(t), "2s"
+		// An audit that can publish again what the stream lost within the
+		// test: after the duplicate window and half of it again.
+		n.dupWindow, n.auditEvery = auditWindow.String(), "2s"
 		n.cfg = clusterNodeConfig(t, simURL, urls, n)
 	}
 	w := &world{t: t, sim: sim, simURL: simURL, natsURL: urls}
@@ -154,6 +163,7 @@ func TestCluster_ThreeNodes(t *testing.T) {
 			for _, n := range nodes {
 				if n.out != nil {
 					t.Logf("%s log tail:\n%s", n.name, tail(n.out.String(), 30))
+					keepLog(t, n)
 				}
 			}
 		}
@@ -247,13 +257,49 @@ func TestCluster_ThreeNodes(t *testing.T) {
 	expected := eventIDs(t, leader.dbPath)
 	onStream, total, described := streamIDs(ctx, t, js)
 	missing, extra := 0, 0
+	streamLost, auditTook := 0, time.Duration(0)
 	for id := range expected {
 		if onStream[id] == 0 {
-			missing++
+			streamLost++
 			var typ, subject, created string
 			var seq int
 			openReader(t, leader.dbPath).QueryRow(`SELECT seq, type, subject, created_time FROM event_log WHERE id = ?`, id).Scan(&seq, &typ, &subject, &created)
 			t.Logf("missing from the stream: %s seq %d %s %s recorded %s", id, seq, typ, subject, created)
+			// Who published it, and when: a loss of JetStream's or syncd's.
+			for _, n := range nodes {
+				for _, line := range strings.Split(n.out.String(), "\n") {
+					if strings.Contains(line, id) {
+						t.Logf("  %s: %s", n.name, line)
+					}
+				}
+			}
+		}
+	}
+	if streamLost > 0 {
+		// JetStream lost acknowledged messages (Jepsen found NATS 2.12.1
+		// does when nodes die), or syncd marked an event published that
+		// was not: either way the leader's audit publishes it again, once
+		// the duplicate window and its margin are past.
+		auditStart := time.Now()
+		testutil.WaitFor(t, 3*auditWindow, "the leader's audit to publish again what the stream lacks", func() bool {
+			onStream, total, described = streamIDs(ctx, t, js)
+			for id := range expected {
+				if onStream[id] == 0 {
+					return false
+				}
+			}
+			return true
+		})
+		auditTook = time.Since(auditStart)
+		for _, line := range strings.Split(leader.out.String(), "\n") {
+			if strings.Contains(line, `"part":"audit"`) && strings.Contains(line, "WARN") {
+				t.Logf("%s: %s", leader.name, line)
+			}
+		}
+	}
+	for id := range expected {
+		if onStream[id] == 0 {
+			missing++
 		}
 	}
 	for id := range onStream {
@@ -339,6 +385,8 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		quorumBack.Round(time.Millisecond), old.name, leader.name, takeover.Round(time.Millisecond), clusterTTL)
 	t.Logf("three-node figures: %d changes; events expected %d = delivered %d (%d messages, %d duplicates); mirror diffs: leader vs truth 0, standby vs leader 0, follower vs leader 0; follower joined after the stream dropped seqs up to %d: restored the snapshot and applied the %d events after it in %s; whole test %s",
 		changes, len(expected), delivered, total, total-delivered, seq, after, catchUp.Round(time.Millisecond), time.Since(start).Round(time.Second))
+	t.Logf("three-node figures: events the stream lacked after the faults: %d, all on it again %s later (the audit: [nats] duplicate_window %s, [verify] audit_every 2s)",
+		streamLost, auditTook.Round(time.Second), auditWindow)
 
 	for _, n := range []*node{leader, old, late} {
 		n.cmd.Process.Signal(syscall.SIGTERM)
@@ -402,4 +450,19 @@ func eventIDs(t *testing.T, path string) map[string]bool {
 		t.Fatal(fmt.Errorf("read event ids: %w", err))
 	}
 	return ids
+}
+
+// keepLog writes n's whole log into the directory $SYNCD_TEST_LOGDIR names,
+// if any, where it outlives the test's temporary directory.
+func keepLog(t *testing.T, n *node) {
+	dir := os.Getenv("SYNCD_TEST_LOGDIR")
+	if dir == "" {
+		return
+	}
+	path := filepath.Join(dir, t.Name()+"-"+n.name+".log")
+	if err := os.WriteFile(path, []byte(n.out.String()), 0o600); err != nil {
+		t.Logf("keep the log of %s: %v", n.name, err)
+		return
+	}
+	t.Logf("%s log: %s", n.name, path)
 }

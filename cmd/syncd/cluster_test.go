@@ -64,8 +64,11 @@ type node struct {
 	snapshotEvery string
 	// ttl is [cluster] lease_ttl; 0: clusterTTL.
 	ttl time.Duration
-	cmd *exec.Cmd
-	out *syncBuffer
+	// dupWindow is [nats] duplicate_window and auditEvery [verify]
+	// audit_every; "": the defaults.
+	dupWindow, auditEvery string
+	cmd                   *exec.Cmd
+	out                   *syncBuffer
 }
 
 // clusterNodeConfig writes a cluster-mode configuration for one replica.
@@ -91,6 +94,7 @@ requests_per_second = 0.0
 [nats]
 url = %[3]q
 replicas = %[7]d
+%[10]s
 
 [store]
 path = %[4]q
@@ -111,7 +115,24 @@ enabled = true
 node_id = %[5]q
 lease_ttl = %[6]q
 consumer = "follow-%[5]s"
-`, simURL, n.token, natsURL, n.dbPath, n.name, cmp.Or(n.ttl, clusterTTL).String(), max(n.replicas, 1), n.admin, n.snapshotEvery))
+%[11]s`, simURL, n.token, natsURL, n.dbPath, n.name, cmp.Or(n.ttl, clusterTTL).String(), max(n.replicas, 1), n.admin, n.snapshotEvery,
+		tomlLine("duplicate_window", n.dupWindow), tomlSection("verify", tomlLine("audit_every", n.auditEvery))))
+}
+
+// tomlLine is key = "value", or "" when value is.
+func tomlLine(key, value string) string {
+	if value == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s = %q\n", key, value)
+}
+
+// tomlSection is a table of body, or "" when body is.
+func tomlSection(name, body string) string {
+	if body == "" {
+		return ""
+	}
+	return "\n[" + name + "]\n" + body
 }
 
 // start runs the test binary as "syncd <args> --config n.cfg".
