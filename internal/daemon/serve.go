@@ -37,12 +37,24 @@ func ServeHTTP(ctx context.Context, ln net.Listener, h http.Handler) error {
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), time.Second)
+		shut, cancel := context.WithTimeout(context.Background(), shutdownWait)
 		defer cancel()
-		return srv.Shutdown(shut)
+		if err := srv.Shutdown(shut); errors.Is(err, context.DeadlineExceeded) {
+			// A request still running after the wait (a push being
+			// delivered, a page being read) is cut: syncd is stopping,
+			// and its client retries elsewhere or later.
+			return srv.Close()
+		} else if err != nil {
+			return err
+		}
+		return nil
 	})
 	return g.Wait()
 }
+
+// shutdownWait is how long ServeHTTP lets requests in flight finish once
+// its context is done.
+const shutdownWait = time.Second
 
 // ServeSim points sim at ln's address (a loopback one when ln listens on
 // every address) and returns that URL, and the function that serves sim on
