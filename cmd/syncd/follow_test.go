@@ -22,6 +22,7 @@ import (
 // from the first event once a leader creates the stream: its mirror comes
 // to equal the leader's.
 func TestFollow_WaitsForTheStream(t *testing.T) {
+	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	ns := testutil.NATS(t)
 	followerPath := filepath.Join(t.TempDir(), "follower.db")
 	adminLn := testutil.Listen(t)

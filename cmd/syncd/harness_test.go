@@ -13,6 +13,16 @@ import (
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
+// Parallel tests: a test here that spends its time waiting (for a lease,
+// a retry, a stream that appears, a subprocess) rather than computing, and
+// shares nothing with the others (its own simulator, NATS server, mirror
+// files and loopback ports), calls t.Parallel, so that the waits of
+// several overlap. Tests that assert how long something took against a
+// tight bound (a takeover within two lease TTLs, a push's latency, a stop
+// within the grace period) stay sequential: Go runs them first, before any
+// parallel test starts, so that nothing of this package competes with them
+// for the CPU.
+
 // testConfig writes a syncd configuration for a test: the simulator as the
 // platform, a test NATS server, a mirror file, and sections as given.
 type testConfig struct {

@@ -178,6 +178,7 @@ func TestRun_NotReadyWhileTheRegistryRefusesTheCredential(t *testing.T) {
 // where nothing listens: /readyz answers 503 from the start (no baseline)
 // instead of 200, and syncd status says which request is retried and why.
 func TestRun_NotReadyWhileThePlatformIsUnreachable(t *testing.T) {
+	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	closed := testutil.Listen(t)
 	deadURL := "http://" + closed.Addr().String()
 	closed.Close()

@@ -50,6 +50,7 @@ func ask(c *query.Client, endpoint string, req, out any) error {
 // stream's, min_seq waits for a change to be applied, and refusals carry
 // their codes.
 func TestQuery_LeaderStandbyFollower(t *testing.T) {
+	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	ns := testutil.NATS(t)
 	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 61, Tokens: []string{"tok-a", "tok-b"}},
 		platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 4, Advisories: 6, NestedRepos: 1, PublicImages: -1})
@@ -229,6 +230,7 @@ func TestQuery_LeaderStandbyFollower(t *testing.T) {
 // each endpoint's human output and --json, the cursor of a page, and the
 // exit status of a refusal and of a bad command line.
 func TestQuery_Command(t *testing.T) {
+	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	sim, simURL := startSim(t, 11, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 5, Advisories: 4, PublicImages: -1})
 	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")

@@ -422,6 +422,7 @@ func changesOnly() platformsim.Rates {
 // endpoint at once, while the data changes, the mirror converges to the
 // ground truth and the consumer receives every move exactly once, in order.
 func TestReliability_FaultsWhileDataChanges(t *testing.T) {
+	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	ns := testutil.NATS(t)
 	w := newWorld(t, 41, platformsim.Scale{Repos: 4, TagsPerRepo: 4, HistoryPerTag: 5, Advisories: 5, PublicImages: -1}, ns.URL())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -453,6 +454,7 @@ func TestReliability_FaultsWhileDataChanges(t *testing.T) {
 // checks that it converges with nothing lost or duplicated and the
 // database intact.
 func TestReliability_CrashRecovery(t *testing.T) {
+	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	ns := testutil.NATS(t)
 	w := newWorld(t, 43, platformsim.Scale{Repos: 5, TagsPerRepo: 4, HistoryPerTag: 30, Advisories: 5, PublicImages: -1}, ns.URL())
 	cfg := w.config()
@@ -499,6 +501,7 @@ func TestReliability_CrashRecovery(t *testing.T) {
 // TestReliability_NATSOutage stops the NATS server while changes keep
 // coming, restarts it, and checks that nothing was lost.
 func TestReliability_NATSOutage(t *testing.T) {
+	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	ns := testutil.NATS(t)
 	w := newWorld(t, 47, platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 5, PublicImages: -1}, ns.URL())
 	ctx, cancel := context.WithCancel(context.Background())

@@ -17,6 +17,7 @@ import (
 // "giving up after N attempts" message; it waited for NATS for ever (a
 // cron job that never ends).
 func TestSyncOnce_GivesUpOnUnreachableServices(t *testing.T) {
+	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	_, simURL := startSim(t, 31, platformsim.Scale{Repos: 2, TagsPerRepo: 1, HistoryPerTag: 2})
 	ns := testutil.NATS(t)
 	// Nothing listens on a port freePort had free.

@@ -57,6 +57,7 @@ func createIdentity(t *testing.T, simURL, issuer, subject string) string {
 // ground truth row for row, and every move, in nested repos and in
 // date-stamped tags among them, reaches NATS once, in order.
 func TestRun_StrictPlatform(t *testing.T) {
+	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	ns := testutil.NATS(t)
 	w := strictWorld(t, ns.URL(), platformsim.Options{Seed: 17, ExchangeTokenTTL: 3 * time.Second},
 		platformsim.Scale{Repos: 6, TagsPerRepo: 2, HistoryPerTag: 3, Advisories: 6, DateTags: 1, EpochTags: 1, ReferrerTags: 1, NestedRepos: 4})

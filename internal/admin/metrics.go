@@ -1,8 +1,3 @@
-// Package admin is syncd's operations endpoint: Prometheus metrics on an own
-// registry, liveness and readiness. The other packages know nothing of
-// Prometheus: they report through observers given to them at construction,
-// which internal/daemon connects to the methods here, and the
-// series and checks of watch.go read them through small interfaces.
 package admin
 
 import (

@@ -1,10 +1,3 @@
-// Package cluster lets several syncd replicas share one upstream: a leader
-// lease in a NATS KV bucket elects the one replica that crawls and
-// publishes, and a follower applies the event stream to a replica's own
-// mirror, so that standbys take over warm and analysts anywhere get a
-// mirror without touching the upstream. The leader's duties and their
-// shutdown (lead.go) are the same with one replica: "syncd run" without
-// cluster mode runs them directly.
 package cluster
 
 import (

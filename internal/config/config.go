@@ -1,9 +1,3 @@
-// Package config loads syncd's configuration: defaults first, then a TOML file
-// decoded strictly (load.go), then SYNCD_<SECTION>_<KEY> environment
-// overrides (env.go), then validation, one function per section
-// (validate*.go). Every problem found is reported in one run, each naming
-// the key it is about and, where the file or the environment sets it, the
-// line or the variable (errors.go).
 package config
 
 import (

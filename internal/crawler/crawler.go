@@ -1,8 +1,3 @@
-// Package crawler walks the platform on a schedule and feeds what it reads
-// to the store: repos of the configured group, the tags of each repo, and
-// the history of every tag whose digest or update time changed. Its jobs,
-// and the one scheduler every scheduled job of syncd runs on, are in
-// jobs.go.
 package crawler
 
 import (

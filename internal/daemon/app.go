@@ -1,9 +1,3 @@
-// Package daemon builds a syncd from its configuration: each part from
-// its section (the platform client, the mirror, the NATS connection and
-// relay, the crawler, the receiver and registrar of pushed events, the
-// follower), the observers each part is given at construction, the
-// leader's role in single or cluster mode, and the admin handler that
-// watches them. Commands in cmd/syncd parse flags, call it and print.
 package daemon
 
 import (
@@ -56,7 +50,8 @@ func ParseSchedules(c config.Crawl) (Schedules, error) {
 }
 
 // App is a syncd that crawls and publishes: its parts, opened in order by
-// Open and closed in reverse, and the observers each part was given.
+// Open (Close closes the connection and the mirror), and the observers
+// each part was given.
 type App struct {
 	Config   config.Config
 	Log      *slog.Logger
@@ -234,7 +229,14 @@ func (a *App) observePublished(format publish.Format, level slog.Level) func(sto
 	}
 }
 
-// Close closes what Open opened, in reverse order, logging each error.
+// Close closes the NATS connection, then the mirror, skipping either that
+// Open did not get to (Open calls it when a later part fails). The
+// connection is drained, and closed if the drain takes over 5 s, and the
+// embedded server, if any, is stopped and waited for; publish.Conn logs
+// what goes wrong there and Close returns nothing of it. The mirror's
+// close error is logged and returned. The running parts (relay, crawler,
+// receiver, auditor) are not stopped here: they end with the context they
+// run under.
 func (a *App) Close() error {
 	if a.NATS != nil {
 		a.NATS.Close()

@@ -1,6 +1,3 @@
-// Package platform is syncd's client for the platform API v2 and the
-// registry's tag history API: typed calls, list iterators, AIP-193 errors,
-// authentication, retries and the tag-history window walker.
 package platform
 
 import (

@@ -1,6 +1,3 @@
-// Package preflight holds the checks of "syncd check": one request per
-// platform credential, each to the audience it is for, and one NATS round
-// trip, each giving a verdict that says what to fix. Nothing is written.
 package preflight
 
 import (

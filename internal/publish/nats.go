@@ -1,7 +1,3 @@
-// Package publish turns committed events into JetStream messages: it runs
-// an embedded NATS server or connects to one, provisions the stream, encodes
-// events as CloudEvents and relays the outbox with at-least-once delivery and
-// per-resource order.
 package publish
 
 import (

@@ -1,11 +1,3 @@
-// Package store owns syncd's SQLite mirror: the schema and its migrations,
-// upserts with change detection, and the change log (event_log, read by
-// analysts through the events view) with the outbox the publisher drains.
-//
-// One writer connection takes every write, in transactions that begin
-// IMMEDIATE, so ingest never meets SQLITE_BUSY from itself; a separate pool
-// of read-only connections serves queries, and WAL mode keeps readers and the
-// writer out of each other's way.
 package store
 
 import (

@@ -1,6 +1,3 @@
-// Package testutil is what syncd's tests share: waiting for a condition by
-// polling it, loopback listeners on :0, and the platform simulator served
-// over HTTP. Tests only import it.
 package testutil
 
 import (
