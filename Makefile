@@ -26,7 +26,7 @@ test:
 
 ## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die (about a minute; docs/cluster.md)
 cluster-test:
-	SYNCD_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 5m -run '^TestCluster_ThreeNodes$$' -v ./cmd/syncd/
+	SYNCD_TEST_CLUSTER=1 $(GO) test $(RACE) -count=1 -timeout 5m -run '^TestCluster_ThreeNodes$$' -v ./cmd/syncd/
 
 ## bench: syncd against the limits of the machine and the API, at full size; one table, and bench/results.json (docs/performance.md)
 bench:
