@@ -97,7 +97,7 @@ func TestPermissions_LeastPrivilege(t *testing.T) {
 	t.Cleanup(func() { stopFollower(); <-followed })
 	testutil.Eventually(t, 30*time.Second, func() error { return sameAsTruth(f.Store.Reader(), sim.Truth()) })
 	if f.Follower.Restored().Name == "" {
-		t.Error("the follower did not restore the leader's snapshot")
+		t.Errorf("the follower did not restore the leader's snapshot; its log of snapshots:\n%s", grepLines(logs.String(), "snapshot"))
 	}
 	// A signed checkpoint of the leader's, verified and matched.
 	testutil.WaitFor(t, 10*time.Second, "the follower to match a checkpoint", func() bool {

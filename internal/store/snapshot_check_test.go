@@ -79,3 +79,36 @@ func TestCheckSnapshot(t *testing.T) {
 		}
 	})
 }
+
+// TestCheckSnapshot_DuringTheFirstSync: a leader writes snapshots while its
+// first sync still goes without the history indexes (DeferIndexes); such
+// a snapshot passes the check, and a mirror restored from it has them.
+// Before, every such snapshot was refused for lacking tag_history_digest,
+// and a follower that joined then built its mirror from the stream alone.
+func TestCheckSnapshot_DuringTheFirstSync(t *testing.T) {
+	ctx := context.Background()
+	st, _ := openTemp(t, newClock(), true, store.Options{InitialEvents: "snapshot"})
+	if err := st.DeferIndexes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, st.Reader(), `SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`); n != 0 {
+		t.Fatalf("the mirror in its first sync has %d of the 2 history indexes, want none", n)
+	}
+	path := filepath.Join(t.TempDir(), "snap.db")
+	if err := store.CreateEmpty(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Backup(ctx, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.CheckSnapshot(ctx, path); err != nil {
+		t.Fatalf("a snapshot without the deferred indexes: %v", err)
+	}
+	follower, _ := openTemp(t, newClock(), false, store.Options{})
+	if err := follower.Restore(ctx, path, 3); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, follower.Reader(), `SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`); n != 2 {
+		t.Errorf("the restored mirror has %d of the 2 history indexes", n)
+	}
+}
