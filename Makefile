@@ -34,7 +34,7 @@ bench:
 
 ## bench-quick: the same at a tenth of the size (bench/results-quick.json)
 bench-quick:
-	BENCH_SCALE=0.1 $(GO) test -run '^$$' -bench '^BenchmarkSyncd$$' -benchtime 1x -count 1 -timeout 3m ./bench/
+	BENCH_SCALE=0.1 $(GO) test -run '^$$' -bench '^BenchmarkSyncd$$' -benchtime 1x -count 1 -timeout 5m ./bench/
 
 ## soak: 10 minutes of continuous change, upstream faults, SIGKILLs and a 20s NATS outage, checked every minute
 soak:

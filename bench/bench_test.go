@@ -73,6 +73,9 @@ type results struct {
 	// SyncInterval is the relay against an embedded server with each
 	// JetStream sync_interval.
 	SyncInterval syncIntervalResult `json:"sync_interval"`
+	// Verify is what the replicas' verification costs: checkpoints and the
+	// stream audit the relay, the replica digest's triggers the writer.
+	Verify verifyResult `json:"verify"`
 
 	Memory       []memResult `json:"memory"`
 	MemoryGrowth float64     `json:"memory_growth_1x_to_4x"`
@@ -250,6 +253,11 @@ func BenchmarkSyncd(b *testing.B) {
 		b.Fatal(err)
 	}
 
+	progress("checkpoints and the stream audit against the plain relay, %d events each; the writer with and without the replica digest's triggers", verifyPass*max(40, int(80*p.Scale)))
+	if r.Verify, err = measureVerify(ctx, conn, filepath.Join(dir, "verify"), p.Scale); err != nil {
+		b.Fatal(err)
+	}
+
 	if p.Follow {
 		progress("a follower joining after the baseline; a snapshot of the full mirror written and restored")
 		if r.Follow, err = measureFollow(ctx, conn, a.store, pcfg, filepath.Join(dir, "follow"), r.CeilingRowsPerSec); err != nil {
@@ -348,6 +356,9 @@ func targets(r results) []target {
 		{"requests / minimum", r.RequestRatio, "<= 1.01", r.RequestRatio <= 1.01},
 		{"ingest / SQLite ceiling", r.IngestRatio, ">= 0.5", r.IngestRatio >= 0.5},
 		{"relay / JetStream ceiling", r.Relay.RatioToCeiling, ">= 0.7", r.Relay.RatioToCeiling >= 0.7},
+		{"relay with checkpoints / without", r.Verify.CheckpointRatio, ">= 0.95", r.Verify.CheckpointRatio >= 0.95},
+		{"relay with an audit beside / without", r.Verify.AuditRatio, ">= 0.95", r.Verify.AuditRatio >= 0.95},
+		{"writer time with digest triggers / without", r.Verify.Writer.Ratio, "<= 1.05", r.Verify.Writer.Ratio <= 1.05},
 		{"idle resync history requests", float64(r.Idle.HistoryRequests), "0", r.Idle.HistoryRequests == 0},
 		{"idle resync requests", float64(r.Idle.Requests), fmt.Sprintf("<= %d", r.IdleLimit), r.Idle.Requests <= r.IdleLimit},
 		{"incremental requests / minimum", r.IncrementalRatio, "<= 1.02", r.IncrementalRatio <= 1.02},
@@ -415,6 +426,14 @@ func printTable(w io.Writer, r results) {
 	si := r.SyncInterval
 	row("relay, embedded sync_interval 1s (default): events/s", f("%.0f", si.DefaultPerSec), f("2m (JetStream's) %.0f", si.LazyPerSec), f("%.2f", si.DefaultRatio), "")
 	row("relay, embedded sync_interval always: events/s", f("%.0f", si.AlwaysPerSec), f("2m (JetStream's) %.0f", si.LazyPerSec), f("%.2f", si.AlwaysRatio), f("%d events each, in %s", si.Events, si.Dir))
+	v := r.Verify
+	row(f("relay, a checkpoint every %s: events/s", verifyCheckpointEvery), f("%.0f", v.CheckpointPerSec), f("without %.0f", v.RelayPerSec), f("%.3f", v.CheckpointRatio), status["relay with checkpoints / without"])
+	row("  checkpoints: count, mean time", f("%d, %.2f ms", v.Checkpoints, v.CheckpointMs), f("%d events a side, %d a pass", v.Events, v.PassEvents), "", "")
+	row("relay, an audit running beside it: events/s", f("%.0f", v.AuditPerSec), f("without %.0f", v.RelayPerSec), f("%.3f", v.AuditRatio), status["relay with an audit beside / without"])
+	row("  audits beside it: count, events checked", f("%d, %d in %.1f s", v.Audits, v.AuditChecked, v.AuditSeconds), f("a whole audit alone %.0f events/s", v.WholeAuditPerSec), "", "")
+	dw := v.Writer
+	row("writer with the digest's triggers: time", f("%.2f s", dw.WithSeconds), f("without %.2f s", dw.WithoutSeconds), f("%.3f", dw.Ratio), status["writer time with digest triggers / without"])
+	row("  (its baseline and moves)", f("%d tags, %d history rows, %d moves", dw.Tags, dw.HistoryRows, dw.Moves), "", "", "")
 	for i, m := range r.Memory {
 		st := ""
 		switch i {
