@@ -62,6 +62,11 @@ type results struct {
 	// Advisories is the advisories job after 1% of the advisories moved.
 	Advisories advisoryResult `json:"advisories_job"`
 
+	// Query is the query service on the full sync's mirror: each
+	// endpoint's latency at a fixed rate, and its throughput against a
+	// plain loop of the same reads.
+	Query queryResult `json:"query"`
+
 	Relay relayResult `json:"relay"`
 	// Follow is a follower joining after the baseline, and a snapshot of
 	// the full mirror written and restored.
@@ -203,6 +208,11 @@ func BenchmarkSyncd(b *testing.B) {
 		b.Fatal(err)
 	}
 	r.Advisories.FullSyncRequests = r.FullSync.AdvisoryRequests
+
+	progress("query service on the mirror: each endpoint at %d req/s, then %d clients against a plain loop of the same reads", queryRate, queryClients)
+	if r.Query, err = measureQuery(ctx, a.store, o.sim.Truth()); err != nil {
+		b.Fatal(err)
+	}
 
 	progress("latency-bound sync: %s per request, concurrency %d", p.Latency, p.Concurrency)
 	// A snapshot mirror: its first sync fills the outbox the relay is
@@ -352,7 +362,7 @@ func startProfile(path string) (stop func(), err error) {
 }
 
 func targets(r results) []target {
-	return []target{
+	ts := []target{
 		{"requests / minimum", r.RequestRatio, "<= 1.01", r.RequestRatio <= 1.01},
 		{"ingest / SQLite ceiling", r.IngestRatio, ">= 0.5", r.IngestRatio >= 0.5},
 		{"relay / JetStream ceiling", r.Relay.RatioToCeiling, ">= 0.7", r.Relay.RatioToCeiling >= 0.7},
@@ -373,6 +383,7 @@ func targets(r results) []target {
 		{"realistic: latency-bound / floor", r.Realistic.LatencyRatio, "<= 1.05", r.Realistic.LatencyRatio <= 1.05},
 		{"realistic: peak memory (MB)", r.Realistic.Memory.PeakMB, "<= 200", r.Realistic.Memory.PeakMB <= 200},
 	}
+	return append(ts, queryTargets(r.Query)...)
 }
 
 func printTable(w io.Writer, r results) {
@@ -409,6 +420,7 @@ func printTable(w io.Writer, r results) {
 	row(f("advisories job (%d stepped): requests", r.Advisories.Steps), f("%d (list %d, get %d)", r.Advisories.Requests, r.Advisories.ListRequests, r.Advisories.GetRequests),
 		f("minimum %d", r.Advisories.Minimum), f("%.3f", r.Advisories.Ratio), status["advisories job requests / minimum"])
 	row("advisories job: wall / events", f("%.2f s / %d", r.Advisories.WallSeconds, r.Advisories.Events), "", "", "")
+	queryRows(row, status, r.Query)
 	row("relay: events/s", f("%.0f", r.Relay.RelayPerSec), f("JetStream loop %.0f", r.Relay.CeilingPerSec), f("%.2f", r.Relay.RatioToCeiling), status["relay / JetStream ceiling"])
 	fo := r.Follow
 	if !r.Params.Follow {
@@ -457,6 +469,13 @@ func printTable(w io.Writer, r results) {
 	row(f("  incremental (%d moved): crawl requests", rr.Moved), f("%d (history %d)", rr.Incremental.Requests, rr.Incremental.HistoryRequests), f("minimum %d", rr.IncrementalMinimum), f("%.3f", rr.IncrementalRatio), status["realistic: incremental / minimum"])
 	tw.Flush()
 	fmt.Fprintf(w, "\ntotal %.0f s\n", r.Total)
+}
+
+// printRows prints the rows rows gives as one aligned table.
+func printRows(w io.Writer, rows func(row func(...string))) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	rows(func(cols ...string) { fmt.Fprintln(tw, strings.Join(cols, "\t")) })
+	tw.Flush()
 }
 
 // defaultRate is [crawl] requests_per_second's default, at which the first
