@@ -58,6 +58,11 @@ type queryResult struct {
 	Ratio        float64 `json:"ratio"`
 	// Failed counts the throughput run's failed requests, both sides.
 	Failed int64 `json:"throughput_failed"`
+	// EchoPerSec is a bare NATS request and reply on the same server and
+	// connections, the same clients, a responder that answers a fixed
+	// body at once: what NATS alone allows on this machine, no mirror and
+	// no service (a reference, not a target).
+	EchoPerSec float64 `json:"nats_echo_req_per_s"`
 }
 
 // queryLatency is one endpoint at the fixed rate.
@@ -109,6 +114,7 @@ func queryRows(row func(...string), status map[string]string, q queryResult) {
 	}
 	row(f("query service: req/s, %d clients, 5 endpoints", q.Clients), f("%.0f", q.ServedPerSec),
 		f("plain SQLite loop %.0f (%d goroutines)", q.PlainPerSec, q.Workers), f("%.2f", q.Ratio), status["query throughput / plain SQLite loop"])
+	row("  bare NATS request/reply, same clients: req/s", f("%.0f", q.EchoPerSec), "", "", "")
 }
 
 // queryCase is one request: what the service is sent, and the same reads
@@ -315,6 +321,11 @@ func measureQuery(ctx context.Context, st *store.Store, truth platformsim.Truth)
 		})
 	}
 	plain1 := plain()
+	// BENCH_QUERYPROFILE: a CPU profile of the service's side alone.
+	stop, err := startProfile(os.Getenv("BENCH_QUERYPROFILE"))
+	if err != nil {
+		return r, err
+	}
 	r.ServedPerSec = closedLoop(queryClients, queryThroughputFor, func(i int) bool {
 		qc := mix[i%len(mix)]
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -325,12 +336,46 @@ func measureQuery(ctx context.Context, st *store.Store, truth platformsim.Truth)
 		}
 		return true
 	})
+	stop()
 	r.PlainPerSec = max(plain1, plain())
 	r.Ratio = r.ServedPerSec / r.PlainPerSec
+	if r.EchoPerSec, err = natsEcho(ctx, svcConn, cliConn); err != nil {
+		return r, err
+	}
 	if r.Failed = failed.Load(); r.Failed > 0 {
 		fmt.Fprintf(os.Stderr, "query throughput: %d requests failed, the first: %v\n", r.Failed, firstErr.Load())
 	}
 	return r, nil
+}
+
+// natsEcho is the throughput of queryClients closed-loop clients on cli
+// asking a responder on srv that answers a fixed body at once.
+func natsEcho(ctx context.Context, srv, cli *nats.Conn) (float64, error) {
+	var failed atomic.Int64
+	body := []byte(`{"stream_seq":0}`)
+	sub, err := srv.QueueSubscribe(queryPrefix+"-echo", "echo", func(m *nats.Msg) { m.Respond(body) })
+	if err != nil {
+		return 0, err
+	}
+	defer sub.Unsubscribe()
+	if err := srv.Flush(); err != nil {
+		return 0, err
+	}
+	req := []byte(`{"repo":"r","tag":"t"}`)
+	defer func() {
+		if n := failed.Load(); n > 0 {
+			fmt.Fprintf(os.Stderr, "bare NATS request/reply: %d requests failed\n", n)
+		}
+	}()
+	return closedLoop(queryClients, queryThroughputFor, func(int) bool {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if _, err := cli.RequestWithContext(rctx, queryPrefix+"-echo", req); err != nil {
+			failed.Add(1)
+			return false
+		}
+		return true
+	}), nil
 }
 
 // queryAtRate sends n requests to ep at queryRate a second, each on a
