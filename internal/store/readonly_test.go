@@ -72,3 +72,25 @@ func TestOpenReadOnly(t *testing.T) {
 		t.Errorf("newer schema: err=%v, want a refusal naming it", err)
 	}
 }
+
+// TestReaders_StayOpen: the read pool keeps every reader it opened, so
+// that a burst of reads does not close readers and open them again, each
+// preparing its statements anew (database/sql keeps two idle by default).
+func TestReaders_StayOpen(t *testing.T) {
+	ctx := context.Background()
+	st := mustOpen(t, filepath.Join(t.TempDir(), "mirror.db"), store.Options{Readers: 4})
+	var conns []*sql.Conn
+	for range 4 {
+		c, err := st.Reader().Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	if s := st.Reader().Stats(); s.Idle != 4 || s.MaxIdleClosed != 0 {
+		t.Errorf("after 4 readers at once: %d idle, %d closed for the idle limit; want 4 and 0", s.Idle, s.MaxIdleClosed)
+	}
+}
