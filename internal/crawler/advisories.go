@@ -45,20 +45,11 @@ func (c *Crawler) advisories(ctx context.Context, s *summary, sweep bool) error 
 	if err != nil {
 		return err
 	}
-	gone, err := c.confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
+	_, err = c.recordGone(ctx, s, missing(live, seen), func(ctx context.Context, uid string) error {
 		_, err := c.client.GetAdvisory(ctx, uid)
 		return err
-	})
-	if err != nil || len(gone) == 0 {
-		return err
-	}
-	n, err := c.store.MarkAdvisoriesWithdrawn(finish(ctx), gone)
-	if err != nil {
-		return err
-	}
-	s.deleted.Add(int64(len(gone)))
-	s.events.Add(int64(n))
-	return nil
+	}, c.store.MarkAdvisoriesWithdrawn)
+	return err
 }
 
 // mirrorAdvisory is a as the mirror keeps it.

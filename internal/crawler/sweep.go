@@ -28,6 +28,24 @@ func (c *Crawler) confirmGone(ctx context.Context, candidates []string, get func
 	return gone, nil
 }
 
+// recordGone records as deleted (with mark) the candidates confirmGone
+// confirms are gone, and counts them and their events. It returns the uids
+// it recorded.
+func (c *Crawler) recordGone(ctx context.Context, s *summary, candidates []string, get func(context.Context, string) error,
+	mark func(context.Context, []string) (int, error)) ([]string, error) {
+	gone, err := c.confirmGone(ctx, candidates, get)
+	if err != nil || len(gone) == 0 {
+		return nil, err
+	}
+	n, err := mark(finish(ctx), gone)
+	if err != nil {
+		return nil, err
+	}
+	s.deleted.Add(int64(len(gone)))
+	s.events.Add(int64(n))
+	return gone, nil
+}
+
 // missing returns the live uids not in seen.
 func missing(live []string, seen map[string]bool) []string {
 	var out []string
@@ -50,24 +68,18 @@ func (c *Crawler) sweepRepos(ctx context.Context, listed []store.Repo, s *summar
 	if err != nil {
 		return err
 	}
-	gone, err := c.confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
+	gone, err := c.recordGone(ctx, s, missing(live, seen), func(ctx context.Context, uid string) error {
 		r, err := c.client.GetRepo(ctx, uid)
 		if err == nil && !c.wanted(r.Name) {
 			// Still there, but now excluded: not a deletion.
 			return nil
 		}
 		return err
-	})
+	}, c.store.MarkReposDeleted)
 	if err != nil || len(gone) == 0 {
 		return err
 	}
-	n, err := c.store.MarkReposDeleted(finish(ctx), gone)
-	if err != nil {
-		return err
-	}
 	c.failed.forget(gone)
-	s.deleted.Add(int64(len(gone)))
-	s.events.Add(int64(n))
 	c.log.Info("recorded deleted repos", "count", len(gone))
 	return nil
 }
@@ -81,20 +93,14 @@ func (c *Crawler) sweepTags(ctx context.Context, repo store.Repo, seen map[strin
 	}
 	// A tag of a family the listing was not asked to show (the families
 	// were narrowed) is still there: its Get answers, and it is kept.
-	gone, err := c.confirmGone(ctx, missing(live, seen), func(ctx context.Context, uid string) error {
+	gone, err := c.recordGone(ctx, s, missing(live, seen), func(ctx context.Context, uid string) error {
 		_, err := c.client.GetTag(ctx, uid)
 		return err
-	})
+	}, c.store.MarkTagsDeleted)
 	if err != nil || len(gone) == 0 {
 		return err
 	}
-	n, err := c.store.MarkTagsDeleted(finish(ctx), gone)
-	if err != nil {
-		return err
-	}
 	c.failed.forget(gone)
-	s.deleted.Add(int64(len(gone)))
-	s.events.Add(int64(n))
 	c.log.Info("recorded deleted tags", "repo", repo.Path, "count", len(gone))
 	return nil
 }
