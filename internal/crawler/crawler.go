@@ -517,65 +517,76 @@ func (c *Crawler) progressNow(s *summary, start time.Time, req0 int64) Progress 
 // listRepos lists the group's repos page by page into the store, starting
 // over (a bounded number of times) when the listing restarts under it.
 func (c *Crawler) listRepos(ctx context.Context, s *summary) ([]store.Repo, error) {
-	for attempt := 1; ; attempt++ {
-		var repos []store.Repo
+	var repos []store.Repo
+	err := c.retryRestarted("repo", func() error {
+		repos = nil
 		lister := c.client.Repos(platform.ListQuery{DescendantsOf: c.cfg.Group})
-		err := func() error {
-			for page, err := range lister.Pages(ctx) {
-				if err != nil {
-					return err
-				}
-				batch := make([]store.Repo, 0, len(page))
-				for _, r := range page {
-					if !c.wanted(r.Name) {
-						c.paths.learn(r.UID, r.Name)
-						c.skipped.Store(r.UID, true)
-						continue
-					}
-					sr, err := c.storeRepo(ctx, r)
-					if scopeFailed(ctx, err) {
-						// Its path is unknown, so its history cannot be read:
-						// it fails alone, and is not mistaken for deleted.
-						if !c.failed.has(r.UID) {
-							s.reposFailed.Add(1)
-						}
-						s.fail(err)
-						if _, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "repo", UID: r.UID, RepoUID: r.UID, Path: r.UID}, err); rerr != nil {
-							return rerr
-						}
-						continue
-					}
-					if err != nil {
-						return err
-					}
-					batch = append(batch, sr)
-				}
-				n, err := c.store.ApplyRepos(finish(ctx), batch)
-				if err != nil {
-					return err
-				}
-				s.events.Add(int64(n))
-				// The crawl keeps of each repo only what its tags need:
-				// with their raw JSON and active tags, the whole
-				// organization's repos were most of what grew the
-				// crawl's memory with the organization.
-				for _, r := range batch {
-					repos = append(repos, store.Repo{UID: r.UID, Name: r.Name, Path: r.Path})
-				}
-				c.log.Debug("listed repos", "seen", len(repos), "total", lister.Total())
+		for page, err := range lister.Pages(ctx) {
+			if err != nil {
+				return err
 			}
-			return nil
-		}()
+			batch := make([]store.Repo, 0, len(page))
+			for _, r := range page {
+				if !c.wanted(r.Name) {
+					c.paths.learn(r.UID, r.Name)
+					c.skipped.Store(r.UID, true)
+					continue
+				}
+				sr, err := c.storeRepo(ctx, r)
+				if scopeFailed(ctx, err) {
+					// Its path is unknown, so its history cannot be read:
+					// it fails alone, and is not mistaken for deleted.
+					if !c.failed.has(r.UID) {
+						s.reposFailed.Add(1)
+					}
+					s.fail(err)
+					if _, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "repo", UID: r.UID, RepoUID: r.UID, Path: r.UID}, err); rerr != nil {
+						return rerr
+					}
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				batch = append(batch, sr)
+			}
+			n, err := c.store.ApplyRepos(finish(ctx), batch)
+			if err != nil {
+				return err
+			}
+			s.events.Add(int64(n))
+			// The crawl keeps of each repo only what its tags need:
+			// with their raw JSON and active tags, the whole
+			// organization's repos were most of what grew the
+			// crawl's memory with the organization.
+			for _, r := range batch {
+				repos = append(repos, store.Repo{UID: r.UID, Name: r.Name, Path: r.Path})
+			}
+			c.log.Debug("listed repos", "seen", len(repos), "total", lister.Total())
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list repos of group %s: %w", c.cfg.Group, err)
+	}
+	s.repos.Store(int64(len(repos)))
+	return repos, nil
+}
+
+// retryRestarted runs list, one pass over a listing, again from the start
+// when the listing restarted under it (a *platform.ListRestartedError: its
+// page token expired), three passes at the most. what names the listing in
+// the log, with args. list gets its page tokens afresh on each pass; what
+// it collects that a restarted pass would leave short it resets itself.
+func (c *Crawler) retryRestarted(what string, list func() error, args ...any) error {
+	for attempt := 1; ; attempt++ {
+		err := list()
 		var restarted *platform.ListRestartedError
 		if errors.As(err, &restarted) && attempt < 3 {
-			c.log.Warn("repo listing restarted under us; listing again", "err", err)
+			c.log.Warn(what+" listing restarted under us; listing again", append(args, "err", err)...)
 			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("list repos of group %s: %w", c.cfg.Group, err)
-		}
-		s.repos.Store(int64(len(repos)))
-		return repos, nil
+		return err
 	}
 }
 
@@ -610,19 +621,15 @@ func (c *Crawler) wanted(name string) bool {
 // history of each tag the store says changed. It returns the uids of the
 // tags the finished listing showed.
 func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) (map[string]bool, error) {
-	for attempt := 1; ; attempt++ {
-		seen := make(map[string]bool)
-		err := c.listTags(ctx, repo, seen, s)
-		var restarted *platform.ListRestartedError
-		if errors.As(err, &restarted) && attempt < 3 {
-			c.log.Warn("tag listing restarted under us; listing again", "repo", repo.Path, "err", err)
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("crawl repo %s: %w", repo.Path, err)
-		}
-		return seen, nil
+	var seen map[string]bool
+	err := c.retryRestarted("tag", func() error {
+		seen = make(map[string]bool)
+		return c.listTags(ctx, repo, seen, s)
+	}, "repo", repo.Path)
+	if err != nil {
+		return nil, fmt.Errorf("crawl repo %s: %w", repo.Path, err)
 	}
+	return seen, nil
 }
 
 // listTags makes one pass over a repo's tag listing, recording what it saw

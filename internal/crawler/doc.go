@@ -2,7 +2,8 @@
 // to the store: repos of the configured group, the tags of each repo, and
 // the history of every tag whose digest or update time changed. Its jobs,
 // and the one scheduler every scheduled job of syncd runs on, are in
-// jobs.go.
+// jobs.go; the prune job every role runs is in prune.go, and the readying
+// of a followed mirror for crawling (ResolveFollowed) in resolvefollowed.go.
 //
 // Its main types: Crawler (the crawl, sweep, advisories and public-image
 // jobs, each returning a Summary, with Progress for "syncd status"),

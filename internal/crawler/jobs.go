@@ -4,13 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/robfig/cron/v3"
-	"golang.org/x/sync/errgroup"
-
-	"github.com/syncd-dev/syncd/internal/store"
 )
 
 // Names of the scheduled jobs, as crawl_runs, the metrics' crawl_job label
@@ -188,88 +184,4 @@ func (c *Crawler) observed(j Job) Job {
 	}
 	j.Run, j.AtStart = wrap(j.Run), wrap(j.AtStart)
 	return j
-}
-
-// Pruner is what the prune job needs of the store.
-type Pruner interface {
-	PruneEvents(ctx context.Context, cutoff time.Time) (int64, error)
-	PruneDeliveries(ctx context.Context, cutoff time.Time) (int64, error)
-}
-
-// deliveryRetention is how long the ids of pushed events are remembered:
-// far longer than the platform retries a delivery.
-const deliveryRetention = 7 * 24 * time.Hour
-
-// PruneJob deletes published events older than retention, and the ids of
-// deliveries older than a week, at start and hourly. Every role runs it: a
-// standby's and a follower's mirror keep the events they applied.
-func PruneJob(st Pruner, retention time.Duration, log *slog.Logger) Job {
-	return Job{Name: JobPrune, Schedule: cron.Every(time.Hour), Run: func(ctx context.Context) error {
-		if n, err := st.PruneEvents(ctx, time.Now().Add(-retention)); err != nil && ctx.Err() == nil {
-			log.Warn("pruning old events failed", "err", err)
-		} else if n > 0 {
-			log.Info("pruned published events", "count", n, "older_than", retention.String())
-		}
-		if _, err := st.PruneDeliveries(ctx, time.Now().Add(-deliveryRetention)); err != nil && ctx.Err() == nil {
-			log.Warn("pruning old delivery ids failed", "err", err)
-		}
-		return nil
-	}}
-}
-
-// ResolveFollowed readies a mirror built from the stream for crawling, when
-// its replica is promoted to leader: the tags it knows only from the stream
-// get the history the old leader had (see store.ResolveHistory), so that the
-// first crawl announces only what is new. The reads share the crawler's
-// pool of history reads; one that fails leaves its tag to be read silently.
-func (c *Crawler) ResolveFollowed(ctx context.Context) error {
-	refs, err := c.store.UnresolvedTags(ctx)
-	if err != nil || len(refs) == 0 {
-		return err
-	}
-	start := c.cfg.Now()
-	g, gctx := errgroup.WithContext(ctx)
-	var mu sync.Mutex
-	resolved := 0
-	for _, ref := range refs {
-		if err := c.histories.Acquire(gctx, 1); err != nil {
-			break // gctx is done: g.Wait says why
-		}
-		g.Go(func() error {
-			ok, err := c.resolveHistory(gctx, ref)
-			if ok {
-				mu.Lock()
-				resolved++
-				mu.Unlock()
-			}
-			return err
-		})
-	}
-	if err = g.Wait(); err == nil {
-		err = ctx.Err()
-	}
-	c.log.Info("readied the followed mirror for crawling", "tags", len(refs), "resolved", resolved, "took", c.cfg.Now().Sub(start).Round(time.Millisecond).String())
-	return err
-}
-
-// resolveHistory reads one tag's whole history and resolves the tag with
-// it, holding a slot of the history pool until the read is done.
-func (c *Crawler) resolveHistory(ctx context.Context, ref store.TagRef) (bool, error) {
-	recs, err := c.client.HistorySince(ctx, c.client.PrivateImage(ref.Path), ref.Name, time.Time{})
-	c.histories.Release(1)
-	if err != nil {
-		if ctx.Err() != nil {
-			return false, ctx.Err()
-		}
-		c.log.Warn("read history to ready a tag for crawling; its history is read silently", "repo", ref.Path, "tag", ref.Name, "err", err)
-		return false, nil
-	}
-	out := make([]store.HistoryRecord, len(recs))
-	for i, rec := range recs {
-		out[i] = store.HistoryRecord{Time: rec.UpdateTimestamp, Digest: rec.Digest}
-	}
-	if _, err := c.store.ResolveHistory(ctx, ref, out); err != nil {
-		return false, err
-	}
-	return true, nil
 }

@@ -45,18 +45,11 @@ type tagListing struct {
 // every tag the store says changed, in the crawler's pool of history reads.
 // It returns when the listing and every read it started are done.
 func (c *Crawler) listAllTags(ctx context.Context, l *tagListing, q platform.ListQuery, s *summary) error {
-	for attempt := 1; ; attempt++ {
-		err := c.listTagsOnce(ctx, l, q, s)
-		var restarted *platform.ListRestartedError
-		if errors.As(err, &restarted) && attempt < 3 {
-			c.log.Warn("tag listing restarted under us; listing again", "err", err)
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("list tags of group %s: %w", c.cfg.Group, err)
-		}
-		return nil
+	err := c.retryRestarted("tag", func() error { return c.listTagsOnce(ctx, l, q, s) })
+	if err != nil {
+		return fmt.Errorf("list tags of group %s: %w", c.cfg.Group, err)
 	}
+	return nil
 }
 
 func (c *Crawler) listTagsOnce(ctx context.Context, l *tagListing, q platform.ListQuery, s *summary) error {
