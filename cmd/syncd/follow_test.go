@@ -73,7 +73,10 @@ format = "json"
 	// after it, reach the follower.
 	sim, simURL := startSim(t, 41, platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 2, Advisories: 2})
 	leaderPath := filepath.Join(t.TempDir(), "leader.db")
-	leader := startDaemon(t, testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: leaderPath, initialEvents: "snapshot"}.write(t))
+	leader := startDaemon(
+		t,
+		testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: leaderPath, initialEvents: "snapshot"}.write(t),
+	)
 	waitBaseline(t, leaderPath)
 	sim.Advance(time.Second)
 	if err := sim.MoveTag(sim.Truth().Tags[0].UID, "sha256:"+strings.Repeat("7", 64)); err != nil {

@@ -90,7 +90,13 @@ func TestSyncOnce_MirrorsGroundTruth(t *testing.T) {
 	db.QueryRow(`SELECT count(*) FROM advisories`).Scan(&advisories)
 	db.QueryRow(`SELECT count(*) FROM tags`).Scan(&tags)
 	if advisories != len(truth.Advisories) || tags != len(truth.Tags) {
-		t.Errorf("mirror has %d advisories and %d tags, want exactly %d and %d", advisories, tags, len(truth.Advisories), len(truth.Tags))
+		t.Errorf(
+			"mirror has %d advisories and %d tags, want exactly %d and %d",
+			advisories,
+			tags,
+			len(truth.Advisories),
+			len(truth.Tags),
+		)
 	}
 	// A second sync of an unchanged platform reads no history at all.
 	code, stdout, stderr = runMain(context.Background(), "sync", "--once", "--config", cfg)
@@ -123,7 +129,8 @@ func TestStatus_ReportsTheMirror(t *testing.T) {
 	if code != exitOK || json.Unmarshal([]byte(out), &rep) != nil {
 		t.Fatalf("status --json exit %d: %s", code, out)
 	}
-	if rep.Tables["tags"] != 4 || rep.Tables["advisories"] != 2 || len(rep.Jobs) != 1 || rep.Jobs[0].Outcome != "ok" || rep.UnpublishedEvents != 0 {
+	if rep.Tables["tags"] != 4 || rep.Tables["advisories"] != 2 || len(rep.Jobs) != 1 || rep.Jobs[0].Outcome != "ok" ||
+		rep.UnpublishedEvents != 0 {
 		t.Fatalf("status --json = %+v", rep)
 	}
 }

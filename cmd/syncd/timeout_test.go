@@ -41,7 +41,13 @@ func TestSyncOnce_GivesUpOnUnreachableServices(t *testing.T) {
 			code := NewMain(&out, &errb, tc.env).Run(ctx, append([]string{"sync", "--once", "--config", cfg}, tc.flags...))
 			took := time.Since(start)
 			if code != exitFailure || !strings.Contains(errb.String(), tc.want) {
-				t.Errorf("sync --once exited %d after %s, want 1 saying %q; stderr:\n%s", code, took.Round(time.Millisecond), tc.want, errb.String())
+				t.Errorf(
+					"sync --once exited %d after %s, want 1 saying %q; stderr:\n%s",
+					code,
+					took.Round(time.Millisecond),
+					tc.want,
+					errb.String(),
+				)
 			}
 			if took > 15*time.Second {
 				t.Errorf("sync --once took %s with a bound of 2s", took.Round(time.Millisecond))

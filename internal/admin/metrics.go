@@ -54,7 +54,13 @@ func NewMetrics(version string) *Metrics {
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_rejected_messages_total",
 			Help: "Messages and snapshots read back from NATS that were set aside, by reason (docs/reliability.md, Trust)."}, []string{"reason"}),
 	}
-	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "syncd_build_info", Help: "syncd's version.", ConstLabels: prometheus.Labels{"version": version}})
+	build := prometheus.NewGauge(
+		prometheus.GaugeOpts{
+			Name:        "syncd_build_info",
+			Help:        "syncd's version.",
+			ConstLabels: prometheus.Labels{"version": version},
+		},
+	)
 	build.Set(1)
 	// The series dashboards and alerts read exist from the start, at zero,
 	// rather than from the first retry or failed run on: "No data" looks
@@ -70,8 +76,22 @@ func NewMetrics(version string) *Metrics {
 			m.crawlRuns.WithLabelValues(job, outcome)
 		}
 	}
-	reg.MustRegister(m.requests, m.retries, m.crawlDuration, m.crawlRuns, m.lastSuccess, m.rows, m.recorded, m.published, m.publishLatency, m.streamRepaired, m.rejected, build,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(
+		m.requests,
+		m.retries,
+		m.crawlDuration,
+		m.crawlRuns,
+		m.lastSuccess,
+		m.rows,
+		m.recorded,
+		m.published,
+		m.publishLatency,
+		m.streamRepaired,
+		m.rejected,
+		build,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
 	return m
 }
 

@@ -30,7 +30,13 @@ func TestLoad_Cleartext(t *testing.T) {
 				var ce *config.Error
 				if !errors.As(err, &ce) || ce.Key != tc.key || !strings.Contains(ce.Msg, "cleartext") ||
 					!strings.Contains(ce.Msg, tc.carries) || !strings.Contains(ce.Msg, "allow_insecure_http") {
-					t.Errorf("%s: err=%v, want %s refused as cleartext carrying the %s, naming allow_insecure_http", u, err, tc.key, tc.carries)
+					t.Errorf(
+						"%s: err=%v, want %s refused as cleartext carrying the %s, naming allow_insecure_http",
+						u,
+						err,
+						tc.key,
+						tc.carries,
+					)
 				}
 			}
 			for _, u := range []string{"http://127.0.0.1:8080", "http://[::1]:9000/", "http://localhost", "https://api.example.com"} {

@@ -78,7 +78,16 @@ include = ["nginx", "redis*"]
 [nats]
 url = "nats://127.0.0.1:4222"
 `)
-	cfg, err := config.Load(p, []string{"SYNCD_NATS_SUBJECT_PREFIX=acme.syncd", "SYNCD_CRAWL_CONCURRENCY=8", "SYNCD_CRAWL_EXCLUDE=a, b", "SYNCD_STORE_EVENT_RETENTION=48h", "HOME=/root"})
+	cfg, err := config.Load(
+		p,
+		[]string{
+			"SYNCD_NATS_SUBJECT_PREFIX=acme.syncd",
+			"SYNCD_CRAWL_CONCURRENCY=8",
+			"SYNCD_CRAWL_EXCLUDE=a, b",
+			"SYNCD_STORE_EVENT_RETENTION=48h",
+			"HOME=/root",
+		},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +171,13 @@ func TestRequirePlatform(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Key != "platform.base_url" {
 		t.Fatalf("err=%v, want one naming platform.base_url", err)
 	}
-	cfg.Platform = config.Platform{BaseURL: "https://a", RegistryURL: "https://r", Group: "g", Organization: "o", TokenFile: "/t"}
+	cfg.Platform = config.Platform{
+		BaseURL:      "https://a",
+		RegistryURL:  "https://r",
+		Group:        "g",
+		Organization: "o",
+		TokenFile:    "/t",
+	}
 	if err := cfg.RequirePlatform(); err != nil {
 		t.Fatal(err)
 	}

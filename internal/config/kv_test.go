@@ -11,7 +11,8 @@ import (
 
 func TestKV_DefaultsAndValidation(t *testing.T) {
 	cfg := config.Default()
-	if kv := cfg.KV; !kv.Enabled || kv.Tags != "syncd_tags" || kv.History != 1 || kv.ReconcileInterval.Duration != time.Hour {
+	if kv := cfg.KV; !kv.Enabled || kv.Tags != "syncd_tags" || kv.History != 1 ||
+		kv.ReconcileInterval.Duration != time.Hour {
 		t.Fatalf("kv defaults = %+v", kv)
 	}
 	cfg.NATS.Replicas = 3

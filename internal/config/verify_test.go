@@ -62,7 +62,10 @@ func TestVerify_Validate(t *testing.T) {
 		})
 	}
 	t.Run("EnvSetsBoth", func(t *testing.T) {
-		cfg, err := config.Load(writeConfig(t, ""), []string{"SYNCD_VERIFY_AUDIT_EVERY=90s", "SYNCD_VERIFY_CHECKPOINT_EVERY=2m"})
+		cfg, err := config.Load(
+			writeConfig(t, ""),
+			[]string{"SYNCD_VERIFY_AUDIT_EVERY=90s", "SYNCD_VERIFY_CHECKPOINT_EVERY=2m"},
+		)
 		if err != nil {
 			t.Fatal(err)
 		}

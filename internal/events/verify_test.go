@@ -67,7 +67,8 @@ func TestReceiver_RefusesOldTokenFromPlatform(t *testing.T) {
 		c.Now = func() time.Time { return f.sim.Now().Add(3 * time.Minute) }
 	})
 	runQueue(t, rcv)
-	if code, body := post(t, url, f.pushed.header, f.pushed.body); code != http.StatusForbidden || !strings.Contains(body, events.ReasonTokenTooOld) {
+	if code, body := post(t, url, f.pushed.header, f.pushed.body); code != http.StatusForbidden ||
+		!strings.Contains(body, events.ReasonTokenTooOld) {
 		t.Fatalf("status=%d body=%s, want 403 %s", code, body, events.ReasonTokenTooOld)
 	}
 	if got := jobs.list(); len(got) != 0 {
@@ -146,7 +147,8 @@ func TestReceiver_ResourceEventFromBody(t *testing.T) {
 	d := is.deliver(t, "id-1", typ, "org1/r/t1", body, nil)
 	h := d.header.Clone()
 	h.Set("Ce-Subject", "org1/victim/t1")
-	if code, resp := post(t, url, h, d.body); code != http.StatusForbidden || !strings.Contains(resp, events.ReasonSubjectMismatch) {
+	if code, resp := post(t, url, h, d.body); code != http.StatusForbidden ||
+		!strings.Contains(resp, events.ReasonSubjectMismatch) {
 		t.Fatalf("other subject: status=%d body=%s, want 403 %s", code, resp, events.ReasonSubjectMismatch)
 	}
 	if code, resp := post(t, url, d.header, d.body); code != http.StatusAccepted {

@@ -261,7 +261,11 @@ func installHelper(t *testing.T, name, body string) (runs func() []string) {
 func TestDockerCredentialHelper_SecretCachedUntilExpiry(t *testing.T) {
 	clk := newClock()
 	jwt := jwtFor("cgr.dev", clk.Now().Add(10*time.Minute))
-	runs := installHelper(t, "fake", fmt.Sprintf(`printf '{"ServerURL":"%%s","Username":"_token","Secret":"%s"}' "$host"`, jwt))
+	runs := installHelper(
+		t,
+		"fake",
+		fmt.Sprintf(`printf '{"ServerURL":"%%s","Username":"_token","Secret":"%s"}' "$host"`, jwt),
+	)
 	src := &platform.DockerCredentialHelper{Helper: "fake", Host: "cgr.dev", Now: clk.Now}
 	get := func(wantRuns int) {
 		t.Helper()
@@ -327,7 +331,11 @@ func TestClient_PlatformRefusalSaysWhatToDo(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, n := serve(t, tc.status, "application/json", `{"code":16,"message":"Unauthenticated"}`)
-			c := plainClient(t, srv, func(cfg *platform.Config) { cfg.Token, cfg.APIAudience = tc.token, "https://console-api.test" })
+			c := plainClient(
+				t,
+				srv,
+				func(cfg *platform.Config) { cfg.Token, cfg.APIAudience = tc.token, "https://console-api.test" },
+			)
 			err := c.Ping(ctxT(t))
 			var ae *platform.AuthError
 			if !errors.As(err, &ae) || ae.Credential != "platform token" || ae.Status != tc.status {

@@ -49,7 +49,8 @@ func FuzzDecodeError(f *testing.F) {
 		if e.Error() == "" {
 			t.Fatal("empty error text")
 		}
-		_ = platform.IsNotFound(e) || platform.IsInvalidArgument(e) || platform.IsFailedPrecondition(e) || platform.IsPermission(e)
+		_ = platform.IsNotFound(e) || platform.IsInvalidArgument(e) || platform.IsFailedPrecondition(e) ||
+			platform.IsPermission(e)
 	})
 }
 

@@ -50,7 +50,10 @@ func TestIAM_IdentityRoleBindingLifecycle(t *testing.T) {
 	ctx := ctxT(t)
 
 	id, err := c.CreateIdentity(ctx, "org1", platform.Identity{Name: "ci deployer", Description: "pushes from CI",
-		ClaimMatch: platform.ClaimMatch{Issuer: "https://token.actions.example.com", Subject: "repo:acme/app:ref:refs/heads/main"}})
+		ClaimMatch: platform.ClaimMatch{
+			Issuer:  "https://token.actions.example.com",
+			Subject: "repo:acme/app:ref:refs/heads/main",
+		}})
 	if err != nil {
 		t.Fatalf("CreateIdentity: %v", err)
 	}
@@ -74,7 +77,8 @@ func TestIAM_IdentityRoleBindingLifecycle(t *testing.T) {
 		t.Fatalf("CreateRoleBinding: %v", err)
 	}
 	if b.UID == "" || b.Identity.UID != id.UID || b.Identity.Name != id.Name || b.Identity.Subject != id.ClaimMatch.Subject ||
-		b.Role.UID != viewer.UID || b.Role.Name != "viewer" || b.Group.UID != "org1" || b.Group.Name == "" {
+		b.Role.UID != viewer.UID || b.Role.Name != "viewer" || b.Group.UID != "org1" ||
+		b.Group.Name == "" {
 		t.Errorf("binding not hydrated: %+v", b)
 	}
 	if err := c.DeleteRoleBinding(ctx, b.UID); err != nil {

@@ -48,9 +48,11 @@ func TestClient_RetriesWarnOncePerBurst(t *testing.T) {
 	}))
 	defer srv.Close()
 	var logs lockedBuffer
-	c, err := platform.New(platform.Config{BaseURL: srv.URL, RegistryURL: srv.URL, Token: platform.StaticToken("secret-token-xyz"),
-		RetryInitialInterval: time.Millisecond, RetryMaxInterval: 2 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	c, err := platform.New(
+		platform.Config{BaseURL: srv.URL, RegistryURL: srv.URL, Token: platform.StaticToken("secret-token-xyz"),
+			RetryInitialInterval: time.Millisecond, RetryMaxInterval: 2 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}

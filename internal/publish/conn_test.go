@@ -53,7 +53,10 @@ func TestConnect_CheckStreamOnly(t *testing.T) {
 	// a new stream of the same name fails while it does ("error creating
 	// store for stream"): the administrator tries again.
 	testutil.Eventually(t, 10*time.Second, func() error {
-		_, err := admin.JS.CreateStream(ctx, jetstream.StreamConfig{Name: testStream, Subjects: []string{"other.>"}, MaxMsgs: 1000})
+		_, err := admin.JS.CreateStream(
+			ctx,
+			jetstream.StreamConfig{Name: testStream, Subjects: []string{"other.>"}, MaxMsgs: 1000},
+		)
 		return err
 	})
 	if _, err := publish.Connect(ctx, cfg); err == nil || !strings.Contains(err.Error(), `does not capture "syncd.>"`) {

@@ -99,7 +99,8 @@ func TestSignVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	m = u.Seal(message())
-	if err := v.Verify(m.Subject, m.Header, m.Data); !errors.Is(err, signing.ErrBadSignature) || signing.Reason(err) != signing.ReasonBadSignature {
+	if err := v.Verify(m.Subject, m.Header, m.Data); !errors.Is(err, signing.ErrBadSignature) ||
+		signing.Reason(err) != signing.ReasonBadSignature {
 		t.Errorf("untrusted key: %v", err)
 	}
 	if signing.Reason(signing.ErrUnsigned) != signing.ReasonUnsigned {
@@ -156,7 +157,8 @@ func TestLoadSigner_Errors(t *testing.T) {
 			t.Errorf("%s: error contains the seed", name)
 		}
 	}
-	if _, err := signing.NewVerifier([]string{pub, "UNOTAKEY"}); err == nil || !strings.Contains(err.Error(), "not an nkey public key") {
+	if _, err := signing.NewVerifier([]string{pub, "UNOTAKEY"}); err == nil ||
+		!strings.Contains(err.Error(), "not an nkey public key") {
 		t.Errorf("bad verify key: %v", err)
 	}
 }
@@ -173,7 +175,13 @@ func BenchmarkSeal(b *testing.B) {
 	data := []byte(strings.Repeat("x", 700))
 	b.ReportAllocs()
 	for b.Loop() {
-		s.Seal(&nats.Msg{Subject: "syncd.tag.moved.nginx", Data: data, Header: nats.Header{jetstream.MsgIDHeader: []string{"0123456789abcdef0123456789abcdef"}}})
+		s.Seal(
+			&nats.Msg{
+				Subject: "syncd.tag.moved.nginx",
+				Data:    data,
+				Header:  nats.Header{jetstream.MsgIDHeader: []string{"0123456789abcdef0123456789abcdef"}},
+			},
+		)
 	}
 }
 

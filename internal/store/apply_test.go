@@ -34,7 +34,10 @@ func TestApplyRepos(t *testing.T) {
 			t.Fatalf("events after activeTags change=%d, want %d", got, want)
 		}
 		evs := allEvents(t, st)
-		if got, want := types(evs), []string{store.RepoCreated, store.RepoUpdated, store.RepoUpdated}; !slices.Equal(got, want) {
+		if got, want := types(evs), []string{store.RepoCreated, store.RepoUpdated, store.RepoUpdated}; !slices.Equal(
+			got,
+			want,
+		) {
 			t.Fatalf("event types=%v, want %v", got, want)
 		}
 		before, after := payload[store.Repo](t, evs[1])
@@ -135,7 +138,10 @@ func TestApplyTags(t *testing.T) {
 		if got, want := queryString(t, st.Reader(), `SELECT digest FROM tags WHERE uid = ?`, latest.UID), digest(1); got != want {
 			t.Fatalf("stored digest before the history read=%s, want %s", got, want)
 		}
-		recs := []store.HistoryRecord{{Time: latest.UpdateTime, Digest: latest.Digest}, {Time: moved.UpdateTime, Digest: moved.Digest}}
+		recs := []store.HistoryRecord{
+			{Time: latest.UpdateTime, Digest: latest.Digest},
+			{Time: moved.UpdateTime, Digest: moved.Digest},
+		}
 		if n, err := st.ApplyHistory(ctx, need[0], recs, true); err != nil || n != 1 {
 			t.Fatalf("history read: %d events, %v; want the move", n, err)
 		}
@@ -298,7 +304,10 @@ func TestApplyAdvisories(t *testing.T) {
 		t.Fatalf("events after update=%d, want %d", got, want)
 	}
 	evs := allEvents(t, st)
-	if got, want := types(evs), []string{store.AdvisoryCreated, store.AdvisoryCreated, store.AdvisoryUpdated}; !slices.Equal(got, want) {
+	if got, want := types(evs), []string{store.AdvisoryCreated, store.AdvisoryCreated, store.AdvisoryUpdated}; !slices.Equal(
+		got,
+		want,
+	) {
 		t.Fatalf("types=%v, want %v", got, want)
 	}
 	if got, want := evs[2].Scope, "openssl"; got != want {

@@ -39,15 +39,20 @@ func (s *Store) AuditEvents(ctx context.Context, after int64, limit int) ([]Audi
 	}
 	defer tx.Rollback()
 	var evs []AuditEvent
-	err = queryRows(ctx, tx, `SELECT seq, id, type, resource, action, scope, subject FROM event_log WHERE seq > ? ORDER BY seq LIMIT ?`,
-		[]any{after, limit}, func(rows *sql.Rows) error {
+	err = queryRows(
+		ctx,
+		tx,
+		`SELECT seq, id, type, resource, action, scope, subject FROM event_log WHERE seq > ? ORDER BY seq LIMIT ?`,
+		[]any{after, limit},
+		func(rows *sql.Rows) error {
 			var e AuditEvent
 			if err := rows.Scan(&e.Seq, &e.ID, &e.Type, &e.Resource, &e.Action, &e.Scope, &e.Subject); err != nil {
 				return err
 			}
 			evs = append(evs, e)
 			return nil
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read events to audit after seq %d: %w", after, err)
 	}

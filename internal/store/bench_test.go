@@ -116,8 +116,11 @@ func openPlain(b *testing.B, tags int) *plainDB {
 	if err := st.Close(); err != nil {
 		b.Fatal(err)
 	}
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)"+
-		"&_pragma=synchronous(NORMAL)&_pragma=temp_store(MEMORY)&_txlock=immediate&_pragma=cache_size(-65536)")
+	db, err := sql.Open(
+		"sqlite",
+		"file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)"+
+			"&_pragma=synchronous(NORMAL)&_pragma=temp_store(MEMORY)&_txlock=immediate&_pragma=cache_size(-65536)",
+	)
 	if err != nil {
 		b.Fatal(err)
 	}

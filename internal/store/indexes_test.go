@@ -23,7 +23,9 @@ var deferred = map[string]string{
 // indexSQL returns the deferred indexes the database has, by name.
 func indexSQL(t *testing.T, db *sql.DB) map[string]string {
 	t.Helper()
-	rows, err := db.Query(`SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`)
+	rows, err := db.Query(
+		`SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`,
+	)
 	if err != nil {
 		t.Fatal(err)
 	}

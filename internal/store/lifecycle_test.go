@@ -18,9 +18,11 @@ func openssl() store.Advisory {
 		ArtifactType: "apk", ArtifactArchitecture: "x86_64", ComponentName: "libssl3", ComponentLocation: "/usr/lib/libssl.so.3",
 		ComponentType: "apk", Aliases: []string{"CVE-2026-0001"},
 		Severities: []store.AdvisorySeverity{{Type: "TYPE_CVSS_V3", Score: "CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H"}},
-		Events: []store.AdvisoryEvent{{UID: "g1/a1/e1", Type: store.StepDetected, CreateTime: ts("2026-01-03T00:00:00.123456Z"),
-			Author: "scanner@example.dev", ReviewState: "REVIEW_STATE_APPROVED", DetectionType: "scanv1", Findings: "eyJhIjoxfQ==",
-			Details: json.RawMessage(`{ "scanv1": {"scanner": "grype", "componentVersion": "3.0.1"} }`)}},
+		Events: []store.AdvisoryEvent{
+			{UID: "g1/a1/e1", Type: store.StepDetected, CreateTime: ts("2026-01-03T00:00:00.123456Z"),
+				Author: "scanner@example.dev", ReviewState: "REVIEW_STATE_APPROVED", DetectionType: "scanv1", Findings: "eyJhIjoxfQ==",
+				Details: json.RawMessage(`{ "scanv1": {"scanner": "grype", "componentVersion": "3.0.1"} }`)},
+		},
 		Raw: json.RawMessage(`{"uid": "g1/a1"}`)}
 }
 
@@ -82,12 +84,14 @@ func TestApplyAdvisories_Lifecycle(t *testing.T) {
 			t.Fatalf("types=%v, want %v", got, want)
 		}
 		_, after := payload[store.Advisory](t, evs[0])
-		if len(after.Events) != 1 || after.Events[0].DetectionType != "scanv1" || after.Aliases[0] != "CVE-2026-0001" || after.ComponentName != "libssl3" {
+		if len(after.Events) != 1 || after.Events[0].DetectionType != "scanv1" || after.Aliases[0] != "CVE-2026-0001" ||
+			after.ComponentName != "libssl3" {
 			t.Fatalf("created after=%+v", after)
 		}
 		det := decodeStep(t, evs[1])
 		if det.Event.UID != "g1/a1/e1" || det.Advisory["artifactName"] != "openssl" || det.Advisory["componentName"] != "libssl3" ||
-			!evs[1].Time.Equal(a.Events[0].CreateTime.Truncate(time.Millisecond)) || evs[1].Scope != "openssl" || evs[1].Subject != a.UID {
+			!evs[1].Time.Equal(a.Events[0].CreateTime.Truncate(time.Millisecond)) || evs[1].Scope != "openssl" ||
+			evs[1].Subject != a.UID {
 			t.Fatalf("detected event %+v data %s", evs[1], evs[1].Data)
 		}
 		if _, ok := det.Advisory["events"]; ok {
@@ -98,13 +102,26 @@ func TestApplyAdvisories_Lifecycle(t *testing.T) {
 		clk.Advance(time.Hour)
 		a.UpdateTime = ts("2026-01-05T00:00:00Z")
 		a.Aliases = append(a.Aliases, "GHSA-aaaa-bbbb-cccc")
-		a.Events = append(a.Events, step("e2", store.StepTruePositive, "2026-01-04T00:00:00Z"),
-			step("e3", store.StepPendingUpstreamFix, "2026-01-04T12:00:00Z"), step("e4", store.StepFixed, "2026-01-05T00:00:00Z"))
+		a.Events = append(
+			a.Events,
+			step("e2", store.StepTruePositive, "2026-01-04T00:00:00Z"),
+			step(
+				"e3",
+				store.StepPendingUpstreamFix,
+				"2026-01-04T12:00:00Z",
+			),
+			step("e4", store.StepFixed, "2026-01-05T00:00:00Z"),
+		)
 		if got := apply(t, st, a); got != 4 {
 			t.Fatalf("events=%d, want updated and three steps", got)
 		}
 		evs = allEvents(t, st)[2:]
-		want := []string{store.AdvisoryUpdated, "advisory.true_positive", "advisory.pending_upstream_fix", store.StepEventType(store.StepFixed)}
+		want := []string{
+			store.AdvisoryUpdated,
+			"advisory.true_positive",
+			"advisory.pending_upstream_fix",
+			store.StepEventType(store.StepFixed),
+		}
 		if got := types(evs); !slices.Equal(got, want) {
 			t.Fatalf("types=%v, want %v", got, want)
 		}
@@ -208,7 +225,8 @@ func TestApplyAdvisories_Lifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		l, f := mustAdvisories(t, leader), mustAdvisories(t, follower)
-		if len(f) != 1 || len(f[0].Events) != 2 || !f[0].DeleteTime.Equal(a.DeleteTime) || !slices.Equal(f[0].Aliases, l[0].Aliases) {
+		if len(f) != 1 || len(f[0].Events) != 2 || !f[0].DeleteTime.Equal(a.DeleteTime) ||
+			!slices.Equal(f[0].Aliases, l[0].Aliases) {
 			t.Fatalf("follower holds %+v", f)
 		}
 		// A withdrawal carries the last standing state: its updateTime is

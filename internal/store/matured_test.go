@@ -75,7 +75,8 @@ func maturedEvents(tb testing.TB, st *store.Store) []store.MaturedTag {
 		if err := json.Unmarshal(e.Data, &d); err != nil {
 			tb.Fatal(err)
 		}
-		if e.Resource != "tag" || e.Action != "matured" || e.Subject != d.UID || e.Scope != "nginx" || !e.Time.Equal(d.MaturedTime) {
+		if e.Resource != "tag" || e.Action != "matured" || e.Subject != d.UID || e.Scope != "nginx" ||
+			!e.Time.Equal(d.MaturedTime) {
 			tb.Fatalf("tag.matured event %+v does not match its data %+v", e, d)
 		}
 		d.EventID = e.ID
@@ -106,7 +107,9 @@ func TestMature_AtTheirAge(t *testing.T) {
 	m.at(t0, age)
 	evs, next = m.mature()
 	if len(evs) != 1 || evs[0].Digest != digest(1) || evs[0].Previous != nil || evs[0].Age != "10s" || evs[0].Tag != "1.27" ||
-		evs[0].Repo != "nginx" || !evs[0].Since.Equal(t0) || !next.IsZero() {
+		evs[0].Repo != "nginx" ||
+		!evs[0].Since.Equal(t0) ||
+		!next.IsZero() {
 		t.Fatalf("at t0+10s: events %+v, next %v; want X matured, nothing next", evs, next)
 	}
 
@@ -244,7 +247,11 @@ func TestMature_FollowerHoldsTheSameRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows := func(st *store.Store) string {
-		return queryString(t, st.Reader(), `SELECT group_concat(tag_uid||'/'||age||'/'||seq||'/'||update_time||'/'||digest||'/'||event_id, ' ') FROM (SELECT * FROM tag_matured ORDER BY tag_uid, age)`)
+		return queryString(
+			t,
+			st.Reader(),
+			`SELECT group_concat(tag_uid||'/'||age||'/'||seq||'/'||update_time||'/'||digest||'/'||event_id, ' ') FROM (SELECT * FROM tag_matured ORDER BY tag_uid, age)`,
+		)
 	}
 	if got, want := rows(follower), rows(m.st); got != want || want == "" {
 		t.Fatalf("follower tag_matured %q, leader %q", got, want)
@@ -277,7 +284,13 @@ func TestMature_FollowerHoldsTheSameRows(t *testing.T) {
 		t.Errorf("the follower's maintained digest differs from its rows at %s", d)
 	}
 	// Malformed tag.matured data is refused, naming the event.
-	bad := store.StreamEvent{ID: "bad1", Type: store.TagMatured, Subject: "g1/r1/t1", Time: t0, Data: json.RawMessage(`{"uid":"g1/r1/t9","age":"10s"}`)}
+	bad := store.StreamEvent{
+		ID:      "bad1",
+		Type:    store.TagMatured,
+		Subject: "g1/r1/t1",
+		Time:    t0,
+		Data:    json.RawMessage(`{"uid":"g1/r1/t9","age":"10s"}`),
+	}
 	if _, err := follower.ApplyStreamEvents(ctx, []store.StreamEvent{bad}); err == nil {
 		t.Error("a tag.matured naming another tag was applied")
 	}

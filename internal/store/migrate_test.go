@@ -55,7 +55,11 @@ func createAtVersion(t *testing.T, path string, files []string, n int) {
 			t.Fatalf("migration %s: %v", f, err)
 		}
 		exec(string(b))
-		exec(`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, ?, '2025-01-01T00:00:00.000Z')`, v, filepath.Base(f))
+		exec(
+			`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, ?, '2025-01-01T00:00:00.000Z')`,
+			v,
+			filepath.Base(f),
+		)
 	}
 	if n == 0 {
 		return
@@ -65,12 +69,23 @@ func createAtVersion(t *testing.T, path string, files []string, n int) {
 	if n >= 6 {
 		exec(`UPDATE repos SET path = name`) // as syncd writes it from version 6 on
 	}
-	exec(`INSERT INTO tags (uid, repo_uid, name, digest, first_seen_time, history_last_time, history_last_count, history_count, history_last_digest)
-		VALUES ('g1/r1/t1', 'g1/r1', 'latest', ?, '2025-01-01T00:00:00.000Z', '2025-01-02T00:00:00.000Z', 1, 2, ?)`, digest(2), digest(2))
-	exec(`INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES ('g1/r1/t1', 0, '2025-01-01T00:00:00.000Z', ?), ('g1/r1/t1', 1, '2025-01-02T00:00:00.000Z', ?)`,
-		digest(1), digest(2))
-	exec(`INSERT INTO advisories (uid, advisory_id, artifact_name, update_time, first_seen_time) VALUES ('g1/a1', 'CGA-1', 'openssl', '2025-01-01T00:00:00.000Z', '2025-01-01T00:00:00.000Z')`)
-	exec(`INSERT INTO subscriptions (uid, group_uid, sink, synced_time) VALUES ('g1/s1', 'g1', 'https://syncd.example/hook', '2025-01-01T00:00:00.000Z')`)
+	exec(
+		`INSERT INTO tags (uid, repo_uid, name, digest, first_seen_time, history_last_time, history_last_count, history_count, history_last_digest)
+		VALUES ('g1/r1/t1', 'g1/r1', 'latest', ?, '2025-01-01T00:00:00.000Z', '2025-01-02T00:00:00.000Z', 1, 2, ?)`,
+		digest(2),
+		digest(2),
+	)
+	exec(
+		`INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES ('g1/r1/t1', 0, '2025-01-01T00:00:00.000Z', ?), ('g1/r1/t1', 1, '2025-01-02T00:00:00.000Z', ?)`,
+		digest(1),
+		digest(2),
+	)
+	exec(
+		`INSERT INTO advisories (uid, advisory_id, artifact_name, update_time, first_seen_time) VALUES ('g1/a1', 'CGA-1', 'openssl', '2025-01-01T00:00:00.000Z', '2025-01-01T00:00:00.000Z')`,
+	)
+	exec(
+		`INSERT INTO subscriptions (uid, group_uid, sink, synced_time) VALUES ('g1/s1', 'g1', 'https://syncd.example/hook', '2025-01-01T00:00:00.000Z')`,
+	)
 	// From version 5 on, events is a view over event_log.
 	events := "events"
 	if n >= 5 {
@@ -82,7 +97,9 @@ func createAtVersion(t *testing.T, path string, files []string, n int) {
 		VALUES ('old-published', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}', '2025-01-02T00:00:00.000Z')`)
 	if n >= 5 {
 		exec(`DELETE FROM outbox WHERE seq = (SELECT seq FROM event_log WHERE id = 'old-published')`)
-		exec(`INSERT INTO event_publishes (first_seq, last_seq, published_time) SELECT seq, seq, '2025-01-02T00:00:01.000Z' FROM event_log WHERE id = 'old-published'`)
+		exec(
+			`INSERT INTO event_publishes (first_seq, last_seq, published_time) SELECT seq, seq, '2025-01-02T00:00:01.000Z' FROM event_log WHERE id = 'old-published'`,
+		)
 	} else {
 		exec(`UPDATE events SET published_time = '2025-01-02T00:00:01.000Z' WHERE id = 'old-published'`)
 	}
@@ -168,7 +185,8 @@ func TestMigrate_UpgradesEveryEarlierVersion(t *testing.T) {
 			}
 			// A page of tags of the old repo is scoped by its path.
 			newTag := store.Tag{UID: "g1/r1/t2", Name: "stable", Digest: digest(3)}
-			if _, n, err := st.ApplyTags(ctx, store.Repo{UID: "g1/r1", Name: "nginx"}, []store.Tag{newTag}); err != nil || n != 1 {
+			if _, n, err := st.ApplyTags(ctx, store.Repo{UID: "g1/r1", Name: "nginx"}, []store.Tag{newTag}); err != nil ||
+				n != 1 {
 				t.Fatalf("apply a tag of an old repo: events=%d err=%v, want 1 and nil", n, err)
 			}
 			evs = allEvents(t, st)

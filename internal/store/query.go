@@ -224,12 +224,17 @@ func (r *MirrorRead) Tag(ctx context.Context, repoUID, name string) (TagRow, boo
 // after after, by name, at most limit of them.
 func (r *MirrorRead) RepoTags(ctx context.Context, repoUID, after string, limit int) ([]TagRow, error) {
 	var out []TagRow
-	err := queryRows(ctx, r, tagRowSelect+` WHERE repo_uid = ? AND deleted_time IS NULL AND name > ? ORDER BY name LIMIT ?`,
-		[]any{repoUID, after, limit}, func(rows *sql.Rows) error {
+	err := queryRows(
+		ctx,
+		r,
+		tagRowSelect+` WHERE repo_uid = ? AND deleted_time IS NULL AND name > ? ORDER BY name LIMIT ?`,
+		[]any{repoUID, after, limit},
+		func(rows *sql.Rows) error {
 			t, err := scanTagRow(rows)
 			out = append(out, t)
 			return err
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("list tags of repo %s: %w", repoUID, err)
 	}
@@ -263,7 +268,8 @@ func (r *MirrorRead) FirstRecord(ctx context.Context, tagUID string) (Record, bo
 func (r *MirrorRead) record(ctx context.Context, where string, args ...any) (Record, bool, error) {
 	var rec Record
 	var t string
-	err := r.queryRow(ctx, `SELECT seq, update_time, digest FROM tag_history `+where+` LIMIT 1`, args...).Scan(&rec.Seq, &t, &rec.Digest)
+	err := r.queryRow(ctx, `SELECT seq, update_time, digest FROM tag_history `+where+` LIMIT 1`, args...).
+		Scan(&rec.Seq, &t, &rec.Digest)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, false, nil
 	}
@@ -277,7 +283,13 @@ func (r *MirrorRead) record(ctx context.Context, where string, args ...any) (Rec
 // History returns the tag's records after position afterSeq (-1: from the
 // first) whose time lies in [from, to) (a zero bound is open), oldest
 // first, at most limit of them.
-func (r *MirrorRead) History(ctx context.Context, tagUID string, from, to time.Time, afterSeq int64, limit int) ([]Record, error) {
+func (r *MirrorRead) History(
+	ctx context.Context,
+	tagUID string,
+	from, to time.Time,
+	afterSeq int64,
+	limit int,
+) ([]Record, error) {
 	q, args := `SELECT seq, update_time, digest FROM tag_history WHERE tag_uid = ? AND seq > ?`, []any{tagUID, afterSeq}
 	if !from.IsZero() {
 		q, args = q+` AND update_time >= ?`, append(args, FormatTime(from))
@@ -399,7 +411,13 @@ var advisoryWhere = map[AdvisoryKey]string{
 
 // AdvisoriesBy returns the advisories whose key is value, standing ones
 // only unless withdrawn, by artifact and advisory id, at most limit.
-func (r *MirrorRead) AdvisoriesBy(ctx context.Context, key AdvisoryKey, value string, withdrawn bool, limit int) ([]AdvisoryState, error) {
+func (r *MirrorRead) AdvisoriesBy(
+	ctx context.Context,
+	key AdvisoryKey,
+	value string,
+	withdrawn bool,
+	limit int,
+) ([]AdvisoryState, error) {
 	where, ok := advisoryWhere[key]
 	if !ok {
 		return nil, fmt.Errorf("unknown advisory key %d", key)
@@ -408,9 +426,13 @@ func (r *MirrorRead) AdvisoriesBy(ctx context.Context, key AdvisoryKey, value st
 		where += ` AND deleted_time IS NULL`
 	}
 	var out []AdvisoryState
-	err := queryRows(ctx, r, `SELECT uid, advisory_id, artifact_name, COALESCE(artifact_type, ''), COALESCE(artifact_architecture, ''),
+	err := queryRows(
+		ctx,
+		r,
+		`SELECT uid, advisory_id, artifact_name, COALESCE(artifact_type, ''), COALESCE(artifact_architecture, ''),
 			COALESCE(component_name, ''), COALESCE(aliases, ''), COALESCE(state, ''), state_time, COALESCE(fixed_version, ''), deleted_time
-		FROM advisory_states WHERE `+where+` ORDER BY artifact_name, advisory_id, uid LIMIT ?`, []any{value, limit},
+		FROM advisory_states WHERE `+where+` ORDER BY artifact_name, advisory_id, uid LIMIT ?`,
+		[]any{value, limit},
 		func(rows *sql.Rows) error {
 			var a AdvisoryState
 			var aliases string
@@ -421,7 +443,8 @@ func (r *MirrorRead) AdvisoriesBy(ctx context.Context, key AdvisoryKey, value st
 			a.StateTime, a.Withdrawn = parseStored(stateTime.String), parseStored(deleted.String)
 			out = append(out, a)
 			return err
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("find advisories: %w", err)
 	}

@@ -56,7 +56,12 @@ func populate(t *testing.T) *store.Store {
 	}
 	mustApplyRepos(t, st, nginx, redis, gone, certManager)
 	at := func(d, digest string) store.Tag {
-		return store.Tag{Name: d, Digest: digest, CreateTime: ts("2025-06-01T00:00:00Z"), UpdateTime: ts("2025-12-20T00:00:00Z")}
+		return store.Tag{
+			Name:       d,
+			Digest:     digest,
+			CreateTime: ts("2025-06-01T00:00:00Z"),
+			UpdateTime: ts("2025-12-20T00:00:00Z"),
+		}
 	}
 	nginxTags := []store.Tag{at("latest", hex("1")), at("1.27", hex("1")), at("1.25", hex("5")), at("stable", hex("6"))}
 	for i := range nginxTags {
@@ -117,33 +122,88 @@ func populate(t *testing.T) *store.Store {
 	ago := func(d time.Duration) time.Time { return time.Now().UTC().Add(-d).Truncate(time.Second) }
 	approved := "REVIEW_STATE_APPROVED"
 	detected := func(uid, how, details string) store.AdvisoryEvent {
-		return store.AdvisoryEvent{UID: uid + "/e1", Type: store.StepDetected, CreateTime: ts("2026-01-03T00:00:00Z"), Author: "scanner@example.dev",
-			ReviewState: approved, DetectionType: how, Details: json.RawMessage(details)}
+		return store.AdvisoryEvent{
+			UID:           uid + "/e1",
+			Type:          store.StepDetected,
+			CreateTime:    ts("2026-01-03T00:00:00Z"),
+			Author:        "scanner@example.dev",
+			ReviewState:   approved,
+			DetectionType: how,
+			Details:       json.RawMessage(details),
+		}
 	}
 	v3 := func(vector string) store.AdvisorySeverity {
 		return store.AdvisorySeverity{Type: "TYPE_CVSS_V3", Score: vector}
 	}
 	advs := []store.Advisory{
-		{UID: "g1/a1", AdvisoryID: "CGA-1111", ArtifactName: "openssl", CreateTime: ts("2026-01-03T00:00:00Z"), UpdateTime: ts("2026-01-03T00:00:00Z"),
-			ArtifactType: "apk", ComponentName: "libssl3", Aliases: []string{"CVE-2026-0001", "GHSA-aaaa-bbbb-cccc"},
-			Severities: []store.AdvisorySeverity{v3("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H")},
-			Events:     []store.AdvisoryEvent{detected("g1/a1", "scanv1", `{"scanv1":{"scanner":"grype","componentVersion":"3.0.1"}}`)},
-			Raw:        json.RawMessage(`{"advisoryId": "CGA-1111", "aliases": ["CVE-2026-0001", "GHSA-aaaa-bbbb-cccc"]}`)},
-		{UID: "g1/a2", AdvisoryID: "CGA-2222", ArtifactName: "openssl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z")},
-		{UID: "g1/a3", AdvisoryID: "CGA-3333", ArtifactName: "curl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z"),
-			ComponentName: "libcurl", Aliases: []string{"CVE-2026-0001"},
+		{
+			UID:           "g1/a1",
+			AdvisoryID:    "CGA-1111",
+			ArtifactName:  "openssl",
+			CreateTime:    ts("2026-01-03T00:00:00Z"),
+			UpdateTime:    ts("2026-01-03T00:00:00Z"),
+			ArtifactType:  "apk",
+			ComponentName: "libssl3",
+			Aliases:       []string{"CVE-2026-0001", "GHSA-aaaa-bbbb-cccc"},
+			Severities:    []store.AdvisorySeverity{v3("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H")},
+			Events: []store.AdvisoryEvent{
+				detected("g1/a1", "scanv1", `{"scanv1":{"scanner":"grype","componentVersion":"3.0.1"}}`),
+			},
+			Raw: json.RawMessage(`{"advisoryId": "CGA-1111", "aliases": ["CVE-2026-0001", "GHSA-aaaa-bbbb-cccc"]}`),
+		},
+		{
+			UID:          "g1/a2",
+			AdvisoryID:   "CGA-2222",
+			ArtifactName: "openssl",
+			CreateTime:   ts("2026-01-04T00:00:00Z"),
+			UpdateTime:   ts("2026-01-04T00:00:00Z"),
+		},
+		{
+			UID:           "g1/a3",
+			AdvisoryID:    "CGA-3333",
+			ArtifactName:  "curl",
+			CreateTime:    ts("2026-01-04T00:00:00Z"),
+			UpdateTime:    ts("2026-01-04T00:00:00Z"),
+			ComponentName: "libcurl",
+			Aliases:       []string{"CVE-2026-0001"},
 			Severities: []store.AdvisorySeverity{v3("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:N/I:N/A:H"),
 				{Type: "TYPE_CVSS_V4", Score: "CVSS:4.0/AV:N/AC:L/AT:N/PR:N/UI:N/VC:H/VI:H/VA:H/SC:N/SI:N/SA:N"}},
 			Events: []store.AdvisoryEvent{detected("g1/a3", "nvdapi", `{"nvdapi":{"cpeSearched":"curl"}}`),
-				{UID: "g1/a3/e2", Type: store.StepTruePositive, CreateTime: ago(20 * 24 * time.Hour), ReviewState: approved, Note: "reachable",
-					Details: json.RawMessage(`{"note":"reachable"}`)}}},
-		{UID: "g1/a4", AdvisoryID: "CGA-4444", ArtifactName: "curl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z")},
-		{UID: "g1/a5", AdvisoryID: "CGA-5555", ArtifactName: "nginx", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z"),
-			ComponentName: "nginx", Aliases: []string{"CVE-2026-0002"},
-			Severities: []store.AdvisorySeverity{{Type: "TYPE_CVSS_V2", Score: "AV:N/AC:M/Au:N/C:N/I:P/A:N"}},
+				{
+					UID:         "g1/a3/e2",
+					Type:        store.StepTruePositive,
+					CreateTime:  ago(20 * 24 * time.Hour),
+					ReviewState: approved,
+					Note:        "reachable",
+					Details:     json.RawMessage(`{"note":"reachable"}`),
+				}},
+		},
+		{
+			UID:          "g1/a4",
+			AdvisoryID:   "CGA-4444",
+			ArtifactName: "curl",
+			CreateTime:   ts("2026-01-04T00:00:00Z"),
+			UpdateTime:   ts("2026-01-04T00:00:00Z"),
+		},
+		{
+			UID:           "g1/a5",
+			AdvisoryID:    "CGA-5555",
+			ArtifactName:  "nginx",
+			CreateTime:    ts("2026-01-04T00:00:00Z"),
+			UpdateTime:    ts("2026-01-04T00:00:00Z"),
+			ComponentName: "nginx",
+			Aliases:       []string{"CVE-2026-0002"},
+			Severities:    []store.AdvisorySeverity{{Type: "TYPE_CVSS_V2", Score: "AV:N/AC:M/Au:N/C:N/I:P/A:N"}},
 			Events: []store.AdvisoryEvent{detected("g1/a5", "manual", `{"manual":{}}`),
-				{UID: "g1/a5/e2", Type: store.StepFixed, CreateTime: ago(24 * time.Hour), ReviewState: "REVIEW_STATE_PENDING", FixedVersion: "1.27.4-r0",
-					Details: json.RawMessage(`{"fixedVersion":"1.27.4-r0"}`)}}},
+				{
+					UID:          "g1/a5/e2",
+					Type:         store.StepFixed,
+					CreateTime:   ago(24 * time.Hour),
+					ReviewState:  "REVIEW_STATE_PENDING",
+					FixedVersion: "1.27.4-r0",
+					Details:      json.RawMessage(`{"fixedVersion":"1.27.4-r0"}`),
+				}},
+		},
 	}
 	if _, err := st.ApplyAdvisories(ctx, advs); err != nil {
 		t.Fatal(err)
@@ -151,9 +211,12 @@ func populate(t *testing.T) *store.Store {
 	// CGA-1111 is found fixed two days ago.
 	fixed := advs[0]
 	fixed.UpdateTime = ago(48 * time.Hour)
-	fixed.Events = append(fixed.Events, store.AdvisoryEvent{UID: "g1/a1/e2", Type: store.StepFixed, CreateTime: ago(48 * time.Hour),
-		Author: "analyst@example.dev", ReviewState: approved, FixedVersion: "3.0.2-r0", Note: "fixed upstream",
-		Details: json.RawMessage(`{"fixedVersion":"3.0.2-r0","note":"fixed upstream"}`)})
+	fixed.Events = append(
+		fixed.Events,
+		store.AdvisoryEvent{UID: "g1/a1/e2", Type: store.StepFixed, CreateTime: ago(48 * time.Hour),
+			Author: "analyst@example.dev", ReviewState: approved, FixedVersion: "3.0.2-r0", Note: "fixed upstream",
+			Details: json.RawMessage(`{"fixedVersion":"3.0.2-r0","note":"fixed upstream"}`)},
+	)
 	if _, err := st.ApplyAdvisories(ctx, []store.Advisory{fixed}); err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +353,9 @@ func TestSchemaDoc_DocumentsEverything(t *testing.T) {
 	}
 	doc := string(b)
 	db := st.Reader()
-	rows, err := db.Query(`SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name`)
+	rows, err := db.Query(
+		`SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name`,
+	)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,17 @@ var snapshotTables = []string{"repos", "tags", "tag_history", "advisories", "adv
 
 // SnapshotSkippedTables are the tables a restore leaves alone (see
 // snapshotTables).
-var SnapshotSkippedTables = []string{"meta", "schema_migrations", "outbox", "replica_digest", "crawl_runs", "crawl_failures", "subscriptions", "webhook_deliveries", "backfill"}
+var SnapshotSkippedTables = []string{
+	"meta",
+	"schema_migrations",
+	"outbox",
+	"replica_digest",
+	"crawl_runs",
+	"crawl_failures",
+	"subscriptions",
+	"webhook_deliveries",
+	"backfill",
+}
 
 // SnapshotTables returns the tables a restore copies.
 func SnapshotTables() []string { return append([]string(nil), snapshotTables...) }
@@ -67,7 +77,8 @@ func (s *Store) Backup(ctx context.Context, path string) error {
 func (s *Store) Empty(ctx context.Context) (bool, error) {
 	var n int
 	err := s.w.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM repos LIMIT 1)) + (SELECT COUNT(*) FROM (SELECT 1 FROM advisories LIMIT 1))
-		+ (SELECT COUNT(*) FROM (SELECT 1 FROM event_log LIMIT 1))`).Scan(&n)
+		+ (SELECT COUNT(*) FROM (SELECT 1 FROM event_log LIMIT 1))`).
+		Scan(&n)
 	if err != nil {
 		return false, fmt.Errorf("check whether the mirror is empty: %w", err)
 	}
@@ -187,7 +198,8 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 		return err
 	}
 	var snapBaseline string
-	if err := tx.QueryRowContext(ctx, `SELECT value FROM snap.meta WHERE key = 'baseline_time'`).Scan(&snapBaseline); err != nil && !errors.Is(err, sql.ErrNoRows) {
+	if err := tx.QueryRowContext(ctx, `SELECT value FROM snap.meta WHERE key = 'baseline_time'`).Scan(&snapBaseline); err != nil &&
+		!errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("read the snapshot's baseline: %w", err)
 	}
 	for k, v := range map[string]string{SnapshotSeqKey: strconv.FormatUint(seq, 10), StreamSeqKey: strconv.FormatUint(seq, 10),

@@ -72,7 +72,8 @@ func TestSnapshot_BackupRestore(t *testing.T) {
 	// The restore drops the tables' indexes while it copies and builds them
 	// again: the schema is the leader's, every index included.
 	schema := `SELECT group_concat(type || ' ' || name || ': ' || COALESCE(sql, ''), char(10)) FROM (SELECT * FROM sqlite_schema ORDER BY type, name)`
-	if l, f := queryString(t, leader.Reader(), schema), queryString(t, follower.Reader(), schema); l != f || !strings.Contains(f, "index tag_history_digest") {
+	if l, f := queryString(t, leader.Reader(), schema), queryString(t, follower.Reader(), schema); l != f ||
+		!strings.Contains(f, "index tag_history_digest") {
 		t.Errorf("restored schema differs from the leader's:\n leader:   %s\n follower: %s", l, f)
 	}
 	for _, table := range store.SnapshotTables() {

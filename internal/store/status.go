@@ -100,7 +100,11 @@ func (s *Store) Status(ctx context.Context) (Status, error) {
 // subscriptionStatus reads every recorded subscription, by uid.
 func (s *Store) subscriptionStatus(ctx context.Context) ([]SubscriptionStatus, error) {
 	var out []SubscriptionStatus
-	err := queryRows(ctx, s.r, `SELECT uid, group_uid, sink, synced_time, COALESCE(deleted_time, '') FROM subscriptions ORDER BY uid`, nil,
+	err := queryRows(
+		ctx,
+		s.r,
+		`SELECT uid, group_uid, sink, synced_time, COALESCE(deleted_time, '') FROM subscriptions ORDER BY uid`,
+		nil,
 		func(rows *sql.Rows) error {
 			var sub SubscriptionStatus
 			var synced, deleted string
@@ -114,7 +118,8 @@ func (s *Store) subscriptionStatus(ctx context.Context) ([]SubscriptionStatus, e
 			sub.Deleted, err = ParseTime(deleted)
 			out = append(out, sub)
 			return err
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read subscriptions: %w", err)
 	}
