@@ -49,7 +49,7 @@ func (f *commonFlags) register(fs *flag.FlagSet) {
 		&f.configPath,
 		"config",
 		"",
-		"TOML configuration `file` (every key is in config.example.toml); without it, the defaults. SYNCD_<SECTION>_<KEY> environment variables override either",
+		"TOML configuration `file` (keys: config.example.toml), else the defaults; SYNCD_<SECTION>_<KEY> override either",
 	)
 	fs.StringVar(&f.logLevel, "log-level", "", "log `level`: debug, info, warn or error (overrides [log] level)")
 }

@@ -22,7 +22,7 @@ func (c *followCommand) ParseFlags(args []string) error {
 	fs.Var(
 		&c.restore,
 		"from-snapshot",
-		"start the mirror from the newest snapshot in the [snapshot] bucket, then follow the stream after it: auto (when the mirror is empty), true (always, replacing the mirror; fails without a snapshot) or false (follow the whole stream)",
+		"start the mirror from the newest snapshot in the [snapshot] bucket: auto (when empty), true or false (see above)",
 	)
 	return fs.Parse(args)
 }

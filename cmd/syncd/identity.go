@@ -44,7 +44,7 @@ func (c *identityCommand) ParseFlags(args []string) error {
 		&c.subject,
 		"subject",
 		"",
-		"the `subject` the tokens carry in their \"sub\" claim, matched exactly (required), e.g. repo:acme/mirror:ref:refs/heads/main",
+		"the `subject` the tokens carry in their \"sub\" claim, matched exactly (required), e.g. repo:acme/x:ref:refs/heads/main",
 	)
 	fs.StringVar(&c.description, "description", "", "free `text` shown next to the identity in the platform's console")
 	fs.StringVar(&c.role, "role", "viewer", "`name` of the role to bind; syncd only reads, so viewer is enough")

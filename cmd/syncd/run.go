@@ -27,13 +27,13 @@ func (c *runCommand) ParseFlags(args []string) error {
 		&c.demo,
 		"demo",
 		false,
-		"run against the built-in simulator, whose data changes every few seconds, with its own embedded NATS server on 127.0.0.1:4222; no account or [platform] keys needed",
+		"run against the built-in simulator and an embedded NATS server on 127.0.0.1:4222; no [platform] keys needed",
 	)
 	fs.DurationVar(
 		&c.grace,
 		"grace",
 		4*time.Second,
-		"on SIGINT/SIGTERM, how long to finish the page in flight and publish what is committed; events left unpublished go out at the next start",
+		"on SIGINT/SIGTERM, how long to finish the page in flight and publish what is committed",
 	)
 	return fs.Parse(args)
 }

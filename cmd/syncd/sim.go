@@ -50,7 +50,7 @@ func (c *simCommand) ParseFlags(args []string) error {
 		&c.strict,
 		"strict",
 		false,
-		"behave as the vendor's service does: a platform token is refused at the registry, tag families hidden unless asked, protojson on the wire",
+		"behave as the vendor's service does: a platform token refused at the registry, tag families hidden unless asked",
 	)
 	fs.IntVar(
 		&c.scale.NestedRepos,

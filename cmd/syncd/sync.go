@@ -25,7 +25,7 @@ func (c *syncCommand) ParseFlags(args []string) error {
 		&c.once,
 		"once",
 		false,
-		"crawl everything once, publish every resulting event, print a summary and exit (required, so that \"syncd sync\" alone is not mistaken for the daemon)",
+		"crawl everything once, publish every resulting event, print a summary and exit (required)",
 	)
 	fs.DurationVar(
 		&c.timeout,
