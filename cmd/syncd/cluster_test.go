@@ -76,7 +76,8 @@ func clusterNodeConfig(t *testing.T, simURL, natsURL string, n *node) string {
 	if n.snapshotEvery == "" {
 		n.snapshotEvery = "6h"
 	}
-	return writeFile(t, "syncd-"+n.name+".toml", fmt.Sprintf(`[platform]
+	return writeFile(t, "syncd-"+n.name+".toml", fmt.Sprintf(
+		`[platform]
 base_url = %[1]q
 registry_url = %[1]q
 token = %[2]q
@@ -115,8 +116,19 @@ enabled = true
 node_id = %[5]q
 lease_ttl = %[6]q
 consumer = "follow-%[5]s"
-%[11]s`, simURL, n.token, natsURL, n.dbPath, n.name, cmp.Or(n.ttl, clusterTTL).String(), max(n.replicas, 1), n.admin, n.snapshotEvery,
-		tomlLine("duplicate_window", n.dupWindow), tomlSection("verify", tomlLine("audit_every", n.auditEvery))))
+%[11]s`,
+		simURL,
+		n.token,
+		natsURL,
+		n.dbPath,
+		n.name,
+		cmp.Or(n.ttl, clusterTTL).String(),
+		max(n.replicas, 1),
+		n.admin,
+		n.snapshotEvery,
+		tomlLine("duplicate_window", n.dupWindow),
+		tomlSection("verify", tomlLine("audit_every", n.auditEvery)),
+	))
 }
 
 // tomlLine is key = "value", or "" when value is.

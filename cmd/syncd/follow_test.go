@@ -95,7 +95,10 @@ format = "json"
 func TestFollow_StreamWithoutTheEvents(t *testing.T) {
 	ns := testutil.NATS(t)
 	js := testutil.JetStream(t, ns.URL())
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"other.>"}}); err != nil {
+	if _, err := js.CreateStream(
+		context.Background(),
+		jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"other.>"}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	cfg := writeFile(t, "follow.toml", fmt.Sprintf("[nats]\nurl = %q\n\n[store]\npath = %q\n\n[admin]\nlisten = \"\"\n",

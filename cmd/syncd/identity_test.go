@@ -58,7 +58,12 @@ type simIdentity struct {
 func simIdentities(t *testing.T, simURL string) []simIdentity {
 	t.Helper()
 	var page struct{ Identities []simIdentity }
-	if code := simGet(t, simURL, "/iam/v2/identities?uidp.descendants_of=org1&page_size=200", &page); code != http.StatusOK {
+	if code := simGet(
+		t,
+		simURL,
+		"/iam/v2/identities?uidp.descendants_of=org1&page_size=200",
+		&page,
+	); code != http.StatusOK {
 		t.Fatalf("list identities: HTTP %d", code)
 	}
 	return page.Identities
@@ -74,7 +79,12 @@ type simBinding struct {
 func simBindings(t *testing.T, simURL string) []simBinding {
 	t.Helper()
 	var page struct{ RoleBindings []simBinding }
-	if code := simGet(t, simURL, "/iam/v2/roleBindings?uidp.descendants_of=org1&page_size=200", &page); code != http.StatusOK {
+	if code := simGet(
+		t,
+		simURL,
+		"/iam/v2/roleBindings?uidp.descendants_of=org1&page_size=200",
+		&page,
+	); code != http.StatusOK {
 		t.Fatalf("list role bindings: HTTP %d", code)
 	}
 	return page.RoleBindings
@@ -135,7 +145,15 @@ func TestIdentityCreate(t *testing.T) {
 			t.Errorf("binding group=%+v role=%+v, want org1 (acme) and viewer", b.Group, b.Role)
 		}
 		// The printed binding is the platform's hydrated one.
-		for _, want := range []string{b.UID, "syncd prod (" + uid + ")", "acme (org1)", "viewer (" + b.Role.UID + ")", `group = "org1"`, `identity = "` + uid + `"`, "identity_token_file = "} {
+		for _, want := range []string{
+			b.UID,
+			"syncd prod (" + uid + ")",
+			"acme (org1)",
+			"viewer (" + b.Role.UID + ")",
+			`group = "org1"`,
+			`identity = "` + uid + `"`,
+			"identity_token_file = ",
+		} {
 			if !strings.Contains(stdout, want) {
 				t.Errorf("stdout lacks %q:\n%s", want, stdout)
 			}
@@ -205,10 +223,8 @@ func TestIdentityCreate(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, _, got := client.ProvisionIdentity(context.Background(), "org1", platform.Identity{Name: "Syncd/Prod"}, "viewer")
-		if want := "the platform did not create the identity: the request was invalid (HTTP 400):\n  name: must match ^[a-z0-9 ._-]{1,}$"; !strings.Contains(
-			got.Error(),
-			want,
-		) {
+		if want := "the platform did not create the identity: the request was invalid (HTTP 400):\n" +
+			"  name: must match ^[a-z0-9 ._-]{1,}$"; !strings.Contains(got.Error(), want) {
 			t.Errorf("error=%q, want it to contain %q", got, want)
 		}
 		if !platform.IsInvalidArgument(got) {
@@ -287,7 +303,10 @@ func TestIdentityCreate(t *testing.T) {
 			{[]string{"identity"}, "missing action"},
 			{[]string{"identity", "delete"}, `unknown action "delete"`},
 			{[]string{"identity", "create", "--name", "syncd"}, "--issuer, --subject required"},
-			{[]string{"identity", "create", "--name", "syncd", "--issuer", ghIssuer, "--subject", "s", "extra"}, `unexpected argument "extra"`},
+			{
+				[]string{"identity", "create", "--name", "syncd", "--issuer", ghIssuer, "--subject", "s", "extra"},
+				`unexpected argument "extra"`,
+			},
 		} {
 			code, _, stderr := runMain(context.Background(), tc.args...)
 			if code != exitUsage || !strings.Contains(stderr, tc.want) {

@@ -124,7 +124,16 @@ func (pw *partitionWorld) replicaFaults(n *node, fault func(*testutil.FaultProxy
 func roleLines(log string) string {
 	var out []string
 	for _, line := range strings.Split(log, "\n") {
-		for _, k := range []string{"cluster role", "catching up", `"leading"`, "stopped leading", "readying", "KV", "lease", "completing"} {
+		for _, k := range []string{
+			"cluster role",
+			"catching up",
+			`"leading"`,
+			"stopped leading",
+			"readying",
+			"KV",
+			"lease",
+			"completing",
+		} {
 			if strings.Contains(line, k) {
 				out = append(out, line)
 				break

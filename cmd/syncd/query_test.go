@@ -182,7 +182,12 @@ func TestQuery_LeaderStandbyFollower(t *testing.T) {
 		}
 		adv := truth.Advisories[0]
 		var advs query.AdvisoriesReply
-		if err := ask(c, query.Advisories, query.AdvisoriesRequest{Artifact: adv.ArtifactName, Withdrawn: true}, &advs); err != nil {
+		if err := ask(
+			c,
+			query.Advisories,
+			query.AdvisoriesRequest{Artifact: adv.ArtifactName, Withdrawn: true},
+			&advs,
+		); err != nil {
 			t.Fatalf("%s: advisories: %v", name, err)
 		}
 		if !slices.ContainsFunc(advs.Advisories, func(x query.Advisory) bool { return x.AdvisoryID == adv.AdvisoryID }) {
@@ -322,7 +327,10 @@ func TestQuery_Command(t *testing.T) {
 func TestQuery_StreamCapturingTheQueries(t *testing.T) {
 	ns := testutil.NATS(t)
 	js := testutil.JetStream(t, ns.URL())
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"syncd.>", "syncd-query.*.at"}}); err != nil {
+	if _, err := js.CreateStream(
+		context.Background(),
+		jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"syncd.>", "syncd-query.*.at"}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	cfg := writeFile(t, "follow.toml", fmt.Sprintf("[nats]\nurl = %q\n\n[store]\npath = %q\n\n[admin]\nlisten = \"\"\n",

@@ -194,8 +194,14 @@ func (w *world) takeBaseline() {
 // config writes syncd's configuration for this world: quick schedules,
 // sweeps to catch deletions, no admin listener.
 func (w *world) config() string {
-	return testConfig{simURL: w.simURL, natsURL: w.natsURL, dbPath: w.dbPath,
-		crawl: "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0"}.write(w.t)
+	return testConfig{
+		simURL:  w.simURL,
+		natsURL: w.natsURL,
+		dbPath:  w.dbPath,
+		crawl:   "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0",
+	}.write(
+		w.t,
+	)
 }
 
 // mirrorDiff compares the mirror with the simulator's ground truth, row for

@@ -53,7 +53,11 @@ func TestSyncOnce_MirrorsGroundTruth(t *testing.T) {
 	for _, tg := range truth.Tags {
 		var name, digest string
 		var deprecated bool
-		if err := db.QueryRow(`SELECT name, digest, deprecated FROM tags WHERE uid = ?`, tg.UID).Scan(&name, &digest, &deprecated); err != nil {
+		if err := db.QueryRow(`SELECT name, digest, deprecated FROM tags WHERE uid = ?`, tg.UID).Scan(
+			&name,
+			&digest,
+			&deprecated,
+		); err != nil {
 			t.Fatalf("tag %s: %v", tg.UID, err)
 		}
 		if name != tg.Name || digest != tg.Digest || deprecated != tg.Deprecated {
@@ -79,7 +83,13 @@ func TestSyncOnce_MirrorsGroundTruth(t *testing.T) {
 	}
 	for _, a := range truth.Advisories {
 		var id, artifact string
-		if err := db.QueryRow(`SELECT advisory_id, artifact_name FROM advisories WHERE uid = ? AND deleted_time IS NULL`, a.UID).Scan(&id, &artifact); err != nil {
+		if err := db.QueryRow(
+			`SELECT advisory_id, artifact_name FROM advisories WHERE uid = ? AND deleted_time IS NULL`,
+			a.UID,
+		).Scan(
+			&id,
+			&artifact,
+		); err != nil {
 			t.Fatalf("advisory %s: %v", a.UID, err)
 		}
 		if id != a.AdvisoryID || artifact != a.ArtifactName {

@@ -28,8 +28,22 @@ func TestSyncOnce_GivesUpOnUnreachableServices(t *testing.T) {
 		flags                 []string
 		want                  string
 	}{
-		{"NATSFlag", simURL, deadNATS, nil, []string{"--timeout", "2s"}, "connect to NATS at " + deadNATS + ": giving up after "},
-		{"NATSConfigKey", simURL, deadNATS, []string{"SYNCD_SYNC_TIMEOUT=2s"}, nil, "connect to NATS at " + deadNATS + ": giving up after "},
+		{
+			"NATSFlag",
+			simURL,
+			deadNATS,
+			nil,
+			[]string{"--timeout", "2s"},
+			"connect to NATS at " + deadNATS + ": giving up after ",
+		},
+		{
+			"NATSConfigKey",
+			simURL,
+			deadNATS,
+			[]string{"SYNCD_SYNC_TIMEOUT=2s"},
+			nil,
+			"connect to NATS at " + deadNATS + ": giving up after ",
+		},
 		{"Platform", deadPlatform, ns.URL(), nil, []string{"--timeout", "2s"}, "giving up after "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -86,9 +86,15 @@ func TestRun_StrictPlatform(t *testing.T) {
 		return tok
 	}
 	tokenFile := writeFile(t, "external-token", rotate())
-	cfg := testConfig{simURL: w.simURL, natsURL: ns.URL(), dbPath: w.dbPath,
+	cfg := testConfig{
+		simURL:      w.simURL,
+		natsURL:     ns.URL(),
+		dbPath:      w.dbPath,
 		credentials: fmt.Sprintf("identity = %q\nidentity_token_file = %q\nsts_url = %q", identity, tokenFile, w.simURL),
-		crawl:       "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0\ntag_families = [\"dates\", \"epochs\", \"referrers\"]"}.write(t)
+		crawl:       "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0\ntag_families = [\"dates\", \"epochs\", \"referrers\"]",
+	}.write(
+		t,
+	)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := startDaemon(t, cfg)
@@ -124,7 +130,9 @@ func TestRun_StrictPlatform(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := w.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryWithdrawn, UID: truth.Advisories[0].UID}); err != nil {
+	if _, err := w.sim.Apply(
+		platformsim.Mutation{Kind: platformsim.AdvisoryWithdrawn, UID: truth.Advisories[0].UID},
+	); err != nil {
 		t.Fatal(err)
 	}
 	// Every token syncd holds expires upstream (and the external token with

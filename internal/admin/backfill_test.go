@@ -91,7 +91,12 @@ func TestReadyz_CurrentBeforeHistory(t *testing.T) {
 	metric(`syncd_backfill_eta_seconds 0.1`)
 
 	for _, ref := range need {
-		if _, err := st.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: at, Digest: "sha256:" + strings.Repeat("1", 64)}}, true); err != nil {
+		if _, err := st.ApplyHistory(
+			ctx,
+			ref,
+			[]store.HistoryRecord{{Time: at, Digest: "sha256:" + strings.Repeat("1", 64)}},
+			true,
+		); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -88,7 +88,12 @@ func (m *Metrics) WatchNATS(nc *nats.Conn) {
 
 // WatchReceiver exports the webhook receiver's counts.
 func (m *Metrics) WatchReceiver(s *events.Stats) {
-	for outcome, v := range map[string]*atomic.Int64{"accepted": &s.Accepted, "duplicate": &s.Duplicate, "ignored": &s.Ignored, "unknown": &s.Unknown} {
+	for outcome, v := range map[string]*atomic.Int64{
+		"accepted":  &s.Accepted,
+		"duplicate": &s.Duplicate,
+		"ignored":   &s.Ignored,
+		"unknown":   &s.Unknown,
+	} {
 		m.CounterFunc(
 			"syncd_webhooks_received_total",
 			"Verified pushed events by outcome.",

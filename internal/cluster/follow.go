@@ -290,8 +290,17 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		due = empty
 	}
 	if due {
-		r := restorer{js: f.js, bucket: f.cfg.SnapshotBucket, stream: f.cfg.Stream, dir: f.cfg.SnapshotDir,
-			maxBytes: f.cfg.MaxRestoreBytes, log: f.log, onReject: f.cfg.OnReject, verifier: f.cfg.Verifier, onUnsigned: f.rejectSnapshot}
+		r := restorer{
+			js:         f.js,
+			bucket:     f.cfg.SnapshotBucket,
+			stream:     f.cfg.Stream,
+			dir:        f.cfg.SnapshotDir,
+			maxBytes:   f.cfg.MaxRestoreBytes,
+			log:        f.log,
+			onReject:   f.cfg.OnReject,
+			verifier:   f.cfg.Verifier,
+			onUnsigned: f.rejectSnapshot,
+		}
 		info, found, refused, err := r.restore(ctx, m)
 		if err != nil {
 			return 0, err

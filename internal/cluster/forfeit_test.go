@@ -50,7 +50,11 @@ func TestReplica_ExLeaderForfeitsItsUnpublishedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := time.Date(2026, 1, 3, 0, 0, 0, 0, time.UTC)
-	if _, _, err := ex.ApplyTags(ctx, leader.repo, []store.Tag{{UID: "g/r1/t1", Name: "v1", Digest: "sha256:aa11", CreateTime: at, UpdateTime: at}}); err != nil {
+	if _, _, err := ex.ApplyTags(
+		ctx,
+		leader.repo,
+		[]store.Tag{{UID: "g/r1/t1", Name: "v1", Digest: "sha256:aa11", CreateTime: at, UpdateTime: at}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	if n, _, err := ex.UnpublishedCount(ctx); err != nil || n < 2 {

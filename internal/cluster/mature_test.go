@@ -200,7 +200,9 @@ func TestMaturity_LeaderAnnouncesEachAtItsInstant(t *testing.T) {
 	rows := func(s *store.Store) string {
 		var out string
 		s.Reader().
-			QueryRow(`SELECT COALESCE(group_concat(tag_uid||' '||age||' '||seq||' '||digest||' '||event_id, ';'), '') FROM tag_matured`).
+			QueryRow(
+				`SELECT COALESCE(group_concat(tag_uid||' '||age||' '||seq||' '||digest||' '||event_id, ';'), '') FROM tag_matured`,
+			).
 			Scan(&out)
 		return out
 	}

@@ -110,7 +110,11 @@ func (r *Replica) follow(ctx context.Context, st LeaseState) {
 	if r.othersLead(st) {
 		if err := r.Follower.Forfeit(ctx, st.Holder); err != nil && ctx.Err() == nil {
 			r.logger().
-				Error("dropping the events recorded while leading and never published failed; the mirror may differ from the leader's", "err", err)
+				Error(
+					"dropping the events recorded while leading and never published failed; the mirror may differ from the leader's",
+					"err",
+					err,
+				)
 		}
 	}
 	fctx, cancel := context.WithCancel(ctx)

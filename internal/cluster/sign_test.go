@@ -129,7 +129,19 @@ func forgeries(t *testing.T) []*nats.Msg {
 		t.Fatal(err)
 	}
 	at := time.Date(2026, 1, 2, 0, 0, 1, 0, time.UTC) // the leader's first tag (leaderMirror.change)
-	if _, _, err := st.ApplyTags(ctx, real, []store.Tag{{UID: "g/r1/t1", Name: "v1", Digest: "sha256:0000000000000000000000000000000000000000000000000000000000000001", CreateTime: at, UpdateTime: at}}); err != nil {
+	if _, _, err := st.ApplyTags(
+		ctx,
+		real,
+		[]store.Tag{
+			{
+				UID:        "g/r1/t1",
+				Name:       "v1",
+				Digest:     "sha256:0000000000000000000000000000000000000000000000000000000000000001",
+				CreateTime: at,
+				UpdateTime: at,
+			},
+		},
+	); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.EndBaseline(ctx); err != nil {
@@ -138,7 +150,11 @@ func forgeries(t *testing.T) []*nats.Msg {
 	if _, err := st.ApplyRepos(ctx, []store.Repo{real, evil}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.ApplyTags(ctx, evil, []store.Tag{{UID: "g/evil/t", Name: "t", Digest: "sha256:attacker", CreateTime: t0, UpdateTime: t0}}); err != nil {
+	if _, _, err := st.ApplyTags(
+		ctx,
+		evil,
+		[]store.Tag{{UID: "g/evil/t", Name: "t", Digest: "sha256:attacker", CreateTime: t0, UpdateTime: t0}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.MarkTagsDeleted(ctx, []string{"g/r1/t1"}); err != nil {
@@ -414,8 +430,17 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 		f := cluster.NewFollower(
 			js,
 			fst,
-			cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: consumer, MaxWait: 100 * time.Millisecond,
-				SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir(), Verifier: v, OnRejected: rej.add},
+			cluster.FollowerConfig{
+				Stream:         "EV",
+				SubjectPrefix:  "ev",
+				Consumer:       consumer,
+				MaxWait:        100 * time.Millisecond,
+				SnapshotBucket: "snaps",
+				Restore:        cluster.RestoreWhenEmpty,
+				SnapshotDir:    t.TempDir(),
+				Verifier:       v,
+				OnRejected:     rej.add,
+			},
 		)
 		if err := f.CatchUp(ctx); err != nil {
 			t.Fatalf("%s: %v", consumer, err)
@@ -445,7 +470,11 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := enc.EncodeAll([]byte("not the leader's mirror"), nil)
-	if _, err := obj.Put(ctx, jetstream.ObjectMeta{Name: genuine.Name, Metadata: info.Metadata}, bytes.NewReader(other)); err != nil {
+	if _, err := obj.Put(
+		ctx,
+		jetstream.ObjectMeta{Name: genuine.Name, Metadata: info.Metadata},
+		bytes.NewReader(other),
+	); err != nil {
 		t.Fatal(err)
 	}
 	fst, err := store.Open(ctx, filepath.Join(t.TempDir(), "tampered.db"), store.Options{})
@@ -457,8 +486,17 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 	tf := cluster.NewFollower(
 		js,
 		fst,
-		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "tampered", MaxWait: 100 * time.Millisecond,
-			SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir(), Verifier: v, OnReject: refused.add},
+		cluster.FollowerConfig{
+			Stream:         "EV",
+			SubjectPrefix:  "ev",
+			Consumer:       "tampered",
+			MaxWait:        100 * time.Millisecond,
+			SnapshotBucket: "snaps",
+			Restore:        cluster.RestoreWhenEmpty,
+			SnapshotDir:    t.TempDir(),
+			Verifier:       v,
+			OnReject:       refused.add,
+		},
 	)
 	if err := tf.CatchUp(ctx); err != nil {
 		t.Fatalf("a follower whose only snapshot is refused follows the stream instead: %v", err)

@@ -79,8 +79,16 @@ func attackerJS(t *testing.T, js jetstream.JetStream) jetstream.JetStream {
 // stream holds it.
 func publishForged(t *testing.T, nc *nats.Conn, subject, id, typ, eventSubject, data string) uint64 {
 	t.Helper()
-	ce, err := json.Marshal(map[string]any{"specversion": "1.0", "id": id, "source": "evil", "type": "dev.syncd." + typ,
-		"subject": eventSubject, "time": "2026-01-03T00:00:00Z", "datacontenttype": "application/json", "data": json.RawMessage(data)})
+	ce, err := json.Marshal(map[string]any{
+		"specversion":     "1.0",
+		"id":              id,
+		"source":          "evil",
+		"type":            "dev.syncd." + typ,
+		"subject":         eventSubject,
+		"time":            "2026-01-03T00:00:00Z",
+		"datacontenttype": "application/json",
+		"data":            json.RawMessage(data),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,9 +154,18 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 		t.Fatalf("catch-up failed on the poison: %v", err)
 	}
 	for _, want := range []string{
-		fmt.Sprintf("level=WARN msg=\"an event on the stream cannot be applied; set aside, never to be retried\" stream_seq=%d reason=apply", poison),
-		fmt.Sprintf("level=WARN msg=\"an event on the stream cannot be applied; set aside, never to be retried\" stream_seq=%d reason=position", move),
-		fmt.Sprintf("level=WARN msg=\"not a syncd event; set aside, never to be retried\" stream_seq=%d subject=ev.garbage.x reason=decode", ack.Sequence)} {
+		fmt.Sprintf(
+			"level=WARN msg=\"an event on the stream cannot be applied; set aside, never to be retried\" stream_seq=%d reason=apply",
+			poison,
+		),
+		fmt.Sprintf(
+			"level=WARN msg=\"an event on the stream cannot be applied; set aside, never to be retried\" stream_seq=%d reason=position",
+			move,
+		),
+		fmt.Sprintf(
+			"level=WARN msg=\"not a syncd event; set aside, never to be retried\" stream_seq=%d subject=ev.garbage.x reason=decode",
+			ack.Sequence,
+		)} {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("the log lacks %q:\n%s", want, logs.String())
 		}
@@ -188,7 +205,11 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 		t.Errorf("reasonCounts after another catch-up %v: a poison message came again", got)
 	}
 	var evil int
-	if err := follower.Reader().QueryRow(`SELECT count(*) FROM tags WHERE uid = 'g/r1/evil' OR digest = 'sha256:evil'`).Scan(&evil); err != nil ||
+	if err := follower.Reader().QueryRow(
+		`SELECT count(*) FROM tags WHERE uid = 'g/r1/evil' OR digest = 'sha256:evil'`,
+	).Scan(
+		&evil,
+	); err != nil ||
 		evil != 0 {
 		t.Errorf("the poison left %d rows (%v)", evil, err)
 	}
@@ -490,8 +511,16 @@ func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
 		}
 		t.Cleanup(func() { st.Close() })
 		var rej reasonCounts
-		f := cluster.NewFollower(js, st, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f-" + bucket,
-			MaxWait: 200 * time.Millisecond, SnapshotBucket: bucket, SnapshotDir: t.TempDir(), MaxRestoreBytes: bound, OnReject: rej.add})
+		f := cluster.NewFollower(js, st, cluster.FollowerConfig{
+			Stream:          "EV",
+			SubjectPrefix:   "ev",
+			Consumer:        "f-" + bucket,
+			MaxWait:         200 * time.Millisecond,
+			SnapshotBucket:  bucket,
+			SnapshotDir:     t.TempDir(),
+			MaxRestoreBytes: bound,
+			OnReject:        rej.add,
+		})
 		if err := f.CatchUp(ctx); err != nil {
 			t.Fatalf("catch-up with bad snapshots in %s: %v", bucket, err)
 		}
@@ -499,7 +528,9 @@ func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
 			t.Errorf("%s: follower differs from the leader:\nleader:\n%s\nfollower:\n%s", bucket, l, fo)
 		}
 		var extra int
-		if err := st.Reader().QueryRow(`SELECT count(*) FROM sqlite_schema WHERE name IN ('boom', 'evil')`).Scan(&extra); err != nil ||
+		if err := st.Reader().QueryRow(`SELECT count(*) FROM sqlite_schema WHERE name IN ('boom', 'evil')`).Scan(
+			&extra,
+		); err != nil ||
 			extra != 0 {
 			t.Errorf("%s: the follower's mirror holds %d of the planted objects (%v)", bucket, extra, err)
 		}

@@ -17,12 +17,24 @@ func TestLoad_Cleartext(t *testing.T) {
 		file    func(url, extra string) string // the file setting key to url
 		carries string
 	}{
-		{"platform.base_url", func(u, x string) string { return "[platform]\n" + x + "base_url = \"" + u + "\"\n" }, "platform token"},
-		{"platform.registry_url", func(u, x string) string { return "[platform]\n" + x + "registry_url = \"" + u + "\"\n" }, "registry credential"},
+		{
+			"platform.base_url",
+			func(u, x string) string { return "[platform]\n" + x + "base_url = \"" + u + "\"\n" },
+			"platform token",
+		},
+		{
+			"platform.registry_url",
+			func(u, x string) string { return "[platform]\n" + x + "registry_url = \"" + u + "\"\n" },
+			"registry credential",
+		},
 		{"platform.sts_url", func(u, x string) string {
 			return "[platform]\n" + x + "identity = \"org1/id\"\nidentity_token_file = \"/t\"\nsts_url = \"" + u + "\"\n"
 		}, "external token"},
-		{"events.issuer", func(u, x string) string { return "[platform]\n" + x + "[events]\nissuer = \"" + u + "\"\n" }, "verify pushed events"},
+		{
+			"events.issuer",
+			func(u, x string) string { return "[platform]\n" + x + "[events]\nissuer = \"" + u + "\"\n" },
+			"verify pushed events",
+		},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			for _, u := range []string{"http://api.example.com", "http://10.0.0.7:8080", "http://[2001:db8::1]/", "http://127.0.0.1.example.com"} {

@@ -49,8 +49,18 @@ func TestCluster_Validate(t *testing.T) {
 	for _, tc := range []struct {
 		name, file, key, msg string
 	}{
-		{"NeedsNATSURL", "[cluster]\nenabled = true\n[store]\ninitial_events = \"snapshot\"\n", "nats.url", "cluster.enabled"},
-		{"NeedsSnapshot", "[nats]\nurl = \"nats://127.0.0.1:4222\"\n[cluster]\nenabled = true\n", "store.initial_events", "snapshot"},
+		{
+			"NeedsNATSURL",
+			"[cluster]\nenabled = true\n[store]\ninitial_events = \"snapshot\"\n",
+			"nats.url",
+			"cluster.enabled",
+		},
+		{
+			"NeedsSnapshot",
+			"[nats]\nurl = \"nats://127.0.0.1:4222\"\n[cluster]\nenabled = true\n",
+			"store.initial_events",
+			"snapshot",
+		},
 		{"ShortTTL", base + "[cluster]\nenabled = true\nlease_ttl = \"500ms\"\n", "cluster.lease_ttl", "at least 1s"},
 		{"BadBucket", base + "[cluster]\nbucket = \"a.b\"\n", "cluster.bucket", "KV bucket"},
 		{"BadKey", base + "[cluster]\nkey = \"a b\"\n", "cluster.key", "KV key"},

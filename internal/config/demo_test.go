@@ -60,7 +60,10 @@ func TestConfig_DemoNames(t *testing.T) {
 	}
 	path := writeConfig(t, "[cluster]\nenabled = true\n")
 	_, err := config.LoadForDemo(path, []string{"SYNCD_NATS_URL=nats://127.0.0.1:4222"})
-	for _, want := range []string{"SYNCD_NATS_URL: nats.url: syncd run --demo", "syncd.toml:2: cluster.enabled: syncd run --demo"} {
+	for _, want := range []string{
+		"SYNCD_NATS_URL: nats.url: syncd run --demo",
+		"syncd.toml:2: cluster.enabled: syncd run --demo",
+	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("LoadForDemo = %v, want it to say %q", err, want)
 		}

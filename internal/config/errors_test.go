@@ -104,7 +104,10 @@ func TestRequirePlatform_AllMissing(t *testing.T) {
 	for _, e := range all {
 		keys = append(keys, e.Key)
 	}
-	if got, want := strings.Join(keys, " "), "platform.base_url platform.registry_url platform.group platform.organization platform.token"; got != want {
+	if got, want := strings.Join(
+		keys,
+		" ",
+	), "platform.base_url platform.registry_url platform.group platform.organization platform.token"; got != want {
 		t.Fatalf("missing keys %q, want %q", got, want)
 	}
 }
@@ -125,7 +128,10 @@ func TestLoadForPlatform(t *testing.T) {
 	for _, e := range all {
 		keys = append(keys, e.Key)
 	}
-	if got, want := strings.Join(keys, " "), "crawl.concurrency platform.registry_url platform.organization platform.token"; got != want {
+	if got, want := strings.Join(
+		keys,
+		" ",
+	), "crawl.concurrency platform.registry_url platform.organization platform.token"; got != want {
 		t.Fatalf("keys %q, want %q:\n%v", got, want, err)
 	}
 	if _, err := config.Load(p, nil); err == nil || strings.Contains(err.Error(), "registry_url") {

@@ -35,7 +35,13 @@ func TestKV_DefaultsAndValidation(t *testing.T) {
 	for _, e := range errs {
 		keys = append(keys, e.Key)
 	}
-	for _, want := range []string{"kv.tags_bucket", "kv.repos_bucket", "kv.history", "kv.replicas", "kv.reconcile_interval"} {
+	for _, want := range []string{
+		"kv.tags_bucket",
+		"kv.repos_bucket",
+		"kv.history",
+		"kv.replicas",
+		"kv.reconcile_interval",
+	} {
 		if !slices.Contains(keys, want) {
 			t.Errorf("Validate reported %v, want %s among them", keys, want)
 		}

@@ -12,7 +12,10 @@ import (
 
 func TestQuery_DefaultsAndValidation(t *testing.T) {
 	cfg := config.Default()
-	if q := cfg.Query; !q.Enabled || q.Prefix != "syncd-query" || q.MaxWait.Duration != 5*time.Second || q.MaxLimit != 1000 ||
+	if q := cfg.Query; !q.Enabled ||
+		q.Prefix != "syncd-query" ||
+		q.MaxWait.Duration != 5*time.Second ||
+		q.MaxLimit != 1000 ||
 		q.Concurrency != 4 ||
 		q.MaxPending != 256 {
 		t.Fatalf("query defaults = %+v", q)
@@ -42,7 +45,13 @@ func TestQuery_DefaultsAndValidation(t *testing.T) {
 		MaxPending:  10,
 	}
 	keys := keysOf(cfg.Validate())
-	for _, want := range []string{"query.prefix", "query.max_wait", "query.max_limit", "query.concurrency", "query.max_pending"} {
+	for _, want := range []string{
+		"query.prefix",
+		"query.max_wait",
+		"query.max_limit",
+		"query.concurrency",
+		"query.max_pending",
+	} {
 		if !slices.Contains(keys, want) {
 			t.Errorf("Validate reported %v, want %s among them", keys, want)
 		}

@@ -42,8 +42,12 @@ func (pl *Platform) validateCredentials(p *problems) {
 		p.addf(api[0], "set only one platform credential: %s are both set", strings.Join(api, " and "))
 	}
 	registry := setKeys(
-		map[string]string{"platform.registry_token": pl.RegistryToken, "platform.registry_token_file": pl.RegistryTokenFile,
-			"platform.registry_token_command": pl.RegistryTokenCommand, "platform.registry_credential_helper": pl.RegistryCredentialHelper},
+		map[string]string{
+			"platform.registry_token":             pl.RegistryToken,
+			"platform.registry_token_file":        pl.RegistryTokenFile,
+			"platform.registry_token_command":     pl.RegistryTokenCommand,
+			"platform.registry_credential_helper": pl.RegistryCredentialHelper,
+		},
 	)
 	if len(registry) > 1 {
 		p.addf(registry[0], "set only one registry credential: %s are both set", strings.Join(registry, " and "))

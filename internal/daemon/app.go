@@ -175,9 +175,17 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		a.Snapshots = cluster.NewSnapshotter(
 			a.NATS.JS,
 			a.Store,
-			cluster.SnapshotConfig{Bucket: sc.Bucket, Replicas: cfg.NATS.Replicas,
-				Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot"),
-				Fence: a.Fence, Signer: a.Trust.Signer},
+			cluster.SnapshotConfig{
+				Bucket:   sc.Bucket,
+				Replicas: cfg.NATS.Replicas,
+				Stream:   cfg.NATS.Stream,
+				Every:    sc.Every.Duration,
+				Keep:     sc.Keep,
+				Dir:      filepath.Dir(cfg.Store.Path),
+				Logger:   log.With("part", "snapshot"),
+				Fence:    a.Fence,
+				Signer:   a.Trust.Signer,
+			},
 		)
 	}
 	return a, nil
@@ -318,10 +326,20 @@ func newCrawler(cfg config.Config, client *platform.Client, st *store.Store, job
 	onRun func(job, outcome string, sum crawler.Summary, finished time.Time), log *slog.Logger) *crawler.Crawler {
 	c := cfg.Crawl
 	return crawler.New(client, st, crawler.Config{
-		Group: cfg.Platform.Group, Include: c.Include, Exclude: c.Exclude,
-		PublicImages: c.PublicImages, PublicOrg: cfg.Platform.PublicOrg, Families: crawler.ParseFamilies(c.TagFamilies),
-		UpdatedSinceMargin: c.UpdatedSinceMargin.Duration, Concurrency: c.Concurrency, Schedule: jobs[crawler.JobCrawl], SweepSchedule: jobs[crawler.JobSweep],
-		AdvisoriesSchedule: jobs[crawler.JobAdvisories], Jitter: c.Jitter.Duration, Logger: log.With("part", "crawler"), OnRun: onRun,
+		Group:              cfg.Platform.Group,
+		Include:            c.Include,
+		Exclude:            c.Exclude,
+		PublicImages:       c.PublicImages,
+		PublicOrg:          cfg.Platform.PublicOrg,
+		Families:           crawler.ParseFamilies(c.TagFamilies),
+		UpdatedSinceMargin: c.UpdatedSinceMargin.Duration,
+		Concurrency:        c.Concurrency,
+		Schedule:           jobs[crawler.JobCrawl],
+		SweepSchedule:      jobs[crawler.JobSweep],
+		AdvisoriesSchedule: jobs[crawler.JobAdvisories],
+		Jitter:             c.Jitter.Duration,
+		Logger:             log.With("part", "crawler"),
+		OnRun:              onRun,
 	})
 }
 
@@ -332,8 +350,12 @@ func newReceiver(cfg config.Config, jobs events.Jobs, st *store.Store, log *slog
 	if e.Listen == "" {
 		return nil
 	}
-	return events.NewReceiver(events.Config{Issuer: e.Issuer, Audience: e.Audience, Groups: []string{cfg.Platform.Group},
-		TypePrefix: cfg.EventTypePrefix(), MaxBody: e.MaxBody, QueueSize: e.QueueSize, Logger: log.With("part", "events")}, jobs, st)
+	return events.NewReceiver(
+		events.Config{Issuer: e.Issuer, Audience: e.Audience, Groups: []string{cfg.Platform.Group},
+			TypePrefix: cfg.EventTypePrefix(), MaxBody: e.MaxBody, QueueSize: e.QueueSize, Logger: log.With("part", "events")},
+		jobs,
+		st,
+	)
 }
 
 // NewRegistrar keeps syncd's event subscription; nil when [events]
@@ -355,10 +377,20 @@ func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore c
 	f = cluster.NewFollower(
 		nc.JS,
 		st,
-		cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
-			Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow"),
-			SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path), OnBatch: followAt(pos, &f),
-			OnReject: m.MessageRejected, Verifier: tr.Verifier, OnRejected: tr.rejected},
+		cluster.FollowerConfig{
+			Stream:         cfg.NATS.Stream,
+			SubjectPrefix:  cfg.NATS.SubjectPrefix,
+			Consumer:       cfg.Cluster.ConsumerName(cfg.Store.Path),
+			Meta:           st,
+			Logger:         log.With("part", "follow"),
+			SnapshotBucket: cfg.Snapshot.Bucket,
+			Restore:        restore,
+			SnapshotDir:    filepath.Dir(cfg.Store.Path),
+			OnBatch:        followAt(pos, &f),
+			OnReject:       m.MessageRejected,
+			Verifier:       tr.Verifier,
+			OnRejected:     tr.rejected,
+		},
 	)
 	return f
 }

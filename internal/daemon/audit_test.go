@@ -34,11 +34,11 @@ const auditWindow = 2 * time.Second
 func auditConfig(t *testing.T, simURL, natsURL string) config.Config {
 	cfg := config.Default()
 	p := &cfg.Platform
-	p.BaseURL, p.RegistryURL, p.Token, p.Group, p.Organization, p.Timeout = simURL, simURL, auditToken, "org1", "acme", config.Duration{
-		Duration: 2 * time.Second,
-	}
+	p.BaseURL, p.RegistryURL, p.Token = simURL, simURL, auditToken
+	p.Group, p.Organization, p.Timeout = "org1", "acme", config.Duration{Duration: 2 * time.Second}
 	c := &cfg.Crawl
-	c.Schedule, c.SweepSchedule, c.AdvisoriesSchedule, c.Jitter, c.RequestsPerSecond = "@every 1s", "@every 3s", "@every 2s", config.Duration{}, 0
+	c.Schedule, c.SweepSchedule, c.AdvisoriesSchedule = "@every 1s", "@every 3s", "@every 2s"
+	c.Jitter, c.RequestsPerSecond = config.Duration{}, 0
 	cfg.NATS.URL, cfg.NATS.DuplicateWindow, cfg.NATS.MaxAge = natsURL, config.Duration{
 		Duration: auditWindow,
 	}, config.Duration{

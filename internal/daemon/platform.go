@@ -35,11 +35,21 @@ func newClient(
 	}
 	api, registry := TokenSources(p)
 	return platform.New(platform.Config{
-		BaseURL: p.BaseURL, RegistryURL: p.RegistryURL, Token: api, PullToken: registry,
-		APIAudience: APIAudience(p), RegistryAudience: RegistryAudience(p),
-		Organization: p.Organization, PublicOrg: p.PublicOrg, Vendor: p.Vendor,
-		Timeout: p.Timeout.Duration, RequestsPerSecond: cfg.Crawl.RequestsPerSecond, MaxInFlight: cfg.Crawl.Concurrency, Logger: log.With("part", "platform"),
-		Observe: observe, MaxRetryTime: maxRetry,
+		BaseURL:           p.BaseURL,
+		RegistryURL:       p.RegistryURL,
+		Token:             api,
+		PullToken:         registry,
+		APIAudience:       APIAudience(p),
+		RegistryAudience:  RegistryAudience(p),
+		Organization:      p.Organization,
+		PublicOrg:         p.PublicOrg,
+		Vendor:            p.Vendor,
+		Timeout:           p.Timeout.Duration,
+		RequestsPerSecond: cfg.Crawl.RequestsPerSecond,
+		MaxInFlight:       cfg.Crawl.Concurrency,
+		Logger:            log.With("part", "platform"),
+		Observe:           observe,
+		MaxRetryTime:      maxRetry,
 	})
 }
 

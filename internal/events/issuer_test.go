@@ -54,7 +54,9 @@ func newIssuer(t *testing.T) *issuer {
 	})
 	mux.HandleFunc("GET /keys", func(w http.ResponseWriter, _ *http.Request) {
 		json.NewEncoder(w).
-			Encode(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &key.PublicKey, KeyID: "local", Algorithm: "RS256", Use: "sig"}}})
+			Encode(
+				jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &key.PublicKey, KeyID: "local", Algorithm: "RS256", Use: "sig"}}},
+			)
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)

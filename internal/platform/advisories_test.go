@@ -14,7 +14,8 @@ import (
 // member per event, empty messages as {}, zero values left out), and a kind
 // added upstream that this client does not know.
 func TestAdvisory_LifecycleAsTheGatewayRendersIt(t *testing.T) {
-	const body = `{"uid":"org1/a1","advisoryId":"CGA-2x4h-9q7m-p3vw","createTime":"2026-03-02T09:30:00Z","updateTime":"2026-03-04T17:05:00.123456Z",
+	const body = `{"uid":"org1/a1","advisoryId":"CGA-2x4h-9q7m-p3vw","createTime":"2026-03-02T09:30:00Z",
+	"updateTime":"2026-03-04T17:05:00.123456Z",
 	"author":"scanner@example.dev","artifactName":"openssl","artifactType":"apk","artifactArchitecture":"x86_64",
 	"componentName":"libssl3","componentLocation":"/usr/lib/libssl.so.3","componentType":"apk",
 	"aliases":["CVE-2026-0001","GHSA-aaaa-bbbb-cccc"],"legacyAdvisoryId":"CGA-old1",

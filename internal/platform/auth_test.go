@@ -309,7 +309,9 @@ func TestDockerCredentialHelper_Failures(t *testing.T) {
 		})
 	}
 	for _, name := range []string{"", "../fake", "a/b"} {
-		if _, err := (&platform.DockerCredentialHelper{Helper: name, Host: "cgr.dev"}).Token(context.Background()); err == nil {
+		if _, err := (&platform.DockerCredentialHelper{Helper: name, Host: "cgr.dev"}).Token(
+			context.Background(),
+		); err == nil {
 			t.Errorf("helper name %q accepted", name)
 		}
 	}
@@ -327,7 +329,12 @@ func TestClient_PlatformRefusalSaysWhatToDo(t *testing.T) {
 		{"RegistryTokenAtTheAPI", 401, platform.StaticToken(jwtFor("cgr.dev", time.Now().Add(time.Hour))),
 			[]string{"the token was issued for audience cgr.dev, not https://console-api.test"}},
 		{"NoToken", 401, nil, []string{"no platform token is configured"}},
-		{"Forbidden", 403, &countingToken{tokens: []string{testToken}}, []string{"(403 Forbidden)", "lacks permission", "bind it a role"}},
+		{
+			"Forbidden",
+			403,
+			&countingToken{tokens: []string{testToken}},
+			[]string{"(403 Forbidden)", "lacks permission", "bind it a role"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, n := serve(t, tc.status, "application/json", `{"code":16,"message":"Unauthenticated"}`)

@@ -92,7 +92,8 @@ func TestError_PreconditionFailure(t *testing.T) {
 	// The spec's blocked delete, as a gateway maps it: 400 with code 9.
 	srv, _ := serve(t, 400, "application/json", `{"code":9,"message":"Precondition failed: group has children",
 		"details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"FAILED_PRECONDITION","domain":"example.dev"},
-		{"@type":"type.googleapis.com/google.rpc.PreconditionFailure","violations":[{"type":"RESOURCE_NOT_EMPTY","subject":"g1","description":"group g1 has 2 repos"}]}]}`)
+		{"@type":"type.googleapis.com/google.rpc.PreconditionFailure",
+		"violations":[{"type":"RESOURCE_NOT_EMPTY","subject":"g1","description":"group g1 has 2 repos"}]}]}`)
 	_, err := plainClient(t, srv, nil).GetRepo(ctxT(t), "g1/r1")
 	if !platform.IsFailedPrecondition(err) || platform.IsInvalidArgument(err) {
 		t.Fatalf("err = %v: want failed precondition and not invalid argument, though both are 400", err)

@@ -76,7 +76,10 @@ func TestIAM_IdentityRoleBindingLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CreateRoleBinding: %v", err)
 	}
-	if b.UID == "" || b.Identity.UID != id.UID || b.Identity.Name != id.Name || b.Identity.Subject != id.ClaimMatch.Subject ||
+	if b.UID == "" ||
+		b.Identity.UID != id.UID ||
+		b.Identity.Name != id.Name ||
+		b.Identity.Subject != id.ClaimMatch.Subject ||
 		b.Role.UID != viewer.UID || b.Role.Name != "viewer" || b.Group.UID != "org1" ||
 		b.Group.Name == "" {
 		t.Errorf("binding not hydrated: %+v", b)
@@ -137,7 +140,13 @@ func TestCreate_RetriedOnlyWhenNotProcessed(t *testing.T) {
 		ambiguous bool
 	}{
 		{"RateLimited", platformsim.Fault{RateLimitRate: 1, RetryAfter: time.Second}, 2, true, false},
-		{"RateLimitedHTTPDate", platformsim.Fault{RateLimitRate: 1, RetryAfter: time.Second, RetryAfterHTTPDate: true}, 2, true, false},
+		{
+			"RateLimitedHTTPDate",
+			platformsim.Fault{RateLimitRate: 1, RetryAfter: time.Second, RetryAfterHTTPDate: true},
+			2,
+			true,
+			false,
+		},
 		{"ServerError", platformsim.Fault{ErrorRate: 1, ErrorStatuses: []int{500}}, 1, false, true},
 		{"Unavailable", platformsim.Fault{ErrorRate: 1, ErrorStatuses: []int{503}}, 1, false, true},
 		{"Reset", platformsim.Fault{ResetRate: 1}, 1, false, true},

@@ -120,8 +120,9 @@ func TestClient_GroundTruthUnderFaults(t *testing.T) {
 				t.Fatal("no public tags were read")
 			}
 			// Every kind of fault must have struck, or this proved nothing.
-			if seen.get(http.StatusTooManyRequests) == 0 || seen.get(http.StatusInternalServerError)+seen.get(http.StatusBadGateway)+
-				seen.get(http.StatusServiceUnavailable)+seen.get(http.StatusGatewayTimeout) == 0 ||
+			if seen.get(http.StatusTooManyRequests) == 0 ||
+				seen.get(http.StatusInternalServerError)+seen.get(http.StatusBadGateway)+
+					seen.get(http.StatusServiceUnavailable)+seen.get(http.StatusGatewayTimeout) == 0 ||
 				seen.resetCount() == 0 {
 				t.Errorf("faults seen: statuses %v, %d resets; want 429s, 5xx and resets", seen.status, seen.resetCount())
 			}

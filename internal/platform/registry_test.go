@@ -186,7 +186,9 @@ func TestRegistry_ChallengeGivesPerImageTokens(t *testing.T) {
 	// One 401 teaches the client the registry's challenge; from then on
 	// each image is read with one per-image token, asked for once.
 	checkTokens(1, 1)
-	if got, want := f.historyPaths[len(f.historyPaths)-1], "/v2/acme/charts/cert-manager/_chainguard/history/1.2"; got != want {
+	if got, want := f.historyPaths[len(
+		f.historyPaths,
+	)-1], "/v2/acme/charts/cert-manager/_chainguard/history/1.2"; got != want {
 		t.Errorf("nested image's history at %s, want %s", got, want)
 	}
 
@@ -337,7 +339,11 @@ func TestTagHistory_ImagePaths(t *testing.T) {
 	c := plainClient(t, srv, func(cfg *platform.Config) {
 		cfg.Organization, cfg.PublicOrg, cfg.Vendor = "acme", "chainguard", "chainguard"
 	})
-	for _, img := range []platform.Image{c.PrivateImage("nginx"), c.PrivateImage("charts/cert-manager"), c.PublicImage("charts/redis")} {
+	for _, img := range []platform.Image{
+		c.PrivateImage("nginx"),
+		c.PrivateImage("charts/cert-manager"),
+		c.PublicImage("charts/redis"),
+	} {
 		if _, err := c.TagHistory(ctxT(t), img, "v1.2", time.Time{}, time.Time{}); err != nil {
 			t.Fatalf("history of %s: %v", img.Path(), err)
 		}

@@ -129,7 +129,11 @@ func (q ListQuery) values() url.Values {
 	if q.OrderBy != "" {
 		v.Set("order_by", q.OrderBy)
 	}
-	for name, on := range map[string]bool{"include_referrers": q.IncludeReferrers, "include_dates": q.IncludeDates, "include_epochs": q.IncludeEpochs} {
+	for name, on := range map[string]bool{
+		"include_referrers": q.IncludeReferrers,
+		"include_dates":     q.IncludeDates,
+		"include_epochs":    q.IncludeEpochs,
+	} {
 		if on {
 			v.Set(name, "true")
 		}

@@ -481,7 +481,11 @@ func (s *Sim) createBinding(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 	var identityUID, roleUID string
-	if e := s.applyFields(fieldSet{"identityUid": stringField(&identityUID), "roleUid": stringField(&roleUID)}, body, nil); e != nil {
+	if e := s.applyFields(
+		fieldSet{"identityUid": stringField(&identityUID), "roleUid": stringField(&roleUID)},
+		body,
+		nil,
+	); e != nil {
 		writeError(w, e)
 		return
 	}

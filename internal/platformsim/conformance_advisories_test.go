@@ -257,14 +257,18 @@ func TestAdvisoryLifecycle(t *testing.T) {
 					}
 				}
 			}
-			if _, err := e.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: "reopened"}); err == nil {
+			if _, err := e.sim.Apply(
+				platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: "reopened"},
+			); err == nil {
 				t.Fatal("an unknown kind was added")
 			}
 		}},
 		{name: "Advisory_ReviewThenApproval", run: func(t *testing.T, e *env) {
 			a := e.sim.Truth().Advisories[2]
-			if _, err := e.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventFixed,
-				Review: platformsim.ReviewPending}); err != nil {
+			if _, err := e.sim.Apply(
+				platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventFixed,
+					Review: platformsim.ReviewPending},
+			); err != nil {
 				t.Fatal(err)
 			}
 			q := url.Values{"eventReviewStates": {platformsim.ReviewPending}, "aliases": a.Aliases[:1]}
@@ -292,7 +296,9 @@ func TestAdvisoryLifecycle(t *testing.T) {
 				e.do(http.MethodPost, "/_sim/mutations", "", map[string]any{"kind": "advisory.withdrawn", "uid": a.UID}),
 				http.StatusOK,
 			)
-			if _, err := e.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventFixed}); err == nil {
+			if _, err := e.sim.Apply(
+				platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventFixed},
+			); err == nil {
 				t.Fatal("a withdrawn advisory took a step")
 			}
 		}},

@@ -643,7 +643,11 @@ func TestErrorRules(t *testing.T) {
 				{400, 3, e.get("/registry/v2/repos?page_size=x")},
 				{404, 5, e.get("/registry/v2/repos/org1/x")},
 				{401, 16, e.do(http.MethodGet, "/registry/v2/repos", "", nil)},
-				{409, 6, e.do(http.MethodPost, "/registry/v2/repos/org1", testToken, map[string]any{"name": e.sim.Truth().Repos[0].Name})},
+				{
+					409,
+					6,
+					e.do(http.MethodPost, "/registry/v2/repos/org1", testToken, map[string]any{"name": e.sim.Truth().Repos[0].Name}),
+				},
 			} {
 				if c.r.status != c.status || c.r.body["code"] != c.code {
 					t.Fatalf("status %d code %v, want %d %v: %s", c.r.status, c.r.body["code"], c.status, c.code, c.r.raw)
@@ -667,7 +671,17 @@ func TestEndpoints(t *testing.T) {
 		{name: "Resources_CommonFieldsCamelCase", run: func(t *testing.T, e *env) {
 			r := e.get("/registry/v2/repos?page_size=1")
 			rp := items(r, "repos")[0]
-			for _, k := range []string{"uid", "name", "description", "createTime", "updateTime", "catalogTier", "aliases", "activeTags", "bundles"} {
+			for _, k := range []string{
+				"uid",
+				"name",
+				"description",
+				"createTime",
+				"updateTime",
+				"catalogTier",
+				"aliases",
+				"activeTags",
+				"bundles",
+			} {
 				if _, ok := rp[k]; !ok {
 					t.Fatalf("repo lacks %s: %v", k, rp)
 				}
@@ -902,7 +916,15 @@ func TestEvents(t *testing.T) {
 			if got, want := r.Header.Get("Ce-Type"), "dev.chainguard.registry.push.v1"; got != want {
 				t.Fatalf("Ce-Type=%q, want %q", got, want)
 			}
-			for _, h := range []string{"Ce-Specversion", "Ce-Id", "Ce-Source", "Ce-Subject", "Ce-Time", "Ce-Group", "Ce-Audience"} {
+			for _, h := range []string{
+				"Ce-Specversion",
+				"Ce-Id",
+				"Ce-Source",
+				"Ce-Subject",
+				"Ce-Time",
+				"Ce-Group",
+				"Ce-Audience",
+			} {
 				if r.Header.Get(h) == "" {
 					t.Fatalf("missing %s", h)
 				}

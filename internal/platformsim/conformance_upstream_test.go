@@ -415,7 +415,10 @@ func TestTagFamilyRules(t *testing.T) {
 				{"include_dates=true", map[string]int{"": per, "dates": 2}},
 				{"includeEpochs=true", map[string]int{"": per, "epochs": 2}},
 				{"include_referrers=1", map[string]int{"": per, "referrers": 2}},
-				{"include_dates=true&include_epochs=true&includeReferrers=true", map[string]int{"": per, "dates": 2, "epochs": 2, "referrers": 2}},
+				{
+					"include_dates=true&include_epochs=true&includeReferrers=true",
+					map[string]int{"": per, "dates": 2, "epochs": 2, "referrers": 2},
+				},
 			} {
 				if got := listed(e, repo, c.query); !mapsEqual(got, c.want) {
 					t.Fatalf("%q listed %v, want %v", c.query, got, c.want)

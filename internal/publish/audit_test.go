@@ -48,8 +48,16 @@ func (w *auditWorld) auditor(now func() time.Time) *publish.Auditor {
 		w.conn.JS,
 		w.st,
 		w.relay.Message,
-		publish.AuditConfig{Stream: testStream, SubjectPrefix: testPrefix,
-			Every: time.Hour, Now: now, Batch: 7, Logger: w.log.logger(), OnRepaired: func(store.Event) { w.repaired.Add(1) }, MsgID: w.relay.MsgID},
+		publish.AuditConfig{
+			Stream:        testStream,
+			SubjectPrefix: testPrefix,
+			Every:         time.Hour,
+			Now:           now,
+			Batch:         7,
+			Logger:        w.log.logger(),
+			OnRepaired:    func(store.Event) { w.repaired.Add(1) },
+			MsgID:         w.relay.MsgID,
+		},
 	)
 }
 

@@ -296,7 +296,12 @@ func TestKV_DuplicateWritesNoOlderState(t *testing.T) {
 	tag := p.tags[p.repos[0].UID][0]
 	p.move(ctx, tag.UID, 2)
 	var evs []store.Event
-	if err := st.ReadUnpublished(ctx, 0, 100, func(b []store.Event) error { evs = append(evs, b...); return nil }); err != nil {
+	if err := st.ReadUnpublished(
+		ctx,
+		0,
+		100,
+		func(b []store.Event) error { evs = append(evs, b...); return nil },
+	); err != nil {
 		t.Fatal(err)
 	}
 	if len(evs) < 2 {

@@ -71,7 +71,21 @@ func tagValues(tb testing.TB, kv jetstream.KeyValue) map[string]publish.TagValue
 
 func TestKVKey_Escaping(t *testing.T) {
 	valid := regexp.MustCompile(`^[-/_=a-zA-Z0-9]+$`) // a key's characters, less the token separator
-	for _, s := range []string{"nginx", "charts/cert-manager", "1.27", "", "=", "a=b", "x y", "ünï", "latest-dev", "=2E", "a.b.c", "*", ">"} {
+	for _, s := range []string{
+		"nginx",
+		"charts/cert-manager",
+		"1.27",
+		"",
+		"=",
+		"a=b",
+		"x y",
+		"ünï",
+		"latest-dev",
+		"=2E",
+		"a.b.c",
+		"*",
+		">",
+	} {
 		tok := publish.EscapeKeyToken(s)
 		if !valid.MatchString(tok) {
 			t.Errorf("EscapeKeyToken(%q)=%q, not one token of a KV key", s, tok)

@@ -424,8 +424,14 @@ func CheckStream(ctx context.Context, js jetstream.JetStream, cfg Config) error 
 			return nil
 		}
 	}
-	return fmt.Errorf("stream %q in NATS account %s does not capture %q (its subjects are %q): "+
-		"add the subject to the stream or change nats.subject_prefix", cfg.Stream, accountName(ctx, js.Conn()), cfg.SubjectPrefix+".>", subjects)
+	return fmt.Errorf(
+		"stream %q in NATS account %s does not capture %q (its subjects are %q): "+
+			"add the subject to the stream or change nats.subject_prefix",
+		cfg.Stream,
+		accountName(ctx, js.Conn()),
+		cfg.SubjectPrefix+".>",
+		subjects,
+	)
 }
 
 // accountName asks the server which account the connection is bound to, for

@@ -79,7 +79,10 @@ func TestRelay_VeryLongRepoName(t *testing.T) {
 	conn := mustConnect(t, cfg)
 	st := mustOpenStore(t)
 	name := strings.Repeat("team.a/", 1000) + "python"
-	if _, err := st.ApplyRepos(ctx, []store.Repo{{UID: "long-uid", Name: name, Description: "long", CreateTime: baseTime, UpdateTime: baseTime}}); err != nil {
+	if _, err := st.ApplyRepos(
+		ctx,
+		[]store.Repo{{UID: "long-uid", Name: name, Description: "long", CreateTime: baseTime, UpdateTime: baseTime}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	p := newProducer(t, st)

@@ -507,6 +507,13 @@ func (st *endpointStats) count(code int) {
 }
 
 func (st *endpointStats) snapshot() map[string]int64 {
-	return map[string]int64{"answered": st.ok.Load(), "bad_request": st.badRequest.Load(), "not_found": st.notFound.Load(),
-		"unavailable": st.unavailable.Load(), "internal": st.internal.Load(), "busy": st.busy.Load(), "behind": st.behind.Load()}
+	return map[string]int64{
+		"answered":    st.ok.Load(),
+		"bad_request": st.badRequest.Load(),
+		"not_found":   st.notFound.Load(),
+		"unavailable": st.unavailable.Load(),
+		"internal":    st.internal.Load(),
+		"busy":        st.busy.Load(),
+		"behind":      st.behind.Load(),
+	}
 }

@@ -92,7 +92,9 @@ func TestService_TagAtDeleted(t *testing.T) {
 	}
 	w.crawl(t)
 	var deleted string
-	if err := w.store.Reader().QueryRow(`SELECT deleted_time FROM tags WHERE uid = ?`, tt.Tag.UID).Scan(&deleted); err != nil {
+	if err := w.store.Reader().QueryRow(`SELECT deleted_time FROM tags WHERE uid = ?`, tt.Tag.UID).Scan(
+		&deleted,
+	); err != nil {
 		t.Fatalf("the tag's deletion is not in the mirror: %v", err)
 	}
 	del, _ := store.ParseTime(deleted)
@@ -289,7 +291,12 @@ func TestService_Advisories(t *testing.T) {
 	}
 	count := func(where string, arg string) int {
 		var n int
-		if err := w.store.Reader().QueryRow(`SELECT COUNT(*) FROM advisory_states WHERE deleted_time IS NULL AND `+where, arg).Scan(&n); err != nil {
+		if err := w.store.Reader().QueryRow(
+			`SELECT COUNT(*) FROM advisory_states WHERE deleted_time IS NULL AND `+where,
+			arg,
+		).Scan(
+			&n,
+		); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -300,7 +307,11 @@ func TestService_Advisories(t *testing.T) {
 		arg   string
 	}{
 		{query.AdvisoriesRequest{Artifact: adv.ArtifactName}, "artifact_name = ?", adv.ArtifactName},
-		{query.AdvisoriesRequest{Alias: adv.Aliases[0]}, "uid IN (SELECT advisory_uid FROM advisory_aliases WHERE alias = ?)", adv.Aliases[0]},
+		{
+			query.AdvisoriesRequest{Alias: adv.Aliases[0]},
+			"uid IN (SELECT advisory_uid FROM advisory_aliases WHERE alias = ?)",
+			adv.Aliases[0],
+		},
 		{query.AdvisoriesRequest{Component: adv.ComponentName}, "component_name = ?", adv.ComponentName},
 	} {
 		var got query.AdvisoriesReply

@@ -70,14 +70,19 @@ func TestSignVerify(t *testing.T) {
 		t.Errorf("Nats-Msg-Id %q", id)
 	}
 	tamper := map[string]func(m *nats.Msg){
-		"subject":    func(m *nats.Msg) { m.Subject = "syncd.tag.deleted.g%2Fr" },
-		"data":       func(m *nats.Msg) { m.Data = []byte(`{"id":"e2"}`) },
-		"msg id":     func(m *nats.Msg) { m.Header.Set(jetstream.MsgIDHeader, "e1") },
-		"signature":  func(m *nats.Msg) { m.Header.Set(signing.Header, flipSignatureBit(t, m.Header.Get(signing.Header))) },
-		"truncated":  func(m *nats.Msg) { h := m.Header.Get(signing.Header); m.Header.Set(signing.Header, h[:60]) },
-		"no dot":     func(m *nats.Msg) { m.Header.Set(signing.Header, pub) },
-		"unsigned":   func(m *nats.Msg) { m.Header.Del(signing.Header) },
-		"other key":  func(m *nats.Msg) { h := m.Header.Get(signing.Header); m.Header.Set(signing.Header, other+h[len(pub):]) },
+		"subject":   func(m *nats.Msg) { m.Subject = "syncd.tag.deleted.g%2Fr" },
+		"data":      func(m *nats.Msg) { m.Data = []byte(`{"id":"e2"}`) },
+		"msg id":    func(m *nats.Msg) { m.Header.Set(jetstream.MsgIDHeader, "e1") },
+		"signature": func(m *nats.Msg) { m.Header.Set(signing.Header, flipSignatureBit(t, m.Header.Get(signing.Header))) },
+		"truncated": func(m *nats.Msg) { h := m.Header.Get(signing.Header); m.Header.Set(signing.Header, h[:60]) },
+		"no dot":    func(m *nats.Msg) { m.Header.Set(signing.Header, pub) },
+		"unsigned":  func(m *nats.Msg) { m.Header.Del(signing.Header) },
+		"other key": func(
+			m *nats.Msg,
+		) {
+			h := m.Header.Get(signing.Header)
+			m.Header.Set(signing.Header, other+h[len(pub):])
+		},
 		"nil header": func(m *nats.Msg) { m.Header = nil },
 	}
 	for name, fn := range tamper {

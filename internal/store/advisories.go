@@ -320,8 +320,13 @@ func unchanged(o storedAdvisory, a Advisory, raw any) bool {
 // keeps it: times to the millisecond, JSON compacted, no list as an empty
 // one.
 func sameAdvisory(a, b Advisory) bool {
-	if !sameScalars(a, b) || a.Author != b.Author || a.ArtifactType != b.ArtifactType || a.ArtifactArchitecture != b.ArtifactArchitecture ||
-		a.ComponentName != b.ComponentName || a.ComponentLocation != b.ComponentLocation || a.ComponentType != b.ComponentType ||
+	if !sameScalars(a, b) ||
+		a.Author != b.Author ||
+		a.ArtifactType != b.ArtifactType ||
+		a.ArtifactArchitecture != b.ArtifactArchitecture ||
+		a.ComponentName != b.ComponentName ||
+		a.ComponentLocation != b.ComponentLocation ||
+		a.ComponentType != b.ComponentType ||
 		a.LegacyAdvisoryID != b.LegacyAdvisoryID ||
 		!slices.Equal(a.Aliases, b.Aliases) ||
 		!slices.Equal(a.Severities, b.Severities) {
@@ -372,7 +377,12 @@ func (s *Store) writeAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs []Adv
 	var aliases, sevs, evs []any
 	for _, a := range advs {
 		if keepLater {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM advisory_events WHERE advisory_uid = ? AND seq < ?`, a.UID, len(a.Events)); err != nil {
+			if _, err := tx.ExecContext(
+				ctx,
+				`DELETE FROM advisory_events WHERE advisory_uid = ? AND seq < ?`,
+				a.UID,
+				len(a.Events),
+			); err != nil {
 				return fmt.Errorf("replace advisory_events: %w", err)
 			}
 		}
@@ -451,8 +461,24 @@ func loadAdvisoryRows(ctx context.Context, tx *sql.Tx, where string, uids []stri
 		func(rows *sql.Rows) error {
 			var a storedAdvisory
 			var ct, ut, dt string
-			if err := rows.Scan(&a.UID, &a.AdvisoryID, &a.ArtifactName, &ct, &ut, &dt, &a.deletions, &a.raw, &a.Author, &a.ArtifactType,
-				&a.ArtifactArchitecture, &a.ComponentName, &a.ComponentLocation, &a.ComponentType, &a.LegacyAdvisoryID, &a.complete); err != nil {
+			if err := rows.Scan(
+				&a.UID,
+				&a.AdvisoryID,
+				&a.ArtifactName,
+				&ct,
+				&ut,
+				&dt,
+				&a.deletions,
+				&a.raw,
+				&a.Author,
+				&a.ArtifactType,
+				&a.ArtifactArchitecture,
+				&a.ComponentName,
+				&a.ComponentLocation,
+				&a.ComponentType,
+				&a.LegacyAdvisoryID,
+				&a.complete,
+			); err != nil {
 				return err
 			}
 			a.deleted = dt != ""
@@ -526,14 +552,31 @@ func loadAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs map[string]stored
 		ctx,
 		tx,
 		`SELECT advisory_uid, uid, type, COALESCE(create_time,''), author, reviewer, review_state, COALESCE(issue,''),
-		note, COALESCE(fixed_version,''), COALESCE(patched_versions,'[]'), COALESCE(false_positive_type,''), COALESCE(detection_type,''),
-		COALESCE(findings,''), COALESCE(details,'') FROM advisory_events WHERE advisory_uid IN (%s) ORDER BY advisory_uid, seq`,
+		note, COALESCE(fixed_version,''), COALESCE(patched_versions,'[]'), COALESCE(false_positive_type,''),
+			COALESCE(detection_type,''),
+		COALESCE(findings,''), COALESCE(details,'') FROM advisory_events WHERE advisory_uid IN (%s) ORDER BY advisory_uid,
+			seq`,
 		uids,
 		func(rows *sql.Rows) error {
 			var uid, ct, patched, details string
 			var e AdvisoryEvent
-			if err := rows.Scan(&uid, &e.UID, &e.Type, &ct, &e.Author, &e.Reviewer, &e.ReviewState, &e.Issue, &e.Note, &e.FixedVersion,
-				&patched, &e.FalsePositiveType, &e.DetectionType, &e.Findings, &details); err != nil {
+			if err := rows.Scan(
+				&uid,
+				&e.UID,
+				&e.Type,
+				&ct,
+				&e.Author,
+				&e.Reviewer,
+				&e.ReviewState,
+				&e.Issue,
+				&e.Note,
+				&e.FixedVersion,
+				&patched,
+				&e.FalsePositiveType,
+				&e.DetectionType,
+				&e.Findings,
+				&details,
+			); err != nil {
 				return err
 			}
 			var err error

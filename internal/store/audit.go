@@ -152,8 +152,16 @@ func (s *Store) AuditPosition(ctx context.Context) (int64, error) {
 // seq, reading the stream up to its sequence streamSeq.
 func (s *Store) SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		for k, v := range map[string]string{AuditSeqKey: strconv.FormatInt(seq, 10), AuditStreamSeqKey: strconv.FormatUint(streamSeq, 10)} {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`, k, v); err != nil {
+		for k, v := range map[string]string{
+			AuditSeqKey:       strconv.FormatInt(seq, 10),
+			AuditStreamSeqKey: strconv.FormatUint(streamSeq, 10),
+		} {
+			if _, err := tx.ExecContext(
+				ctx,
+				`INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
+				k,
+				v,
+			); err != nil {
 				return fmt.Errorf("record the audit's position: %w", err)
 			}
 		}

@@ -36,7 +36,10 @@ func (s *Store) BackfillRemaining(ctx context.Context) (int64, error) {
 
 func backfillRemaining(ctx context.Context, q queryer) (int64, error) {
 	var n int64
-	err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM backfill b JOIN tags t ON t.uid = b.tag_uid WHERE t.deleted_time IS NULL`).
+	err := q.QueryRowContext(
+		ctx,
+		`SELECT COUNT(*) FROM backfill b JOIN tags t ON t.uid = b.tag_uid WHERE t.deleted_time IS NULL`,
+	).
 		Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count the backfill: %w", err)
@@ -147,7 +150,13 @@ func (s *Store) BackfillRefs(ctx context.Context, uids []string) ([]TagRef, erro
 // backfillMoved marks tags of the backfill that a listing showed changed
 // since the first: their moves are news, and they are read first.
 func (s *Store) backfillMoved(ctx context.Context, tx *sql.Tx, uids []string) error {
-	if err := s.execByUIDs(ctx, tx, `UPDATE backfill SET moved = 1 WHERE moved = 0 AND tag_uid IN (%s)`, nil, uids); err != nil {
+	if err := s.execByUIDs(
+		ctx,
+		tx,
+		`UPDATE backfill SET moved = 1 WHERE moved = 0 AND tag_uid IN (%s)`,
+		nil,
+		uids,
+	); err != nil {
 		return fmt.Errorf("mark moved tags of the backfill: %w", err)
 	}
 	return nil

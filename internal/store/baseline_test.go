@@ -125,7 +125,10 @@ func TestEventIDs(t *testing.T) {
 		if _, err := st.MarkTagsDeleted(ctx, []string{"g1/r1/t1"}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := st.ApplyAdvisories(ctx, []store.Advisory{{UID: "g1/a1", AdvisoryID: "CGA-1", ArtifactName: "zlib"}}); err != nil {
+		if _, err := st.ApplyAdvisories(
+			ctx,
+			[]store.Advisory{{UID: "g1/a1", AdvisoryID: "CGA-1", ArtifactName: "zlib"}},
+		); err != nil {
 			t.Fatal(err)
 		}
 		return allEvents(t, st)
@@ -177,7 +180,11 @@ func TestBaseline_FailedRepos(t *testing.T) {
 	}
 	failRepo := func(t *testing.T, st *store.Store, r store.Repo) {
 		t.Helper()
-		if _, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureRepo, UID: r.UID, Path: r.Name, Status: 403, Error: "forbidden"}, nil); err != nil {
+		if _, err := st.RecordFailure(
+			ctx,
+			store.Failure{Kind: store.FailureRepo, UID: r.UID, Path: r.Name, Status: 403, Error: "forbidden"},
+			nil,
+		); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -218,13 +225,23 @@ func TestBaseline_FailedRepos(t *testing.T) {
 
 	t.Run("RecoveredReposAreNotNews", func(t *testing.T) {
 		st := setup(t, store.Options{})
-		if got, want := queryString(t, st.Reader(), `SELECT group_concat(name || '=' || baseline_pending, ' ') FROM (SELECT * FROM repos ORDER BY name)`),
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT group_concat(name || '=' || baseline_pending, ' ') FROM (SELECT * FROM repos ORDER BY name)`,
+		),
 			"half=1 ok=0 unlisted=1"; got != want {
 			t.Fatalf("baseline_pending=%s, want %s", got, want)
 		}
 		// Next crawl: both repos answer. Their tags and past moves are
 		// the starting point.
-		if got := listAndRead(t, st, unlisted, tag("g1/unlisted/t1", "latest", 2), tag("g1/unlisted/t2", "dev", 2)); got != 0 {
+		if got := listAndRead(
+			t,
+			st,
+			unlisted,
+			tag("g1/unlisted/t1", "latest", 2),
+			tag("g1/unlisted/t2", "dev", 2),
+		); got != 0 {
 			t.Fatalf("events for the first listing of a repo the baseline missed=%d, want 0", got)
 		}
 		if got := listAndRead(t, st, halfListed, tag("g1/half/t2", "page2", 2)); got != 0 {

@@ -126,7 +126,10 @@ func openPlain(b *testing.B, tags int) *plainDB {
 	}
 	b.Cleanup(func() { db.Close() })
 	db.SetMaxOpenConns(1)
-	if _, err := db.ExecContext(ctx, `INSERT INTO repos (uid, name, first_seen_time) VALUES ('g1/r1', 'nginx', '')`); err != nil {
+	if _, err := db.ExecContext(
+		ctx,
+		`INSERT INTO repos (uid, name, first_seen_time) VALUES ('g1/r1', 'nginx', '')`,
+	); err != nil {
 		b.Fatal(err)
 	}
 	for i := range tags {

@@ -12,7 +12,12 @@ import (
 // mirror holds none.
 func (s *Store) NewestTagUpdate(ctx context.Context, group string) (time.Time, error) {
 	var v string
-	err := s.r.QueryRowContext(ctx, `SELECT COALESCE(MAX(update_time), '') FROM tags WHERE uid > ? AND uid < ?`, group+"/", group+"0").
+	err := s.r.QueryRowContext(
+		ctx,
+		`SELECT COALESCE(MAX(update_time), '') FROM tags WHERE uid > ? AND uid < ?`,
+		group+"/",
+		group+"0",
+	).
 		Scan(&v)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("newest tag update below %s: %w", group, err)

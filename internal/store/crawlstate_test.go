@@ -128,7 +128,9 @@ func TestApplyHistory_MoveCarriesThePreviousRecordsTime(t *testing.T) {
 		t.Fatalf("moves recorded %d, %v; want 2", n, err)
 	}
 	rows, err := st.Reader().
-		Query(`SELECT json_extract(data, '$.before.updateTime'), json_extract(data, '$.after.updateTime') FROM events WHERE type = 'tag.moved' ORDER BY seq`)
+		Query(
+			`SELECT json_extract(data, '$.before.updateTime'), json_extract(data, '$.after.updateTime') FROM events WHERE type = 'tag.moved' ORDER BY seq`,
+		)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,8 +63,11 @@ const digestVersion = "v1"
 func init() {
 	sqlite.MustRegisterDeterministicScalarFunction("syncd_row_hash", -1, rowHashFunc)
 	sqlite.MustRegisterDeterministicScalarFunction("syncd_digest_add", 3, digestAddFunc)
-	if err := sqlite.RegisterFunction("syncd_digest_sum", &sqlite.FunctionImpl{NArgs: 1, Deterministic: true,
-		MakeAggregate: func(sqlite.FunctionContext) (sqlite.AggregateFunction, error) { return &digestSum{}, nil }}); err != nil {
+	if err := sqlite.RegisterFunction("syncd_digest_sum", &sqlite.FunctionImpl{
+		NArgs:         1,
+		Deterministic: true,
+		MakeAggregate: func(sqlite.FunctionContext) (sqlite.AggregateFunction, error) { return &digestSum{}, nil },
+	}); err != nil {
 		panic(err)
 	}
 }
@@ -282,7 +285,13 @@ func presentDigestTables(ctx context.Context, tx *sql.Tx) ([]digestTable, error)
 	var out []digestTable
 	for _, t := range digestTables {
 		var n int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM main.sqlite_schema WHERE type = 'table' AND name = ?`, t.table).Scan(&n); err != nil {
+		if err := tx.QueryRowContext(
+			ctx,
+			`SELECT count(*) FROM main.sqlite_schema WHERE type = 'table' AND name = ?`,
+			t.table,
+		).Scan(
+			&n,
+		); err != nil {
 			return nil, fmt.Errorf("read the schema: %w", err)
 		}
 		if n > 0 {

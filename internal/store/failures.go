@@ -160,13 +160,26 @@ func (s *Store) readFailures(ctx context.Context, fn func(Failure)) error {
 	err := queryRows(
 		ctx,
 		s.r,
-		`SELECT kind, uid, repo_uid, path, tag, status, error, attempts, first_failed_time, last_failed_time, next_attempt_time
+		`SELECT kind, uid, repo_uid, path, tag, status, error, attempts, first_failed_time, last_failed_time,
+			next_attempt_time
 		FROM crawl_failures ORDER BY path, tag, uid`,
 		nil,
 		func(rows *sql.Rows) error {
 			var f Failure
 			var first, last, next string
-			if err := rows.Scan(&f.Kind, &f.UID, &f.RepoUID, &f.Path, &f.Tag, &f.Status, &f.Error, &f.Attempts, &first, &last, &next); err != nil {
+			if err := rows.Scan(
+				&f.Kind,
+				&f.UID,
+				&f.RepoUID,
+				&f.Path,
+				&f.Tag,
+				&f.Status,
+				&f.Error,
+				&f.Attempts,
+				&first,
+				&last,
+				&next,
+			); err != nil {
 				return err
 			}
 			var err error

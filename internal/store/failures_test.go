@@ -117,7 +117,11 @@ func TestFailures(t *testing.T) {
 			t.Fatal("a failure without a uid was recorded")
 		}
 		// A tag's repo is its uid's parent when not given.
-		if f, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureTag, UID: "g1/g2/r4/t9", Error: "x"}, nil); err != nil ||
+		if f, err := st.RecordFailure(
+			ctx,
+			store.Failure{Kind: store.FailureTag, UID: "g1/g2/r4/t9", Error: "x"},
+			nil,
+		); err != nil ||
 			f.RepoUID != "g1/g2/r4" {
 			t.Fatalf("repo of a tag failure=%q err=%v, want g1/g2/r4", f.RepoUID, err)
 		}
@@ -189,8 +193,13 @@ func TestRuns(t *testing.T) {
 		okAt.Equal(partialAt) {
 		t.Fatalf("crawl=%+v, want failed and last completed at %v", crawl, partialAt)
 	}
-	for outcome, want := range map[string]bool{store.OutcomeOK: true, store.OutcomePartial: true, store.OutcomeFailed: false,
-		store.OutcomeCanceled: false, store.OutcomeRunning: false} {
+	for outcome, want := range map[string]bool{
+		store.OutcomeOK:       true,
+		store.OutcomePartial:  true,
+		store.OutcomeFailed:   false,
+		store.OutcomeCanceled: false,
+		store.OutcomeRunning:  false,
+	} {
 		if got := store.RunCompleted(outcome); got != want {
 			t.Errorf("RunCompleted(%s)=%v, want %v", outcome, got, want)
 		}

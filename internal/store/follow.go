@@ -465,7 +465,8 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	nb, last := bookmarkAfter(old, fresh), fresh[len(fresh)-1]
 	_, err = b.exec(
 		ctx,
-		`UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4, digest = ?4,
+		`UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4,
+			digest = ?4,
 		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END WHERE uid = ?5`,
 		FormatTime(nb.LastTime),
 		nb.LastCount,
@@ -692,7 +693,8 @@ func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []Histor
 		nb := bookmarkAfter(Bookmark{}, known)
 		_, err := tx.ExecContext(
 			ctx,
-			`UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ?, baseline = 0
+			`UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ?,
+				baseline = 0
 			WHERE uid = ?`,
 			FormatTime(nb.LastTime),
 			nb.LastCount,

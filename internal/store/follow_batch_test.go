@@ -31,7 +31,12 @@ func TestApplyStreamEvents_BatchSizes(t *testing.T) {
 		if ref.UID == t2.UID {
 			d = digest(2)
 		}
-		if _, err := leader.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: t1.UpdateTime, Digest: d}}, true); err != nil {
+		if _, err := leader.ApplyHistory(
+			ctx,
+			ref,
+			[]store.HistoryRecord{{Time: t1.UpdateTime, Digest: d}},
+			true,
+		); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -52,7 +52,10 @@ func TestApplyStreamEvents_FollowerEqualsLeader(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := leader.ApplyAdvisories(ctx, []store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: t1}}); err != nil {
+	if _, err := leader.ApplyAdvisories(
+		ctx,
+		[]store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: t1}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := leader.MarkTagsDeleted(ctx, []string{"org1/r1/t2"}); err != nil {
@@ -89,7 +92,11 @@ func TestApplyStreamEvents_FollowerEqualsLeader(t *testing.T) {
 		}
 	}
 	// The follower has the moves the stream carried, in order.
-	if got := queryString(t, follower.Reader(), `SELECT group_concat(digest, ',') FROM (SELECT digest FROM tag_history WHERE tag_uid = 'org1/r1/t1' AND seq > 0 ORDER BY seq)`); got != d(
+	if got := queryString(
+		t,
+		follower.Reader(),
+		`SELECT group_concat(digest, ',') FROM (SELECT digest FROM tag_history WHERE tag_uid = 'org1/r1/t1' AND seq > 0 ORDER BY seq)`,
+	); got != d(
 		"b",
 	)+","+d(
 		"c",

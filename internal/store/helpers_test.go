@@ -80,7 +80,9 @@ func replicationRecords(tb testing.TB, st *store.Store) []store.Event {
 func eventRows(tb testing.TB, st *store.Store, where string) []store.Event {
 	tb.Helper()
 	rows, err := st.Reader().
-		Query(`SELECT seq, id, type, resource, action, scope, subject, time, data FROM events WHERE ` + where + ` ORDER BY seq`)
+		Query(
+			`SELECT seq, id, type, resource, action, scope, subject, time, data FROM events WHERE ` + where + ` ORDER BY seq`,
+		)
 	if err != nil {
 		tb.Fatal(err)
 	}

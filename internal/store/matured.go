@@ -228,7 +228,11 @@ func nextMaturation(ctx context.Context, tx *sql.Tx, ages []time.Duration, now t
 	var next time.Time
 	for _, age := range ages {
 		var oldest sql.NullString
-		err := tx.QueryRowContext(ctx, `SELECT MIN(update_time) FROM tag_history WHERE update_time > ?`, FormatTime(now.Add(-age))).
+		err := tx.QueryRowContext(
+			ctx,
+			`SELECT MIN(update_time) FROM tag_history WHERE update_time > ?`,
+			FormatTime(now.Add(-age)),
+		).
 			Scan(&oldest)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("read the next maturation: %w", err)
@@ -299,7 +303,8 @@ func maturityCandidates(ctx context.Context, tx *sql.Tx, run maturedRun, ok bool
 		// tag, which read the whole history through its (tag_uid, seq)
 		// index instead of the rows past lastID.
 		q = `SELECT DISTINCT t.uid FROM (SELECT tag_uid FROM tag_history WHERE update_time > ? AND update_time <= ?
-			UNION ALL SELECT tag_uid FROM tag_history WHERE id > ?) h JOIN tags t ON t.uid = h.tag_uid WHERE t.deleted_time IS NULL`
+			UNION ALL SELECT tag_uid FROM tag_history WHERE id > ?) h JOIN tags t ON t.uid = h.tag_uid
+			WHERE t.deleted_time IS NULL`
 		args = []any{run.cutoff, cutoff, run.lastID}
 	}
 	var uids []string
@@ -463,8 +468,10 @@ func writeMatured(ctx context.Context, tx *sql.Tx, cs []change) error {
 }
 
 // upsertMaturedSQL writes a tag's matured record for an age.
-const upsertMaturedSQL = `INSERT INTO tag_matured (tag_uid, age, seq, update_time, digest, matured_time, event_id) VALUES (?, ?, ?, ?, ?, ?, ?)
-	ON CONFLICT (tag_uid, age) DO UPDATE SET seq = excluded.seq, update_time = excluded.update_time, digest = excluded.digest,
+const upsertMaturedSQL = `INSERT INTO tag_matured (tag_uid, age, seq, update_time, digest, matured_time,
+	event_id) VALUES (?, ?, ?, ?, ?, ?, ?)
+	ON CONFLICT (tag_uid, age) DO UPDATE SET seq = excluded.seq, update_time = excluded.update_time,
+		digest = excluded.digest,
 	matured_time = excluded.matured_time, event_id = excluded.event_id`
 
 // upsertMatured writes d's row with stmt, upsertMaturedSQL prepared.
@@ -537,7 +544,8 @@ func (s *Store) MaturedDigests(ctx context.Context, fn func(MaturedTag) error) e
 	err = queryRows(
 		ctx,
 		tx,
-		`SELECT m.tag_uid, m.age, m.seq, m.update_time, m.digest, m.matured_time, m.event_id, t.name, COALESCE(r.path,''), COALESCE(r.name,'')
+		`SELECT m.tag_uid, m.age, m.seq, m.update_time, m.digest, m.matured_time, m.event_id, t.name, COALESCE(r.path,''),
+			COALESCE(r.name,'')
 		FROM tag_matured m JOIN tags t ON t.uid = m.tag_uid LEFT JOIN repos r ON r.uid = t.repo_uid
 		WHERE t.deleted_time IS NULL ORDER BY m.tag_uid, m.age`,
 		nil,

@@ -106,7 +106,11 @@ func TestMature_AtTheirAge(t *testing.T) {
 	}
 	m.at(t0, age)
 	evs, next = m.mature()
-	if len(evs) != 1 || evs[0].Digest != digest(1) || evs[0].Previous != nil || evs[0].Age != "10s" || evs[0].Tag != "1.27" ||
+	if len(evs) != 1 ||
+		evs[0].Digest != digest(1) ||
+		evs[0].Previous != nil ||
+		evs[0].Age != "10s" ||
+		evs[0].Tag != "1.27" ||
 		evs[0].Repo != "nginx" ||
 		!evs[0].Since.Equal(t0) ||
 		!next.IsZero() {
@@ -152,7 +156,11 @@ func TestMature_AtTheirAge(t *testing.T) {
 			again = evs[0]
 		}
 	}
-	if got := queryInt(t, m.st.Reader(), `SELECT seq FROM tag_matured WHERE tag_uid = 'g1/r1/t1' AND age = '10s'`); got != again.Seq {
+	if got := queryInt(
+		t,
+		m.st.Reader(),
+		`SELECT seq FROM tag_matured WHERE tag_uid = 'g1/r1/t1' AND age = '10s'`,
+	); got != again.Seq {
 		t.Errorf("tag_matured seq = %d, want Z's second record %d: the row is the last event's", got, again.Seq)
 	}
 	// Every change once, in order.
@@ -205,7 +213,12 @@ func TestMature_NotDuringTheBaseline(t *testing.T) {
 	repo := nginx()
 	mustApplyRepos(t, st, repo)
 	need := mustApplyTags(t, st, repo, tag("g1/r1/t1", "1.27", 1))
-	if _, err := st.ApplyHistory(context.Background(), need[0], []store.HistoryRecord{{Time: clk.Now().Add(-time.Hour), Digest: digest(1)}}, true); err != nil {
+	if _, err := st.ApplyHistory(
+		context.Background(),
+		need[0],
+		[]store.HistoryRecord{{Time: clk.Now().Add(-time.Hour), Digest: digest(1)}},
+		true,
+	); err != nil {
 		t.Fatal(err)
 	}
 	res, err := st.Mature(context.Background(), []time.Duration{time.Second})
@@ -318,7 +331,12 @@ func TestMature_RunCutShort(t *testing.T) {
 		tags = append(tags, tag(fmt.Sprintf("g1/r1/t%d", i), fmt.Sprintf("v%d", i), i))
 	}
 	for _, ref := range mustApplyTags(t, st, repo, tags...) {
-		if _, err := st.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: clk.Now(), Digest: digest(7)}}, true); err != nil {
+		if _, err := st.ApplyHistory(
+			ctx,
+			ref,
+			[]store.HistoryRecord{{Time: clk.Now(), Digest: digest(7)}},
+			true,
+		); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -70,7 +70,8 @@ func createAtVersion(t *testing.T, path string, files []string, n int) {
 		exec(`UPDATE repos SET path = name`) // as syncd writes it from version 6 on
 	}
 	exec(
-		`INSERT INTO tags (uid, repo_uid, name, digest, first_seen_time, history_last_time, history_last_count, history_count, history_last_digest)
+		`INSERT INTO tags (uid, repo_uid, name, digest, first_seen_time, history_last_time, history_last_count,
+			history_count, history_last_digest)
 		VALUES ('g1/r1/t1', 'g1/r1', 'latest', ?, '2025-01-01T00:00:00.000Z', '2025-01-02T00:00:00.000Z', 1, 2, ?)`,
 		digest(2),
 		digest(2),
@@ -92,9 +93,11 @@ func createAtVersion(t *testing.T, path string, files []string, n int) {
 		events = "event_log"
 	}
 	exec(`INSERT INTO ` + events + ` (id, type, resource, action, scope, subject, time, data, created_time)
-		VALUES ('old-event', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}', '2025-01-02T00:00:00.000Z')`)
+		VALUES ('old-event', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}',
+			'2025-01-02T00:00:00.000Z')`)
 	exec(`INSERT INTO ` + events + ` (id, type, resource, action, scope, subject, time, data, created_time)
-		VALUES ('old-published', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}', '2025-01-02T00:00:00.000Z')`)
+		VALUES ('old-published', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}',
+			'2025-01-02T00:00:00.000Z')`)
 	if n >= 5 {
 		exec(`DELETE FROM outbox WHERE seq = (SELECT seq FROM event_log WHERE id = 'old-published')`)
 		exec(
@@ -125,13 +128,21 @@ func TestMigrate_UpgradesEveryEarlierVersion(t *testing.T) {
 				return
 			}
 			db := st.Reader()
-			if got, want := queryString(t, db, `SELECT before_digest FROM tag_moves WHERE tag = 'latest'`), digest(1); got != want {
+			if got, want := queryString(
+				t,
+				db,
+				`SELECT before_digest FROM tag_moves WHERE tag = 'latest'`,
+			), digest(1); got != want {
 				t.Fatalf("old history through tag_moves: before=%s, want %s", got, want)
 			}
 			if got, want := queryInt(t, db, `SELECT COUNT(*) FROM events WHERE published_time IS NULL`), 1; got != want {
 				t.Fatalf("unpublished events kept=%d, want %d", got, want)
 			}
-			if got, want := queryString(t, db, `SELECT published_time FROM events WHERE id = 'old-published'`), "2025-01-02T00:00:01.000Z"; got != want {
+			if got, want := queryString(
+				t,
+				db,
+				`SELECT published_time FROM events WHERE id = 'old-published'`,
+			), "2025-01-02T00:00:01.000Z"; got != want {
 				t.Fatalf("published_time of a published event=%q, want %q", got, want)
 			}
 			if evs, err := st.Unpublished(ctx, 0, 10); err != nil || len(evs) != 1 || evs[0].ID != "old-event" {
@@ -153,7 +164,11 @@ func TestMigrate_UpgradesEveryEarlierVersion(t *testing.T) {
 			if n, err := st.ApplyAdvisories(ctx, []store.Advisory{upd}); err != nil || n != 1 {
 				t.Fatalf("update an old advisory: events=%d err=%v, want 1 and nil", n, err)
 			}
-			if got, want := queryInt(t, db, `SELECT open_advisories FROM advisories_by_artifact WHERE artifact_name = 'openssl'`), 1; got != want {
+			if got, want := queryInt(
+				t,
+				db,
+				`SELECT open_advisories FROM advisories_by_artifact WHERE artifact_name = 'openssl'`,
+			), 1; got != want {
 				t.Fatalf("open advisories=%d, want %d", got, want)
 			}
 			subs, err := st.Subscriptions(ctx)
@@ -180,7 +195,11 @@ func TestMigrate_UpgradesEveryEarlierVersion(t *testing.T) {
 			if r, ok, err := st.RepoByPath(ctx, "nginx"); err != nil || !ok || r.UID != "g1/r1" {
 				t.Fatalf("RepoByPath(nginx)=%+v, %v, %v; want g1/r1", r, ok, err)
 			}
-			if _, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureRepo, UID: "g1/r1", Error: "boom"}, nil); err != nil {
+			if _, err := st.RecordFailure(
+				ctx,
+				store.Failure{Kind: store.FailureRepo, UID: "g1/r1", Error: "boom"},
+				nil,
+			); err != nil {
 				t.Fatalf("record a failure after the upgrade: %v", err)
 			}
 			// A page of tags of the old repo is scoped by its path.

@@ -206,7 +206,13 @@ func markRun(ctx context.Context, tx *sql.Tx, first, last int64, now string) err
 		}
 		return markEach(ctx, tx, first, last, now)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO event_publishes (first_seq, last_seq, published_time) VALUES (?, ?, ?)`, first, last, now); err != nil {
+	if _, err := tx.ExecContext(
+		ctx,
+		`INSERT INTO event_publishes (first_seq, last_seq, published_time) VALUES (?, ?, ?)`,
+		first,
+		last,
+		now,
+	); err != nil {
 		return err
 	}
 	_, err = tx.ExecContext(ctx, `RELEASE mark_run`)

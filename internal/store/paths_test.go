@@ -50,7 +50,11 @@ func TestRepoPaths(t *testing.T) {
 		if got, want := after.Path, "nginx"; got != want {
 			t.Fatalf("path of a repo given none=%q, want its name %q", got, want)
 		}
-		if got, want := queryString(t, st.Reader(), `SELECT group_concat(path, ' ') FROM (SELECT path FROM repos ORDER BY uid)`),
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT group_concat(path, ' ') FROM (SELECT path FROM repos ORDER BY uid)`,
+		),
 			"charts/cert-manager nginx"; got != want {
 			t.Fatalf("repos.path=%q, want %q", got, want)
 		}
@@ -90,10 +94,20 @@ func TestRepoPaths(t *testing.T) {
 		if e.Type != store.TagMoved || e.Scope != "charts/cert-manager" || after.Path != "charts/cert-manager" {
 			t.Fatalf("%s scope=%q path=%q, want tag.moved in charts/cert-manager", e.Type, e.Scope, after.Path)
 		}
-		if got, want := queryString(t, st.Reader(), `SELECT path || ':' || tag FROM current_tags WHERE repo_uid = ?`, cm.UID), "charts/cert-manager:v1.16"; got != want {
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT path || ':' || tag FROM current_tags WHERE repo_uid = ?`,
+			cm.UID,
+		), "charts/cert-manager:v1.16"; got != want {
 			t.Fatalf("current_tags=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, st.Reader(), `SELECT path FROM tag_moves WHERE tag_uid = ?`, ref.UID), "charts/cert-manager"; got != want {
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT path FROM tag_moves WHERE tag_uid = ?`,
+			ref.UID,
+		), "charts/cert-manager"; got != want {
 			t.Fatalf("tag_moves.path=%q, want %q", got, want)
 		}
 	})
@@ -189,17 +203,26 @@ func TestApplyStreamEvents_Paths(t *testing.T) {
 	t.Run("EventWithoutPath", func(t *testing.T) {
 		old := store.StreamEvent{ID: "old-1", Type: store.TagCreated, Subject: "g1/r9/t1", Time: clk.Now(),
 			Data: json.RawMessage(
-				`{"before": null, "after": {"uid": "g1/r9/t1", "repoUid": "g1/r9", "repo": "redis", "name": "7", "digest": "` + digest(
-					7,
-				) + `"}}`,
+				`{"before": null, "after": {"uid": "g1/r9/t1", "repoUid": "g1/r9", "repo": "redis", "name": "7", "digest": "` +
+					digest(
+						7,
+					) + `"}}`,
 			)}
 		if _, err := follower.ApplyStreamEvents(ctx, []store.StreamEvent{old}); err != nil {
 			t.Fatal(err)
 		}
-		if got, want := queryString(t, follower.Reader(), `SELECT path FROM repos WHERE uid = 'g1/r9'`), "redis"; got != want {
+		if got, want := queryString(
+			t,
+			follower.Reader(),
+			`SELECT path FROM repos WHERE uid = 'g1/r9'`,
+		), "redis"; got != want {
 			t.Fatalf("path of a repo known from an old event=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, follower.Reader(), `SELECT scope FROM events WHERE id = 'old-1'`), "redis"; got != want {
+		if got, want := queryString(
+			t,
+			follower.Reader(),
+			`SELECT scope FROM events WHERE id = 'old-1'`,
+		), "redis"; got != want {
 			t.Fatalf("scope=%q, want %q", got, want)
 		}
 		refs, err := follower.UnresolvedTags(ctx)

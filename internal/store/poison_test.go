@@ -71,7 +71,10 @@ func TestApplyStream_PoisonSetAside(t *testing.T) {
 		t.Fatalf("rejected %+v, want poison and unknown", res.Rejected)
 	}
 	var tags, events int
-	if err := follower.Reader().QueryRow(`SELECT (SELECT count(*) FROM tags), (SELECT count(*) FROM event_log)`).Scan(&tags, &events); err != nil {
+	if err := follower.Reader().QueryRow(`SELECT (SELECT count(*) FROM tags), (SELECT count(*) FROM event_log)`).Scan(
+		&tags,
+		&events,
+	); err != nil {
 		t.Fatal(err)
 	}
 	if tags != 1 || events != len(evs) {
@@ -129,7 +132,9 @@ func TestApplyStream_MovePositionFromData(t *testing.T) {
 		t.Errorf("placing an older leader's move tried %d positions, want 1 (the one after the bookmark)", n)
 	}
 	var seq int
-	if err := follower.Reader().QueryRow(`SELECT max(seq) FROM tag_history WHERE tag_uid = 'g/r1/t1'`).Scan(&seq); err != nil ||
+	if err := follower.Reader().QueryRow(`SELECT max(seq) FROM tag_history WHERE tag_uid = 'g/r1/t1'`).Scan(
+		&seq,
+	); err != nil ||
 		seq != 2 {
 		t.Errorf("the move is at position %d (%v), want 2", seq, err)
 	}

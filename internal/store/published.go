@@ -180,7 +180,18 @@ func publishedTags(
 		FROM tags t LEFT JOIN repos r ON r.uid = t.repo_uid WHERE t.deleted_time IS NULL`, nil, func(rows *sql.Rows) error {
 		var t Tag
 		var bundles, ct, ut string
-		if err := rows.Scan(&t.UID, &t.RepoUID, &t.Repo, &t.Path, &t.Name, &t.Digest, &t.Deprecated, &bundles, &ct, &ut); err != nil {
+		if err := rows.Scan(
+			&t.UID,
+			&t.RepoUID,
+			&t.Repo,
+			&t.Path,
+			&t.Name,
+			&t.Digest,
+			&t.Deprecated,
+			&bundles,
+			&ct,
+			&ut,
+		); err != nil {
 			return err
 		}
 		if _, ok := pending[t.UID]; ok {
@@ -273,17 +284,23 @@ func (s *Store) LatestEventIDs(ctx context.Context, subjects []string) (map[stri
 		return nil, fmt.Errorf("read latest event ids: %w", err)
 	}
 	defer tx.Rollback()
-	err = queryByUIDs(ctx, tx, `SELECT l.subject, l.id, l.resource, l.action FROM event_log l
-		WHERE l.subject IN (%s) AND l.seq NOT IN (SELECT seq FROM outbox) ORDER BY l.seq`, subjects, func(rows *sql.Rows) error {
-		var subject, id, resource, action string
-		if err := rows.Scan(&subject, &id, &resource, &action); err != nil {
-			return err
-		}
-		if statefulAction(resource, action) {
-			out[subject] = id
-		}
-		return nil
-	})
+	err = queryByUIDs(
+		ctx,
+		tx,
+		`SELECT l.subject, l.id, l.resource, l.action FROM event_log l
+		WHERE l.subject IN (%s) AND l.seq NOT IN (SELECT seq FROM outbox) ORDER BY l.seq`,
+		subjects,
+		func(rows *sql.Rows) error {
+			var subject, id, resource, action string
+			if err := rows.Scan(&subject, &id, &resource, &action); err != nil {
+				return err
+			}
+			if statefulAction(resource, action) {
+				out[subject] = id
+			}
+			return nil
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read latest event ids: %w", err)
 	}

@@ -168,7 +168,12 @@ func (r *MirrorRead) Repo(ctx context.Context, path string) (RepoRow, bool, erro
 		var repo RepoRow
 		var deleted sql.NullString
 		err := r.queryRow(ctx, `SELECT uid, name, path, deleted_time FROM repos WHERE `+col+` = ?
-			ORDER BY deleted_time IS NOT NULL, deleted_time DESC, uid LIMIT 1`, path).Scan(&repo.UID, &repo.Name, &repo.Path, &deleted)
+			ORDER BY deleted_time IS NOT NULL, deleted_time DESC, uid LIMIT 1`, path).Scan(
+			&repo.UID,
+			&repo.Name,
+			&repo.Path,
+			&deleted,
+		)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
@@ -199,7 +204,16 @@ func scanTagRow(sc interface{ Scan(...any) error }) (TagRow, error) {
 	var t TagRow
 	var updated, deleted sql.NullString
 	var firstSeen string
-	if err := sc.Scan(&t.UID, &t.Name, &t.Digest, &t.Deprecated, &updated, &deleted, &firstSeen, &t.HistoryCount); err != nil {
+	if err := sc.Scan(
+		&t.UID,
+		&t.Name,
+		&t.Digest,
+		&t.Deprecated,
+		&updated,
+		&deleted,
+		&firstSeen,
+		&t.HistoryCount,
+	); err != nil {
 		return TagRow{}, err
 	}
 	t.Updated, t.Deleted, t.FirstSeen = parseStored(updated.String), parseStored(deleted.String), parseStored(firstSeen)
@@ -355,7 +369,8 @@ func (r *MirrorRead) DigestIntervals(ctx context.Context, digest string, limit i
 	var out []Interval
 	err := queryRows(ctx, r, `SELECT path, repo, tag, tag_uid, seq, from_time, until_time, deprecated FROM (
 			SELECT r.path, r.name AS repo, t.name AS tag, t.uid AS tag_uid, h.seq, h.update_time AS from_time,
-			       COALESCE((SELECT n.update_time FROM tag_history n WHERE n.tag_uid = h.tag_uid AND n.seq > h.seq ORDER BY n.seq LIMIT 1),
+			       COALESCE((SELECT n.update_time FROM tag_history n
+			                 WHERE n.tag_uid = h.tag_uid AND n.seq > h.seq ORDER BY n.seq LIMIT 1),
 			                t.deleted_time, r.deleted_time) AS until_time,
 			       t.deprecated
 			FROM tag_history h JOIN tags t ON t.uid = h.tag_uid JOIN repos r ON r.uid = t.repo_uid
@@ -430,7 +445,8 @@ func (r *MirrorRead) AdvisoriesBy(
 		ctx,
 		r,
 		`SELECT uid, advisory_id, artifact_name, COALESCE(artifact_type, ''), COALESCE(artifact_architecture, ''),
-			COALESCE(component_name, ''), COALESCE(aliases, ''), COALESCE(state, ''), state_time, COALESCE(fixed_version, ''), deleted_time
+			COALESCE(component_name, ''), COALESCE(aliases, ''), COALESCE(state, ''), state_time, COALESCE(fixed_version, ''),
+				deleted_time
 		FROM advisory_states WHERE `+where+` ORDER BY artifact_name, advisory_id, uid LIMIT ?`,
 		[]any{value, limit},
 		func(rows *sql.Rows) error {

@@ -91,13 +91,21 @@ func TestRawJSON(t *testing.T) {
 			`{"uid":"g1/r1","name":"nginx","syncConfig":{"source":"cgr.dev/chainguard/nginx"}}`; got != want {
 			t.Fatalf("repos.raw=%s, want %s", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT json_extract(raw, '$.syncConfig.source') FROM repos`), "cgr.dev/chainguard/nginx"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT json_extract(raw, '$.syncConfig.source') FROM repos`,
+		), "cgr.dev/chainguard/nginx"; got != want {
 			t.Fatalf("json_extract on repos.raw=%q, want %q", got, want)
 		}
 		if got, want := queryString(t, db, `SELECT json_extract(raw, '$.name') FROM tags`), "latest"; got != want {
 			t.Fatalf("json_extract on tags.raw=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT a.value FROM advisories, json_each(advisories.raw, '$.aliases') a`), "CVE-2025-1"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT a.value FROM advisories, json_each(advisories.raw, '$.aliases') a`,
+		), "CVE-2025-1"; got != want {
 			t.Fatalf("alias from advisories.raw=%q, want %q", got, want)
 		}
 		r, ok, err := st.RepoByPath(ctx, "nginx")
@@ -134,8 +142,12 @@ func TestRawJSON(t *testing.T) {
 		if w.wrote() {
 			t.Fatal("resources without raw JSON were rewritten")
 		}
-		if got := queryInt(t, db, `SELECT (SELECT COUNT(*) FROM repos WHERE raw IS NULL) + (SELECT COUNT(*) FROM tags WHERE raw IS NULL) +
-			(SELECT COUNT(*) FROM advisories WHERE raw IS NULL)`); got != 0 {
+		if got := queryInt(
+			t,
+			db,
+			`SELECT (SELECT COUNT(*) FROM repos WHERE raw IS NULL) + (SELECT COUNT(*) FROM tags WHERE raw IS NULL) +
+			(SELECT COUNT(*) FROM advisories WHERE raw IS NULL)`,
+		); got != 0 {
 			t.Fatalf("rows that lost their raw JSON=%d, want 0", got)
 		}
 	})

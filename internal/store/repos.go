@@ -162,8 +162,21 @@ const repoSelect = `r.uid, r.name, r.path, r.description, r.catalog_tier, r.alia
 func scanRepo(rows *sql.Rows) (storedRepo, error) {
 	var r storedRepo
 	var aliases, active, bundles, ct, ut string
-	if err := rows.Scan(&r.UID, &r.Name, &r.Path, &r.Description, &r.CatalogTier, &aliases, &active, &bundles, &ct, &ut, &r.raw,
-		&r.deleted, &r.deletions); err != nil {
+	if err := rows.Scan(
+		&r.UID,
+		&r.Name,
+		&r.Path,
+		&r.Description,
+		&r.CatalogTier,
+		&aliases,
+		&active,
+		&bundles,
+		&ct,
+		&ut,
+		&r.raw,
+		&r.deleted,
+		&r.deletions,
+	); err != nil {
 		return r, err
 	}
 	r.Path = repoPath(r.Repo)
@@ -247,7 +260,10 @@ func withPath(r Repo, path string) Repo {
 }
 
 func sameRepo(a, b Repo) bool {
-	return a.Name == b.Name && repoPath(a) == repoPath(b) && a.Description == b.Description && a.CatalogTier == b.CatalogTier &&
+	return a.Name == b.Name &&
+		repoPath(a) == repoPath(b) &&
+		a.Description == b.Description &&
+		a.CatalogTier == b.CatalogTier &&
 		slices.Equal(a.Aliases, b.Aliases) && slices.Equal(a.ActiveTags, b.ActiveTags) &&
 		slices.Equal(a.Bundles, b.Bundles) &&
 		sameTime(a.CreateTime, b.CreateTime) &&

@@ -105,7 +105,17 @@ func (s *Store) LastRuns(ctx context.Context) ([]JobRun, error) {
 		func(rows *sql.Rows) error {
 			var j JobRun
 			var started, finished, completed string
-			if err := rows.Scan(&j.Job, &started, &finished, &j.Outcome, &j.Requests, &j.Changes, &j.Failures, &j.Error, &completed); err != nil {
+			if err := rows.Scan(
+				&j.Job,
+				&started,
+				&finished,
+				&j.Outcome,
+				&j.Requests,
+				&j.Changes,
+				&j.Failures,
+				&j.Error,
+				&completed,
+			); err != nil {
 				return err
 			}
 			var err error

@@ -76,7 +76,11 @@ func populate(t *testing.T) *store.Store {
 		history[tg.UID] = []store.HistoryRecord{{Time: ts("2025-12-20T00:00:00Z"), Digest: tg.Digest}}
 	}
 	mustApplyTags(t, st, gone, store.Tag{UID: gone.UID + "/tlatest", Name: "latest", Digest: hex("9")})
-	for repo, tags := range map[*store.Repo][]store.Tag{&nginx: nginxTags, &redis: {redisLatest}, &certManager: {cmLatest}} {
+	for repo, tags := range map[*store.Repo][]store.Tag{
+		&nginx:       nginxTags,
+		&redis:       {redisLatest},
+		&certManager: {cmLatest},
+	} {
 		for _, ref := range mustApplyTags(t, st, *repo, tags...) {
 			if _, err := st.ApplyHistory(ctx, ref, history[ref.UID], true); err != nil {
 				t.Fatal(err)
@@ -299,45 +303,85 @@ func TestSchemaDoc_ExamplesRun(t *testing.T) {
 	}
 	t.Run("AnswersAreRight", func(t *testing.T) {
 		db := st.Reader()
-		if got, want := queryInt(t, db, `SELECT COUNT(*) FROM tag_moves WHERE moved_time >= '2026-01-01T00:00:00.000Z'`), 3; got != want {
+		if got, want := queryInt(
+			t,
+			db,
+			`SELECT COUNT(*) FROM tag_moves WHERE moved_time >= '2026-01-01T00:00:00.000Z'`,
+		), 3; got != want {
 			t.Fatalf("moves in January=%d, want %d", got, want)
 		}
 		if got, want := queryString(t, db, `SELECT repo FROM repo_moves ORDER BY moves DESC LIMIT 1`), "nginx"; got != want {
 			t.Fatalf("repo with most moves=%s, want %s", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT open_advisory_ids FROM advisories_by_artifact WHERE artifact_name = 'openssl'`), "CGA-1111"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT open_advisory_ids FROM advisories_by_artifact WHERE artifact_name = 'openssl'`,
+		), "CGA-1111"; got != want {
 			t.Fatalf("open openssl advisories=%q, want %q", got, want)
 		}
 		if got, want := queryInt(t, db, `SELECT COUNT(*) FROM events WHERE type = 'tag.moved'`), 3; got != want {
 			t.Fatalf("tag.moved events=%d, want %d", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT tag FROM current_tags WHERE path = 'charts/cert-manager'`), "v1.16"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT tag FROM current_tags WHERE path = 'charts/cert-manager'`,
+		), "v1.16"; got != want {
 			t.Fatalf("tag of charts/cert-manager=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT json_extract(raw, '$.syncConfig.source') FROM repos WHERE path = 'nginx'`), "cgr.dev/chainguard/nginx"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT json_extract(raw, '$.syncConfig.source') FROM repos WHERE path = 'nginx'`,
+		), "cgr.dev/chainguard/nginx"; got != want {
 			t.Fatalf("nginx sync source from raw=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT group_concat(artifact_name || ':' || fixed_version, ' ') FROM fixed_versions WHERE alias = 'CVE-2026-0001'`),
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT group_concat(artifact_name || ':' || fixed_version, ' ') FROM fixed_versions WHERE alias = 'CVE-2026-0001'`,
+		),
 			"openssl:3.0.2-r0"; got != want {
 			t.Fatalf("where CVE-2026-0001 is fixed=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT group_concat(artifact_name || ':' || COALESCE(state, '-'), ' ') FROM (SELECT * FROM advisories_by_alias WHERE alias = 'CVE-2026-0001' ORDER BY artifact_name)`),
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT group_concat(artifact_name || ':' || COALESCE(state, '-'), ' ') FROM (SELECT * FROM advisories_by_alias WHERE alias = 'CVE-2026-0001' ORDER BY artifact_name)`,
+		),
 			"curl:true_positive openssl:fixed"; got != want {
 			t.Fatalf("advisories of CVE-2026-0001=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT group_concat(advisory_id || ':' || state || ':' || rating || ':' || base_score, ' ') FROM (SELECT * FROM open_advisories ORDER BY advisory_id)`),
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT group_concat(advisory_id || ':' || state || ':' || rating || ':' || base_score, ' ') FROM (SELECT * FROM open_advisories ORDER BY advisory_id)`,
+		),
 			"CGA-3333:true_positive:high:7.5 CGA-5555:detected:medium:4.3"; got != want {
 			t.Fatalf("open advisories=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT group_concat(json_extract(data, '$.event.fixedVersion') || '@' || scope, ' ') FROM events WHERE type = 'advisory.fixed'`),
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT group_concat(json_extract(data, '$.event.fixedVersion') || '@' || scope, ' ') FROM events WHERE type = 'advisory.fixed'`,
+		),
 			"1.27.4-r0@nginx 3.0.2-r0@openssl"; got != want {
 			t.Fatalf("advisory.fixed events=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT group_concat(advisory_id || '@' || deleted_time, ' ') FROM advisories WHERE deleted_time IS NOT NULL AND raw IS NOT NULL`),
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT group_concat(advisory_id || '@' || deleted_time, ' ') FROM advisories WHERE deleted_time IS NOT NULL AND raw IS NOT NULL`,
+		),
 			"CGA-4444@2026-01-06T00:00:00.000Z"; got != want {
 			t.Fatalf("withdrawn by deleteTime=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT outcome || '/' || failures FROM crawl_runs ORDER BY id DESC LIMIT 1`), "partial/1"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT outcome || '/' || failures FROM crawl_runs ORDER BY id DESC LIMIT 1`,
+		), "partial/1"; got != want {
 			t.Fatalf("last run=%q, want %q", got, want)
 		}
 	})

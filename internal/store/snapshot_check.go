@@ -171,11 +171,21 @@ func buildReferenceSchemas(ctx context.Context) ([][]schemaObject, error) {
 			if _, err := tx.ExecContext(ctx, m.sql); err != nil {
 				return fmt.Errorf("%s: %w", m.name, err)
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, ?, '')`, m.version, m.name); err != nil {
+			if _, err := tx.ExecContext(
+				ctx,
+				`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, ?, '')`,
+				m.version,
+				m.name,
+			); err != nil {
 				return err
 			}
 			var digest int
-			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'replica_digest'`).Scan(&digest); err != nil ||
+			if err := tx.QueryRowContext(
+				ctx,
+				`SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'replica_digest'`,
+			).Scan(
+				&digest,
+			); err != nil ||
 				digest == 0 {
 				return err
 			}

@@ -88,8 +88,15 @@ func (s *Store) Status(ctx context.Context) (Status, error) {
 	if st.BackfillRemaining, err = s.BackfillRemaining(ctx); err != nil {
 		return st, err
 	}
-	for key, v := range map[string]*string{"role": &st.Role, "lease_holder": &st.LeaseHolder, "follow_lag": &st.FollowLag, ProgressKey: &st.Progress,
-		"checkpoint_seq": &st.CheckpointSeq, "checkpoint_result": &st.CheckpointResult, "checkpoint_time": &st.CheckpointTime} {
+	for key, v := range map[string]*string{
+		"role":              &st.Role,
+		"lease_holder":      &st.LeaseHolder,
+		"follow_lag":        &st.FollowLag,
+		ProgressKey:         &st.Progress,
+		"checkpoint_seq":    &st.CheckpointSeq,
+		"checkpoint_result": &st.CheckpointResult,
+		"checkpoint_time":   &st.CheckpointTime,
+	} {
 		if *v, err = s.Meta(ctx, key); err != nil {
 			return st, fmt.Errorf("read meta %s: %w", key, err)
 		}

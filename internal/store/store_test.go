@@ -77,7 +77,10 @@ func TestOpen(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := db.Exec(`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, 'future.sql', '')`, v+1); err != nil {
+		if _, err := db.Exec(
+			`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, 'future.sql', '')`,
+			v+1,
+		); err != nil {
 			t.Fatal(err)
 		}
 		db.Close()
@@ -227,7 +230,11 @@ func TestSubscriptions(t *testing.T) {
 	if subs, err = st.Subscriptions(ctx); err != nil || len(subs) != 1 || subs[0].UID != b.UID {
 		t.Fatalf("after delete: %+v err=%v, want only b", subs, err)
 	}
-	if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM subscriptions WHERE deleted_time IS NOT NULL`), 1; got != want {
+	if got, want := queryInt(
+		t,
+		st.Reader(),
+		`SELECT COUNT(*) FROM subscriptions WHERE deleted_time IS NOT NULL`,
+	), 1; got != want {
 		t.Fatalf("tombstoned subscriptions=%d, want %d", got, want)
 	}
 	if err := st.UpsertSubscription(ctx, a); err != nil {

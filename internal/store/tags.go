@@ -211,16 +211,37 @@ func loadTags(
 		tx,
 		`SELECT t.uid, t.repo_uid, COALESCE(r.name,''), COALESCE(r.path,''), t.name, t.digest, t.deprecated, t.bundles,
 		COALESCE(t.create_time,''), COALESCE(t.update_time,''), t.deleted_time IS NOT NULL, t.deletions,
-		COALESCE(t.history_update_time,''), t.history_last_digest, COALESCE(t.history_last_time,''), t.history_last_count, t.history_count, t.baseline,
+		COALESCE(t.history_update_time,''), t.history_last_digest, COALESCE(t.history_last_time,''), t.history_last_count,
+			t.history_count, t.baseline,
 		b.tag_uid IS NOT NULL, COALESCE(b.listed_time,''),
 		`+raw+` FROM tags t LEFT JOIN repos r ON r.uid = t.repo_uid LEFT JOIN backfill b ON b.tag_uid = t.uid WHERE `+where,
 		uids,
 		func(rows *sql.Rows) error {
 			var t storedTag
 			var bundles, ct, ut, lt, listed string
-			if err := rows.Scan(&t.UID, &t.RepoUID, &t.Repo, &t.Path, &t.Name, &t.Digest, &t.Deprecated, &bundles, &ct, &ut, &t.deleted, &t.deletions,
-				&t.historyUpdateTime, &t.historyLastDigest, &lt, &t.bookmark.LastCount, &t.bookmark.Count, &t.baseline,
-				&t.backfill, &listed, &t.raw); err != nil {
+			if err := rows.Scan(
+				&t.UID,
+				&t.RepoUID,
+				&t.Repo,
+				&t.Path,
+				&t.Name,
+				&t.Digest,
+				&t.Deprecated,
+				&bundles,
+				&ct,
+				&ut,
+				&t.deleted,
+				&t.deletions,
+				&t.historyUpdateTime,
+				&t.historyLastDigest,
+				&lt,
+				&t.bookmark.LastCount,
+				&t.bookmark.Count,
+				&t.baseline,
+				&t.backfill,
+				&listed,
+				&t.raw,
+			); err != nil {
 				return err
 			}
 			t.Path = scopeOf(t.Path, t.Repo)
