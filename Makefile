@@ -40,11 +40,12 @@ bench-quick:
 soak:
 	SOAK_DURATION=10m SOAK_TRIALS=20 SOAK_NATS_OUTAGE=20s $(GO) test -count=1 -timeout 30m -run 'Soak|Reliability' -v ./cmd/syncd/ 2>&1 | grep -E '^(---|===|ok|FAIL|PASS)|figures|check|killed|survived|NATS|changes'
 
-## lint: gofmt, go vet and staticcheck must be clean
+## lint: gofmt, go vet and staticcheck must be clean, and no line over 120 characters (golangci-lint's lll, .golangci.yml)
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
+	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0 run $(PKGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -90,7 +90,12 @@ func TestRun_MetricsAndReadiness(t *testing.T) {
 	if code, _ := httpGet(t, base+"/healthz"); code != 200 {
 		t.Errorf("/healthz = %d", code)
 	}
-	testutil.WaitFor(t, 10*time.Second, "/readyz to be ready", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+	testutil.WaitFor(
+		t,
+		10*time.Second,
+		"/readyz to be ready",
+		func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 },
+	)
 
 	// NATS goes away: not ready, and it says why.
 	ns.Stop()
@@ -105,6 +110,11 @@ func TestRun_MetricsAndReadiness(t *testing.T) {
 	}
 	// NATS is back on the same port and store: ready again.
 	ns.Start()
-	testutil.WaitFor(t, 20*time.Second, "/readyz to recover", func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+	testutil.WaitFor(
+		t,
+		20*time.Second,
+		"/readyz to recover",
+		func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 },
+	)
 	d.stop(t)
 }

@@ -45,7 +45,12 @@ type commonFlags struct {
 }
 
 func (f *commonFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.configPath, "config", "", "TOML configuration `file` (every key is in config.example.toml); without it, the defaults. SYNCD_<SECTION>_<KEY> environment variables override either")
+	fs.StringVar(
+		&f.configPath,
+		"config",
+		"",
+		"TOML configuration `file` (keys: config.example.toml), else the defaults; SYNCD_<SECTION>_<KEY> override either",
+	)
 	fs.StringVar(&f.logLevel, "log-level", "", "log `level`: debug, info, warn or error (overrides [log] level)")
 }
 
@@ -68,7 +73,10 @@ func (m *Main) loadConfig(f commonFlags) (config.Config, error) {
 }
 
 // loadConfigWith loads the configuration with load; its errors exit 2.
-func (m *Main) loadConfigWith(load func(path string, environ []string) (config.Config, error), f commonFlags) (config.Config, error) {
+func (m *Main) loadConfigWith(
+	load func(path string, environ []string) (config.Config, error),
+	f commonFlags,
+) (config.Config, error) {
 	cfg, err := load(f.configPath, m.Environ)
 	if err != nil {
 		return cfg, usageError{err}

@@ -113,7 +113,9 @@ func TestBackfill_CurrentFirstAndResumesAfterSIGKILL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := db.Query(`SELECT r.path || ':' || t.name FROM backfill b JOIN tags t ON t.uid = b.tag_uid JOIN repos r ON r.uid = t.repo_uid`)
+	rows, err := db.Query(
+		`SELECT r.path || ':' || t.name FROM backfill b JOIN tags t ON t.uid = b.tag_uid JOIN repos r ON r.uid = t.repo_uid`,
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +152,11 @@ func TestBackfill_CurrentFirstAndResumesAfterSIGKILL(t *testing.T) {
 		case !pending[key] && n != 1:
 			t.Errorf("tag %s, committed before the kill: history read %d times, want once", key, n)
 		case pending[key] && (n < 1 || n > 2):
-			t.Errorf("tag %s, left at the kill: history read %d times, want once or, if read but not committed when killed, twice", key, n)
+			t.Errorf(
+				"tag %s, left at the kill: history read %d times, want once or, if read but not committed when killed, twice",
+				key,
+				n,
+			)
 		case n == 2:
 			twice++
 		}

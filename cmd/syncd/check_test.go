@@ -20,7 +20,9 @@ const checkRegistryToken = "check-registry-token-5e1d"
 // e2eToken at the API and checkRegistryToken at the registry.
 func checkWorld(t *testing.T) (*platformsim.Sim, string) {
 	t.Helper()
-	sim := platformsim.New(platformsim.Options{Seed: 41, Strict: true, Tokens: []string{e2eToken}, RegistryTokens: []string{checkRegistryToken}})
+	sim := platformsim.New(
+		platformsim.Options{Seed: 41, Strict: true, Tokens: []string{e2eToken}, RegistryTokens: []string{checkRegistryToken}},
+	)
 	sim.Populate(platformsim.Scale{Repos: 2, TagsPerRepo: 1, HistoryPerTag: 2, NestedRepos: 2})
 	srv := httptest.NewServer(sim.Handler())
 	t.Cleanup(srv.Close)
@@ -33,7 +35,9 @@ func checkWorld(t *testing.T) (*platformsim.Sim, string) {
 // by subject ("platform API", "registry", "NATS", "config"), and stderr.
 func runCheck(t *testing.T, cfg string, flags ...string) (int, map[string]string, string) {
 	t.Helper()
-	code, stdout, stderr := runMain(context.Background(), append([]string{"check", "--config", cfg, "--timeout", "10s"}, flags...)...)
+	code, stdout, stderr := runMain(
+		context.Background(),
+		append([]string{"check", "--config", cfg, "--timeout", "10s"}, flags...)...)
 	t.Logf("stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	lines := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
@@ -83,7 +87,15 @@ func TestCheck(t *testing.T) {
 		}
 		wantVerdict(t, lines, "config", "ok")
 		wantVerdict(t, lines, "platform API", "ok", "platform.token", "group org1 is readable")
-		wantVerdict(t, lines, "registry", "ok", "platform.registry_token", "audience "+registryAudience, "tag history of acme/")
+		wantVerdict(
+			t,
+			lines,
+			"registry",
+			"ok",
+			"platform.registry_token",
+			"audience "+registryAudience,
+			"tag history of acme/",
+		)
 		wantVerdict(t, lines, "NATS", "ok", "JetStream answers")
 		if _, err := os.Stat(dbPath); !os.IsNotExist(err) {
 			t.Errorf("stat %s: %v; check must not create the mirror", dbPath, err)
@@ -97,8 +109,15 @@ func TestCheck(t *testing.T) {
 			t.Fatalf("exit=%d, want 1; lines %q; stderr %s", code, lines, stderr)
 		}
 		wantVerdict(t, lines, "platform API", "ok")
-		wantVerdict(t, lines, "registry", "FAIL", "platform.registry_token", "refused the registry token for audience "+registryAudience,
-			"set registry_token_command = 'chainctl auth token --audience "+registryAudience+"'")
+		wantVerdict(
+			t,
+			lines,
+			"registry",
+			"FAIL",
+			"platform.registry_token",
+			"refused the registry token for audience "+registryAudience,
+			"set registry_token_command = 'chainctl auth token --audience "+registryAudience+"'",
+		)
 		wantVerdict(t, lines, "NATS", "ok")
 		if !strings.Contains(stderr, "1 of 3 checks failed") {
 			t.Errorf("stderr %q, want it to count the failures", stderr)
@@ -111,7 +130,14 @@ func TestCheck(t *testing.T) {
 		if code != exitFailure {
 			t.Fatalf("exit=%d, want 1; lines %q", code, lines)
 		}
-		wantVerdict(t, lines, "registry", "FAIL", "no registry credential", "a platform token was given where a registry token is needed")
+		wantVerdict(
+			t,
+			lines,
+			"registry",
+			"FAIL",
+			"no registry credential",
+			"a platform token was given where a registry token is needed",
+		)
 	})
 
 	t.Run("NATSUnreachable", func(t *testing.T) {
@@ -132,7 +158,12 @@ func TestCheck(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		creds := fmt.Sprintf("identity = %q\nidentity_token_file = %q\nsts_url = %q", identity, writeFile(t, "external-token", ext), simURL)
+		creds := fmt.Sprintf(
+			"identity = %q\nidentity_token_file = %q\nsts_url = %q",
+			identity,
+			writeFile(t, "external-token", ext),
+			simURL,
+		)
 		cfg, _ := config(t, "", creds)
 		code, lines, stderr := runCheck(t, cfg)
 		if code != exitOK {
@@ -148,18 +179,37 @@ func TestCheck(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		creds = fmt.Sprintf("identity = %q\nidentity_token_file = %q\nsts_url = %q", identity, writeFile(t, "external-token", other), simURL)
+		creds = fmt.Sprintf(
+			"identity = %q\nidentity_token_file = %q\nsts_url = %q",
+			identity,
+			writeFile(t, "external-token", other),
+			simURL,
+		)
 		cfg, _ = config(t, "", creds)
 		code, lines, _ = runCheck(t, cfg)
 		if code != exitFailure {
 			t.Fatalf("exit=%d, want 1; lines %q", code, lines)
 		}
 		wantVerdict(t, lines, "platform API", "FAIL", "refused the identity exchange of "+identity+" for audience "+simURL)
-		wantVerdict(t, lines, "registry", "FAIL", "could not obtain the credential", "refused the identity exchange of "+identity+" for audience "+registryAudience)
+		wantVerdict(
+			t,
+			lines,
+			"registry",
+			"FAIL",
+			"could not obtain the credential",
+			"refused the identity exchange of "+identity+" for audience "+registryAudience,
+		)
 	})
 
 	t.Run("PlatformUnreachable", func(t *testing.T) {
-		cfg := testConfig{simURL: "http://127.0.0.1:1", natsURL: ns.URL(), dbPath: filepath.Join(t.TempDir(), "syncd.db"), credentials: tokens}.write(t)
+		cfg := testConfig{
+			simURL:      "http://127.0.0.1:1",
+			natsURL:     ns.URL(),
+			dbPath:      filepath.Join(t.TempDir(), "syncd.db"),
+			credentials: tokens,
+		}.write(
+			t,
+		)
 		code, lines, _ := runCheck(t, cfg, "--timeout", "1s")
 		if code != exitFailure {
 			t.Fatalf("exit=%d, want 1; lines %q", code, lines)
@@ -170,7 +220,11 @@ func TestCheck(t *testing.T) {
 	})
 
 	t.Run("ConfigErrors", func(t *testing.T) {
-		cfg := writeFile(t, "syncd.toml", "[platform]\nbase_url = \"http://platform.example.com\"\n\n[crawl]\nschedule = \"@every 0s\"\nconcurrency = 0\n")
+		cfg := writeFile(
+			t,
+			"syncd.toml",
+			"[platform]\nbase_url = \"http://platform.example.com\"\n\n[crawl]\nschedule = \"@every 0s\"\nconcurrency = 0\n",
+		)
 		code, stdout, stderr := runMain(context.Background(), "check", "--config", cfg)
 		if code != exitUsage {
 			t.Fatalf("exit=%d, want 2; stdout %s; stderr %s", code, stdout, stderr)

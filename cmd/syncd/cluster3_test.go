@@ -240,7 +240,12 @@ func TestCluster_ThreeNodes(t *testing.T) {
 	}
 	leader.cmd.Wait()
 	sigkill := time.Now()
-	testutil.WaitFor(t, 30*time.Second, "the standby to take over", func() bool { return metaOf(standby.dbPath, "role") == "leader" })
+	testutil.WaitFor(
+		t,
+		30*time.Second,
+		"the standby to take over",
+		func() bool { return metaOf(standby.dbPath, "role") == "leader" },
+	)
 	takeover := time.Since(sigkill)
 	old := leader
 	leader = standby
@@ -263,7 +268,11 @@ func TestCluster_ThreeNodes(t *testing.T) {
 			streamLost++
 			var typ, subject, created string
 			var seq int
-			openReader(t, leader.dbPath).QueryRow(`SELECT seq, type, subject, created_time FROM event_log WHERE id = ?`, id).Scan(&seq, &typ, &subject, &created)
+			openReader(
+				t,
+				leader.dbPath,
+			).QueryRow(`SELECT seq, type, subject, created_time FROM event_log WHERE id = ?`, id).
+				Scan(&seq, &typ, &subject, &created)
 			t.Logf("missing from the stream: %s seq %d %s %s recorded %s", id, seq, typ, subject, created)
 			// Who published it, and when: a loss of JetStream's or syncd's.
 			for _, n := range nodes {
@@ -310,15 +319,23 @@ func TestCluster_ThreeNodes(t *testing.T) {
 	}
 	if extra > 0 {
 		for _, line := range strings.Split(leader.out.String(), "\n") {
-			if strings.Contains(line, `"cluster role"`) || strings.Contains(line, "catching up") || strings.Contains(line, `"leading"`) || strings.Contains(line, "readying") {
+			if strings.Contains(line, `"cluster role"`) || strings.Contains(line, "catching up") ||
+				strings.Contains(line, `"leading"`) ||
+				strings.Contains(line, "readying") {
 				t.Logf("%s: %s", leader.name, line)
 			}
 		}
 	}
 	delivered := len(onStream)
 	if missing > 0 || extra > 0 || total != delivered {
-		t.Errorf("events: %d in the leader's mirror, %d distinct on the stream (%d messages): %d missing from the stream, %d not in the mirror",
-			len(expected), delivered, total, missing, extra)
+		t.Errorf(
+			"events: %d in the leader's mirror, %d distinct on the stream (%d messages): %d missing from the stream, %d not in the mirror",
+			len(expected),
+			delivered,
+			total,
+			missing,
+			extra,
+		)
 	}
 
 	// The replica that was killed restarts as a standby and catches up.
@@ -379,14 +396,44 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		return cpSeq != "" && cpSeq == metaOf(late.dbPath, "checkpoint_seq") &&
 			metaOf(old.dbPath, "checkpoint_result") == "match" && metaOf(late.dbPath, "checkpoint_result") == "match"
 	})
-	t.Logf("three-node figures: standby %s and follower %s matched the leader's checkpoint at stream sequence %s", old.name, late.name, cpSeq)
-	t.Logf("three-node figures: stream leader %s killed, %s leads after %s; %s stopped: both replicas not-ready within %s (%q); quorum back, a leader publishing %s after the restart; syncd leader %s SIGKILLed, %s took over after %s (lease TTL %s)",
-		first, second, streamTakeover.Round(time.Millisecond), second, notReadyAfter.Round(time.Millisecond), notReady,
-		quorumBack.Round(time.Millisecond), old.name, leader.name, takeover.Round(time.Millisecond), clusterTTL)
-	t.Logf("three-node figures: %d changes; events expected %d = delivered %d (%d messages, %d duplicates); mirror diffs: leader vs truth 0, standby vs leader 0, follower vs leader 0; follower joined after the stream dropped seqs up to %d: restored the snapshot and applied the %d events after it in %s; whole test %s",
-		changes, len(expected), delivered, total, total-delivered, seq, after, catchUp.Round(time.Millisecond), time.Since(start).Round(time.Second))
-	t.Logf("three-node figures: events the stream lacked after the faults: %d, all on it again %s later (the audit: [nats] duplicate_window %s, [verify] audit_every 2s)",
-		streamLost, auditTook.Round(time.Second), auditWindow)
+	t.Logf(
+		"three-node figures: standby %s and follower %s matched the leader's checkpoint at stream sequence %s",
+		old.name,
+		late.name,
+		cpSeq,
+	)
+	t.Logf(
+		"three-node figures: stream leader %s killed, %s leads after %s; %s stopped: both replicas not-ready within %s (%q); quorum back, a leader publishing %s after the restart; syncd leader %s SIGKILLed, %s took over after %s (lease TTL %s)",
+		first,
+		second,
+		streamTakeover.Round(time.Millisecond),
+		second,
+		notReadyAfter.Round(time.Millisecond),
+		notReady,
+		quorumBack.Round(time.Millisecond),
+		old.name,
+		leader.name,
+		takeover.Round(time.Millisecond),
+		clusterTTL,
+	)
+	t.Logf(
+		"three-node figures: %d changes; events expected %d = delivered %d (%d messages, %d duplicates); mirror diffs: leader vs truth 0, standby vs leader 0, follower vs leader 0; follower joined after the stream dropped seqs up to %d: restored the snapshot and applied the %d events after it in %s; whole test %s",
+		changes,
+		len(expected),
+		delivered,
+		total,
+		total-delivered,
+		seq,
+		after,
+		catchUp.Round(time.Millisecond),
+		time.Since(start).Round(time.Second),
+	)
+	t.Logf(
+		"three-node figures: events the stream lacked after the faults: %d, all on it again %s later (the audit: [nats] duplicate_window %s, [verify] audit_every 2s)",
+		streamLost,
+		auditTook.Round(time.Second),
+		auditWindow,
+	)
 
 	for _, n := range []*node{leader, old, late} {
 		n.cmd.Process.Signal(syscall.SIGTERM)
@@ -426,7 +473,14 @@ func streamIDs(ctx context.Context, t *testing.T, js jetstream.JetStream) (map[s
 		}
 		ids[ev.ID]++
 		total++
-		described[ev.ID] = fmt.Sprintf("seq %d %s %s %s (at %s)", seq, ev.ID, ev.Type, ev.Subject, m.Time.UTC().Format(time.RFC3339Nano))
+		described[ev.ID] = fmt.Sprintf(
+			"seq %d %s %s %s (at %s)",
+			seq,
+			ev.ID,
+			ev.Type,
+			ev.Subject,
+			m.Time.UTC().Format(time.RFC3339Nano),
+		)
 	}
 	return ids, total, described
 }

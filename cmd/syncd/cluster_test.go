@@ -76,7 +76,8 @@ func clusterNodeConfig(t *testing.T, simURL, natsURL string, n *node) string {
 	if n.snapshotEvery == "" {
 		n.snapshotEvery = "6h"
 	}
-	return writeFile(t, "syncd-"+n.name+".toml", fmt.Sprintf(`[platform]
+	return writeFile(t, "syncd-"+n.name+".toml", fmt.Sprintf(
+		`[platform]
 base_url = %[1]q
 registry_url = %[1]q
 token = %[2]q
@@ -115,8 +116,19 @@ enabled = true
 node_id = %[5]q
 lease_ttl = %[6]q
 consumer = "follow-%[5]s"
-%[11]s`, simURL, n.token, natsURL, n.dbPath, n.name, cmp.Or(n.ttl, clusterTTL).String(), max(n.replicas, 1), n.admin, n.snapshotEvery,
-		tomlLine("duplicate_window", n.dupWindow), tomlSection("verify", tomlLine("audit_every", n.auditEvery))))
+%[11]s`,
+		simURL,
+		n.token,
+		natsURL,
+		n.dbPath,
+		n.name,
+		cmp.Or(n.ttl, clusterTTL).String(),
+		max(n.replicas, 1),
+		n.admin,
+		n.snapshotEvery,
+		tomlLine("duplicate_window", n.dupWindow),
+		tomlSection("verify", tomlLine("audit_every", n.auditEvery)),
+	))
 }
 
 // tomlLine is key = "value", or "" when value is.
@@ -232,7 +244,8 @@ func TestCluster_Failover(t *testing.T) {
 	c.start(t, "run")
 	for _, n := range []*node{b, c} {
 		testutil.WaitFor(t, 30*time.Second, n.name+" to follow as a standby", func() bool {
-			return metaOf(n.dbPath, "role") == "standby" && metaOf(n.dbPath, "lease_holder") == "a" && metaOf(n.dbPath, "baseline_time") != ""
+			return metaOf(n.dbPath, "role") == "standby" && metaOf(n.dbPath, "lease_holder") == "a" &&
+				metaOf(n.dbPath, "baseline_time") != ""
 		})
 	}
 
@@ -297,9 +310,19 @@ func TestCluster_Failover(t *testing.T) {
 		t.Errorf("late follower's role = %q, want follower", got)
 	}
 	total, distinct := rcv.counts()
-	t.Logf("takeover by %s %s after SIGKILL (lease TTL %s); %d changes; %d messages, %d distinct events; requests a=%d %s=%d %s=0",
-		leader.name, takeover.Round(time.Millisecond), clusterTTL, changes, total, distinct,
-		first(counter.get(a.token)), leader.name, first(counter.get(leader.token)), standby.name)
+	t.Logf(
+		"takeover by %s %s after SIGKILL (lease TTL %s); %d changes; %d messages, %d distinct events; requests a=%d %s=%d %s=0",
+		leader.name,
+		takeover.Round(time.Millisecond),
+		clusterTTL,
+		changes,
+		total,
+		distinct,
+		first(counter.get(a.token)),
+		leader.name,
+		first(counter.get(leader.token)),
+		standby.name,
+	)
 
 	for _, n := range []*node{leader, standby, late} {
 		n.cmd.Process.Signal(syscall.SIGTERM)
@@ -367,7 +390,12 @@ func TestCluster_LeaderFrozenPastItsLease(t *testing.T) {
 		created += len(sim.Step(2))
 		time.Sleep(300 * time.Millisecond) // the data changes while b takes over
 	}
-	testutil.WaitFor(t, 4*clusterTTL, "b to take over from the frozen leader", func() bool { return metaOf(b.dbPath, "role") == "leader" })
+	testutil.WaitFor(
+		t,
+		4*clusterTTL,
+		"b to take over from the frozen leader",
+		func() bool { return metaOf(b.dbPath, "role") == "leader" },
+	)
 	takeover := time.Since(frozen)
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
@@ -399,7 +427,12 @@ func TestCluster_LeaderFrozenPastItsLease(t *testing.T) {
 	if len(regressions) > 0 {
 		t.Logf("frozen at %s, b leads at %s, a woke at %s, b stopped at %s", frozen.Format("15:04:05.000"),
 			frozen.Add(takeover).Format("15:04:05.000"), woke.Format("15:04:05.000"), bStopped.Format("15:04:05.000"))
-		t.Errorf("%d tag keys went back to an older state (of %d values watched):\n%s", len(regressions), checked, strings.Join(regressions, "\n"))
+		t.Errorf(
+			"%d tag keys went back to an older state (of %d values watched):\n%s",
+			len(regressions),
+			checked,
+			strings.Join(regressions, "\n"),
+		)
 	}
 	if checked == 0 {
 		t.Error("the KV watcher saw no tag value: the test proved nothing")
@@ -407,8 +440,19 @@ func TestCluster_LeaderFrozenPastItsLease(t *testing.T) {
 	if m := tags.markers(); m < 3 {
 		t.Errorf("the tags bucket's term marker took %d values, want one for each of the 3 terms at least", m)
 	}
-	t.Logf("frozen %s with events to publish: %v; takeover %s; %d changes; %d messages, %d distinct events; %d tag values watched, %d regressions against the stream (%d against the upstream's order); a's fenced writes %d",
-		3*clusterTTL, pending, takeover.Round(time.Millisecond), created, total, distinct, checked, len(regressions), len(upstream), fenced)
+	t.Logf(
+		"frozen %s with events to publish: %v; takeover %s; %d changes; %d messages, %d distinct events; %d tag values watched, %d regressions against the stream (%d against the upstream's order); a's fenced writes %d",
+		3*clusterTTL,
+		pending,
+		takeover.Round(time.Millisecond),
+		created,
+		total,
+		distinct,
+		checked,
+		len(regressions),
+		len(upstream),
+		fenced,
+	)
 	a.cmd.Process.Signal(syscall.SIGTERM)
 	if err := a.cmd.Wait(); err != nil {
 		t.Errorf("a after SIGTERM: %v; log tail:\n%s", err, tail(a.out.String(), 20))

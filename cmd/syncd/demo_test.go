@@ -95,9 +95,17 @@ func TestRunDemo_LeavesProductionAlone(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		var out, errb syncBuffer
-		code := NewMain(&out, &errb, []string{"SYNCD_NATS_URL=" + ns.URL()}).Run(ctx, []string{"run", "--demo", "--config", demoConfig(t, t.TempDir())})
+		code := NewMain(
+			&out,
+			&errb,
+			[]string{"SYNCD_NATS_URL=" + ns.URL()},
+		).Run(ctx, []string{"run", "--demo", "--config", demoConfig(t, t.TempDir())})
 		if code != exitUsage || !strings.Contains(errb.String(), "SYNCD_NATS_URL: nats.url:") {
-			t.Errorf("run --demo with SYNCD_NATS_URL exited %d, want 2 naming SYNCD_NATS_URL and nats.url; stderr:\n%s", code, errb.String())
+			t.Errorf(
+				"run --demo with SYNCD_NATS_URL exited %d, want 2 naming SYNCD_NATS_URL and nats.url; stderr:\n%s",
+				code,
+				errb.String(),
+			)
 		}
 		checkProduction(t, js)
 	})

@@ -94,7 +94,10 @@ func TestRun_EndToEnd(t *testing.T) {
 			if err := json.Unmarshal(m.Data(), &ev); err != nil {
 				t.Fatalf("message on %s is not JSON: %v", m.Subject(), err)
 			}
-			ev.natsSubject, ev.msgID, ev.contentType = m.Subject(), m.Headers().Get("Nats-Msg-Id"), m.Headers().Get("Content-Type")
+			ev.natsSubject, ev.msgID, ev.contentType = m.Subject(), m.Headers().
+				Get("Nats-Msg-Id"),
+				m.Headers().
+					Get("Content-Type")
 			if ev.Type == "dev.syncd.tag.moved" && ev.Subject == tag.UID {
 				moved = append(moved, ev)
 			}
@@ -106,10 +109,23 @@ func TestRun_EndToEnd(t *testing.T) {
 	for i, want := range []struct{ before, after string }{{tag.Digest, d1}, {d1, d2}} {
 		ev := moved[i]
 		if ev.Data.Before.Digest != want.before || ev.Data.After.Digest != want.after {
-			t.Errorf("move %d: before=%s after=%s, want %s -> %s", i, ev.Data.Before.Digest, ev.Data.After.Digest, want.before, want.after)
+			t.Errorf(
+				"move %d: before=%s after=%s, want %s -> %s",
+				i,
+				ev.Data.Before.Digest,
+				ev.Data.After.Digest,
+				want.before,
+				want.after,
+			)
 		}
 		if ev.SpecVersion != "1.0" || ev.ID == "" || ev.ID != ev.msgID {
-			t.Errorf("move %d: specversion=%q id=%q Nats-Msg-Id=%q; want 1.0 and id == Nats-Msg-Id", i, ev.SpecVersion, ev.ID, ev.msgID)
+			t.Errorf(
+				"move %d: specversion=%q id=%q Nats-Msg-Id=%q; want 1.0 and id == Nats-Msg-Id",
+				i,
+				ev.SpecVersion,
+				ev.ID,
+				ev.msgID,
+			)
 		}
 		if ev.contentType != "application/cloudevents+json" {
 			t.Errorf("move %d: Content-Type=%q", i, ev.contentType)
@@ -172,13 +188,26 @@ func pushScenario(t *testing.T, schedule string, dropPushes, strict bool) {
 	if strict {
 		sc.DateTags, sc.NestedRepos = 1, 2
 	}
-	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 21, Tokens: []string{e2eToken}, AllowHTTPSinks: true, Strict: strict, RegistryTokens: []string{registryToken}}, sc)
+	sim, simURL := testutil.Sim(
+		t,
+		platformsim.Options{
+			Seed:           21,
+			Tokens:         []string{e2eToken},
+			AllowHTTPSinks: true,
+			Strict:         strict,
+			RegistryTokens: []string{registryToken},
+		},
+		sc,
+	)
 	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
 	evLn := testutil.Listen(t)
 	addr := evLn.Addr().String()
 	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: dbPath,
-		crawl:       fmt.Sprintf("schedule = %q\nsweep_schedule = \"\"\nadvisories_schedule = \"\"\nsubscriptions_schedule = \"@every 1h\"\njitter = \"0s\"", schedule),
+		crawl: fmt.Sprintf(
+			"schedule = %q\nsweep_schedule = \"\"\nadvisories_schedule = \"\"\nsubscriptions_schedule = \"@every 1h\"\njitter = \"0s\"",
+			schedule,
+		),
 		events:      fmt.Sprintf("listen = %q\nsink_url = \"http://%s/events\"\nissuer = %q", addr, addr, simURL),
 		credentials: fmt.Sprintf("token = %q\nregistry_token = %q", e2eToken, registryToken),
 	}.write(t)
@@ -187,7 +216,12 @@ func pushScenario(t *testing.T, schedule string, dropPushes, strict bool) {
 	stderr := d.stderr
 	// Once the first sync's histories are read: the backfill beside the
 	// schedule would read a pending tag's move itself.
-	waitBaseline(t, dbPath, `SELECT count(*) FROM subscriptions WHERE deleted_time IS NULL`, `SELECT COUNT(*) = 0 FROM backfill`)
+	waitBaseline(
+		t,
+		dbPath,
+		`SELECT count(*) FROM subscriptions WHERE deleted_time IS NULL`,
+		`SELECT COUNT(*) = 0 FROM backfill`,
+	)
 	db := openReader(t, dbPath)
 	var runsBefore int
 	// Crawls of the schedule: a backfill pass is recorded as a run too.
@@ -199,7 +233,14 @@ func pushScenario(t *testing.T, schedule string, dropPushes, strict bool) {
 	db.QueryRow(before).Scan(&runsBefore)
 
 	js := testutil.JetStream(t, ns.URL())
-	cons, err := js.OrderedConsumer(ctx, "SYNCD", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"syncd.tag.moved.>"}, DeliverPolicy: jetstream.DeliverNewPolicy})
+	cons, err := js.OrderedConsumer(
+		ctx,
+		"SYNCD",
+		jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{"syncd.tag.moved.>"},
+			DeliverPolicy:  jetstream.DeliverNewPolicy,
+		},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +275,15 @@ func pushScenario(t *testing.T, schedule string, dropPushes, strict bool) {
 		t.Fatal(err)
 	}
 	if ev.Subject != tag.UID || ev.Data.After.Digest != digest || ev.Data.Before.Digest != tag.Digest {
-		t.Fatalf("event subject=%s %s -> %s, want %s %s -> %s", ev.Subject, ev.Data.Before.Digest, ev.Data.After.Digest, tag.UID, tag.Digest, digest)
+		t.Fatalf(
+			"event subject=%s %s -> %s, want %s %s -> %s",
+			ev.Subject,
+			ev.Data.Before.Digest,
+			ev.Data.After.Digest,
+			tag.UID,
+			tag.Digest,
+			digest,
+		)
 	}
 	var runsAfter int
 	db.QueryRow(`SELECT count(*) FROM crawl_runs WHERE job != 'backfill'`).Scan(&runsAfter)

@@ -17,7 +17,14 @@ import (
 func TestSyncOnce_RefusesFencedClusterConfig(t *testing.T) {
 	sim, simURL := startSim(t, 7, platformsim.Scale{Repos: 1, TagsPerRepo: 1, HistoryPerTag: 1})
 	ns := testutil.NATS(t)
-	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: filepath.Join(t.TempDir(), "syncd.db"), initialEvents: "snapshot"}.write(t)
+	cfg := testConfig{
+		simURL:        simURL,
+		natsURL:       ns.URL(),
+		dbPath:        filepath.Join(t.TempDir(), "syncd.db"),
+		initialEvents: "snapshot",
+	}.write(
+		t,
+	)
 	body, err := os.ReadFile(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,11 @@ type followCommand struct {
 
 func (c *followCommand) ParseFlags(args []string) error {
 	fs := c.m.flagSet("follow", usage("follow"), &c.flags)
-	fs.Var(&c.restore, "from-snapshot", "start the mirror from the newest snapshot in the [snapshot] bucket, then follow the stream after it: auto (when the mirror is empty), true (always, replacing the mirror; fails without a snapshot) or false (follow the whole stream)")
+	fs.Var(
+		&c.restore,
+		"from-snapshot",
+		"start the mirror from the newest snapshot in the [snapshot] bucket: auto (when empty), true or false (see above)",
+	)
 	return fs.Parse(args)
 }
 
@@ -29,7 +33,9 @@ func (c *followCommand) Run(ctx context.Context) error {
 		return err
 	}
 	if cfg.NATS.URL == "" {
-		return usageError{&config.Error{Key: "nats.url", Msg: "required: syncd follow reads the stream of a leader's NATS server"}}
+		return usageError{
+			&config.Error{Key: "nats.url", Msg: "required: syncd follow reads the stream of a leader's NATS server"},
+		}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
 	release, err := daemon.LockMirror(cfg, "syncd follow", log)
@@ -42,7 +48,17 @@ func (c *followCommand) Run(ctx context.Context) error {
 		return err
 	}
 	defer f.Close()
-	log.Info("syncd following", "version", version(), "mirror", cfg.Store.Path, "stream", cfg.NATS.Stream, "consumer", cfg.Cluster.ConsumerName(cfg.Store.Path))
+	log.Info(
+		"syncd following",
+		"version",
+		version(),
+		"mirror",
+		cfg.Store.Path,
+		"stream",
+		cfg.NATS.Stream,
+		"consumer",
+		cfg.Cluster.ConsumerName(cfg.Store.Path),
+	)
 	q, err := f.Query(ctx, version())
 	if err != nil {
 		return err

@@ -73,7 +73,10 @@ format = "json"
 	// after it, reach the follower.
 	sim, simURL := startSim(t, 41, platformsim.Scale{Repos: 2, TagsPerRepo: 3, HistoryPerTag: 2, Advisories: 2})
 	leaderPath := filepath.Join(t.TempDir(), "leader.db")
-	leader := startDaemon(t, testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: leaderPath, initialEvents: "snapshot"}.write(t))
+	leader := startDaemon(
+		t,
+		testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: leaderPath, initialEvents: "snapshot"}.write(t),
+	)
 	waitBaseline(t, leaderPath)
 	sim.Advance(time.Second)
 	if err := sim.MoveTag(sim.Truth().Tags[0].UID, "sha256:"+strings.Repeat("7", 64)); err != nil {
@@ -92,7 +95,10 @@ format = "json"
 func TestFollow_StreamWithoutTheEvents(t *testing.T) {
 	ns := testutil.NATS(t)
 	js := testutil.JetStream(t, ns.URL())
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"other.>"}}); err != nil {
+	if _, err := js.CreateStream(
+		context.Background(),
+		jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"other.>"}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	cfg := writeFile(t, "follow.toml", fmt.Sprintf("[nats]\nurl = %q\n\n[store]\npath = %q\n\n[admin]\nlisten = \"\"\n",

@@ -28,9 +28,24 @@ type identityCommand struct {
 
 func (c *identityCommand) ParseFlags(args []string) error {
 	fs := c.m.flagSet("identity create", usage("identity"), &c.flags)
-	fs.StringVar(&c.name, "name", "", "identity `name` (required); lowercase letters, digits, space, '.', '_' and '-' ("+platform.IdentityNamePattern+")")
-	fs.StringVar(&c.issuer, "issuer", "", "`URL` of the OIDC issuer whose tokens the identity accepts (required), e.g. https://token.actions.githubusercontent.com")
-	fs.StringVar(&c.subject, "subject", "", "the `subject` the tokens carry in their \"sub\" claim, matched exactly (required), e.g. repo:acme/mirror:ref:refs/heads/main")
+	fs.StringVar(
+		&c.name,
+		"name",
+		"",
+		"identity `name` (required); lowercase letters, digits, space, '.', '_' and '-' ("+platform.IdentityNamePattern+")",
+	)
+	fs.StringVar(
+		&c.issuer,
+		"issuer",
+		"",
+		"`URL` of the OIDC issuer whose tokens the identity accepts (required), e.g. https://token.actions.githubusercontent.com",
+	)
+	fs.StringVar(
+		&c.subject,
+		"subject",
+		"",
+		"the `subject` the tokens carry in their \"sub\" claim, matched exactly (required), e.g. repo:acme/x:ref:refs/heads/main",
+	)
 	fs.StringVar(&c.description, "description", "", "free `text` shown next to the identity in the platform's console")
 	fs.StringVar(&c.role, "role", "viewer", "`name` of the role to bind; syncd only reads, so viewer is enough")
 	fs.StringVar(&c.group, "group", "", "root group `uid` to create the identity in (default: [platform] group)")
@@ -62,7 +77,11 @@ func (c *identityCommand) ParseFlags(args []string) error {
 		return fmt.Errorf("%s required (see syncd identity create --help)", strings.Join(missing, ", "))
 	}
 	if !platform.ValidIdentityName(c.name) {
-		return fmt.Errorf("--name %q: must match %s (lowercase letters, digits, space, '.', '_' and '-')", c.name, platform.IdentityNamePattern)
+		return fmt.Errorf(
+			"--name %q: must match %s (lowercase letters, digits, space, '.', '_' and '-')",
+			c.name,
+			platform.IdentityNamePattern,
+		)
 	}
 	if c.role == "" {
 		return errors.New("--role: must name a role, such as viewer")

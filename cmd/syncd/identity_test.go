@@ -16,7 +16,15 @@ import (
 // identityConfig is a config with only what identity create needs: no
 // registry_url, organization or NATS.
 func identityConfig(t *testing.T, simURL string) string {
-	return writeFile(t, "syncd.toml", fmt.Sprintf("[platform]\nbase_url = %q\ntoken = %q\ngroup = \"org1\"\n\n[log]\nformat = \"json\"\n", simURL, e2eToken))
+	return writeFile(
+		t,
+		"syncd.toml",
+		fmt.Sprintf(
+			"[platform]\nbase_url = %q\ntoken = %q\ngroup = \"org1\"\n\n[log]\nformat = \"json\"\n",
+			simURL,
+			e2eToken,
+		),
+	)
 }
 
 // simGet reads the simulator's API as an administrator would, independently
@@ -50,7 +58,12 @@ type simIdentity struct {
 func simIdentities(t *testing.T, simURL string) []simIdentity {
 	t.Helper()
 	var page struct{ Identities []simIdentity }
-	if code := simGet(t, simURL, "/iam/v2/identities?uidp.descendants_of=org1&page_size=200", &page); code != http.StatusOK {
+	if code := simGet(
+		t,
+		simURL,
+		"/iam/v2/identities?uidp.descendants_of=org1&page_size=200",
+		&page,
+	); code != http.StatusOK {
 		t.Fatalf("list identities: HTTP %d", code)
 	}
 	return page.Identities
@@ -66,7 +79,12 @@ type simBinding struct {
 func simBindings(t *testing.T, simURL string) []simBinding {
 	t.Helper()
 	var page struct{ RoleBindings []simBinding }
-	if code := simGet(t, simURL, "/iam/v2/roleBindings?uidp.descendants_of=org1&page_size=200", &page); code != http.StatusOK {
+	if code := simGet(
+		t,
+		simURL,
+		"/iam/v2/roleBindings?uidp.descendants_of=org1&page_size=200",
+		&page,
+	); code != http.StatusOK {
 		t.Fatalf("list role bindings: HTTP %d", code)
 	}
 	return page.RoleBindings
@@ -107,7 +125,8 @@ func TestIdentityCreate(t *testing.T) {
 		if code := simGet(t, simURL, "/iam/v2/identities/"+uid, &id); code != http.StatusOK {
 			t.Fatalf("GET identity %s: HTTP %d", uid, code)
 		}
-		if id.Name != "syncd prod" || id.Description != "the mirror" || id.ClaimMatch.Issuer != ghIssuer || id.ClaimMatch.Subject != ghSubject {
+		if id.Name != "syncd prod" || id.Description != "the mirror" || id.ClaimMatch.Issuer != ghIssuer ||
+			id.ClaimMatch.Subject != ghSubject {
 			t.Errorf("identity=%+v, want the flags' name, description, issuer and subject", id)
 		}
 		if got, want := strings.SplitN(uid, "/", 2)[0], "org1"; got != want || !strings.Contains(uid, "/") {
@@ -118,14 +137,23 @@ func TestIdentityCreate(t *testing.T) {
 			t.Fatalf("role bindings=%+v, want exactly one", bs)
 		}
 		b := bs[0]
-		if b.Identity.UID != uid || b.Identity.Name != "syncd prod" || b.Identity.Issuer != ghIssuer || b.Identity.Subject != ghSubject {
+		if b.Identity.UID != uid || b.Identity.Name != "syncd prod" || b.Identity.Issuer != ghIssuer ||
+			b.Identity.Subject != ghSubject {
 			t.Errorf("binding identity=%+v, want the new identity", b.Identity)
 		}
 		if b.Group.UID != "org1" || b.Group.Name != "acme" || b.Role.Name != "viewer" {
 			t.Errorf("binding group=%+v role=%+v, want org1 (acme) and viewer", b.Group, b.Role)
 		}
 		// The printed binding is the platform's hydrated one.
-		for _, want := range []string{b.UID, "syncd prod (" + uid + ")", "acme (org1)", "viewer (" + b.Role.UID + ")", `group = "org1"`, `identity = "` + uid + `"`, "identity_token_file = "} {
+		for _, want := range []string{
+			b.UID,
+			"syncd prod (" + uid + ")",
+			"acme (org1)",
+			"viewer (" + b.Role.UID + ")",
+			`group = "org1"`,
+			`identity = "` + uid + `"`,
+			"identity_token_file = ",
+		} {
 			if !strings.Contains(stdout, want) {
 				t.Errorf("stdout lacks %q:\n%s", want, stdout)
 			}
@@ -188,12 +216,15 @@ func TestIdentityCreate(t *testing.T) {
 		// out as the field and its description, with the *platform.Error
 		// still in the chain.
 		_, simURL := startSim(t, 1, platformsim.Scale{})
-		client, err := platform.New(platform.Config{BaseURL: simURL, RegistryURL: simURL, Token: platform.StaticToken(e2eToken)})
+		client, err := platform.New(
+			platform.Config{BaseURL: simURL, RegistryURL: simURL, Token: platform.StaticToken(e2eToken)},
+		)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, _, got := client.ProvisionIdentity(context.Background(), "org1", platform.Identity{Name: "Syncd/Prod"}, "viewer")
-		if want := "the platform did not create the identity: the request was invalid (HTTP 400):\n  name: must match ^[a-z0-9 ._-]{1,}$"; !strings.Contains(got.Error(), want) {
+		if want := "the platform did not create the identity: the request was invalid (HTTP 400):\n" +
+			"  name: must match ^[a-z0-9 ._-]{1,}$"; !strings.Contains(got.Error(), want) {
 			t.Errorf("error=%q, want it to contain %q", got, want)
 		}
 		if !platform.IsInvalidArgument(got) {
@@ -209,7 +240,8 @@ func TestIdentityCreate(t *testing.T) {
 			t.Fatalf("exit=%d, want %d; stderr: %s", code, exitFailure, stderr)
 		}
 		_, exist, _ := strings.Cut(stderr, "roles that exist: ")
-		if !strings.Contains(stderr, `--role "reader"`) || !strings.Contains(exist, "editor, ") || !strings.Contains(exist, "viewer") {
+		if !strings.Contains(stderr, `--role "reader"`) || !strings.Contains(exist, "editor, ") ||
+			!strings.Contains(exist, "viewer") {
 			t.Errorf("stderr=%q, want the unknown role and the roles that exist, sorted", stderr)
 		}
 		if n := writes(sim.Stats()); n != 0 {
@@ -222,7 +254,14 @@ func TestIdentityCreate(t *testing.T) {
 
 	t.Run("FailedBindingDeletesTheIdentity", func(t *testing.T) {
 		sim, simURL := startSim(t, 1, platformsim.Scale{})
-		sim.SetFaults(platformsim.Fault{Pattern: "POST /iam/v2/roleBindings/{parent}", ErrorRate: 1, ErrorStatuses: []int{503}, Remaining: 1})
+		sim.SetFaults(
+			platformsim.Fault{
+				Pattern:       "POST /iam/v2/roleBindings/{parent}",
+				ErrorRate:     1,
+				ErrorStatuses: []int{503},
+				Remaining:     1,
+			},
+		)
 		code, _, stderr := runMain(context.Background(), "identity", "create", "--config", identityConfig(t, simURL),
 			"--name", "syncd", "--issuer", ghIssuer, "--subject", ghSubject)
 		if code != exitFailure {
@@ -247,7 +286,8 @@ func TestIdentityCreate(t *testing.T) {
 		sim, simURL := startSim(t, 1, platformsim.Scale{})
 		code, _, stderr := runMain(context.Background(), "identity", "create", "--config", identityConfig(t, simURL),
 			"--name", "syncd", "--issuer", ghIssuer, "--subject", ghSubject, "--group", "org1/team")
-		if code != exitUsage || !strings.Contains(stderr, "cannot reach the organization's registry") || !strings.Contains(stderr, "(org1)") {
+		if code != exitUsage || !strings.Contains(stderr, "cannot reach the organization's registry") ||
+			!strings.Contains(stderr, "(org1)") {
 			t.Fatalf("exit=%d stderr=%q, want 2 naming the root group org1", code, stderr)
 		}
 		if st := sim.Stats(); st.Total != 0 {
@@ -263,7 +303,10 @@ func TestIdentityCreate(t *testing.T) {
 			{[]string{"identity"}, "missing action"},
 			{[]string{"identity", "delete"}, `unknown action "delete"`},
 			{[]string{"identity", "create", "--name", "syncd"}, "--issuer, --subject required"},
-			{[]string{"identity", "create", "--name", "syncd", "--issuer", ghIssuer, "--subject", "s", "extra"}, `unexpected argument "extra"`},
+			{
+				[]string{"identity", "create", "--name", "syncd", "--issuer", ghIssuer, "--subject", "s", "extra"},
+				`unexpected argument "extra"`,
+			},
 		} {
 			code, _, stderr := runMain(context.Background(), tc.args...)
 			if code != exitUsage || !strings.Contains(stderr, tc.want) {
@@ -272,7 +315,19 @@ func TestIdentityCreate(t *testing.T) {
 		}
 		// Without a token there is nothing to create with.
 		p := writeFile(t, "syncd.toml", "[platform]\nbase_url = \"https://api.example.com\"\ngroup = \"org1\"\n")
-		code, _, stderr := runMain(context.Background(), "identity", "create", "--config", p, "--name", "syncd", "--issuer", ghIssuer, "--subject", "s")
+		code, _, stderr := runMain(
+			context.Background(),
+			"identity",
+			"create",
+			"--config",
+			p,
+			"--name",
+			"syncd",
+			"--issuer",
+			ghIssuer,
+			"--subject",
+			"s",
+		)
 		if code != exitUsage || !strings.Contains(stderr, "platform.token: required") {
 			t.Errorf("no token: exit=%d stderr=%q, want 2 naming platform.token", code, stderr)
 		}

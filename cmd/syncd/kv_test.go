@@ -81,8 +81,16 @@ func checkBucketsMatchTruth(t *testing.T, js jetstream.JetStream, truth platform
 			t.Errorf("advisory %s: %v", a.AdvisoryID, err)
 			continue
 		}
-		if v.UID != a.UID || v.ArtifactName != a.ArtifactName || !slices.Equal(v.Aliases, a.Aliases) || (len(a.Events) > 0 && v.State == "") {
-			t.Errorf("advisory %s = %+v, want uid %s, artifact %s, aliases %v and a state", a.AdvisoryID, v, a.UID, a.ArtifactName, a.Aliases)
+		if v.UID != a.UID || v.ArtifactName != a.ArtifactName || !slices.Equal(v.Aliases, a.Aliases) ||
+			(len(a.Events) > 0 && v.State == "") {
+			t.Errorf(
+				"advisory %s = %+v, want uid %s, artifact %s, aliases %v and a state",
+				a.AdvisoryID,
+				v,
+				a.UID,
+				a.ArtifactName,
+				a.Aliases,
+			)
 		}
 	}
 	if len(gotAdvs) != live {

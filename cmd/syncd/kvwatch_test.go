@@ -61,7 +61,10 @@ func watchKV(ctx context.Context, t *testing.T, natsURL, bucket string) *kvHisto
 				v = e.Value()
 			}
 			h.values[e.Key()] = append(h.values[e.Key()], v)
-			h.when[e.Key()] = append(h.when[e.Key()], fmt.Sprintf("rev %d at %s", e.Revision(), e.Created().Format("15:04:05.000")))
+			h.when[e.Key()] = append(
+				h.when[e.Key()],
+				fmt.Sprintf("rev %d at %s", e.Revision(), e.Created().Format("15:04:05.000")),
+			)
 			h.mu.Unlock()
 		}
 	}()

@@ -23,7 +23,11 @@ import (
 // nothing, and every event the first one publishes afterwards is in its
 // stream, once.
 func TestRun_OneWriterPerMirror(t *testing.T) {
-	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 5, Tokens: []string{e2eToken}}, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 3})
+	sim, simURL := testutil.Sim(
+		t,
+		platformsim.Options{Seed: 5, Tokens: []string{e2eToken}},
+		platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 3},
+	)
 	dir := t.TempDir()
 	dbPath := filepath.Join(dir, "syncd.db")
 	// The embedded server must be reachable to read its stream from here.
@@ -109,7 +113,11 @@ listen = ""
 // it waits, saying so, instead of exiting, and goes on once the server is
 // up, publishing everything.
 func TestRun_WaitsForNATSAtStart(t *testing.T) {
-	_, simURL := testutil.Sim(t, platformsim.Options{Seed: 6, Tokens: []string{e2eToken}}, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2})
+	_, simURL := testutil.Sim(
+		t,
+		platformsim.Options{Seed: 6, Tokens: []string{e2eToken}},
+		platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2},
+	)
 	ns := testutil.NATS(t)
 	ns.Stop()
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
@@ -139,12 +147,27 @@ func TestRun_WaitsForNATSAtStart(t *testing.T) {
 // read from the registry, pending: the listings end the baseline without
 // it), where it used to answer 200 until the schedule fell behind.
 func TestRun_NotReadyWhileTheRegistryRefusesTheCredential(t *testing.T) {
-	_, simURL := testutil.Sim(t, platformsim.Options{Seed: 8, Strict: true, Tokens: []string{e2eToken}, RegistryTokens: []string{"good-registry-token"}},
-		platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2})
+	_, simURL := testutil.Sim(
+		t,
+		platformsim.Options{
+			Seed:           8,
+			Strict:         true,
+			Tokens:         []string{e2eToken},
+			RegistryTokens: []string{"good-registry-token"},
+		},
+		platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2},
+	)
 	ns := testutil.NATS(t)
 	adminLn := testutil.Listen(t)
-	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: filepath.Join(t.TempDir(), "syncd.db"), adminListen: adminLn.Addr().String(),
-		credentials: fmt.Sprintf("token = %q\nregistry_token = \"wrong-registry-token\"", e2eToken)}.write(t)
+	cfg := testConfig{
+		simURL:      simURL,
+		natsURL:     ns.URL(),
+		dbPath:      filepath.Join(t.TempDir(), "syncd.db"),
+		adminListen: adminLn.Addr().String(),
+		credentials: fmt.Sprintf("token = %q\nregistry_token = \"wrong-registry-token\"", e2eToken),
+	}.write(
+		t,
+	)
 	d := startDaemon(t, cfg, adminLn)
 	var body string
 	testutil.WaitFor(t, 30*time.Second, "/readyz to name the refused credential", func() bool {
@@ -184,7 +207,14 @@ func TestRun_NotReadyWhileThePlatformIsUnreachable(t *testing.T) {
 	closed.Close()
 	ns := testutil.NATS(t)
 	adminLn := testutil.Listen(t)
-	cfg := testConfig{simURL: deadURL, natsURL: ns.URL(), dbPath: filepath.Join(t.TempDir(), "syncd.db"), adminListen: adminLn.Addr().String()}.write(t)
+	cfg := testConfig{
+		simURL:      deadURL,
+		natsURL:     ns.URL(),
+		dbPath:      filepath.Join(t.TempDir(), "syncd.db"),
+		adminListen: adminLn.Addr().String(),
+	}.write(
+		t,
+	)
 	d := startDaemon(t, cfg, adminLn)
 	var out string
 	t.Cleanup(func() {

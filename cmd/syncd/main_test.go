@@ -80,10 +80,12 @@ func TestMain_ConfigErrorsExit2(t *testing.T) {
 }
 
 func TestMain_Usage(t *testing.T) {
-	if code, _, stderr := runMain(context.Background(), "frobnicate"); code != exitUsage || !strings.Contains(stderr, "unknown command") {
+	if code, _, stderr := runMain(context.Background(), "frobnicate"); code != exitUsage ||
+		!strings.Contains(stderr, "unknown command") {
 		t.Fatalf("exit=%d stderr=%q, want 2 and 'unknown command'", code, stderr)
 	}
-	if code, _, stderr := runMain(context.Background(), "sync"); code != exitUsage || !strings.Contains(stderr, "--once is required") {
+	if code, _, stderr := runMain(context.Background(), "sync"); code != exitUsage ||
+		!strings.Contains(stderr, "--once is required") {
 		t.Fatalf("exit=%d stderr=%q, want 2 and '--once is required'", code, stderr)
 	}
 	for _, args := range [][]string{{"--version"}, {"version"}} {

@@ -124,7 +124,16 @@ func (pw *partitionWorld) replicaFaults(n *node, fault func(*testutil.FaultProxy
 func roleLines(log string) string {
 	var out []string
 	for _, line := range strings.Split(log, "\n") {
-		for _, k := range []string{"cluster role", "catching up", `"leading"`, "stopped leading", "readying", "KV", "lease", "completing"} {
+		for _, k := range []string{
+			"cluster role",
+			"catching up",
+			`"leading"`,
+			"stopped leading",
+			"readying",
+			"KV",
+			"lease",
+			"completing",
+		} {
 			if strings.Contains(line, k) {
 				out = append(out, line)
 				break
@@ -208,7 +217,10 @@ func (pw *partitionWorld) finish(leader, standby *node) string {
 	}
 	if diff != "" {
 		consumerView = "different"
-		t.Errorf("an ordered consumer that read the stream during the faults saw other moves than the stream holds:\n%s", diff)
+		t.Errorf(
+			"an ordered consumer that read the stream during the faults saw other moves than the stream holds:\n%s",
+			diff,
+		)
 	}
 
 	var kvErr error
@@ -244,8 +256,22 @@ func (pw *partitionWorld) finish(leader, standby *node) string {
 			t.Errorf("%s after SIGTERM: %v; log tail:\n%s", n.name, err, tail(n.out.String(), 20))
 		}
 	}
-	return fmt.Sprintf("%d changes; events expected %d = delivered %d (%d messages, %d duplicates; an ordered consumer's moves: %s); KV values seen %d, regressions %d (and %d with an older updateTime but the newest state); writes fenced: %s; mirror diffs 0 (leader vs truth, %s vs leader, follower vs leader; checkpoint match at stream seq %s); whole test %s",
-		changes, len(expected), delivered, total, total-delivered, consumerView, seen, regressions, olderTimeOnly, fenced, standby.name, cpSeq, time.Since(pw.start).Round(time.Second))
+	return fmt.Sprintf(
+		"%d changes; events expected %d = delivered %d (%d messages, %d duplicates; an ordered consumer's moves: %s); KV values seen %d, regressions %d (and %d with an older updateTime but the newest state); writes fenced: %s; mirror diffs 0 (leader vs truth, %s vs leader, follower vs leader; checkpoint match at stream seq %s); whole test %s",
+		changes,
+		len(expected),
+		delivered,
+		total,
+		total-delivered,
+		consumerView,
+		seen,
+		regressions,
+		olderTimeOnly,
+		fenced,
+		standby.name,
+		cpSeq,
+		time.Since(pw.start).Round(time.Second),
+	)
 }
 
 // fencedWritesText is a replica's syncd_fenced_writes_total from /metrics
@@ -263,7 +289,12 @@ func fencedWritesText(admin string) string {
 // order (the first copy of each event).
 func streamReceived(ctx context.Context, t *testing.T, js jetstream.JetStream) *received {
 	t.Helper()
-	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, subjects: map[string]string{}, byType: map[string]int{}}
+	rcv := &received{
+		ids:      map[string]int{},
+		moves:    map[string][]string{},
+		subjects: map[string]string{},
+		byType:   map[string]int{},
+	}
 	s, err := js.Stream(ctx, "SYNCD")
 	if err != nil {
 		t.Fatal(err)
@@ -386,8 +417,16 @@ func (r *kvRecorder) record(bucket string, e jetstream.KeyValueEntry) {
 		r.newestValue[key] = e.Value()
 	case v.UpdateTime.Before(r.newest[key]):
 		r.regressions++
-		r.details = append(r.details, fmt.Sprintf("%s rev %d at %s: updateTime %s after %s: %s (the newest before: %s)",
-			key, e.Revision(), e.Created().UTC().Format(time.RFC3339Nano), v.UpdateTime, r.newest[key], e.Value(), r.newestValue[key]))
+		r.details = append(r.details, fmt.Sprintf(
+			"%s rev %d at %s: updateTime %s after %s: %s (the newest before: %s)",
+			key,
+			e.Revision(),
+			e.Created().UTC().Format(time.RFC3339Nano),
+			v.UpdateTime,
+			r.newest[key],
+			e.Value(),
+			r.newestValue[key],
+		))
 	default:
 		r.newest[key], r.newestValue[key] = v.UpdateTime, e.Value()
 	}
@@ -426,7 +465,13 @@ func (r *kvRecorder) tagsDiff(truth platformsim.Truth) error {
 		key := publish.TagKey(paths[tg.RepoUID], tg.Name)
 		var v publish.TagValue
 		if err := json.Unmarshal(r.last[key], &v); err != nil || v.Digest != tg.Digest || v.Deprecated != tg.Deprecated {
-			return fmt.Errorf("KV watcher: tag %s is %s, want digest %s deprecated %v", key, r.last[key], tg.Digest, tg.Deprecated)
+			return fmt.Errorf(
+				"KV watcher: tag %s is %s, want digest %s deprecated %v",
+				key,
+				r.last[key],
+				tg.Digest,
+				tg.Deprecated,
+			)
 		}
 	}
 	return nil
@@ -485,8 +530,15 @@ func TestCluster_LeaderBlackHoled(t *testing.T) {
 	rejoined := time.Since(healed)
 	time.Sleep(2 * time.Second) // data changes while b leads
 	figures := pw.finish(b, a)
-	t.Logf("leader black-holed figures: a black-holed from NATS for %s (lease TTL %s): a stood down after %s, b took over after %s; healed, a stood by under b after %s; %s",
-		3*clusterTTL, clusterTTL, stoodDown.Round(time.Millisecond), takeover.Round(time.Millisecond), rejoined.Round(time.Millisecond), figures)
+	t.Logf(
+		"leader black-holed figures: a black-holed from NATS for %s (lease TTL %s): a stood down after %s, b took over after %s; healed, a stood by under b after %s; %s",
+		3*clusterTTL,
+		clusterTTL,
+		stoodDown.Round(time.Millisecond),
+		takeover.Round(time.Millisecond),
+		rejoined.Round(time.Millisecond),
+		figures,
+	)
 }
 
 // TestCluster_StreamLeaderNodePartitioned black-holes every route of the
@@ -533,8 +585,18 @@ func TestCluster_StreamLeaderNodePartitioned(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	roles := fmt.Sprintf("a %s via %s (readyz %q), b %s via %s (readyz %q)",
-		metaOf(pw.a.dbPath, "role"), pw.connectedTo(pw.a), readyz(pw.a.admin), metaOf(pw.b.dbPath, "role"), pw.connectedTo(pw.b), readyz(pw.b.admin))
+	roles := fmt.Sprintf(
+		"a %s via %s (readyz %q), b %s via %s (readyz %q)",
+		metaOf(
+			pw.a.dbPath,
+			"role",
+		),
+		pw.connectedTo(pw.a),
+		readyz(pw.a.admin),
+		metaOf(pw.b.dbPath, "role"),
+		pw.connectedTo(pw.b),
+		readyz(pw.b.admin),
+	)
 	time.Sleep(max(0, 3*clusterTTL-time.Since(cut)))
 	pw.cl.HealRoutes()
 	partitioned := time.Since(cut)
@@ -560,8 +622,18 @@ func TestCluster_StreamLeaderNodePartitioned(t *testing.T) {
 	if published > 0 {
 		publishedDuring = "after " + published.Round(time.Millisecond).String()
 	}
-	t.Logf("stream leader partitioned figures: %s (stream leader) isolated from the other two for %s: %s elected stream leader after %s; first new message on the majority %s; roles at the end of the partition: %s; healed: %s leads, both ready after %s; %s",
-		isolated, partitioned.Round(time.Millisecond), newLeader, elected.Round(time.Millisecond), publishedDuring, roles, leader.name, recovered.Round(time.Millisecond), figures)
+	t.Logf(
+		"stream leader partitioned figures: %s (stream leader) isolated from the other two for %s: %s elected stream leader after %s; first new message on the majority %s; roles at the end of the partition: %s; healed: %s leads, both ready after %s; %s",
+		isolated,
+		partitioned.Round(time.Millisecond),
+		newLeader,
+		elected.Round(time.Millisecond),
+		publishedDuring,
+		roles,
+		leader.name,
+		recovered.Round(time.Millisecond),
+		figures,
+	)
 }
 
 // TestCluster_SlowNetworkNoTakeover adds 200 ms each way to every
@@ -616,6 +688,15 @@ func TestCluster_SlowNetworkNoTakeover(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // data changes at full speed again
 	figures := pw.finish(a, b)
-	t.Logf("slow network figures: %s added each way to both replicas' NATS connections for %s (lease TTL %s): no takeover; /readyz polled %d times a replica: not ready a %d, b %d (last reasons %q); %s",
-		slow, window, ttl, polls, notReady["a"], notReady["b"], reasons, figures)
+	t.Logf(
+		"slow network figures: %s added each way to both replicas' NATS connections for %s (lease TTL %s): no takeover; /readyz polled %d times a replica: not ready a %d, b %d (last reasons %q); %s",
+		slow,
+		window,
+		ttl,
+		polls,
+		notReady["a"],
+		notReady["b"],
+		reasons,
+		figures,
+	)
 }

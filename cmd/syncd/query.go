@@ -45,12 +45,22 @@ func (c *queryCommand) ParseFlags(args []string) error {
 	fs := c.m.flagSet("query", usage("query"), &c.flags)
 	fs.BoolVar(&c.json, "json", false, "print the service's JSON answer")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "how long to wait for an answer")
-	fs.Uint64Var(&c.minSeq, "min-seq", 0, "answer only from a mirror that has applied this stream `sequence` (a replica waits up to [query] max_wait for it)")
+	fs.Uint64Var(
+		&c.minSeq,
+		"min-seq",
+		0,
+		"answer only from a mirror that has applied this stream `sequence` (a replica waits up to [query] max_wait for it)",
+	)
 	fs.StringVar(&c.at, "at", "", "tag.at: the `instant` (RFC 3339, or a date); default now")
 	fs.StringVar(&c.ago, "ago", "", "tag.at: the instant as a `duration` before now (72h)")
 	fs.StringVar(&c.from, "from", "", "tag.history: records from this `instant` on")
 	fs.StringVar(&c.to, "to", "", "tag.history: records before this `instant`")
-	fs.IntVar(&c.limit, "limit", 0, "how many records, tags, intervals or advisories at most (default 100, capped by [query] max_limit)")
+	fs.IntVar(
+		&c.limit,
+		"limit",
+		0,
+		"how many records, tags, intervals or advisories at most (default 100, capped by [query] max_limit)",
+	)
 	fs.StringVar(&c.cursor, "cursor", "", "tag.history, repo.tags: the next page, as the previous answer's next_cursor")
 	fs.StringVar(&c.artifact, "artifact", "", "advisories: of this artifact")
 	fs.StringVar(&c.alias, "alias", "", "advisories: covering this CVE or GHSA id")
@@ -77,18 +87,35 @@ func (c *queryCommand) ParseFlags(args []string) error {
 
 // request is the request the command line asks for.
 func (c *queryCommand) request() (any, error) {
-	want := map[string]int{query.TagAt: 1, query.TagHistory: 1, query.DigestWhere: 1, query.RepoTags: 1, query.Advisories: 0, query.PositionEP: 0}
+	want := map[string]int{
+		query.TagAt:       1,
+		query.TagHistory:  1,
+		query.DigestWhere: 1,
+		query.RepoTags:    1,
+		query.Advisories:  0,
+		query.PositionEP:  0,
+	}
 	n, ok := want[c.endpoint]
 	if !ok {
 		return nil, fmt.Errorf("unknown endpoint %q: want one of %s", c.endpoint, strings.Join(query.Endpoints, ", "))
 	}
 	if len(c.args) != n {
-		return nil, fmt.Errorf("%s takes %d argument(s), got %d: %q (see syncd query --help)", c.endpoint, n, len(c.args), c.args)
+		return nil, fmt.Errorf(
+			"%s takes %d argument(s), got %d: %q (see syncd query --help)",
+			c.endpoint,
+			n,
+			len(c.args),
+			c.args,
+		)
 	}
 	repoTag := func() (string, string, error) {
 		repo, tag, ok := strings.Cut(c.args[0], ":")
 		if !ok || repo == "" || tag == "" {
-			return "", "", fmt.Errorf("%s: want REPO:TAG (nginx:1.27, charts/cert-manager:latest), got %q", c.endpoint, c.args[0])
+			return "", "", fmt.Errorf(
+				"%s: want REPO:TAG (nginx:1.27, charts/cert-manager:latest), got %q",
+				c.endpoint,
+				c.args[0],
+			)
 		}
 		return repo, tag, nil
 	}
@@ -98,7 +125,15 @@ func (c *queryCommand) request() (any, error) {
 		return query.TagAtRequest{Repo: repo, Tag: tag, Time: c.at, Ago: c.ago, MinSeq: c.minSeq}, err
 	case query.TagHistory:
 		repo, tag, err := repoTag()
-		return query.TagHistoryRequest{Repo: repo, Tag: tag, From: c.from, To: c.to, Limit: c.limit, Cursor: c.cursor, MinSeq: c.minSeq}, err
+		return query.TagHistoryRequest{
+			Repo:   repo,
+			Tag:    tag,
+			From:   c.from,
+			To:     c.to,
+			Limit:  c.limit,
+			Cursor: c.cursor,
+			MinSeq: c.minSeq,
+		}, err
 	case query.DigestWhere:
 		return query.DigestWhereRequest{Digest: c.args[0], Limit: c.limit, MinSeq: c.minSeq}, nil
 	case query.RepoTags:
@@ -120,7 +155,9 @@ func (c *queryCommand) Run(ctx context.Context) error {
 		return err
 	}
 	if !cfg.Query.Enabled {
-		return usageError{&config.Error{Key: "query.enabled", Msg: "false: the replicas of this configuration answer no queries"}}
+		return usageError{
+			&config.Error{Key: "query.enabled", Msg: "false: the replicas of this configuration answer no queries"},
+		}
 	}
 	nc, err := c.dial(ctx, cfg)
 	if err != nil {
@@ -176,7 +213,15 @@ func printAnswer(w io.Writer, endpoint string, raw json.RawMessage) error {
 		case a.Deleted:
 			fmt.Fprintf(tw, "%s at %s: did not exist yet (created %s)\n", name, stamp(&a.Time), stamp(a.Until))
 		default:
-			fmt.Fprintf(tw, "%s at %s: %s\n  since %s, until %s\n", name, stamp(&a.Time), a.Digest, orUnknown(a.Since), orNow(a.Until))
+			fmt.Fprintf(
+				tw,
+				"%s at %s: %s\n  since %s, until %s\n",
+				name,
+				stamp(&a.Time),
+				a.Digest,
+				orUnknown(a.Since),
+				orNow(a.Until),
+			)
 		}
 	case query.TagHistory:
 		var a query.TagHistoryReply

@@ -102,7 +102,13 @@ func TestQuery_LeaderStandbyFollower(t *testing.T) {
 					return fmt.Errorf("%s: %w", name, err)
 				}
 				if pos.Role != roles[name] || !pos.Ready || pos.StreamSeq != last {
-					return fmt.Errorf("%s: position %+v, want %s, ready, at the stream's last sequence %d", name, pos, roles[name], last)
+					return fmt.Errorf(
+						"%s: position %+v, want %s, ready, at the stream's last sequence %d",
+						name,
+						pos,
+						roles[name],
+						last,
+					)
 				}
 			}
 			return nil
@@ -130,7 +136,14 @@ func TestQuery_LeaderStandbyFollower(t *testing.T) {
 			if !slices.ContainsFunc(where.Intervals, func(iv query.Interval) bool {
 				return iv.Repo == tt.Path && iv.Tag == tt.Tag.Name && iv.Until == nil
 			}) {
-				t.Errorf("%s: digest.where %s = %+v, want %s:%s until now among them", name, tt.Tag.Digest, where.Intervals, tt.Path, tt.Tag.Name)
+				t.Errorf(
+					"%s: digest.where %s = %+v, want %s:%s until now among them",
+					name,
+					tt.Tag.Digest,
+					where.Intervals,
+					tt.Path,
+					tt.Tag.Name,
+				)
 			}
 			// tag.history: the leader's is the simulator's; the others
 			// hold the same records at the same positions.
@@ -169,7 +182,12 @@ func TestQuery_LeaderStandbyFollower(t *testing.T) {
 		}
 		adv := truth.Advisories[0]
 		var advs query.AdvisoriesReply
-		if err := ask(c, query.Advisories, query.AdvisoriesRequest{Artifact: adv.ArtifactName, Withdrawn: true}, &advs); err != nil {
+		if err := ask(
+			c,
+			query.Advisories,
+			query.AdvisoriesRequest{Artifact: adv.ArtifactName, Withdrawn: true},
+			&advs,
+		); err != nil {
 			t.Fatalf("%s: advisories: %v", name, err)
 		}
 		if !slices.ContainsFunc(advs.Advisories, func(x query.Advisory) bool { return x.AdvisoryID == adv.AdvisoryID }) {
@@ -177,10 +195,12 @@ func TestQuery_LeaderStandbyFollower(t *testing.T) {
 		}
 		// Refusals, with their codes.
 		var qe *query.Error
-		if err := ask(c, query.RepoTags, query.RepoTagsRequest{Repo: "no-such-repo"}, nil); !errors.As(err, &qe) || qe.Code != query.CodeNotFound {
+		if err := ask(c, query.RepoTags, query.RepoTagsRequest{Repo: "no-such-repo"}, nil); !errors.As(err, &qe) ||
+			qe.Code != query.CodeNotFound {
 			t.Errorf("%s: unknown repo: %v, want 404", name, err)
 		}
-		if err := ask(c, query.TagAt, map[string]any{"repo": 1}, nil); !errors.As(err, &qe) || qe.Code != query.CodeBadRequest {
+		if err := ask(c, query.TagAt, map[string]any{"repo": 1}, nil); !errors.As(err, &qe) ||
+			qe.Code != query.CodeBadRequest {
 			t.Errorf("%s: malformed: %v, want 400", name, err)
 		}
 		if err := ask(c, query.PositionEP, query.PositionRequest{MinSeq: lastSeq() + 1000}, nil); !errors.As(err, &qe) ||
@@ -231,7 +251,11 @@ func TestQuery_LeaderStandbyFollower(t *testing.T) {
 // exit status of a refusal and of a bad command line.
 func TestQuery_Command(t *testing.T) {
 	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
-	sim, simURL := startSim(t, 11, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 5, Advisories: 4, PublicImages: -1})
+	sim, simURL := startSim(
+		t,
+		11,
+		platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 5, Advisories: 4, PublicImages: -1},
+	)
 	ns := testutil.NATS(t)
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
 	cfg := e2eConfig(t, simURL, ns.URL(), dbPath, "@every 1h")
@@ -251,7 +275,8 @@ func TestQuery_Command(t *testing.T) {
 		return code == exitOK
 	})
 	code, out, stderr := run("position")
-	if code != exitOK || !strings.Contains(out, "role") || !strings.Contains(out, "leader") || !strings.Contains(out, "ready            true") {
+	if code != exitOK || !strings.Contains(out, "role") || !strings.Contains(out, "leader") ||
+		!strings.Contains(out, "ready            true") {
 		t.Errorf("position: exit %d, out %q, stderr %q", code, out, stderr)
 	}
 
@@ -264,7 +289,8 @@ func TestQuery_Command(t *testing.T) {
 	// Flags after the arguments, and JSON.
 	code, out, _ = run("tag.history", name, "--limit", "2", "--json")
 	var page query.TagHistoryReply
-	if err := json.Unmarshal([]byte(out), &page); code != exitOK || err != nil || len(page.Records) != 2 || page.NextCursor == "" {
+	if err := json.Unmarshal([]byte(out), &page); code != exitOK || err != nil || len(page.Records) != 2 ||
+		page.NextCursor == "" {
 		t.Fatalf("tag.history --json: exit %d, %v, %q", code, err, out)
 	}
 	code, out, _ = run("tag.history", name, "--cursor", page.NextCursor)
@@ -301,14 +327,22 @@ func TestQuery_Command(t *testing.T) {
 func TestQuery_StreamCapturingTheQueries(t *testing.T) {
 	ns := testutil.NATS(t)
 	js := testutil.JetStream(t, ns.URL())
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"syncd.>", "syncd-query.*.at"}}); err != nil {
+	if _, err := js.CreateStream(
+		context.Background(),
+		jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"syncd.>", "syncd-query.*.at"}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	cfg := writeFile(t, "follow.toml", fmt.Sprintf("[nats]\nurl = %q\n\n[store]\npath = %q\n\n[admin]\nlisten = \"\"\n",
 		ns.URL(), filepath.Join(t.TempDir(), "follower.db")))
 	stderr := &syncBuffer{}
 	code := NewMain(&syncBuffer{}, stderr, nil).Run(context.Background(), []string{"follow", "--config", cfg})
-	if log := stderr.String(); code != exitUsage || !strings.Contains(log, "query.prefix") || !strings.Contains(log, "syncd-query.*.at") {
-		t.Errorf("syncd follow exited %d; want 2 and an error naming query.prefix and the stream's subject; log:\n%s", code, log)
+	if log := stderr.String(); code != exitUsage || !strings.Contains(log, "query.prefix") ||
+		!strings.Contains(log, "syncd-query.*.at") {
+		t.Errorf(
+			"syncd follow exited %d; want 2 and an error naming query.prefix and the stream's subject; log:\n%s",
+			code,
+			log,
+		)
 	}
 }

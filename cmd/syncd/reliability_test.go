@@ -58,7 +58,16 @@ func TestMain(m *testing.M) {
 // runNATSServer is the body of a nats-server process: it prints its
 // client URL on a line of its own and serves until SIGTERM or SIGINT.
 func runNATSServer(dir string) int {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	ns, err := server.NewServer(
+		&server.Options{
+			Host:      "127.0.0.1",
+			Port:      server.RANDOM_PORT,
+			JetStream: true,
+			StoreDir:  dir,
+			NoLog:     true,
+			NoSigs:    true,
+		},
+	)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -162,9 +171,14 @@ func (s statusCounter) Flush() {
 func newWorld(t *testing.T, seed int64, sc platformsim.Scale, natsURL string) *world {
 	t.Helper()
 	w := &world{t: t, natsURL: natsURL, dbPath: filepath.Join(t.TempDir(), "syncd.db")}
-	w.sim, w.simURL = testutil.Sim(t, platformsim.Options{Seed: seed, Tokens: []string{e2eToken}}, sc, func(h http.Handler) http.Handler {
-		return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { h.ServeHTTP(statusCounter{rw, w}, r) })
-	})
+	w.sim, w.simURL = testutil.Sim(
+		t,
+		platformsim.Options{Seed: seed, Tokens: []string{e2eToken}},
+		sc,
+		func(h http.Handler) http.Handler {
+			return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { h.ServeHTTP(statusCounter{rw, w}, r) })
+		},
+	)
 	w.takeBaseline()
 	return w
 }
@@ -180,8 +194,14 @@ func (w *world) takeBaseline() {
 // config writes syncd's configuration for this world: quick schedules,
 // sweeps to catch deletions, no admin listener.
 func (w *world) config() string {
-	return testConfig{simURL: w.simURL, natsURL: w.natsURL, dbPath: w.dbPath,
-		crawl: "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0"}.write(w.t)
+	return testConfig{
+		simURL:  w.simURL,
+		natsURL: w.natsURL,
+		dbPath:  w.dbPath,
+		crawl:   "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0",
+	}.write(
+		w.t,
+	)
 }
 
 // mirrorDiff compares the mirror with the simulator's ground truth, row for
@@ -301,8 +321,13 @@ func (r *received) counts() (total, distinct int) {
 // would, until ctx is done.
 func consume(ctx context.Context, t *testing.T, natsURL string) *received {
 	t.Helper()
-	rcv := &received{ids: map[string]int{}, moves: map[string][]string{}, subjects: map[string]string{}, byType: map[string]int{},
-		tagStates: map[string][]string{}}
+	rcv := &received{
+		ids:       map[string]int{},
+		moves:     map[string][]string{},
+		subjects:  map[string]string{},
+		byType:    map[string]int{},
+		tagStates: map[string][]string{},
+	}
 	js := testutil.JetStream(t, natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	var stream jetstream.Stream
 	var err error
@@ -424,7 +449,12 @@ func changesOnly() platformsim.Rates {
 func TestReliability_FaultsWhileDataChanges(t *testing.T) {
 	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	ns := testutil.NATS(t)
-	w := newWorld(t, 41, platformsim.Scale{Repos: 4, TagsPerRepo: 4, HistoryPerTag: 5, Advisories: 5, PublicImages: -1}, ns.URL())
+	w := newWorld(
+		t,
+		41,
+		platformsim.Scale{Repos: 4, TagsPerRepo: 4, HistoryPerTag: 5, Advisories: 5, PublicImages: -1},
+		ns.URL(),
+	)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := startDaemon(t, w.config())
@@ -445,7 +475,13 @@ func TestReliability_FaultsWhileDataChanges(t *testing.T) {
 	}
 	w.converge(rcv, 60*time.Second)
 	total, distinct := rcv.counts()
-	t.Logf("%d changes made, %d failed answers; %d messages received, %d distinct events", changes, w.failures.Load(), total, distinct)
+	t.Logf(
+		"%d changes made, %d failed answers; %d messages received, %d distinct events",
+		changes,
+		w.failures.Load(),
+		total,
+		distinct,
+	)
 	d.stop(t)
 }
 
@@ -456,7 +492,12 @@ func TestReliability_FaultsWhileDataChanges(t *testing.T) {
 func TestReliability_CrashRecovery(t *testing.T) {
 	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	ns := testutil.NATS(t)
-	w := newWorld(t, 43, platformsim.Scale{Repos: 5, TagsPerRepo: 4, HistoryPerTag: 30, Advisories: 5, PublicImages: -1}, ns.URL())
+	w := newWorld(
+		t,
+		43,
+		platformsim.Scale{Repos: 5, TagsPerRepo: 4, HistoryPerTag: 30, Advisories: 5, PublicImages: -1},
+		ns.URL(),
+	)
 	cfg := w.config()
 	rng := rand.New(rand.NewPCG(43, 7))
 	start := func() (*exec.Cmd, *syncBuffer) {

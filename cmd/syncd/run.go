@@ -23,8 +23,18 @@ type runCommand struct {
 
 func (c *runCommand) ParseFlags(args []string) error {
 	fs := c.m.flagSet("run", usage("run"), &c.flags)
-	fs.BoolVar(&c.demo, "demo", false, "run against the built-in simulator, whose data changes every few seconds, with its own embedded NATS server on 127.0.0.1:4222; no account or [platform] keys needed")
-	fs.DurationVar(&c.grace, "grace", 4*time.Second, "on SIGINT/SIGTERM, how long to finish the page in flight and publish what is committed; events left unpublished go out at the next start")
+	fs.BoolVar(
+		&c.demo,
+		"demo",
+		false,
+		"run against the built-in simulator and an embedded NATS server on 127.0.0.1:4222; no [platform] keys needed",
+	)
+	fs.DurationVar(
+		&c.grace,
+		"grace",
+		4*time.Second,
+		"on SIGINT/SIGTERM, how long to finish the page in flight and publish what is committed",
+	)
 	return fs.Parse(args)
 }
 
@@ -81,7 +91,13 @@ func (c *runCommand) Run(ctx context.Context) error {
 
 // serve opens the parts and runs the leader's role, the receiver on evLn
 // and the admin listener in g until gctx is done.
-func (c *runCommand) serve(ctx, gctx context.Context, g *errgroup.Group, cfg config.Config, evLn net.Listener, log *slog.Logger) error {
+func (c *runCommand) serve(
+	ctx, gctx context.Context,
+	g *errgroup.Group,
+	cfg config.Config,
+	evLn net.Listener,
+	log *slog.Logger,
+) error {
 	a, err := daemon.Open(ctx, cfg, log, daemon.Options{Version: version(), Published: publishedLevel(c.demo)})
 	if err != nil {
 		return err

@@ -24,7 +24,12 @@ func TestSoak(t *testing.T) {
 		t.Skip("soak test: runs under make soak, which sets SOAK_DURATION (e.g. 10m)")
 	}
 	ns := testutil.NATS(t)
-	w := newWorld(t, 53, platformsim.Scale{Repos: 20, TagsPerRepo: 5, HistoryPerTag: 50, Advisories: 20, PublicImages: -1}, ns.URL())
+	w := newWorld(
+		t,
+		53,
+		platformsim.Scale{Repos: 20, TagsPerRepo: 5, HistoryPerTag: 50, Advisories: 20, PublicImages: -1},
+		ns.URL(),
+	)
 	cfg := w.config()
 	rng := rand.New(rand.NewPCG(53, 1))
 	start := func() *exec.Cmd {
@@ -79,8 +84,18 @@ func TestSoak(t *testing.T) {
 		t.Logf("check %d: converged; %d changes, %d kills so far", checks, changes, kills)
 	}
 	total, distinct := rcv.counts()
-	t.Logf("soak figures: duration %s, changes made %d, events delivered %d (distinct %d, duplicates seen by the consumer %d), restarts survived %d, NATS outages %d, convergence checks %d, failed upstream answers %d",
-		d, changes, total, distinct, total-distinct, kills, map[bool]int{true: 1}[outageDone], checks, w.failures.Load())
+	t.Logf(
+		"soak figures: duration %s, changes made %d, events delivered %d (distinct %d, duplicates seen by the consumer %d), restarts survived %d, NATS outages %d, convergence checks %d, failed upstream answers %d",
+		d,
+		changes,
+		total,
+		distinct,
+		total-distinct,
+		kills,
+		map[bool]int{true: 1}[outageDone],
+		checks,
+		w.failures.Load(),
+	)
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("syncd after SIGTERM: %v", err)

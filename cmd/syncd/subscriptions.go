@@ -19,7 +19,12 @@ type subscriptionsCommand struct {
 
 func (c *subscriptionsCommand) ParseFlags(args []string) error {
 	fs := c.m.flagSet("subscriptions", usage("subscriptions"), &c.flags)
-	fs.BoolVar(&c.remove, "remove", false, "delete syncd's subscriptions (those whose sink is [events] sink_url) instead of listing them")
+	fs.BoolVar(
+		&c.remove,
+		"remove",
+		false,
+		"delete syncd's subscriptions (those whose sink is [events] sink_url) instead of listing them",
+	)
 	return fs.Parse(args)
 }
 

@@ -21,8 +21,18 @@ type syncCommand struct {
 
 func (c *syncCommand) ParseFlags(args []string) error {
 	fs := c.m.flagSet("sync", usage("sync"), &c.flags)
-	fs.BoolVar(&c.once, "once", false, "crawl everything once, publish every resulting event, print a summary and exit (required, so that \"syncd sync\" alone is not mistaken for the daemon)")
-	fs.DurationVar(&c.timeout, "timeout", 0, "how long to wait for an unreachable platform or NATS server before giving up (exit 1); default: [sync] timeout")
+	fs.BoolVar(
+		&c.once,
+		"once",
+		false,
+		"crawl everything once, publish every resulting event, print a summary and exit (required)",
+	)
+	fs.DurationVar(
+		&c.timeout,
+		"timeout",
+		0,
+		"how long to wait for an unreachable platform or NATS server before giving up (exit 1); default: [sync] timeout",
+	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -46,7 +56,16 @@ func (c *syncCommand) Run(ctx context.Context) error {
 		return err
 	}
 	defer release()
-	a, err := daemon.Open(ctx, cfg, log, daemon.Options{Version: version(), Published: slog.LevelDebug, GiveUpAfter: cmp.Or(c.timeout, cfg.Sync.Timeout.Duration)})
+	a, err := daemon.Open(
+		ctx,
+		cfg,
+		log,
+		daemon.Options{
+			Version:     version(),
+			Published:   slog.LevelDebug,
+			GiveUpAfter: cmp.Or(c.timeout, cfg.Sync.Timeout.Duration),
+		},
+	)
 	if err != nil {
 		return err
 	}
@@ -55,8 +74,19 @@ func (c *syncCommand) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.m.Stdout, "synced %d repos, %d tags, %d history reads (%d records), %d advisories, %d deletions; %d events recorded and published; %d requests; crawl %s, publish %s\n",
-		sum.Repos, sum.Tags, sum.HistoryReads, sum.HistoryRecords, sum.Advisories, sum.Deleted, sum.Events, sum.Requests,
-		sum.Duration.Round(time.Millisecond), published.Round(time.Millisecond))
+	fmt.Fprintf(
+		c.m.Stdout,
+		"synced %d repos, %d tags, %d history reads (%d records), %d advisories, %d deletions; %d events recorded and published; %d requests; crawl %s, publish %s\n",
+		sum.Repos,
+		sum.Tags,
+		sum.HistoryReads,
+		sum.HistoryRecords,
+		sum.Advisories,
+		sum.Deleted,
+		sum.Events,
+		sum.Requests,
+		sum.Duration.Round(time.Millisecond),
+		published.Round(time.Millisecond),
+	)
 	return nil
 }

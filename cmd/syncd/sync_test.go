@@ -53,7 +53,11 @@ func TestSyncOnce_MirrorsGroundTruth(t *testing.T) {
 	for _, tg := range truth.Tags {
 		var name, digest string
 		var deprecated bool
-		if err := db.QueryRow(`SELECT name, digest, deprecated FROM tags WHERE uid = ?`, tg.UID).Scan(&name, &digest, &deprecated); err != nil {
+		if err := db.QueryRow(`SELECT name, digest, deprecated FROM tags WHERE uid = ?`, tg.UID).Scan(
+			&name,
+			&digest,
+			&deprecated,
+		); err != nil {
 			t.Fatalf("tag %s: %v", tg.UID, err)
 		}
 		if name != tg.Name || digest != tg.Digest || deprecated != tg.Deprecated {
@@ -79,7 +83,13 @@ func TestSyncOnce_MirrorsGroundTruth(t *testing.T) {
 	}
 	for _, a := range truth.Advisories {
 		var id, artifact string
-		if err := db.QueryRow(`SELECT advisory_id, artifact_name FROM advisories WHERE uid = ? AND deleted_time IS NULL`, a.UID).Scan(&id, &artifact); err != nil {
+		if err := db.QueryRow(
+			`SELECT advisory_id, artifact_name FROM advisories WHERE uid = ? AND deleted_time IS NULL`,
+			a.UID,
+		).Scan(
+			&id,
+			&artifact,
+		); err != nil {
 			t.Fatalf("advisory %s: %v", a.UID, err)
 		}
 		if id != a.AdvisoryID || artifact != a.ArtifactName {
@@ -90,7 +100,13 @@ func TestSyncOnce_MirrorsGroundTruth(t *testing.T) {
 	db.QueryRow(`SELECT count(*) FROM advisories`).Scan(&advisories)
 	db.QueryRow(`SELECT count(*) FROM tags`).Scan(&tags)
 	if advisories != len(truth.Advisories) || tags != len(truth.Tags) {
-		t.Errorf("mirror has %d advisories and %d tags, want exactly %d and %d", advisories, tags, len(truth.Advisories), len(truth.Tags))
+		t.Errorf(
+			"mirror has %d advisories and %d tags, want exactly %d and %d",
+			advisories,
+			tags,
+			len(truth.Advisories),
+			len(truth.Tags),
+		)
 	}
 	// A second sync of an unchanged platform reads no history at all.
 	code, stdout, stderr = runMain(context.Background(), "sync", "--once", "--config", cfg)
@@ -123,7 +139,8 @@ func TestStatus_ReportsTheMirror(t *testing.T) {
 	if code != exitOK || json.Unmarshal([]byte(out), &rep) != nil {
 		t.Fatalf("status --json exit %d: %s", code, out)
 	}
-	if rep.Tables["tags"] != 4 || rep.Tables["advisories"] != 2 || len(rep.Jobs) != 1 || rep.Jobs[0].Outcome != "ok" || rep.UnpublishedEvents != 0 {
+	if rep.Tables["tags"] != 4 || rep.Tables["advisories"] != 2 || len(rep.Jobs) != 1 || rep.Jobs[0].Outcome != "ok" ||
+		rep.UnpublishedEvents != 0 {
 		t.Fatalf("status --json = %+v", rep)
 	}
 }

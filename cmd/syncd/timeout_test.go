@@ -28,8 +28,22 @@ func TestSyncOnce_GivesUpOnUnreachableServices(t *testing.T) {
 		flags                 []string
 		want                  string
 	}{
-		{"NATSFlag", simURL, deadNATS, nil, []string{"--timeout", "2s"}, "connect to NATS at " + deadNATS + ": giving up after "},
-		{"NATSConfigKey", simURL, deadNATS, []string{"SYNCD_SYNC_TIMEOUT=2s"}, nil, "connect to NATS at " + deadNATS + ": giving up after "},
+		{
+			"NATSFlag",
+			simURL,
+			deadNATS,
+			nil,
+			[]string{"--timeout", "2s"},
+			"connect to NATS at " + deadNATS + ": giving up after ",
+		},
+		{
+			"NATSConfigKey",
+			simURL,
+			deadNATS,
+			[]string{"SYNCD_SYNC_TIMEOUT=2s"},
+			nil,
+			"connect to NATS at " + deadNATS + ": giving up after ",
+		},
 		{"Platform", deadPlatform, ns.URL(), nil, []string{"--timeout", "2s"}, "giving up after "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -41,7 +55,13 @@ func TestSyncOnce_GivesUpOnUnreachableServices(t *testing.T) {
 			code := NewMain(&out, &errb, tc.env).Run(ctx, append([]string{"sync", "--once", "--config", cfg}, tc.flags...))
 			took := time.Since(start)
 			if code != exitFailure || !strings.Contains(errb.String(), tc.want) {
-				t.Errorf("sync --once exited %d after %s, want 1 saying %q; stderr:\n%s", code, took.Round(time.Millisecond), tc.want, errb.String())
+				t.Errorf(
+					"sync --once exited %d after %s, want 1 saying %q; stderr:\n%s",
+					code,
+					took.Round(time.Millisecond),
+					tc.want,
+					errb.String(),
+				)
 			}
 			if took > 15*time.Second {
 				t.Errorf("sync --once took %s with a bound of 2s", took.Round(time.Millisecond))

@@ -34,7 +34,9 @@ func strictWorld(t *testing.T, natsURL string, opts platformsim.Options, sc plat
 // built-in external issuer and subject.
 func createIdentity(t *testing.T, simURL, issuer, subject string) string {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"name": "syncd", "claimMatch": map[string]string{"issuer": issuer, "subject": subject}})
+	body, _ := json.Marshal(
+		map[string]any{"name": "syncd", "claimMatch": map[string]string{"issuer": issuer, "subject": subject}},
+	)
 	req, _ := http.NewRequest(http.MethodPost, simURL+"/iam/v2/identities/org1", bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+e2eToken)
 	req.Header.Set("Content-Type", "application/json")
@@ -59,8 +61,21 @@ func createIdentity(t *testing.T, simURL, issuer, subject string) string {
 func TestRun_StrictPlatform(t *testing.T) {
 	t.Parallel() // it mostly waits: see "Parallel tests" in harness_test.go
 	ns := testutil.NATS(t)
-	w := strictWorld(t, ns.URL(), platformsim.Options{Seed: 17, ExchangeTokenTTL: 3 * time.Second},
-		platformsim.Scale{Repos: 6, TagsPerRepo: 2, HistoryPerTag: 3, Advisories: 6, DateTags: 1, EpochTags: 1, ReferrerTags: 1, NestedRepos: 4})
+	w := strictWorld(
+		t,
+		ns.URL(),
+		platformsim.Options{Seed: 17, ExchangeTokenTTL: 3 * time.Second},
+		platformsim.Scale{
+			Repos:         6,
+			TagsPerRepo:   2,
+			HistoryPerTag: 3,
+			Advisories:    6,
+			DateTags:      1,
+			EpochTags:     1,
+			ReferrerTags:  1,
+			NestedRepos:   4,
+		},
+	)
 	const subject = "system:serviceaccount:syncd:syncd"
 	identity := createIdentity(t, w.simURL, w.sim.ExternalIssuer(), subject)
 	rotate := func() string {
@@ -71,9 +86,15 @@ func TestRun_StrictPlatform(t *testing.T) {
 		return tok
 	}
 	tokenFile := writeFile(t, "external-token", rotate())
-	cfg := testConfig{simURL: w.simURL, natsURL: ns.URL(), dbPath: w.dbPath,
+	cfg := testConfig{
+		simURL:      w.simURL,
+		natsURL:     ns.URL(),
+		dbPath:      w.dbPath,
 		credentials: fmt.Sprintf("identity = %q\nidentity_token_file = %q\nsts_url = %q", identity, tokenFile, w.simURL),
-		crawl:       "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0\ntag_families = [\"dates\", \"epochs\", \"referrers\"]"}.write(t)
+		crawl:       "schedule = \"@every 1s\"\nsweep_schedule = \"@every 3s\"\nadvisories_schedule = \"@every 2s\"\njitter = \"0s\"\nrequests_per_second = 0.0\ntag_families = [\"dates\", \"epochs\", \"referrers\"]",
+	}.write(
+		t,
+	)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := startDaemon(t, cfg)
@@ -109,7 +130,9 @@ func TestRun_StrictPlatform(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := w.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryWithdrawn, UID: truth.Advisories[0].UID}); err != nil {
+	if _, err := w.sim.Apply(
+		platformsim.Mutation{Kind: platformsim.AdvisoryWithdrawn, UID: truth.Advisories[0].UID},
+	); err != nil {
 		t.Fatal(err)
 	}
 	// Every token syncd holds expires upstream (and the external token with
@@ -153,13 +176,15 @@ func TestRun_StrictPlatform(t *testing.T) {
 		}
 	}
 	var withdrawn, raws int
-	db.QueryRow(`SELECT count(*) FROM advisories WHERE uid = ? AND deleted_time IS NOT NULL`, truth.Advisories[0].UID).Scan(&withdrawn)
+	db.QueryRow(`SELECT count(*) FROM advisories WHERE uid = ? AND deleted_time IS NOT NULL`, truth.Advisories[0].UID).
+		Scan(&withdrawn)
 	if withdrawn != 1 {
 		t.Errorf("the advisory with deleteTime is not withdrawn in the mirror")
 	}
 	// What syncd does not model yet is kept: the gateway's unknown fields
 	// are in the raw JSON.
-	db.QueryRow(`SELECT count(*) FROM repos WHERE json_extract(raw, '$.` + platformsim.FutureField + `') IS NOT NULL`).Scan(&raws)
+	db.QueryRow(`SELECT count(*) FROM repos WHERE json_extract(raw, '$.` + platformsim.FutureField + `') IS NOT NULL`).
+		Scan(&raws)
 	if raws == 0 {
 		t.Errorf("no repo's raw JSON holds the unknown field %s", platformsim.FutureField)
 	}

@@ -64,7 +64,8 @@ func TestHandler_ReadyzReportsFailedChecks(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, `"nats":"not connected"`) || strings.Contains(body, `"ok"`) {
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, `"nats":"not connected"`) ||
+		strings.Contains(body, `"ok"`) {
 		t.Fatalf("/readyz = %d %s, want 503 naming only nats", code, body)
 	}
 	fail = false

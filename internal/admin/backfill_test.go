@@ -28,7 +28,9 @@ func TestReadyz_CurrentBeforeHistory(t *testing.T) {
 	defer st.Close()
 	m := admin.NewMetrics("test")
 	m.WatchBackfill(st, 20)
-	srv := httptest.NewServer(admin.Handler(m, []admin.Check{admin.BaselineCheck(st, nil), admin.HistoryCheck(st, 20, nil)}))
+	srv := httptest.NewServer(
+		admin.Handler(m, []admin.Check{admin.BaselineCheck(st, nil), admin.HistoryCheck(st, 20, nil)}),
+	)
 	defer srv.Close()
 	type readyz struct {
 		Ready   bool              `json:"ready"`
@@ -76,7 +78,8 @@ func TestReadyz_CurrentBeforeHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, r, body := get("/readyz")
-	if code != 200 || !r.Ready || !r.Phases["current"] || r.Phases["history"] || !strings.Contains(r.Pending["history"], "2 tags' histories left") {
+	if code != 200 || !r.Ready || !r.Phases["current"] || r.Phases["history"] ||
+		!strings.Contains(r.Pending["history"], "2 tags' histories left") {
 		t.Fatalf("after the listing: /readyz = %d %s, want 200, current ready, history pending with 2 tags left", code, body)
 	}
 	if code, _, body := get("/readyz?phase=history"); code != 503 {
@@ -88,7 +91,12 @@ func TestReadyz_CurrentBeforeHistory(t *testing.T) {
 	metric(`syncd_backfill_eta_seconds 0.1`)
 
 	for _, ref := range need {
-		if _, err := st.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: at, Digest: "sha256:" + strings.Repeat("1", 64)}}, true); err != nil {
+		if _, err := st.ApplyHistory(
+			ctx,
+			ref,
+			[]store.HistoryRecord{{Time: at, Digest: "sha256:" + strings.Repeat("1", 64)}},
+			true,
+		); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -31,8 +31,11 @@ func NewMetrics(version string) *Metrics {
 	reg := prometheus.NewRegistry()
 	m := &Metrics{
 		reg: reg,
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_platform_requests_total",
-			Help: "HTTP requests to the platform and registry, by endpoint and status code (0: no answer)."}, []string{"endpoint", "code"}),
+		requests: prometheus.NewCounterVec(
+			prometheus.CounterOpts{Name: "syncd_platform_requests_total",
+				Help: "HTTP requests to the platform and registry, by endpoint and status code (0: no answer)."},
+			[]string{"endpoint", "code"},
+		),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_platform_retries_total",
 			Help: "Requests that were retries, by endpoint."}, []string{"endpoint"}),
 		crawlDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "syncd_crawl_duration_seconds",
@@ -47,19 +50,36 @@ func NewMetrics(version string) *Metrics {
 			Help: "Change events recorded in the outbox, by type."}, []string{"type"}),
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_events_published_total",
 			Help: "Events acknowledged by JetStream, by type."}, []string{"type"}),
-		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "syncd_publish_latency_seconds",
-			Help: "From an event's commit to its JetStream acknowledgement.", Buckets: prometheus.ExponentialBuckets(0.001, 3, 12)}),
+		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "syncd_publish_latency_seconds",
+			Help:    "From an event's commit to its JetStream acknowledgement.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 3, 12),
+		}),
 		streamRepaired: prometheus.NewCounter(prometheus.CounterOpts{Name: "syncd_stream_repaired_total",
 			Help: "Events the mirror marks published that the stream audit found missing from the stream and published again."}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_rejected_messages_total",
-			Help: "Messages and snapshots read back from NATS that were set aside, by reason (docs/reliability.md, Trust)."}, []string{"reason"}),
+		rejected: prometheus.NewCounterVec(
+			prometheus.CounterOpts{Name: "syncd_rejected_messages_total",
+				Help: "Messages and snapshots read back from NATS that were set aside, by reason (docs/reliability.md, Trust)."},
+			[]string{"reason"},
+		),
 	}
-	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "syncd_build_info", Help: "syncd's version.", ConstLabels: prometheus.Labels{"version": version}})
+	build := prometheus.NewGauge(
+		prometheus.GaugeOpts{
+			Name:        "syncd_build_info",
+			Help:        "syncd's version.",
+			ConstLabels: prometheus.Labels{"version": version},
+		},
+	)
 	build.Set(1)
 	// The series dashboards and alerts read exist from the start, at zero,
 	// rather than from the first retry or failed run on: "No data" looks
 	// like a broken scrape.
-	for _, ep := range []string{"GET /registry/v2/repos", "GET /registry/v2/tags", "GET /v2/{image}/history", "GET /vulnerabilities/v2/advisories"} {
+	for _, ep := range []string{
+		"GET /registry/v2/repos",
+		"GET /registry/v2/tags",
+		"GET /v2/{image}/history",
+		"GET /vulnerabilities/v2/advisories",
+	} {
 		m.retries.WithLabelValues(ep)
 	}
 	for _, reason := range []string{"unsigned", "bad_signature"} {
@@ -70,8 +90,22 @@ func NewMetrics(version string) *Metrics {
 			m.crawlRuns.WithLabelValues(job, outcome)
 		}
 	}
-	reg.MustRegister(m.requests, m.retries, m.crawlDuration, m.crawlRuns, m.lastSuccess, m.rows, m.recorded, m.published, m.publishLatency, m.streamRepaired, m.rejected, build,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(
+		m.requests,
+		m.retries,
+		m.crawlDuration,
+		m.crawlRuns,
+		m.lastSuccess,
+		m.rows,
+		m.recorded,
+		m.published,
+		m.publishLatency,
+		m.streamRepaired,
+		m.rejected,
+		build,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
 	return m
 }
 

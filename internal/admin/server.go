@@ -82,7 +82,10 @@ func (f *Freshness) Stale() map[string]time.Duration {
 // Handler serves /metrics, /healthz and /readyz.
 func Handler(m *Metrics, checks []Check) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, Timeout: 10 * time.Second}))
+	mux.Handle(
+		"GET /metrics",
+		promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, Timeout: 10 * time.Second}),
+	)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Write([]byte("ok\n"))

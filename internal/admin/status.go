@@ -80,8 +80,11 @@ func NewStatusReport(mirror string, s store.Status) StatusReport {
 		}
 	}
 	for _, r := range s.Runs {
-		rep.Jobs = append(rep.Jobs, RunStatus{Job: r.Job, Started: store.FormatTime(r.Started), Finished: store.FormatTime(r.Finished),
-			Outcome: r.Outcome, Requests: r.Requests, Changes: int64(r.Changes), Error: r.Error})
+		rep.Jobs = append(
+			rep.Jobs,
+			RunStatus{Job: r.Job, Started: store.FormatTime(r.Started), Finished: store.FormatTime(r.Finished),
+				Outcome: r.Outcome, Requests: r.Requests, Changes: int64(r.Changes), Error: r.Error},
+		)
 	}
 	for _, sub := range s.Subscriptions {
 		rep.Subscriptions = append(rep.Subscriptions, SubscriptionStatus{UID: sub.UID, Group: sub.GroupUID, Sink: sub.Sink,
@@ -139,8 +142,19 @@ func (rep StatusReport) writeProgress(w io.Writer) {
 	if p == nil {
 		return
 	}
-	fmt.Fprintf(w, "crawl running\tsince %s: %d of %d tags listed, %d of %d history reads, %.1f requests/s, ETA %s\n",
-		store.FormatTime(p.Started), p.TagsListed, p.TagsTotal, p.HistoryRead, p.HistoryQueued, p.RequestsPerSecond, cmp.Or(p.ETA, "unknown yet"))
+	fmt.Fprintf(
+		w,
+		"crawl running\tsince %s: %d of %d tags listed, %d of %d history reads, %.1f requests/s, ETA %s\n",
+		store.FormatTime(
+			p.Started,
+		),
+		p.TagsListed,
+		p.TagsTotal,
+		p.HistoryRead,
+		p.HistoryQueued,
+		p.RequestsPerSecond,
+		cmp.Or(p.ETA, "unknown yet"),
+	)
 	if p.Retrying != "" {
 		fmt.Fprintf(w, "  retrying\t%s\n", p.Retrying)
 	}
@@ -189,7 +203,12 @@ func (rep StatusReport) writePhases(w io.Writer) {
 	}
 	fmt.Fprintf(w, "phases	current %s, history %s\n", state(rep.Phases[PhaseCurrent]), state(rep.Phases[PhaseHistory]))
 	if b := rep.Backfill; b != nil {
-		fmt.Fprintf(w, "backfill	%d tags' histories left, ETA %s\n", b.RemainingTags, cmp.Or(b.ETA, "unknown (no rate limit)"))
+		fmt.Fprintf(
+			w,
+			"backfill	%d tags' histories left, ETA %s\n",
+			b.RemainingTags,
+			cmp.Or(b.ETA, "unknown (no rate limit)"),
+		)
 	}
 }
 

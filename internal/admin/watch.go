@@ -35,49 +35,79 @@ type FailureLister interface {
 // WatchOutbox exports the outbox's backlog: how many events wait for
 // JetStream, and how old the oldest is.
 func (m *Metrics) WatchOutbox(o Outbox) {
-	m.GaugeFunc("syncd_outbox_unpublished_events", "Events committed but not yet acknowledged by JetStream.", func() float64 {
-		n, _, err := o.UnpublishedCount(context.Background())
-		if err != nil {
-			return -1
-		}
-		return float64(n)
-	})
-	m.GaugeFunc("syncd_outbox_oldest_unpublished_age_seconds", "Age of the oldest event waiting for JetStream (0: none).", func() float64 {
-		_, oldest, err := o.UnpublishedCount(context.Background())
-		if err != nil || oldest.IsZero() {
-			return 0
-		}
-		return time.Since(oldest).Seconds()
-	})
+	m.GaugeFunc(
+		"syncd_outbox_unpublished_events",
+		"Events committed but not yet acknowledged by JetStream.",
+		func() float64 {
+			n, _, err := o.UnpublishedCount(context.Background())
+			if err != nil {
+				return -1
+			}
+			return float64(n)
+		},
+	)
+	m.GaugeFunc(
+		"syncd_outbox_oldest_unpublished_age_seconds",
+		"Age of the oldest event waiting for JetStream (0: none).",
+		func() float64 {
+			_, oldest, err := o.UnpublishedCount(context.Background())
+			if err != nil || oldest.IsZero() {
+				return 0
+			}
+			return time.Since(oldest).Seconds()
+		},
+	)
 }
 
 // WatchFailures exports how many repos and tags are failing, by kind.
 func (m *Metrics) WatchFailures(f FailureLister) {
 	for _, kind := range []string{"repo", "tag"} {
-		m.GaugeFuncWith("syncd_crawl_failures", "Repos and tags whose reads failed and are retried with backoff (syncd status lists them).",
-			prometheus.Labels{"kind": kind}, func() float64 {
+		m.GaugeFuncWith(
+			"syncd_crawl_failures",
+			"Repos and tags whose reads failed and are retried with backoff (syncd status lists them).",
+			prometheus.Labels{"kind": kind},
+			func() float64 {
 				counts, err := f.FailureCounts(context.Background())
 				if err != nil {
 					return -1
 				}
 				return float64(counts[kind])
-			})
+			},
+		)
 	}
 }
 
 // WatchNATS exports whether the NATS connection is up.
 func (m *Metrics) WatchNATS(nc *nats.Conn) {
-	m.GaugeFunc("syncd_nats_connected", "1 while the NATS connection is up.", func() float64 { return boolGauge(nc.IsConnected()) })
+	m.GaugeFunc(
+		"syncd_nats_connected",
+		"1 while the NATS connection is up.",
+		func() float64 { return boolGauge(nc.IsConnected()) },
+	)
 }
 
 // WatchReceiver exports the webhook receiver's counts.
 func (m *Metrics) WatchReceiver(s *events.Stats) {
-	for outcome, v := range map[string]*atomic.Int64{"accepted": &s.Accepted, "duplicate": &s.Duplicate, "ignored": &s.Ignored, "unknown": &s.Unknown} {
-		m.CounterFunc("syncd_webhooks_received_total", "Verified pushed events by outcome.", prometheus.Labels{"outcome": outcome}, func() float64 { return float64(v.Load()) })
+	for outcome, v := range map[string]*atomic.Int64{
+		"accepted":  &s.Accepted,
+		"duplicate": &s.Duplicate,
+		"ignored":   &s.Ignored,
+		"unknown":   &s.Unknown,
+	} {
+		m.CounterFunc(
+			"syncd_webhooks_received_total",
+			"Verified pushed events by outcome.",
+			prometheus.Labels{"outcome": outcome},
+			func() float64 { return float64(v.Load()) },
+		)
 	}
 	for _, reason := range events.RejectReasons() {
-		m.CounterFunc("syncd_webhooks_rejected_total", "Pushed events rejected, by reason.", prometheus.Labels{"reason": reason},
-			func() float64 { return float64(s.RejectedCount(reason)) })
+		m.CounterFunc(
+			"syncd_webhooks_rejected_total",
+			"Pushed events rejected, by reason.",
+			prometheus.Labels{"reason": reason},
+			func() float64 { return float64(s.RejectedCount(reason)) },
+		)
 	}
 }
 
@@ -94,12 +124,20 @@ func (m *Metrics) WatchReplica(r Replica, roles ...string) {
 		m.GaugeFuncWith("syncd_cluster_role", "1 for the replica's current role.", prometheus.Labels{"role": role},
 			func() float64 { return boolGauge(r.Role() == role) })
 	}
-	m.GaugeFunc("syncd_cluster_leader", "1 while this replica holds the leader lease.", func() float64 { return boolGauge(r.IsLeader()) })
+	m.GaugeFunc(
+		"syncd_cluster_leader",
+		"1 while this replica holds the leader lease.",
+		func() float64 { return boolGauge(r.IsLeader()) },
+	)
 }
 
 // WatchLag exports how far a follower is behind the stream.
 func (m *Metrics) WatchLag(lag func() uint64) {
-	m.GaugeFunc("syncd_follower_lag_events", "Messages the follower's consumer has pending.", func() float64 { return float64(lag()) })
+	m.GaugeFunc(
+		"syncd_follower_lag_events",
+		"Messages the follower's consumer has pending.",
+		func() float64 { return float64(lag()) },
+	)
 }
 
 // VerifiedReplica is a replica that compares its mirror with the leader's
@@ -232,27 +270,39 @@ func HistoryCheck(b Backfiller, rate float64, active func() bool) Check {
 // second (0: unlimited, no estimate).
 func (m *Metrics) WatchBackfill(b Backfiller, rate float64) {
 	ctx := context.Background()
-	m.GaugeFuncWith("syncd_ready", "1 when the phase is ready: current (every repo, tag and advisory listed), history (every tag's history read).",
-		prometheus.Labels{"phase": PhaseCurrent}, func() float64 {
+	m.GaugeFuncWith(
+		"syncd_ready",
+		"1 when the phase is ready: current (every repo, tag and advisory listed), history (every tag's history read).",
+		prometheus.Labels{"phase": PhaseCurrent},
+		func() float64 {
 			in, err := b.InBaseline(ctx)
 			return boolGauge(err == nil && !in)
-		})
-	m.GaugeFuncWith("syncd_ready", "1 when the phase is ready: current (every repo, tag and advisory listed), history (every tag's history read).",
-		prometheus.Labels{"phase": PhaseHistory}, func() float64 {
+		},
+	)
+	m.GaugeFuncWith(
+		"syncd_ready",
+		"1 when the phase is ready: current (every repo, tag and advisory listed), history (every tag's history read).",
+		prometheus.Labels{"phase": PhaseHistory},
+		func() float64 {
 			ready, err := b.HistoryReady(ctx)
 			return boolGauge(err == nil && ready)
-		})
+		},
+	)
 	m.GaugeFunc("syncd_backfill_remaining_tags", "Tags whose history the backfill has yet to read.", func() float64 {
 		n, _ := b.BackfillRemaining(ctx)
 		return float64(n)
 	})
-	m.GaugeFunc("syncd_backfill_eta_seconds", "Time the backfill needs for the tags left at the request rate limit (0: done, or no limit).", func() float64 {
-		n, _ := b.BackfillRemaining(ctx)
-		if rate <= 0 {
-			return 0
-		}
-		return float64(n) / rate
-	})
+	m.GaugeFunc(
+		"syncd_backfill_eta_seconds",
+		"Time the backfill needs for the tags left at the request rate limit (0: done, or no limit).",
+		func() float64 {
+			n, _ := b.BackfillRemaining(ctx)
+			if rate <= 0 {
+				return 0
+			}
+			return float64(n) / rate
+		},
+	)
 }
 
 // Refuser reports the credentials the platform or the registry refuse now.
@@ -299,15 +349,23 @@ func RoleCheck(name string, e Erring, active func() bool) Check {
 // compressed size. last returns the time it was written, zero when there
 // is none yet, and its size.
 func (m *Metrics) WatchSnapshots(last func() (time.Time, int64)) {
-	m.GaugeFunc("syncd_snapshot_age_seconds", "Age of the newest snapshot of the mirror in the Object Store bucket (-1: none known).", func() float64 {
-		t, _ := last()
-		if t.IsZero() {
-			return -1
-		}
-		return time.Since(t).Seconds()
-	})
-	m.GaugeFunc("syncd_snapshot_bytes", "Compressed size of the newest snapshot of the mirror (0: none known).", func() float64 {
-		_, n := last()
-		return float64(n)
-	})
+	m.GaugeFunc(
+		"syncd_snapshot_age_seconds",
+		"Age of the newest snapshot of the mirror in the Object Store bucket (-1: none known).",
+		func() float64 {
+			t, _ := last()
+			if t.IsZero() {
+				return -1
+			}
+			return time.Since(t).Seconds()
+		},
+	)
+	m.GaugeFunc(
+		"syncd_snapshot_bytes",
+		"Compressed size of the newest snapshot of the mirror (0: none known).",
+		func() float64 {
+			_, n := last()
+			return float64(n)
+		},
+	)
 }

@@ -248,7 +248,11 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	cons, err := f.js.CreateOrUpdateConsumer(ctx, f.cfg.Stream, cc)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("stream %q does not exist (yet): the syncd leader creates it when it starts: %w", f.cfg.Stream, err)
+		return nil, fmt.Errorf(
+			"stream %q does not exist (yet): the syncd leader creates it when it starts: %w",
+			f.cfg.Stream,
+			err,
+		)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create or update consumer %s on stream %s: %w", f.cfg.Consumer, f.cfg.Stream, err)
@@ -286,8 +290,17 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		due = empty
 	}
 	if due {
-		r := restorer{js: f.js, bucket: f.cfg.SnapshotBucket, stream: f.cfg.Stream, dir: f.cfg.SnapshotDir,
-			maxBytes: f.cfg.MaxRestoreBytes, log: f.log, onReject: f.cfg.OnReject, verifier: f.cfg.Verifier, onUnsigned: f.rejectSnapshot}
+		r := restorer{
+			js:         f.js,
+			bucket:     f.cfg.SnapshotBucket,
+			stream:     f.cfg.Stream,
+			dir:        f.cfg.SnapshotDir,
+			maxBytes:   f.cfg.MaxRestoreBytes,
+			log:        f.log,
+			onReject:   f.cfg.OnReject,
+			verifier:   f.cfg.Verifier,
+			onUnsigned: f.rejectSnapshot,
+		}
 		info, found, refused, err := r.restore(ctx, m)
 		if err != nil {
 			return 0, err
@@ -306,24 +319,47 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 			}
 			// A consumer of this name left from before would resume at
 			// its own position, which has nothing to do with the snapshot.
-			if err := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			if err := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); err != nil &&
+				!errors.Is(err, jetstream.ErrConsumerNotFound) {
 				return 0, fmt.Errorf("delete consumer %s before following from the snapshot: %w", f.cfg.Consumer, err)
 			}
 			f.restored = info
 			// The mirror is at the snapshot's sequence now, wherever it
 			// was before (a repair goes back).
 			f.next = info.Seq + 1
-			f.log.Info("restored the mirror from a snapshot", "bucket", f.cfg.SnapshotBucket, "name", info.Name, "stream_seq", info.Seq,
-				"bytes", info.Bytes, "raw_bytes", info.RawBytes, "took", info.Took.Round(time.Millisecond).String())
+			f.log.Info(
+				"restored the mirror from a snapshot",
+				"bucket",
+				f.cfg.SnapshotBucket,
+				"name",
+				info.Name,
+				"stream_seq",
+				info.Seq,
+				"bytes",
+				info.Bytes,
+				"raw_bytes",
+				info.RawBytes,
+				"took",
+				info.Took.Round(time.Millisecond).String(),
+			)
 		case f.repair:
-			f.log.Error("cannot repair the mirror: no snapshot to restore yet; following on, and trying again in "+repairRetry.String(),
-				"bucket", f.cfg.SnapshotBucket)
+			f.log.Error(
+				"cannot repair the mirror: no snapshot to restore yet; following on, and trying again in "+repairRetry.String(),
+				"bucket",
+				f.cfg.SnapshotBucket,
+			)
 			f.retryRepairAt = time.Now().Add(repairRetry)
 		case f.cfg.Restore == RestoreAlways && refused == 0:
 			return 0, fmt.Errorf("no snapshot in bucket %s to restore the mirror from", f.cfg.SnapshotBucket)
 		case refused > 0:
 			// A failed restore never stops the follower.
-			f.log.Error("no snapshot passed its checks; following the stream from its first message", "bucket", f.cfg.SnapshotBucket, "refused", refused)
+			f.log.Error(
+				"no snapshot passed its checks; following the stream from its first message",
+				"bucket",
+				f.cfg.SnapshotBucket,
+				"refused",
+				refused,
+			)
 		default:
 			f.log.Info("no snapshot to start from; following the stream from its first message", "bucket", f.cfg.SnapshotBucket)
 		}
@@ -345,9 +381,16 @@ func (f *Follower) checkGap(ctx context.Context, after uint64) {
 	}
 	first := s.CachedInfo().State.FirstSeq
 	if n := s.CachedInfo().State.Msgs; n > 0 && first > after+1 {
-		f.log.Error("the stream no longer holds events this mirror needs: resources changed only then are missing or stale until they change again; "+
-			"write snapshots more often than [nats] max_age ([snapshot] every), or restore a newer one",
-			"needed_from", after+1, "stream_first", first, "snapshot_stream_seq", after)
+		f.log.Error(
+			"the stream no longer holds events this mirror needs: resources changed only then are missing or stale until they change again; "+
+				"write snapshots more often than [nats] max_age ([snapshot] every), or restore a newer one",
+			"needed_from",
+			after+1,
+			"stream_first",
+			first,
+			"snapshot_stream_seq",
+			after,
+		)
 	}
 }
 
@@ -398,7 +441,9 @@ func (f *Follower) Complete(ctx context.Context) error {
 	if empty, err := m.Empty(ctx); err != nil || empty {
 		return err // nothing to complete: the crawl reads it all
 	}
-	f.log.Warn("the mirror was built from the stream alone and no checkpoint proved it: restoring the newest snapshot before leading")
+	f.log.Warn(
+		"the mirror was built from the stream alone and no checkpoint proved it: restoring the newest snapshot before leading",
+	)
 	f.repair = true
 	f.dropAhead()
 	f.cons = nil
@@ -445,8 +490,19 @@ func (f *Follower) Forfeit(ctx context.Context, leader string) error {
 	}
 	_, restorable := f.mirror.(Restorable)
 	repair := restorable && f.cfg.SnapshotBucket != ""
-	f.log.Warn("another replica leads: dropped the events this replica recorded while it led and never published; the new leader records those changes again",
-		"leader", leader, "events", n, "first_seq", first, "last_seq", last, "repair_from_snapshot", repair)
+	f.log.Warn(
+		"another replica leads: dropped the events this replica recorded while it led and never published; the new leader records those changes again",
+		"leader",
+		leader,
+		"events",
+		n,
+		"first_seq",
+		first,
+		"last_seq",
+		last,
+		"repair_from_snapshot",
+		repair,
+	)
 	if repair {
 		f.repair = true
 		f.dropAhead()
@@ -669,7 +725,13 @@ func (f *Follower) reject(rejected []store.RejectedEvent, b *pulled) map[jetstre
 	for _, r := range rejected {
 		m, ok := bySeq[r.Event.Seq]
 		if !ok || r.Event.Seq == 0 {
-			f.log.Debug("an event read from the stream cannot be applied; set aside when the consumer delivers it", "stream_seq", r.Event.Seq, "err", r.Err)
+			f.log.Debug(
+				"an event read from the stream cannot be applied; set aside when the consumer delivers it",
+				"stream_seq",
+				r.Event.Seq,
+				"err",
+				r.Err,
+			)
 			continue
 		}
 		reason := RejectApply
@@ -680,7 +742,13 @@ func (f *Follower) reject(rejected []store.RejectedEvent, b *pulled) map[jetstre
 			"reason", reason, "type", r.Event.Type, "id", r.Event.ID, "err", r.Err)
 		f.cfg.OnReject(reason)
 		if err := m.TermWithReason("syncd: " + reason); err != nil {
-			f.log.Warn("terminate a message set aside; it may come again and be set aside again", "stream_seq", r.Event.Seq, "err", err)
+			f.log.Warn(
+				"terminate a message set aside; it may come again and be set aside again",
+				"stream_seq",
+				r.Event.Seq,
+				"err",
+				err,
+			)
 		}
 		termed[m] = true
 	}
@@ -707,7 +775,15 @@ func (f *Follower) compare(ctx context.Context, c pendingCheck) error {
 			}
 		}()
 		if pos >= c.seq || pending > 0 {
-			f.log.Debug("a checkpoint this mirror cannot be compared at", "stream_seq", c.seq, "position", pos, "unpublished", pending)
+			f.log.Debug(
+				"a checkpoint this mirror cannot be compared at",
+				"stream_seq",
+				c.seq,
+				"position",
+				pos,
+				"unpublished",
+				pending,
+			)
 			return nil
 		}
 	}
@@ -729,7 +805,11 @@ func (f *Follower) compare(ctx context.Context, c pendingCheck) error {
 		}
 		return nil
 	}
-	why := fmt.Sprintf("the mirror differs from the leader's checkpoint at stream sequence %d, first in table %s", c.seq, res.Diff)
+	why := fmt.Sprintf(
+		"the mirror differs from the leader's checkpoint at stream sequence %d, first in table %s",
+		c.seq,
+		res.Diff,
+	)
 	f.diverged.Store(&why)
 	f.log.Error("the mirror diverged from the leader's; repairing it from the newest snapshot", "stream_seq", c.seq,
 		"table", res.Diff, "leader", c.cp.Leader)
@@ -738,7 +818,11 @@ func (f *Follower) compare(ctx context.Context, c pendingCheck) error {
 	case time.Since(f.lastRepair) < minRepairInterval:
 		// A mirror that differs again right after a repair, or a stream
 		// of checkpoints it cannot match, must not cost a restore each.
-		f.log.Warn("the mirror differs again within "+minRepairInterval.String()+" of its last repair; repairing it later", "stream_seq", c.seq)
+		f.log.Warn(
+			"the mirror differs again within "+minRepairInterval.String()+" of its last repair; repairing it later",
+			"stream_seq",
+			c.seq,
+		)
 	default:
 		f.repair = true
 	}
@@ -816,7 +900,15 @@ func (f *Follower) withMissing(ctx context.Context, b *pulled) ([]store.StreamEv
 		return nil, err
 	}
 	if len(missing) > 0 {
-		f.log.Info("events the consumer skipped were read from the stream", "from", f.next, "to", first-1, "events", len(missing))
+		f.log.Info(
+			"events the consumer skipped were read from the stream",
+			"from",
+			f.next,
+			"to",
+			first-1,
+			"events",
+			len(missing),
+		)
 	}
 	return append(missing, b.evs...), nil
 }
@@ -962,7 +1054,8 @@ func (b *pulled) collect(batch jetstream.MessageBatch, f *Follower) error {
 	// A fetch with a byte limit that got its count of messages before its
 	// bytes ends with a "409 Batch Completed" status, which the library
 	// reports as an error: the batch is whole.
-	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) &&
+	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) &&
+		!errors.Is(err, jetstream.ErrNoMessages) &&
 		!errors.Is(err, jetstream.ErrBatchCompleted) {
 		return err
 	}

@@ -42,14 +42,26 @@ func BenchmarkFollower_CatchUp(b *testing.B) {
 	}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for r := range 20 {
-		repo := store.Repo{UID: fmt.Sprintf("org1/r%d", r), Name: fmt.Sprintf("image-%d", r), Description: "an image", CreateTime: t0, UpdateTime: t0}
+		repo := store.Repo{
+			UID:         fmt.Sprintf("org1/r%d", r),
+			Name:        fmt.Sprintf("image-%d", r),
+			Description: "an image",
+			CreateTime:  t0,
+			UpdateTime:  t0,
+		}
 		if _, err := leader.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
 			b.Fatal(err)
 		}
 		tags := make([]store.Tag, 200)
 		for i := range tags {
-			tags[i] = store.Tag{UID: fmt.Sprintf("%s/t%d", repo.UID, i), Name: fmt.Sprintf("1.%d", i), Digest: fmt.Sprintf("sha256:%064d", r*1000+i),
-				Bundles: []string{"application"}, CreateTime: t0, UpdateTime: t0.Add(time.Duration(i) * time.Second)}
+			tags[i] = store.Tag{
+				UID:        fmt.Sprintf("%s/t%d", repo.UID, i),
+				Name:       fmt.Sprintf("1.%d", i),
+				Digest:     fmt.Sprintf("sha256:%064d", r*1000+i),
+				Bundles:    []string{"application"},
+				CreateTime: t0,
+				UpdateTime: t0.Add(time.Duration(i) * time.Second),
+			}
 		}
 		if _, _, err := leader.ApplyTags(ctx, repo, tags); err != nil {
 			b.Fatal(err)
@@ -57,9 +69,16 @@ func BenchmarkFollower_CatchUp(b *testing.B) {
 	}
 	advs := make([]store.Advisory, 1000)
 	for i := range advs {
-		advs[i] = store.Advisory{UID: fmt.Sprintf("adv%d", i), AdvisoryID: fmt.Sprintf("CGA-%d", i), ArtifactName: fmt.Sprintf("image-%d", i%20),
-			UpdateTime: t0, Aliases: []string{fmt.Sprintf("CVE-2025-%d", i)},
-			Events: []store.AdvisoryEvent{{UID: fmt.Sprintf("ev%d", i), Type: "detected", CreateTime: t0, DetectionType: "scanv1"}}}
+		advs[i] = store.Advisory{
+			UID:          fmt.Sprintf("adv%d", i),
+			AdvisoryID:   fmt.Sprintf("CGA-%d", i),
+			ArtifactName: fmt.Sprintf("image-%d", i%20),
+			UpdateTime:   t0,
+			Aliases:      []string{fmt.Sprintf("CVE-2025-%d", i)},
+			Events: []store.AdvisoryEvent{
+				{UID: fmt.Sprintf("ev%d", i), Type: "detected", CreateTime: t0, DetectionType: "scanv1"},
+			},
+		}
 	}
 	if _, err := leader.ApplyAdvisories(ctx, advs); err != nil {
 		b.Fatal(err)
@@ -83,8 +102,12 @@ func BenchmarkFollower_CatchUp(b *testing.B) {
 					defer st.Close()
 					m = st
 				}
-				f := cluster.NewFollower(js, m, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: fmt.Sprintf("bench%d", run),
-					MaxWait: 200 * time.Millisecond, OnBatch: func(n int, _ uint64) { events += n }})
+				f := cluster.NewFollower(
+					js,
+					m,
+					cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: fmt.Sprintf("bench%d", run),
+						MaxWait: 200 * time.Millisecond, OnBatch: func(n int, _ uint64) { events += n }},
+				)
 				start := time.Now()
 				if err := f.CatchUp(ctx); err != nil {
 					b.Fatal(err)

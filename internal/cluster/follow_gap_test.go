@@ -28,7 +28,11 @@ func TestFollower_DeliveryLostOnTheWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { follower.Close() })
-	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond})
+	f := cluster.NewFollower(
+		js,
+		follower,
+		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond},
+	)
 	leader.change(3)
 	leader.publish()
 	if err := f.CatchUp(ctx); err != nil {
@@ -104,7 +108,11 @@ func TestFollower_TailLostWhileFollowing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { follower.Close() })
-	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond})
+	f := cluster.NewFollower(
+		js,
+		follower,
+		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond},
+	)
 	leader.change(3)
 	leader.publish()
 	if err := f.CatchUp(ctx); err != nil {
@@ -131,7 +139,11 @@ func TestFollower_TailLostWhileFollowing(t *testing.T) {
 	}
 	// A restarted process: a new follower of the same mirror and consumer,
 	// which learns from the mirror where it stands.
-	f = cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond})
+	f = cluster.NewFollower(
+		js,
+		follower,
+		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond},
+	)
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })

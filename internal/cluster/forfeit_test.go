@@ -26,7 +26,11 @@ func TestReplica_ExLeaderForfeitsItsUnpublishedEvents(t *testing.T) {
 	js, leader := newStreamLeader(t)
 	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
 	relay := publish.NewRelay(js, leader.st, pcfg, publish.WithCheckpoints(leader.st, time.Hour, "b"))
-	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
+	snaps := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()},
+	)
 	leader.change(3)
 	leader.publish()
 	if _, err := snaps.Write(ctx, nil); err != nil {
@@ -46,7 +50,11 @@ func TestReplica_ExLeaderForfeitsItsUnpublishedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := time.Date(2026, 1, 3, 0, 0, 0, 0, time.UTC)
-	if _, _, err := ex.ApplyTags(ctx, leader.repo, []store.Tag{{UID: "g/r1/t1", Name: "v1", Digest: "sha256:aa11", CreateTime: at, UpdateTime: at}}); err != nil {
+	if _, _, err := ex.ApplyTags(
+		ctx,
+		leader.repo,
+		[]store.Tag{{UID: "g/r1/t1", Name: "v1", Digest: "sha256:aa11", CreateTime: at, UpdateTime: at}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	if n, _, err := ex.UnpublishedCount(ctx); err != nil || n < 2 {
@@ -57,8 +65,12 @@ func TestReplica_ExLeaderForfeitsItsUnpublishedEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := cluster.NewFollower(js, ex, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "a", MaxWait: 100 * time.Millisecond,
-		Meta: ex, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir()})
+	f := cluster.NewFollower(
+		js,
+		ex,
+		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "a", MaxWait: 100 * time.Millisecond,
+			Meta: ex, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir()},
+	)
 	var led atomic.Bool
 	r := &cluster.Replica{Lease: leaseA, Follower: f, Meta: ex,
 		Lead: func(ctx context.Context) error { led.Store(true); <-ctx.Done(); return nil }}
@@ -66,7 +78,12 @@ func TestReplica_ExLeaderForfeitsItsUnpublishedEvents(t *testing.T) {
 	go func() { done <- r.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	testutil.WaitFor(t, 10*time.Second, "a to repair its mirror from the snapshot", func() bool { return f.Repairs() == 1 })
+	testutil.WaitFor(
+		t,
+		10*time.Second,
+		"a to repair its mirror from the snapshot",
+		func() bool { return f.Repairs() == 1 },
+	)
 	leader.change(2)
 	cp := publishCheckpoint(t, relay)
 	testutil.WaitFor(t, 10*time.Second, "a to compare b's checkpoint", func() bool {

@@ -84,7 +84,10 @@ func (d *Duties) Run(ctx context.Context) error {
 			log.Error("stopping", "err", err)
 		}
 	case <-time.After(time.Until(deadline)):
-		return fmt.Errorf("work still running %s after the shutdown signal; exiting anyway (the mirror is consistent: unfinished transactions roll back)", d.Grace)
+		return fmt.Errorf(
+			"work still running %s after the shutdown signal; exiting anyway (the mirror is consistent: unfinished transactions roll back)",
+			d.Grace,
+		)
 	}
 	stopRelay()
 	if drain {
@@ -111,7 +114,13 @@ func (d *Duties) flush(ctx context.Context, deadline time.Time, log *slog.Logger
 		if d.Outbox != nil {
 			n, _, _ = d.Outbox.UnpublishedCount(ctx)
 		}
-		log.Warn("stopped with events unpublished; they are published at the next start, or recorded again by the next leader", "unpublished", n, "err", err)
+		log.Warn(
+			"stopped with events unpublished; they are published at the next start, or recorded again by the next leader",
+			"unpublished",
+			n,
+			"err",
+			err,
+		)
 		return
 	}
 	log.Info("stopped")

@@ -83,7 +83,13 @@ func TestDuties_Shutdown(t *testing.T) {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			if r.flushes != tc.wantFlushes || r.stoppedBeforeWork != tc.wantStopped {
-				t.Errorf("flushes=%d, relay stopped before the work=%v; want %d and %v", r.flushes, r.stoppedBeforeWork, tc.wantFlushes, tc.wantStopped)
+				t.Errorf(
+					"flushes=%d, relay stopped before the work=%v; want %d and %v",
+					r.flushes,
+					r.stoppedBeforeWork,
+					tc.wantFlushes,
+					tc.wantStopped,
+				)
 			}
 		})
 	}
@@ -92,7 +98,11 @@ func TestDuties_Shutdown(t *testing.T) {
 // TestDuties_WorkFails: work that fails on its own ends Run with its error.
 func TestDuties_WorkFails(t *testing.T) {
 	boom := errors.New("boom")
-	d := &cluster.Duties{Work: []func(context.Context) error{func(context.Context) error { return boom }}, Relay: &fakeRelay{}, Grace: time.Second}
+	d := &cluster.Duties{
+		Work:  []func(context.Context) error{func(context.Context) error { return boom }},
+		Relay: &fakeRelay{},
+		Grace: time.Second,
+	}
 	if err := d.Run(context.Background()); !errors.Is(err, boom) {
 		t.Fatalf("Run = %v, want %v", err, boom)
 	}

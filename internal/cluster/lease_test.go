@@ -25,7 +25,11 @@ func mustJetStream(t *testing.T) jetstream.JetStream {
 // stops it (releasing the key) and waits.
 func runLease(t *testing.T, js jetstream.JetStream, node string) (*cluster.Lease, func()) {
 	t.Helper()
-	l, err := cluster.NewLease(context.Background(), js, cluster.LeaseConfig{Bucket: "lease", Key: "leader", Node: node, TTL: ttl})
+	l, err := cluster.NewLease(
+		context.Background(),
+		js,
+		cluster.LeaseConfig{Bucket: "lease", Key: "leader", Node: node, TTL: ttl},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +69,12 @@ func TestLease_OneLeaderAndHandover(t *testing.T) {
 	first := revision()
 	testutil.WaitFor(t, 3*ttl, "three renewals by a", func() bool {
 		if !a.IsLeader() || b.IsLeader() || b.Holder() != "a" {
-			t.Fatalf("between renewals: a leader=%v, b leader=%v, b sees %q; want only a", a.IsLeader(), b.IsLeader(), b.Holder())
+			t.Fatalf(
+				"between renewals: a leader=%v, b leader=%v, b sees %q; want only a",
+				a.IsLeader(),
+				b.IsLeader(),
+				b.Holder(),
+			)
 		}
 		return revision() >= first+3
 	})
@@ -94,7 +103,12 @@ func TestLease_TakeoverAfterExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	written := time.Now()
-	testutil.WaitFor(t, ttl, "b to see the crashed holder", func() bool { return !b.IsLeader() && b.Holder() == "crashed" })
+	testutil.WaitFor(
+		t,
+		ttl,
+		"b to see the crashed holder",
+		func() bool { return !b.IsLeader() && b.Holder() == "crashed" },
+	)
 	testutil.WaitFor(t, 3*ttl, "b to take over after the expiry", b.IsLeader)
 	if took := time.Since(written); took < ttl-ttl/4 || took > 2*ttl {
 		t.Errorf("takeover %s after the last write, want after the TTL %s and within two", took, ttl)

@@ -20,7 +20,11 @@ import (
 func maturedOnStream(t *testing.T, js jetstream.JetStream) []publish.CloudEvent {
 	t.Helper()
 	ctx := context.Background()
-	cons, err := js.OrderedConsumer(ctx, "EV", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ev.tag.matured.>"}})
+	cons, err := js.OrderedConsumer(
+		ctx,
+		"EV",
+		jetstream.OrderedConsumerConfig{FilterSubjects: []string{"ev.tag.matured.>"}},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,11 +82,20 @@ func TestMaturity_LeaderAnnouncesEachAtItsInstant(t *testing.T) {
 	if _, err := st.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
 		t.Fatal(err)
 	}
-	need, _, err := st.ApplyTags(ctx, repo, []store.Tag{{UID: "g/r1/t1", Name: "1.27", Digest: "sha256:x", CreateTime: t0, UpdateTime: t0}})
+	need, _, err := st.ApplyTags(
+		ctx,
+		repo,
+		[]store.Tag{{UID: "g/r1/t1", Name: "1.27", Digest: "sha256:x", CreateTime: t0, UpdateTime: t0}},
+	)
 	if err != nil || len(need) != 1 {
 		t.Fatalf("apply tag: %v, %d to read", err, len(need))
 	}
-	kv, err := publish.OpenKV(ctx, js, publish.KVConfig{Tags: "t", Repos: "r", Advisories: "a", Matured: "m", History: 1}, st)
+	kv, err := publish.OpenKV(
+		ctx,
+		js,
+		publish.KVConfig{Tags: "t", Repos: "r", Advisories: "a", Matured: "m", History: 1},
+		st,
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +119,12 @@ func TestMaturity_LeaderAnnouncesEachAtItsInstant(t *testing.T) {
 	}
 	armed := func(d time.Duration) {
 		t.Helper()
-		testutil.WaitFor(t, 10*time.Second, "the duty to arm its timer at t0+"+d.String(), func() bool { return clk.Waiting(t0.Add(d)) })
+		testutil.WaitFor(
+			t,
+			10*time.Second,
+			"the duty to arm its timer at t0+"+d.String(),
+			func() bool { return clk.Waiting(t0.Add(d)) },
+		)
 	}
 	matured := func(want int) []publish.CloudEvent {
 		t.Helper()
@@ -133,7 +151,9 @@ func TestMaturity_LeaderAnnouncesEachAtItsInstant(t *testing.T) {
 	}
 	clk.Advance(time.Millisecond)
 	evs := matured(1)
-	if d := data(evs[0]); evs[0].Type != "dev.syncd.tag.matured" || d.Digest != "sha256:x" || evs[0].Time != "2026-03-01T12:00:05.000Z" || d.Previous != nil {
+	if d := data(evs[0]); evs[0].Type != "dev.syncd.tag.matured" || d.Digest != "sha256:x" ||
+		evs[0].Time != "2026-03-01T12:00:05.000Z" ||
+		d.Previous != nil {
 		t.Fatalf("first tag.matured: %+v %+v", evs[0], d)
 	}
 
@@ -142,13 +162,15 @@ func TestMaturity_LeaderAnnouncesEachAtItsInstant(t *testing.T) {
 	armed(11 * time.Second)
 	clk.Advance(3 * time.Second) // t0+11s: y, the digest 5s ago, matures
 	evs = matured(2)
-	if d := data(evs[1]); d.Digest != "sha256:y" || evs[1].Time != "2026-03-01T12:00:11.000Z" || d.Previous == nil || d.Previous.Digest != "sha256:x" {
+	if d := data(evs[1]); d.Digest != "sha256:y" || evs[1].Time != "2026-03-01T12:00:11.000Z" || d.Previous == nil ||
+		d.Previous.Digest != "sha256:x" {
 		t.Fatalf("second tag.matured: %+v %+v", evs[1], d)
 	}
 	armed(13 * time.Second)
 	clk.Advance(2 * time.Second) // t0+13s: z matures
 	evs = matured(3)
-	if d := data(evs[2]); d.Digest != "sha256:z" || evs[2].Time != "2026-03-01T12:00:13.000Z" || d.Previous == nil || d.Previous.Digest != "sha256:y" {
+	if d := data(evs[2]); d.Digest != "sha256:z" || evs[2].Time != "2026-03-01T12:00:13.000Z" || d.Previous == nil ||
+		d.Previous.Digest != "sha256:y" {
 		t.Fatalf("third tag.matured: %+v %+v", evs[2], d)
 	}
 
@@ -177,9 +199,18 @@ func TestMaturity_LeaderAnnouncesEachAtItsInstant(t *testing.T) {
 	}
 	rows := func(s *store.Store) string {
 		var out string
-		s.Reader().QueryRow(`SELECT COALESCE(group_concat(tag_uid||' '||age||' '||seq||' '||digest||' '||event_id, ';'), '') FROM tag_matured`).Scan(&out)
+		s.Reader().
+			QueryRow(
+				`SELECT COALESCE(group_concat(tag_uid||' '||age||' '||seq||' '||digest||' '||event_id, ';'), '') FROM tag_matured`,
+			).
+			Scan(&out)
 		return out
 	}
 	want := rows(st)
-	testutil.WaitFor(t, 10*time.Second, "the follower's tag_matured to be the leader's "+want, func() bool { return rows(fst) == want })
+	testutil.WaitFor(
+		t,
+		10*time.Second,
+		"the follower's tag_matured to be the leader's "+want,
+		func() bool { return rows(fst) == want },
+	)
 }

@@ -109,7 +109,12 @@ func (r *Replica) follow(ctx context.Context, st LeaseState) {
 	r.role(RoleStandby, st.Holder)
 	if r.othersLead(st) {
 		if err := r.Follower.Forfeit(ctx, st.Holder); err != nil && ctx.Err() == nil {
-			r.logger().Error("dropping the events recorded while leading and never published failed; the mirror may differ from the leader's", "err", err)
+			r.logger().
+				Error(
+					"dropping the events recorded while leading and never published failed; the mirror may differ from the leader's",
+					"err",
+					err,
+				)
 		}
 	}
 	fctx, cancel := context.WithCancel(ctx)
@@ -190,7 +195,15 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 		return nil
 	}
 	r.role(RoleLeader, r.Lease.cfg.Node)
-	log.Info("leading", "node", r.Lease.cfg.Node, "term", st.Term, "promotion", time.Since(start).Round(time.Millisecond).String())
+	log.Info(
+		"leading",
+		"node",
+		r.Lease.cfg.Node,
+		"term",
+		st.Term,
+		"promotion",
+		time.Since(start).Round(time.Millisecond).String(),
+	)
 	err := r.Lead(dctx)
 	select {
 	case <-lost:
@@ -216,8 +229,11 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 // regardless). A large backlog takes several attempts, each resuming where
 // the last one stopped.
 func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
-	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(250*time.Millisecond), backoff.WithMaxInterval(5*time.Second),
-		backoff.WithMaxElapsedTime(0))
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(250*time.Millisecond),
+		backoff.WithMaxInterval(5*time.Second),
+		backoff.WithMaxElapsedTime(0),
+	)
 	for attempt := 1; ; attempt++ {
 		err := r.Follower.Complete(ctx)
 		if err == nil {

@@ -61,15 +61,25 @@ func (r *rejections) get(reason string) int {
 // signatures with v (nil: it does not). The tests call its CatchUp, which
 // reads what the consumer skipped from the stream itself, rather than run
 // it: a fetch lost on a loaded machine comes again only after the AckWait.
-func verifyingFollower(t *testing.T, js jetstream.JetStream, consumer string, v *signing.Verifier, rej *rejections) (*cluster.Follower, *store.Store) {
+func verifyingFollower(
+	t *testing.T,
+	js jetstream.JetStream,
+	consumer string,
+	v *signing.Verifier,
+	rej *rejections,
+) (*cluster.Follower, *store.Store) {
 	t.Helper()
 	fst, err := store.Open(context.Background(), filepath.Join(t.TempDir(), consumer+".db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fst.Close() })
-	f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: consumer, MaxWait: 100 * time.Millisecond,
-		Meta: fst, Verifier: v, OnRejected: rej.add})
+	f := cluster.NewFollower(
+		js,
+		fst,
+		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: consumer, MaxWait: 100 * time.Millisecond,
+			Meta: fst, Verifier: v, OnRejected: rej.add},
+	)
 	return f, fst
 }
 
@@ -119,7 +129,19 @@ func forgeries(t *testing.T) []*nats.Msg {
 		t.Fatal(err)
 	}
 	at := time.Date(2026, 1, 2, 0, 0, 1, 0, time.UTC) // the leader's first tag (leaderMirror.change)
-	if _, _, err := st.ApplyTags(ctx, real, []store.Tag{{UID: "g/r1/t1", Name: "v1", Digest: "sha256:0000000000000000000000000000000000000000000000000000000000000001", CreateTime: at, UpdateTime: at}}); err != nil {
+	if _, _, err := st.ApplyTags(
+		ctx,
+		real,
+		[]store.Tag{
+			{
+				UID:        "g/r1/t1",
+				Name:       "v1",
+				Digest:     "sha256:0000000000000000000000000000000000000000000000000000000000000001",
+				CreateTime: at,
+				UpdateTime: at,
+			},
+		},
+	); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.EndBaseline(ctx); err != nil {
@@ -128,7 +150,11 @@ func forgeries(t *testing.T) []*nats.Msg {
 	if _, err := st.ApplyRepos(ctx, []store.Repo{real, evil}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.ApplyTags(ctx, evil, []store.Tag{{UID: "g/evil/t", Name: "t", Digest: "sha256:attacker", CreateTime: t0, UpdateTime: t0}}); err != nil {
+	if _, _, err := st.ApplyTags(
+		ctx,
+		evil,
+		[]store.Tag{{UID: "g/evil/t", Name: "t", Digest: "sha256:attacker", CreateTime: t0, UpdateTime: t0}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.MarkTagsDeleted(ctx, []string{"g/r1/t1"}); err != nil {
@@ -141,14 +167,16 @@ func forgeries(t *testing.T) []*nats.Msg {
 	f := publish.Format{SubjectPrefix: "ev", Source: "test"}
 	var out []*nats.Msg
 	for _, e := range evs {
-		if e.Type == "repo.created" && e.Subject == "g/evil" || e.Type == "tag.created" && e.Subject == "g/evil/t" || e.Type == "tag.deleted" {
+		if e.Type == "repo.created" && e.Subject == "g/evil" || e.Type == "tag.created" && e.Subject == "g/evil/t" ||
+			e.Type == "tag.deleted" {
 			out = append(out, f.Message(e))
 		}
 	}
 	if len(out) != 3 {
 		t.Fatalf("%d forged events, want 3: %+v", len(out), evs)
 	}
-	cp, err := publish.NewCheckpoint("evil", 1, time.Now(), store.ReplicaDigest{{Table: "tags", Rows: 1, Sum: 42}}).Message("ev", "test")
+	cp, err := publish.NewCheckpoint("evil", 1, time.Now(), store.ReplicaDigest{{Table: "tags", Rows: 1, Sum: 42}}).
+		Message("ev", "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +227,11 @@ func TestFollower_RejectsForgedMessages(t *testing.T) {
 	// window).
 	other := newKey(t)
 	for _, m := range forged {
-		c := &nats.Msg{Subject: m.Subject, Data: m.Data, Header: nats.Header{jetstream.MsgIDHeader: []string{m.Header.Get(jetstream.MsgIDHeader)}}}
+		c := &nats.Msg{
+			Subject: m.Subject,
+			Data:    m.Data,
+			Header:  nats.Header{jetstream.MsgIDHeader: []string{m.Header.Get(jetstream.MsgIDHeader)}},
+		}
 		if _, err := attacker.PublishMsg(ctx, other.Seal(c)); err != nil {
 			t.Fatal(err)
 		}
@@ -280,7 +312,11 @@ func TestRelay_PreemptedMsgID(t *testing.T) {
 			if ev.ID == "" {
 				t.Fatalf("no tag.created among %+v", next)
 			}
-			junk := &nats.Msg{Subject: "ev.tag.created.junk", Data: []byte("{}"), Header: nats.Header{jetstream.MsgIDHeader: []string{ev.ID}}}
+			junk := &nats.Msg{
+				Subject: "ev.tag.created.junk",
+				Data:    []byte("{}"),
+				Header:  nats.Header{jetstream.MsgIDHeader: []string{ev.ID}},
+			}
 			if _, err := attackerConn(t, js).PublishMsg(ctx, junk); err != nil {
 				t.Fatal(err)
 			}
@@ -323,8 +359,12 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 	js, leader := signedLeader(t, key)
 	leader.change(2)
 	leader.publish()
-	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 5, Dir: t.TempDir(),
-		Signer: key})
+	snaps := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 5, Dir: t.TempDir(),
+			Signer: key},
+	)
 	genuine, err := snaps.Write(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -364,7 +404,12 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 	for k, v := range info.Metadata {
 		md[k] = v
 	}
-	md["stream_seq"], md["created"] = strconv.FormatUint(sinfo.State.LastSeq, 10), time.Now().UTC().Format(time.RFC3339Nano)
+	md["stream_seq"], md["created"] = strconv.FormatUint(
+		sinfo.State.LastSeq,
+		10,
+	), time.Now().
+		UTC().
+		Format(time.RFC3339Nano)
 	if _, err := obj.PutBytes(ctx, planted, body); err != nil {
 		t.Fatal(err)
 	}
@@ -382,8 +427,21 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { fst.Close() })
-		f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: consumer, MaxWait: 100 * time.Millisecond,
-			SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir(), Verifier: v, OnRejected: rej.add})
+		f := cluster.NewFollower(
+			js,
+			fst,
+			cluster.FollowerConfig{
+				Stream:         "EV",
+				SubjectPrefix:  "ev",
+				Consumer:       consumer,
+				MaxWait:        100 * time.Millisecond,
+				SnapshotBucket: "snaps",
+				Restore:        cluster.RestoreWhenEmpty,
+				SnapshotDir:    t.TempDir(),
+				Verifier:       v,
+				OnRejected:     rej.add,
+			},
+		)
 		if err := f.CatchUp(ctx); err != nil {
 			t.Fatalf("%s: %v", consumer, err)
 		}
@@ -412,7 +470,11 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := enc.EncodeAll([]byte("not the leader's mirror"), nil)
-	if _, err := obj.Put(ctx, jetstream.ObjectMeta{Name: genuine.Name, Metadata: info.Metadata}, bytes.NewReader(other)); err != nil {
+	if _, err := obj.Put(
+		ctx,
+		jetstream.ObjectMeta{Name: genuine.Name, Metadata: info.Metadata},
+		bytes.NewReader(other),
+	); err != nil {
 		t.Fatal(err)
 	}
 	fst, err := store.Open(ctx, filepath.Join(t.TempDir(), "tampered.db"), store.Options{})
@@ -421,13 +483,29 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 	}
 	t.Cleanup(func() { fst.Close() })
 	var refused rejections
-	tf := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "tampered", MaxWait: 100 * time.Millisecond,
-		SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir(), Verifier: v, OnReject: refused.add})
+	tf := cluster.NewFollower(
+		js,
+		fst,
+		cluster.FollowerConfig{
+			Stream:         "EV",
+			SubjectPrefix:  "ev",
+			Consumer:       "tampered",
+			MaxWait:        100 * time.Millisecond,
+			SnapshotBucket: "snaps",
+			Restore:        cluster.RestoreWhenEmpty,
+			SnapshotDir:    t.TempDir(),
+			Verifier:       v,
+			OnReject:       refused.add,
+		},
+	)
 	if err := tf.CatchUp(ctx); err != nil {
 		t.Fatalf("a follower whose only snapshot is refused follows the stream instead: %v", err)
 	}
 	if got := tf.Restored(); got.Name != "" {
-		t.Errorf("restored %s, whose content was replaced under its signed manifest; want it refused for its digest", got.Name)
+		t.Errorf(
+			"restored %s, whose content was replaced under its signed manifest; want it refused for its digest",
+			got.Name,
+		)
 	}
 	if refused.get(cluster.RejectSnapshot) != 1 {
 		t.Errorf("snapshot rejections = %d, want 1 (the replaced content)", refused.get(cluster.RejectSnapshot))

@@ -242,8 +242,11 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	}
 	created := time.Now().UTC()
 	name := snapshotPrefix + created.Format("20060102T150405.000Z")
-	md := map[string]string{snapshotSeqKey: strconv.FormatUint(seq, 10), snapshotCreatedKey: created.Format(time.RFC3339Nano),
-		snapshotRawKey: strconv.FormatInt(fi.Size(), 10)}
+	md := map[string]string{
+		snapshotSeqKey:     strconv.FormatUint(seq, 10),
+		snapshotCreatedKey: created.Format(time.RFC3339Nano),
+		snapshotRawKey:     strconv.FormatInt(fi.Size(), 10),
+	}
 	if s.cfg.Signer != nil {
 		if err := signManifest(f, name, md, s.cfg.Signer); err != nil {
 			return SnapshotInfo{}, err
@@ -269,7 +272,14 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	if err := s.cfg.Fence.RecordSnapshot(ctx, name, seq); err != nil {
 		return SnapshotInfo{}, s.unrecorded(ctx, obj, name, err)
 	}
-	info := SnapshotInfo{Name: name, Seq: seq, Created: created, Bytes: int64(oi.Size), RawBytes: fi.Size(), Took: time.Since(start)}
+	info := SnapshotInfo{
+		Name:     name,
+		Seq:      seq,
+		Created:  created,
+		Bytes:    int64(oi.Size),
+		RawBytes: fi.Size(),
+		Took:     time.Since(start),
+	}
 	s.setLast(info)
 	return info, nil
 }
@@ -340,7 +350,15 @@ func (s *Snapshotter) plausible(ctx context.Context, obj jetstream.ObjectStore) 
 	out := all[:0:0]
 	for _, info := range all {
 		if err := plausible(info, now, last); err != nil {
-			s.log.Warn("a snapshot in the bucket is not one this leader can have written; ignoring it", "bucket", s.cfg.Bucket, "name", info.Name, "err", err)
+			s.log.Warn(
+				"a snapshot in the bucket is not one this leader can have written; ignoring it",
+				"bucket",
+				s.cfg.Bucket,
+				"name",
+				info.Name,
+				"err",
+				err,
+			)
 			continue
 		}
 		out = append(out, info)
@@ -368,9 +386,18 @@ const maxSnapshotSkew = time.Minute
 func plausible(info SnapshotInfo, now time.Time, last uint64) error {
 	switch {
 	case info.Created.After(now.Add(maxSnapshotSkew)):
-		return fmt.Errorf("snapshot %s claims to be created at %s, in the future", info.Name, info.Created.Format(time.RFC3339))
+		return fmt.Errorf(
+			"snapshot %s claims to be created at %s, in the future",
+			info.Name,
+			info.Created.Format(time.RFC3339),
+		)
 	case info.Seq > last:
-		return fmt.Errorf("snapshot %s claims to cover stream sequence %d, beyond the stream's last, %d", info.Name, info.Seq, last)
+		return fmt.Errorf(
+			"snapshot %s claims to cover stream sequence %d, beyond the stream's last, %d",
+			info.Name,
+			info.Seq,
+			last,
+		)
 	}
 	return nil
 }
@@ -403,8 +430,14 @@ func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotIn
 		if !strings.HasPrefix(o.Name, snapshotPrefix) || o.Deleted {
 			continue
 		}
-		info := SnapshotInfo{Name: o.Name, Bytes: int64(o.Size), Created: o.ModTime, Stored: o.ModTime, manifest: manifestOf(o),
-			signature: o.Metadata[snapshotSigKey]}
+		info := SnapshotInfo{
+			Name:      o.Name,
+			Bytes:     int64(o.Size),
+			Created:   o.ModTime,
+			Stored:    o.ModTime,
+			manifest:  manifestOf(o),
+			signature: o.Metadata[snapshotSigKey],
+		}
 		info.Seq, _ = strconv.ParseUint(o.Metadata[snapshotSeqKey], 10, 64)
 		info.RawBytes, _ = strconv.ParseInt(o.Metadata[snapshotRawKey], 10, 64)
 		if t, err := time.Parse(time.RFC3339Nano, o.Metadata[snapshotCreatedKey]); err == nil {
@@ -535,7 +568,17 @@ func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, fo
 		if ctx.Err() != nil || !errors.Is(err, errSnapshotRefused) {
 			return SnapshotInfo{}, false, refused, err
 		}
-		r.log.Warn("a snapshot failed its checks; trying the next older one", "bucket", r.bucket, "name", info.Name, "reason", RejectSnapshot, "err", err)
+		r.log.Warn(
+			"a snapshot failed its checks; trying the next older one",
+			"bucket",
+			r.bucket,
+			"name",
+			info.Name,
+			"reason",
+			RejectSnapshot,
+			"err",
+			err,
+		)
 		r.onReject(RejectSnapshot)
 		refused++
 	}

@@ -25,7 +25,9 @@ func (s *stuckLister) List(ctx context.Context, _ ...jetstream.ListObjectsOpt) (
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
-	return []*jetstream.ObjectInfo{{ObjectMeta: jetstream.ObjectMeta{Name: snapshotPrefix + "1", Metadata: map[string]string{snapshotSeqKey: "7"}}}}, nil
+	return []*jetstream.ObjectInfo{
+		{ObjectMeta: jetstream.ObjectMeta{Name: snapshotPrefix + "1", Metadata: map[string]string{snapshotSeqKey: "7"}}},
+	}, nil
 }
 
 // TestListSnapshots_AListingThatNeverAnswers: a listing that does not

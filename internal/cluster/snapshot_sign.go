@@ -33,7 +33,12 @@ type manifest struct {
 }
 
 func manifestOf(oi *jetstream.ObjectInfo) manifest {
-	return manifest{name: oi.Name, digest: oi.Metadata[snapshotSHAKey], seq: oi.Metadata[snapshotSeqKey], created: oi.Metadata[snapshotCreatedKey]}
+	return manifest{
+		name:    oi.Name,
+		digest:  oi.Metadata[snapshotSHAKey],
+		seq:     oi.Metadata[snapshotSeqKey],
+		created: oi.Metadata[snapshotCreatedKey],
+	}
 }
 
 // payload is the byte string signed for key.

@@ -29,13 +29,22 @@ type leaderMirror struct {
 }
 
 func newLeaderMirror(t *testing.T, js jetstream.JetStream, pcfg publish.Config) *leaderMirror {
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "leader.db"), store.Options{InitialEvents: "snapshot"})
+	st, err := store.Open(
+		context.Background(),
+		filepath.Join(t.TempDir(), "leader.db"),
+		store.Options{InitialEvents: "snapshot"},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	l := &leaderMirror{t: t, st: st, relay: publish.NewRelay(js, st, pcfg), repo: store.Repo{UID: "g/r1", Name: "nginx", CreateTime: now, UpdateTime: now}}
+	l := &leaderMirror{
+		t:     t,
+		st:    st,
+		relay: publish.NewRelay(js, st, pcfg),
+		repo:  store.Repo{UID: "g/r1", Name: "nginx", CreateTime: now, UpdateTime: now},
+	}
 	if _, err := st.ApplyRepos(context.Background(), []store.Repo{l.repo}); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +72,16 @@ func (l *leaderMirror) change(n int) {
 	for range n {
 		l.n++
 		at := time.Date(2026, 1, 2, 0, 0, l.n, 0, time.UTC)
-		tags = append(tags, store.Tag{UID: fmt.Sprintf("g/r1/t%d", l.n), Name: fmt.Sprintf("v%d", l.n), Digest: fmt.Sprintf("sha256:%064d", l.n), CreateTime: at, UpdateTime: at})
+		tags = append(
+			tags,
+			store.Tag{
+				UID:        fmt.Sprintf("g/r1/t%d", l.n),
+				Name:       fmt.Sprintf("v%d", l.n),
+				Digest:     fmt.Sprintf("sha256:%064d", l.n),
+				CreateTime: at,
+				UpdateTime: at,
+			},
+		)
 	}
 	if _, _, err := l.st.ApplyTags(context.Background(), l.repo, tags); err != nil {
 		l.t.Fatal(err)
@@ -107,7 +125,11 @@ func mirrorRows(t *testing.T, st *store.Store) string {
 func TestSnapshot_FollowerAfterStreamDroppedEvents(t *testing.T) {
 	ctx := context.Background()
 	js, leader := newStreamLeader(t)
-	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
+	snaps := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()},
+	)
 	var info cluster.SnapshotInfo
 	for range 3 {
 		leader.change(3)
@@ -223,7 +245,11 @@ func TestSnapshot_WriteStoppedEarly(t *testing.T) {
 	js, leader := newStreamLeader(t)
 	leader.change(500)
 	dir := t.TempDir()
-	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: dir})
+	snaps := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: dir},
+	)
 	for range 5 {
 		if _, err := snaps.Write(ctx, failingPut{}); !errors.Is(err, errPutStopped) {
 			t.Fatalf("Write = %v, want the Put's error", err)

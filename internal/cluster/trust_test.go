@@ -79,8 +79,16 @@ func attackerJS(t *testing.T, js jetstream.JetStream) jetstream.JetStream {
 // stream holds it.
 func publishForged(t *testing.T, nc *nats.Conn, subject, id, typ, eventSubject, data string) uint64 {
 	t.Helper()
-	ce, err := json.Marshal(map[string]any{"specversion": "1.0", "id": id, "source": "evil", "type": "dev.syncd." + typ,
-		"subject": eventSubject, "time": "2026-01-03T00:00:00Z", "datacontenttype": "application/json", "data": json.RawMessage(data)})
+	ce, err := json.Marshal(map[string]any{
+		"specversion":     "1.0",
+		"id":              id,
+		"source":          "evil",
+		"type":            "dev.syncd." + typ,
+		"subject":         eventSubject,
+		"time":            "2026-01-03T00:00:00Z",
+		"datacontenttype": "application/json",
+		"data":            json.RawMessage(data),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,10 +115,25 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 	nc := attacker(t, js)
 	leader.change(1)
 	leader.publish()
-	poison := publishForged(t, nc, "ev.tag.created.nginx", "poison-1", "tag.created", "g/r1/evil", `{"before":null,"after":{"uid":5}}`)
+	poison := publishForged(
+		t,
+		nc,
+		"ev.tag.created.nginx",
+		"poison-1",
+		"tag.created",
+		"g/r1/evil",
+		`{"before":null,"after":{"uid":5}}`,
+	)
 	// g/r1/t1 exists, so the move reaches the position search.
-	move := publishForged(t, nc, "ev.tag.moved.nginx", "forged-move", "tag.moved", "g/r1/t1",
-		`{"before":null,"after":{"uid":"g/r1/t1","repoUid":"g/r1","repo":"nginx","name":"v1","digest":"sha256:evil","updateTime":"2026-01-03T00:00:00Z"}}`)
+	move := publishForged(
+		t,
+		nc,
+		"ev.tag.moved.nginx",
+		"forged-move",
+		"tag.moved",
+		"g/r1/t1",
+		`{"before":null,"after":{"uid":"g/r1/t1","repoUid":"g/r1","repo":"nginx","name":"v1","digest":"sha256:evil","updateTime":"2026-01-03T00:00:00Z"}}`,
+	)
 	ack, err := attackerJS(t, js).Publish(ctx, "ev.garbage.x", []byte("not json"))
 	if err != nil {
 		t.Fatal(err)
@@ -131,9 +154,18 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 		t.Fatalf("catch-up failed on the poison: %v", err)
 	}
 	for _, want := range []string{
-		fmt.Sprintf("level=WARN msg=\"an event on the stream cannot be applied; set aside, never to be retried\" stream_seq=%d reason=apply", poison),
-		fmt.Sprintf("level=WARN msg=\"an event on the stream cannot be applied; set aside, never to be retried\" stream_seq=%d reason=position", move),
-		fmt.Sprintf("level=WARN msg=\"not a syncd event; set aside, never to be retried\" stream_seq=%d subject=ev.garbage.x reason=decode", ack.Sequence)} {
+		fmt.Sprintf(
+			"level=WARN msg=\"an event on the stream cannot be applied; set aside, never to be retried\" stream_seq=%d reason=apply",
+			poison,
+		),
+		fmt.Sprintf(
+			"level=WARN msg=\"an event on the stream cannot be applied; set aside, never to be retried\" stream_seq=%d reason=position",
+			move,
+		),
+		fmt.Sprintf(
+			"level=WARN msg=\"not a syncd event; set aside, never to be retried\" stream_seq=%d subject=ev.garbage.x reason=decode",
+			ack.Sequence,
+		)} {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("the log lacks %q:\n%s", want, logs.String())
 		}
@@ -141,7 +173,9 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
 		t.Fatalf("the follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
 	}
-	if got := rej.get(); got[cluster.RejectApply] != 1 || got[cluster.RejectPosition] != 1 || got[cluster.RejectDecode] != 1 || len(got) != 3 {
+	if got := rej.get(); got[cluster.RejectApply] != 1 || got[cluster.RejectPosition] != 1 ||
+		got[cluster.RejectDecode] != 1 ||
+		len(got) != 3 {
 		t.Errorf("reasonCounts %v, want one each of apply, position, decode", got)
 	}
 	// Terminated, not NAK'd: nothing is pending or waiting for an ack, and
@@ -155,7 +189,12 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 		t.Fatal(err)
 	}
 	if ci.NumPending != 0 || ci.NumAckPending != 0 || ci.NumRedelivered != 0 {
-		t.Errorf("consumer pending %d, ack pending %d, redelivered %d: want 0, 0, 0", ci.NumPending, ci.NumAckPending, ci.NumRedelivered)
+		t.Errorf(
+			"consumer pending %d, ack pending %d, redelivered %d: want 0, 0, 0",
+			ci.NumPending,
+			ci.NumAckPending,
+			ci.NumRedelivered,
+		)
 	}
 	leader.change(1)
 	leader.publish()
@@ -166,7 +205,12 @@ func TestFollower_PoisonMessageSetAside(t *testing.T) {
 		t.Errorf("reasonCounts after another catch-up %v: a poison message came again", got)
 	}
 	var evil int
-	if err := follower.Reader().QueryRow(`SELECT count(*) FROM tags WHERE uid = 'g/r1/evil' OR digest = 'sha256:evil'`).Scan(&evil); err != nil || evil != 0 {
+	if err := follower.Reader().QueryRow(
+		`SELECT count(*) FROM tags WHERE uid = 'g/r1/evil' OR digest = 'sha256:evil'`,
+	).Scan(
+		&evil,
+	); err != nil ||
+		evil != 0 {
 		t.Errorf("the poison left %d rows (%v)", evil, err)
 	}
 }
@@ -194,8 +238,12 @@ func TestFollower_FetchBoundedInBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", Batch: 1000,
-		MaxWait: 200 * time.Millisecond, MaxBytes: maxBytes, OnBatch: func(n int, _ uint64) { sizes = append(sizes, n) }})
+	f := cluster.NewFollower(
+		js,
+		follower,
+		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", Batch: 1000,
+			MaxWait: 200 * time.Millisecond, MaxBytes: maxBytes, OnBatch: func(n int, _ uint64) { sizes = append(sizes, n) }},
+	)
 	if err := f.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -271,12 +319,19 @@ func execOn(q string) func(path string) {
 func plant(t *testing.T, ajs jetstream.JetStream, bucket, name string, created time.Time, seq uint64, body []byte) {
 	t.Helper()
 	ctx := context.Background()
-	obj, err := ajs.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: bucket, Storage: jetstream.FileStorage})
+	obj, err := ajs.CreateOrUpdateObjectStore(
+		ctx,
+		jetstream.ObjectStoreConfig{Bucket: bucket, Storage: jetstream.FileStorage},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = obj.Put(ctx, jetstream.ObjectMeta{Name: name, Metadata: map[string]string{"stream_seq": strconv.FormatUint(seq, 10),
-		"created": created.Format(time.RFC3339Nano), "raw_bytes": "4096"}}, bytes.NewReader(body))
+	_, err = obj.Put(
+		ctx,
+		jetstream.ObjectMeta{Name: name, Metadata: map[string]string{"stream_seq": strconv.FormatUint(seq, 10),
+			"created": created.Format(time.RFC3339Nano), "raw_bytes": "4096"}},
+		bytes.NewReader(body),
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +386,11 @@ func TestSnapshot_PlantedFutureSnapshotIgnored(t *testing.T) {
 	// own snapshot at once.
 	ajs := attackerJS(t, js)
 	plant(t, ajs, "fresh", planted, future, 18446744073709551000, body)
-	fresh := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "fresh", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()})
+	fresh := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "fresh", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()},
+	)
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- fresh.Run(rctx) }()
@@ -347,13 +406,21 @@ func TestSnapshot_PlantedFutureSnapshotIgnored(t *testing.T) {
 	// A bucket with the leader's genuine snapshot, then the planted one:
 	// the leader's Run takes the genuine one as the newest (and writes
 	// none for an hour), and prunes nothing at keep = 1.
-	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()})
+	snaps := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()},
+	)
 	genuine, err := snaps.Write(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	plant(t, ajs, "snaps", planted, future, 18446744073709551000, body)
-	snaps = cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()})
+	snaps = cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 1, Dir: t.TempDir()},
+	)
 	rctx, cancel = context.WithCancel(ctx)
 	go func() { done <- snaps.Run(rctx) }()
 	testutil.Eventually(t, 20*time.Second, func() error {
@@ -414,8 +481,16 @@ func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
 	}
 	const bound = 4 << 20
 	bad := map[string][]byte{
-		"mirror-bad1-view":    snapshotBody(t, leader.st, execOn(`CREATE VIEW boom AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c`)),
-		"mirror-bad2-trigger": snapshotBody(t, leader.st, execOn(`CREATE TRIGGER evil AFTER INSERT ON tags BEGIN DELETE FROM repos; END`)),
+		"mirror-bad1-view": snapshotBody(
+			t,
+			leader.st,
+			execOn(`CREATE VIEW boom AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c`),
+		),
+		"mirror-bad2-trigger": snapshotBody(
+			t,
+			leader.st,
+			execOn(`CREATE TRIGGER evil AFTER INSERT ON tags BEGIN DELETE FROM repos; END`),
+		),
 		"mirror-bad3-damaged": snapshotBody(t, leader.st, damage),
 		"mirror-bad4-bomb":    zstdOf(t, make([]byte, 4*bound)),
 	}
@@ -436,8 +511,16 @@ func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
 		}
 		t.Cleanup(func() { st.Close() })
 		var rej reasonCounts
-		f := cluster.NewFollower(js, st, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f-" + bucket,
-			MaxWait: 200 * time.Millisecond, SnapshotBucket: bucket, SnapshotDir: t.TempDir(), MaxRestoreBytes: bound, OnReject: rej.add})
+		f := cluster.NewFollower(js, st, cluster.FollowerConfig{
+			Stream:          "EV",
+			SubjectPrefix:   "ev",
+			Consumer:        "f-" + bucket,
+			MaxWait:         200 * time.Millisecond,
+			SnapshotBucket:  bucket,
+			SnapshotDir:     t.TempDir(),
+			MaxRestoreBytes: bound,
+			OnReject:        rej.add,
+		})
 		if err := f.CatchUp(ctx); err != nil {
 			t.Fatalf("catch-up with bad snapshots in %s: %v", bucket, err)
 		}
@@ -445,7 +528,10 @@ func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
 			t.Errorf("%s: follower differs from the leader:\nleader:\n%s\nfollower:\n%s", bucket, l, fo)
 		}
 		var extra int
-		if err := st.Reader().QueryRow(`SELECT count(*) FROM sqlite_schema WHERE name IN ('boom', 'evil')`).Scan(&extra); err != nil || extra != 0 {
+		if err := st.Reader().QueryRow(`SELECT count(*) FROM sqlite_schema WHERE name IN ('boom', 'evil')`).Scan(
+			&extra,
+		); err != nil ||
+			extra != 0 {
 			t.Errorf("%s: the follower's mirror holds %d of the planted objects (%v)", bucket, extra, err)
 		}
 		return f, st, rej.get()
@@ -462,7 +548,11 @@ func TestSnapshot_BadSnapshotsFallBack(t *testing.T) {
 	}
 
 	// An older genuine one.
-	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 10, Dir: t.TempDir()})
+	snaps := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 10, Dir: t.TempDir()},
+	)
 	genuine, err := snaps.Write(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -26,7 +26,11 @@ func TestFollower_RepairsADivergence(t *testing.T) {
 	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
 	relay := publish.NewRelay(js, leader.st, pcfg, publish.WithCheckpoints(leader.st, time.Hour, "leader"))
 	checkpoint := func() uint64 { return publishCheckpoint(t, relay) }
-	snaps := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
+	snaps := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()},
+	)
 	leader.change(3)
 	leader.publish()
 	if _, err := snaps.Write(ctx, nil); err != nil {
@@ -60,7 +64,12 @@ func TestFollower_RepairsADivergence(t *testing.T) {
 	}
 	leader.change(1)
 	second := checkpoint()
-	testutil.WaitFor(t, 10*time.Second, "the follower to find the divergence and repair it", func() bool { return f.Repairs() == 1 })
+	testutil.WaitFor(
+		t,
+		10*time.Second,
+		"the follower to find the divergence and repair it",
+		func() bool { return f.Repairs() == 1 },
+	)
 
 	leader.change(1)
 	third := checkpoint()
@@ -121,7 +130,11 @@ func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs := []store.HistoryRecord{{Time: t0, Digest: "sha256:a"}, {Time: t0.Add(time.Hour), Digest: "sha256:b"}, {Time: t0.Add(2 * time.Hour), Digest: "sha256:c"}}
+	recs := []store.HistoryRecord{
+		{Time: t0, Digest: "sha256:a"},
+		{Time: t0.Add(time.Hour), Digest: "sha256:b"},
+		{Time: t0.Add(2 * time.Hour), Digest: "sha256:c"},
+	}
 	if _, err := lst.ApplyHistory(ctx, need[0], recs, true); err != nil {
 		t.Fatal(err)
 	}
@@ -142,11 +155,21 @@ func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 
 	// After the baseline: the first snapshot, a new tag (its first record
 	// is no move) and a move of the old one; then checkpoints.
-	snaps := cluster.NewSnapshotter(js, lst, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
+	snaps := cluster.NewSnapshotter(
+		js,
+		lst,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()},
+	)
 	if _, err := snaps.Write(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	fresh := store.Tag{UID: "g/r1/new", Name: "2.0", Digest: "sha256:n", CreateTime: t0.Add(3 * time.Hour), UpdateTime: t0.Add(3 * time.Hour)}
+	fresh := store.Tag{
+		UID:        "g/r1/new",
+		Name:       "2.0",
+		Digest:     "sha256:n",
+		CreateTime: t0.Add(3 * time.Hour),
+		UpdateTime: t0.Add(3 * time.Hour),
+	}
 	old.Digest, old.UpdateTime = "sha256:d", t0.Add(4*time.Hour)
 	need, _, err = lst.ApplyTags(ctx, repo, []store.Tag{old, fresh})
 	if err != nil {
@@ -163,7 +186,12 @@ func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 	}
 	checkpoint := func() uint64 { return publishCheckpoint(t, relay) }
 	checkpoint()
-	testutil.WaitFor(t, 10*time.Second, "the follower to repair its partial mirror", func() bool { return f.Repairs() == 1 })
+	testutil.WaitFor(
+		t,
+		10*time.Second,
+		"the follower to repair its partial mirror",
+		func() bool { return f.Repairs() == 1 },
+	)
 	fresh.Deprecated, fresh.UpdateTime = true, t0.Add(5*time.Hour)
 	if _, _, err := lst.ApplyTags(ctx, repo, []store.Tag{old, fresh}); err != nil {
 		t.Fatal(err)
@@ -201,8 +229,12 @@ func runFollower(t *testing.T, js jetstream.JetStream) (*cluster.Follower, *stor
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fst.Close() })
-	f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f", MaxWait: 100 * time.Millisecond,
-		Meta: fst, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir()})
+	f := cluster.NewFollower(
+		js,
+		fst,
+		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f", MaxWait: 100 * time.Millisecond,
+			Meta: fst, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir()},
+	)
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()

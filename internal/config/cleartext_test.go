@@ -17,12 +17,24 @@ func TestLoad_Cleartext(t *testing.T) {
 		file    func(url, extra string) string // the file setting key to url
 		carries string
 	}{
-		{"platform.base_url", func(u, x string) string { return "[platform]\n" + x + "base_url = \"" + u + "\"\n" }, "platform token"},
-		{"platform.registry_url", func(u, x string) string { return "[platform]\n" + x + "registry_url = \"" + u + "\"\n" }, "registry credential"},
+		{
+			"platform.base_url",
+			func(u, x string) string { return "[platform]\n" + x + "base_url = \"" + u + "\"\n" },
+			"platform token",
+		},
+		{
+			"platform.registry_url",
+			func(u, x string) string { return "[platform]\n" + x + "registry_url = \"" + u + "\"\n" },
+			"registry credential",
+		},
 		{"platform.sts_url", func(u, x string) string {
 			return "[platform]\n" + x + "identity = \"org1/id\"\nidentity_token_file = \"/t\"\nsts_url = \"" + u + "\"\n"
 		}, "external token"},
-		{"events.issuer", func(u, x string) string { return "[platform]\n" + x + "[events]\nissuer = \"" + u + "\"\n" }, "verify pushed events"},
+		{
+			"events.issuer",
+			func(u, x string) string { return "[platform]\n" + x + "[events]\nissuer = \"" + u + "\"\n" },
+			"verify pushed events",
+		},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			for _, u := range []string{"http://api.example.com", "http://10.0.0.7:8080", "http://[2001:db8::1]/", "http://127.0.0.1.example.com"} {
@@ -30,7 +42,13 @@ func TestLoad_Cleartext(t *testing.T) {
 				var ce *config.Error
 				if !errors.As(err, &ce) || ce.Key != tc.key || !strings.Contains(ce.Msg, "cleartext") ||
 					!strings.Contains(ce.Msg, tc.carries) || !strings.Contains(ce.Msg, "allow_insecure_http") {
-					t.Errorf("%s: err=%v, want %s refused as cleartext carrying the %s, naming allow_insecure_http", u, err, tc.key, tc.carries)
+					t.Errorf(
+						"%s: err=%v, want %s refused as cleartext carrying the %s, naming allow_insecure_http",
+						u,
+						err,
+						tc.key,
+						tc.carries,
+					)
 				}
 			}
 			for _, u := range []string{"http://127.0.0.1:8080", "http://[::1]:9000/", "http://localhost", "https://api.example.com"} {

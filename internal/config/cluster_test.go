@@ -30,7 +30,8 @@ func TestCluster_Defaults(t *testing.T) {
 	// Without a node_id: the same name for the same mirror, every time and
 	// in every process (no pid in it), another for another mirror.
 	a, b := cl.ConsumerName("data/syncd.db"), cl.ConsumerName("other/syncd.db")
-	if a != cl.ConsumerName("data/syncd.db") || a == b || !strings.HasPrefix(a, "syncd-follow-") || strings.Contains(a, fmt.Sprint(os.Getpid())) {
+	if a != cl.ConsumerName("data/syncd.db") || a == b || !strings.HasPrefix(a, "syncd-follow-") ||
+		strings.Contains(a, fmt.Sprint(os.Getpid())) {
 		t.Errorf("ConsumerName: %q and %q; want a stable name per mirror, without the pid", a, b)
 	}
 	cl.NodeID = "host.a-12"
@@ -48,8 +49,18 @@ func TestCluster_Validate(t *testing.T) {
 	for _, tc := range []struct {
 		name, file, key, msg string
 	}{
-		{"NeedsNATSURL", "[cluster]\nenabled = true\n[store]\ninitial_events = \"snapshot\"\n", "nats.url", "cluster.enabled"},
-		{"NeedsSnapshot", "[nats]\nurl = \"nats://127.0.0.1:4222\"\n[cluster]\nenabled = true\n", "store.initial_events", "snapshot"},
+		{
+			"NeedsNATSURL",
+			"[cluster]\nenabled = true\n[store]\ninitial_events = \"snapshot\"\n",
+			"nats.url",
+			"cluster.enabled",
+		},
+		{
+			"NeedsSnapshot",
+			"[nats]\nurl = \"nats://127.0.0.1:4222\"\n[cluster]\nenabled = true\n",
+			"store.initial_events",
+			"snapshot",
+		},
 		{"ShortTTL", base + "[cluster]\nenabled = true\nlease_ttl = \"500ms\"\n", "cluster.lease_ttl", "at least 1s"},
 		{"BadBucket", base + "[cluster]\nbucket = \"a.b\"\n", "cluster.bucket", "KV bucket"},
 		{"BadKey", base + "[cluster]\nkey = \"a b\"\n", "cluster.key", "KV key"},
@@ -68,7 +79,10 @@ func TestCluster_Validate(t *testing.T) {
 		})
 	}
 	t.Run("Valid", func(t *testing.T) {
-		cfg, err := config.Load(writeConfig(t, base+"[cluster]\nenabled = true\nnode_id = \"a-1\"\nlease_ttl = \"2s\"\n"), nil)
+		cfg, err := config.Load(
+			writeConfig(t, base+"[cluster]\nenabled = true\nnode_id = \"a-1\"\nlease_ttl = \"2s\"\n"),
+			nil,
+		)
 		if err != nil {
 			t.Fatal(err)
 		}

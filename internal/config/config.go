@@ -31,8 +31,8 @@ type Config struct {
 }
 
 // Maturity configures tags that mature: for each age, the leader keeps
-// every tag's matured digest (the one the tag pointed to that long ago) in the [kv] matured bucket and announces each change as
-// tag.matured.
+// every tag's matured digest (the one the tag pointed to that long ago) in
+// the [kv] matured bucket and announces each change as tag.matured.
 type Maturity struct {
 	// After are the ages, Go durations of whole seconds ("72h"); empty:
 	// off. Strings, not Durations, so that SYNCD_MATURITY_AFTER sets them

@@ -78,7 +78,16 @@ include = ["nginx", "redis*"]
 [nats]
 url = "nats://127.0.0.1:4222"
 `)
-	cfg, err := config.Load(p, []string{"SYNCD_NATS_SUBJECT_PREFIX=acme.syncd", "SYNCD_CRAWL_CONCURRENCY=8", "SYNCD_CRAWL_EXCLUDE=a, b", "SYNCD_STORE_EVENT_RETENTION=48h", "HOME=/root"})
+	cfg, err := config.Load(
+		p,
+		[]string{
+			"SYNCD_NATS_SUBJECT_PREFIX=acme.syncd",
+			"SYNCD_CRAWL_CONCURRENCY=8",
+			"SYNCD_CRAWL_EXCLUDE=a, b",
+			"SYNCD_STORE_EVENT_RETENTION=48h",
+			"HOME=/root",
+		},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,22 +119,105 @@ func TestLoad_Errors(t *testing.T) {
 		line       int
 		msg        string
 	}{
-		{name: "UnknownKey", file: "[nats]\nurl = \"nats://x:1\"\nbogus = 1\n", key: "nats.bogus", line: 3, msg: "unknown key"},
+		{
+			name: "UnknownKey",
+			file: "[nats]\nurl = \"nats://x:1\"\nbogus = 1\n",
+			key:  "nats.bogus",
+			line: 3,
+			msg:  "unknown key",
+		},
 		{name: "UnknownSection", file: "[natz]\nurl = 1\n", key: "natz", line: 1, msg: "unknown key"},
 		{name: "Malformed", file: "[nats\nurl = 1\n", line: 2}, // the decoder notices at the newline
-		{name: "BadURL", file: "[platform]\n\nbase_url = \"ftp//x\"\n", key: "platform.base_url", line: 3, msg: "not an http(s) URL"},
-		{name: "BadSchedule", file: "[crawl]\nschedule = \"every tuesday\"\n", key: "crawl.schedule", line: 2, msg: "unparsable schedule"},
-		{name: "WrongType", file: "[crawl]\nconcurrency = \"four\"\n", key: "crawl.concurrency", line: 2, msg: "incompatible types"},
-		{name: "BadDuration", file: "[store]\nevent_retention = \"a week\"\n", key: "store.event_retention", line: 2, msg: "not a duration"},
-		{name: "TwoTokens", file: "[platform]\ntoken = \"a\"\ntoken_file = \"/f\"\n", key: "platform.token", line: 2, msg: "only one"},
-		{name: "TwoRegistryCredentials", file: "[platform]\nregistry_token = \"a\"\nregistry_credential_helper = \"cgr\"\n", key: "platform.registry_credential_helper", line: 3, msg: "only one registry credential"},
-		{name: "HelperWithPath", file: "[platform]\nregistry_credential_helper = \"/usr/bin/docker-credential-cgr\"\n", key: "platform.registry_credential_helper", line: 2, msg: "docker-credential-<name>"},
-		{name: "IdentityAndToken", file: "[platform]\nidentity = \"org1/abc\"\nidentity_token_file = \"/t\"\ntoken_command = \"x\"\n", key: "platform.token_command", line: 4, msg: "both audiences"},
-		{name: "IdentityAndRegistryToken", file: "[platform]\nidentity = \"org1/abc\"\nidentity_token_file = \"/t\"\nregistry_token_file = \"/r\"\n", key: "platform.registry_token_file", line: 4, msg: "remove platform.registry_token_file"},
-		{name: "IdentityWithoutTokenFile", file: "[platform]\nidentity = \"org1/abc\"\n", key: "platform.identity_token_file", msg: "required with platform.identity"},
-		{name: "TokenFileWithoutIdentity", file: "[platform]\nidentity_token_file = \"/t\"\n", key: "platform.identity_token_file", line: 2, msg: "only applies with platform.identity"},
-		{name: "BadSTSURL", file: "[platform]\nidentity = \"org1/abc\"\nidentity_token_file = \"/t\"\nsts_url = \"issuer\"\n", key: "platform.sts_url", line: 4, msg: "not an http(s) URL"},
-		{name: "UnknownTagFamily", file: "[crawl]\ntag_families = [\"dates\", \"weeks\"]\n", key: "crawl.tag_families", line: 2, msg: "unknown tag family \"weeks\""},
+		{
+			name: "BadURL",
+			file: "[platform]\n\nbase_url = \"ftp//x\"\n",
+			key:  "platform.base_url",
+			line: 3,
+			msg:  "not an http(s) URL",
+		},
+		{
+			name: "BadSchedule",
+			file: "[crawl]\nschedule = \"every tuesday\"\n",
+			key:  "crawl.schedule",
+			line: 2,
+			msg:  "unparsable schedule",
+		},
+		{
+			name: "WrongType",
+			file: "[crawl]\nconcurrency = \"four\"\n",
+			key:  "crawl.concurrency",
+			line: 2,
+			msg:  "incompatible types",
+		},
+		{
+			name: "BadDuration",
+			file: "[store]\nevent_retention = \"a week\"\n",
+			key:  "store.event_retention",
+			line: 2,
+			msg:  "not a duration",
+		},
+		{
+			name: "TwoTokens",
+			file: "[platform]\ntoken = \"a\"\ntoken_file = \"/f\"\n",
+			key:  "platform.token",
+			line: 2,
+			msg:  "only one",
+		},
+		{
+			name: "TwoRegistryCredentials",
+			file: "[platform]\nregistry_token = \"a\"\nregistry_credential_helper = \"cgr\"\n",
+			key:  "platform.registry_credential_helper",
+			line: 3,
+			msg:  "only one registry credential",
+		},
+		{
+			name: "HelperWithPath",
+			file: "[platform]\nregistry_credential_helper = \"/usr/bin/docker-credential-cgr\"\n",
+			key:  "platform.registry_credential_helper",
+			line: 2,
+			msg:  "docker-credential-<name>",
+		},
+		{
+			name: "IdentityAndToken",
+			file: "[platform]\nidentity = \"org1/abc\"\nidentity_token_file = \"/t\"\ntoken_command = \"x\"\n",
+			key:  "platform.token_command",
+			line: 4,
+			msg:  "both audiences",
+		},
+		{
+			name: "IdentityAndRegistryToken",
+			file: "[platform]\nidentity = \"org1/abc\"\nidentity_token_file = \"/t\"\nregistry_token_file = \"/r\"\n",
+			key:  "platform.registry_token_file",
+			line: 4,
+			msg:  "remove platform.registry_token_file",
+		},
+		{
+			name: "IdentityWithoutTokenFile",
+			file: "[platform]\nidentity = \"org1/abc\"\n",
+			key:  "platform.identity_token_file",
+			msg:  "required with platform.identity",
+		},
+		{
+			name: "TokenFileWithoutIdentity",
+			file: "[platform]\nidentity_token_file = \"/t\"\n",
+			key:  "platform.identity_token_file",
+			line: 2,
+			msg:  "only applies with platform.identity",
+		},
+		{
+			name: "BadSTSURL",
+			file: "[platform]\nidentity = \"org1/abc\"\nidentity_token_file = \"/t\"\nsts_url = \"issuer\"\n",
+			key:  "platform.sts_url",
+			line: 4,
+			msg:  "not an http(s) URL",
+		},
+		{
+			name: "UnknownTagFamily",
+			file: "[crawl]\ntag_families = [\"dates\", \"weeks\"]\n",
+			key:  "crawl.tag_families",
+			line: 2,
+			msg:  "unknown tag family \"weeks\"",
+		},
 		{name: "BadNATSURL", file: "[nats]\nurl = \"http://x\"\n", key: "nats.url", line: 2, msg: "not a NATS URL"},
 		{name: "BadInitialEvents", file: "[store]\ninitial_events = \"all\"\n", key: "store.initial_events", line: 2},
 		{name: "EnvBadInt", env: []string{"SYNCD_CRAWL_CONCURRENCY=many"}, key: "crawl.concurrency", msg: "not an integer"},
@@ -162,7 +254,13 @@ func TestRequirePlatform(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Key != "platform.base_url" {
 		t.Fatalf("err=%v, want one naming platform.base_url", err)
 	}
-	cfg.Platform = config.Platform{BaseURL: "https://a", RegistryURL: "https://r", Group: "g", Organization: "o", TokenFile: "/t"}
+	cfg.Platform = config.Platform{
+		BaseURL:      "https://a",
+		RegistryURL:  "https://r",
+		Group:        "g",
+		Organization: "o",
+		TokenFile:    "/t",
+	}
 	if err := cfg.RequirePlatform(); err != nil {
 		t.Fatal(err)
 	}

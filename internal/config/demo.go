@@ -66,12 +66,14 @@ func (c *Config) RequireDemo() error {
 // the user set keep their values; keys at their defaults take the demo's.
 func (c *Config) Demo(url string) {
 	c.NATS.Stream, c.NATS.SubjectPrefix = DemoStream, DemoSubjectPrefix
-	c.KV.Tags, c.KV.Repos, c.KV.Advisories = DemoBucketPrefix+"tags", DemoBucketPrefix+"repos", DemoBucketPrefix+"advisories"
+	c.KV.Tags, c.KV.Repos, c.KV.Advisories = DemoBucketPrefix+
+		"tags", DemoBucketPrefix+"repos", DemoBucketPrefix+"advisories"
 	c.Snapshot.Bucket = DemoBucketPrefix + "snapshots"
 	p := &c.Platform
 	p.BaseURL, p.RegistryURL = url, url
 	p.Token, p.TokenFile, p.TokenCommand = DemoToken, "", ""
-	p.RegistryToken, p.RegistryTokenFile, p.RegistryTokenCommand, p.RegistryCredentialHelper = DemoRegistryToken, "", "", ""
+	p.RegistryToken, p.RegistryTokenFile = DemoRegistryToken, ""
+	p.RegistryTokenCommand, p.RegistryCredentialHelper = "", ""
 	p.Identity, p.IdentityTokenFile = "", ""
 	p.Group, p.Organization = "org1", "acme"
 	def := Default()

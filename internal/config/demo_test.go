@@ -15,7 +15,8 @@ func TestConfig_Demo(t *testing.T) {
 		cfg.Platform.Token = "a real token"
 		cfg.Demo("http://127.0.0.1:9")
 		p := cfg.Platform
-		if p.BaseURL != "http://127.0.0.1:9" || p.RegistryURL != p.BaseURL || p.Token != config.DemoToken || p.RegistryToken != config.DemoRegistryToken {
+		if p.BaseURL != "http://127.0.0.1:9" || p.RegistryURL != p.BaseURL || p.Token != config.DemoToken ||
+			p.RegistryToken != config.DemoRegistryToken {
 			t.Errorf("platform=%+v, want the simulator and its tokens", p)
 		}
 		if cfg.Crawl.Schedule != "@every 5s" || cfg.Crawl.Jitter.Duration != time.Second || cfg.Crawl.RequestsPerSecond != 0 {
@@ -30,7 +31,11 @@ func TestConfig_Demo(t *testing.T) {
 		cfg.Crawl.Schedule, cfg.NATS.URL = "@every 1m", "nats://127.0.0.1:4333"
 		cfg.Demo("http://127.0.0.1:9")
 		if cfg.Crawl.Schedule != "@every 1m" || cfg.NATS.Listen != "" {
-			t.Errorf("schedule %q, nats listen %q: want the user's schedule and no embedded server", cfg.Crawl.Schedule, cfg.NATS.Listen)
+			t.Errorf(
+				"schedule %q, nats listen %q: want the user's schedule and no embedded server",
+				cfg.Crawl.Schedule,
+				cfg.NATS.Listen,
+			)
 		}
 		if got := cfg.DemoAddrs(); slices.Contains(got, config.DemoNATSListen) {
 			t.Errorf("DemoAddrs=%v: an external NATS server needs no port here", got)
@@ -55,7 +60,10 @@ func TestConfig_DemoNames(t *testing.T) {
 	}
 	path := writeConfig(t, "[cluster]\nenabled = true\n")
 	_, err := config.LoadForDemo(path, []string{"SYNCD_NATS_URL=nats://127.0.0.1:4222"})
-	for _, want := range []string{"SYNCD_NATS_URL: nats.url: syncd run --demo", "syncd.toml:2: cluster.enabled: syncd run --demo"} {
+	for _, want := range []string{
+		"SYNCD_NATS_URL: nats.url: syncd run --demo",
+		"syncd.toml:2: cluster.enabled: syncd run --demo",
+	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("LoadForDemo = %v, want it to say %q", err, want)
 		}

@@ -50,7 +50,13 @@ func applyEnv(cfg *Config, environ []string) (fromEnv map[string]string, errs Er
 	}
 	slices.Sort(unknown)
 	for _, name := range unknown {
-		errs = append(errs, &Error{Source: name, Msg: "unknown environment override (want SYNCD_<SECTION>_<KEY> for a key in config.example.toml)"})
+		errs = append(
+			errs,
+			&Error{
+				Source: name,
+				Msg:    "unknown environment override (want SYNCD_<SECTION>_<KEY> for a key in config.example.toml)",
+			},
+		)
 	}
 	return fromEnv, errs
 }

@@ -75,7 +75,8 @@ level = "loud"
 // with no heading.
 func TestLoad_OneErrorReadsAsBefore(t *testing.T) {
 	_, err := config.Load(writeConfig(t, "[log]\nlevel = \"loud\"\n"), nil)
-	if err == nil || strings.Contains(err.Error(), "\n") || !strings.HasSuffix(err.Error(), ":2: log.level: must be debug, info, warn or error, got \"loud\"") {
+	if err == nil || strings.Contains(err.Error(), "\n") ||
+		!strings.HasSuffix(err.Error(), ":2: log.level: must be debug, info, warn or error, got \"loud\"") {
 		t.Fatalf("err=%q, want one line naming the file, line 2 and log.level", err)
 	}
 }
@@ -83,7 +84,10 @@ func TestLoad_OneErrorReadsAsBefore(t *testing.T) {
 // TestLoad_SyntaxErrorStops checks that a file that does not parse is
 // reported alone: nothing after the broken line can be trusted.
 func TestLoad_SyntaxErrorStops(t *testing.T) {
-	_, err := config.Load(writeConfig(t, "[log]\nlevel = \"loud\"\nformat = json\n"), []string{"SYNCD_CRAWL_CONCURRENCY=x"})
+	_, err := config.Load(
+		writeConfig(t, "[log]\nlevel = \"loud\"\nformat = json\n"),
+		[]string{"SYNCD_CRAWL_CONCURRENCY=x"},
+	)
 	var all config.Errors
 	if !errors.As(err, &all) || len(all) != 1 || all[0].Line != 3 {
 		t.Fatalf("err=%v, want exactly the syntax error at line 3", err)
@@ -100,7 +104,10 @@ func TestRequirePlatform_AllMissing(t *testing.T) {
 	for _, e := range all {
 		keys = append(keys, e.Key)
 	}
-	if got, want := strings.Join(keys, " "), "platform.base_url platform.registry_url platform.group platform.organization platform.token"; got != want {
+	if got, want := strings.Join(
+		keys,
+		" ",
+	), "platform.base_url platform.registry_url platform.group platform.organization platform.token"; got != want {
 		t.Fatalf("missing keys %q, want %q", got, want)
 	}
 }
@@ -108,7 +115,10 @@ func TestRequirePlatform_AllMissing(t *testing.T) {
 // TestLoadForPlatform checks that missing platform keys and invalid
 // values come in one list.
 func TestLoadForPlatform(t *testing.T) {
-	p := writeConfig(t, "[platform]\nbase_url = \"https://api.example.com\"\ngroup = \"org1\"\n\n[crawl]\nconcurrency = 100\n")
+	p := writeConfig(
+		t,
+		"[platform]\nbase_url = \"https://api.example.com\"\ngroup = \"org1\"\n\n[crawl]\nconcurrency = 100\n",
+	)
 	_, err := config.LoadForPlatform(p, nil)
 	var all config.Errors
 	if !errors.As(err, &all) {
@@ -118,7 +128,10 @@ func TestLoadForPlatform(t *testing.T) {
 	for _, e := range all {
 		keys = append(keys, e.Key)
 	}
-	if got, want := strings.Join(keys, " "), "crawl.concurrency platform.registry_url platform.organization platform.token"; got != want {
+	if got, want := strings.Join(
+		keys,
+		" ",
+	), "crawl.concurrency platform.registry_url platform.organization platform.token"; got != want {
 		t.Fatalf("keys %q, want %q:\n%v", got, want, err)
 	}
 	if _, err := config.Load(p, nil); err == nil || strings.Contains(err.Error(), "registry_url") {

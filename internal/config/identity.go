@@ -12,9 +12,15 @@ import (
 func (c *Config) RequireIdentityAdmin(group string, fromFlag bool) error {
 	switch {
 	case c.Platform.BaseURL == "":
-		return &Error{Key: "platform.base_url", Msg: "required (the platform API address, e.g. https://console-api.example.com)"}
+		return &Error{
+			Key: "platform.base_url",
+			Msg: "required (the platform API address, e.g. https://console-api.example.com)",
+		}
 	case c.Platform.Token == "" && c.Platform.TokenFile == "" && c.Platform.TokenCommand == "":
-		return &Error{Key: "platform.token", Msg: "required: set one of token, token_file or token_command, with a token allowed to create identities"}
+		return &Error{
+			Key: "platform.token",
+			Msg: "required: set one of token, token_file or token_command, with a token allowed to create identities",
+		}
 	case group == "":
 		return &Error{Key: "platform.group", Msg: "required (the uid of the organization's root group), or pass --group"}
 	}
@@ -25,7 +31,12 @@ func (c *Config) RequireIdentityAdmin(group string, fromFlag bool) error {
 		if !fromFlag {
 			where = "platform.group"
 		}
-		return fmt.Errorf("%s %q is a subgroup: an identity there is scoped to it and cannot reach the organization's registry; use the root group (%s)", where, group, parent)
+		return fmt.Errorf(
+			"%s %q is a subgroup: an identity there is scoped to it and cannot reach the organization's registry; use the root group (%s)",
+			where,
+			group,
+			parent,
+		)
 	}
 	return nil
 }

@@ -11,7 +11,8 @@ import (
 
 func TestKV_DefaultsAndValidation(t *testing.T) {
 	cfg := config.Default()
-	if kv := cfg.KV; !kv.Enabled || kv.Tags != "syncd_tags" || kv.History != 1 || kv.ReconcileInterval.Duration != time.Hour {
+	if kv := cfg.KV; !kv.Enabled || kv.Tags != "syncd_tags" || kv.History != 1 ||
+		kv.ReconcileInterval.Duration != time.Hour {
 		t.Fatalf("kv defaults = %+v", kv)
 	}
 	cfg.NATS.Replicas = 3
@@ -34,7 +35,13 @@ func TestKV_DefaultsAndValidation(t *testing.T) {
 	for _, e := range errs {
 		keys = append(keys, e.Key)
 	}
-	for _, want := range []string{"kv.tags_bucket", "kv.repos_bucket", "kv.history", "kv.replicas", "kv.reconcile_interval"} {
+	for _, want := range []string{
+		"kv.tags_bucket",
+		"kv.repos_bucket",
+		"kv.history",
+		"kv.replicas",
+		"kv.reconcile_interval",
+	} {
 		if !slices.Contains(keys, want) {
 			t.Errorf("Validate reported %v, want %s among them", keys, want)
 		}

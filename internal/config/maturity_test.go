@@ -37,7 +37,8 @@ func TestMaturity_Validation(t *testing.T) {
 		cfg.Maturity.After = tc.after
 		err := cfg.Validate()
 		var errs config.Errors
-		if !errors.As(err, &errs) || len(errs) != 1 || errs[0].Key != "maturity.after" || !strings.Contains(err.Error(), tc.want) {
+		if !errors.As(err, &errs) || len(errs) != 1 || errs[0].Key != "maturity.after" ||
+			!strings.Contains(err.Error(), tc.want) {
 			t.Errorf("after = %q: Validate = %v, want one maturity.after problem saying %s", tc.after, err, tc.want)
 		}
 	}

@@ -52,18 +52,38 @@ func TestNATS_Validate(t *testing.T) {
 	}{
 		{"Defaults", func(*config.NATS) {}, "", ""},
 		{"UserPassword", external(func(n *config.NATS) { n.User, n.Password = "u", "p" }), "", ""},
-		{"TokenAndTLS", external(func(n *config.NATS) { n.Token, n.TLSCA, n.TLSCert, n.TLSKey = "t", file, file, file }), "", ""},
+		{
+			"TokenAndTLS",
+			external(func(n *config.NATS) { n.Token, n.TLSCA, n.TLSCert, n.TLSKey = "t", file, file, file }),
+			"",
+			"",
+		},
 		{"Credentials", external(func(n *config.NATS) { n.Credentials = file }), "", ""},
 		{"ManageStreamOffReplicas3", external(func(n *config.NATS) { n.ManageStream, n.Replicas = false, 3 }), "", ""},
-		{"CredentialsMissing", external(func(n *config.NATS) { n.Credentials = missing }), "nats.credentials", "no such file"},
+		{
+			"CredentialsMissing",
+			external(func(n *config.NATS) { n.Credentials = missing }),
+			"nats.credentials",
+			"no such file",
+		},
 		{"NKeySeedMissing", external(func(n *config.NATS) { n.NKeySeed = missing }), "nats.nkey_seed", "no such file"},
 		{"TLSCADirectory", external(func(n *config.NATS) { n.TLSCA = dir }), "nats.tls_ca", "is a directory"},
 		{"TLSCertWithoutKey", external(func(n *config.NATS) { n.TLSCert = file }), "nats.tls_cert", "come together"},
 		{"TLSKeyWithoutCert", external(func(n *config.NATS) { n.TLSKey = file }), "nats.tls_key", "come together"},
-		{"TLSKeyMissing", external(func(n *config.NATS) { n.TLSCert, n.TLSKey = file, missing }), "nats.tls_key", "no such file"},
+		{
+			"TLSKeyMissing",
+			external(func(n *config.NATS) { n.TLSCert, n.TLSKey = file, missing }),
+			"nats.tls_key",
+			"no such file",
+		},
 		{"PasswordWithoutUser", external(func(n *config.NATS) { n.Password = "p" }), "nats.password", "come together"},
 		{"UserWithoutPassword", external(func(n *config.NATS) { n.User = "u" }), "nats.user", "come together"},
-		{"TwoAuthMethods", external(func(n *config.NATS) { n.Token, n.Credentials = "t", file }), "nats.token", "only one way"},
+		{
+			"TwoAuthMethods",
+			external(func(n *config.NATS) { n.Token, n.Credentials = "t", file }),
+			"nats.token",
+			"only one way",
+		},
 		{"ReplicasZero", external(func(n *config.NATS) { n.Replicas = 0 }), "nats.replicas", "between 1 and 5"},
 		{"ReplicasSix", external(func(n *config.NATS) { n.Replicas = 6 }), "nats.replicas", "between 1 and 5"},
 		{"EmbeddedReplicas", func(n *config.NATS) { n.Replicas = 3 }, "nats.replicas", "embedded"},
@@ -71,13 +91,38 @@ func TestNATS_Validate(t *testing.T) {
 		{"ListenAllInterfaces", func(n *config.NATS) { n.Listen = "0.0.0.0:4222" }, "nats.listen", "not a loopback address"},
 		{"ListenAnyHost", func(n *config.NATS) { n.Listen = ":4222" }, "nats.listen", "not a loopback address"},
 		{"ListenLANAddress", func(n *config.NATS) { n.Listen = "10.1.2.3:4222" }, "nats.listen", "listen_public"},
-		{"ListenPublicWithoutCredentials", func(n *config.NATS) { n.Listen, n.ListenPublic = "0.0.0.0:4222", true }, "nats.listen_public", "requires credentials"},
-		{"ListenPublicWithToken", func(n *config.NATS) { n.Listen, n.ListenPublic, n.Token = "0.0.0.0:4222", true, "t" }, "", ""},
-		{"ListenPublicWithUserPassword", func(n *config.NATS) { n.Listen, n.ListenPublic, n.User, n.Password = "[::]:4222", true, "u", "p" }, "", ""},
+		{
+			"ListenPublicWithoutCredentials",
+			func(n *config.NATS) { n.Listen, n.ListenPublic = "0.0.0.0:4222", true },
+			"nats.listen_public",
+			"requires credentials",
+		},
+		{
+			"ListenPublicWithToken",
+			func(n *config.NATS) { n.Listen, n.ListenPublic, n.Token = "0.0.0.0:4222", true, "t" },
+			"",
+			"",
+		},
+		{
+			"ListenPublicWithUserPassword",
+			func(n *config.NATS) { n.Listen, n.ListenPublic, n.User, n.Password = "[::]:4222", true, "u", "p" },
+			"",
+			"",
+		},
 		{"ListenLoopbackWithToken", func(n *config.NATS) { n.Listen, n.Token = "127.0.0.1:4222", "t" }, "", ""},
 		{"ListenLocalhost", func(n *config.NATS) { n.Listen = "localhost:4222" }, "", ""},
-		{"ListenUserWithoutPassword", func(n *config.NATS) { n.Listen, n.User = "127.0.0.1:4222", "u" }, "nats.user", "come together"},
-		{"ListenCredentialsFile", func(n *config.NATS) { n.Listen, n.Credentials = "127.0.0.1:4222", file }, "nats.credentials", "nats.url"},
+		{
+			"ListenUserWithoutPassword",
+			func(n *config.NATS) { n.Listen, n.User = "127.0.0.1:4222", "u" },
+			"nats.user",
+			"come together",
+		},
+		{
+			"ListenCredentialsFile",
+			func(n *config.NATS) { n.Listen, n.Credentials = "127.0.0.1:4222", file },
+			"nats.credentials",
+			"nats.url",
+		},
 		{"ListenPublicWithURL", external(func(n *config.NATS) { n.ListenPublic = true }), "nats.listen_public", "embedded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -108,7 +153,11 @@ func TestNATS_Validate(t *testing.T) {
 // environment and that manage_stream = false survives the defaults.
 func TestNATS_SecretsFromEnv(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "syncd.toml")
-	if err := os.WriteFile(path, []byte("[nats]\nurl = \"nats://127.0.0.1:4222\"\nmanage_stream = false\nuser = \"syncd\"\n"), 0o600); err != nil {
+	if err := os.WriteFile(
+		path,
+		[]byte("[nats]\nurl = \"nats://127.0.0.1:4222\"\nmanage_stream = false\nuser = \"syncd\"\n"),
+		0o600,
+	); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := config.Load(path, []string{"SYNCD_NATS_PASSWORD=s3cret"})

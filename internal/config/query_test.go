@@ -12,8 +12,12 @@ import (
 
 func TestQuery_DefaultsAndValidation(t *testing.T) {
 	cfg := config.Default()
-	if q := cfg.Query; !q.Enabled || q.Prefix != "syncd-query" || q.MaxWait.Duration != 5*time.Second || q.MaxLimit != 1000 ||
-		q.Concurrency != 4 || q.MaxPending != 256 {
+	if q := cfg.Query; !q.Enabled ||
+		q.Prefix != "syncd-query" ||
+		q.MaxWait.Duration != 5*time.Second ||
+		q.MaxLimit != 1000 ||
+		q.Concurrency != 4 ||
+		q.MaxPending != 256 {
 		t.Fatalf("query defaults = %+v", q)
 	}
 	if err := cfg.Validate(); err != nil {
@@ -32,9 +36,22 @@ func TestQuery_DefaultsAndValidation(t *testing.T) {
 		return keys
 	}
 
-	cfg.Query = config.Query{Enabled: true, Prefix: "q.*", MaxWait: config.Duration{Duration: 2 * time.Minute}, MaxLimit: 0, Concurrency: 300, MaxPending: 10}
+	cfg.Query = config.Query{
+		Enabled:     true,
+		Prefix:      "q.*",
+		MaxWait:     config.Duration{Duration: 2 * time.Minute},
+		MaxLimit:    0,
+		Concurrency: 300,
+		MaxPending:  10,
+	}
 	keys := keysOf(cfg.Validate())
-	for _, want := range []string{"query.prefix", "query.max_wait", "query.max_limit", "query.concurrency", "query.max_pending"} {
+	for _, want := range []string{
+		"query.prefix",
+		"query.max_wait",
+		"query.max_limit",
+		"query.concurrency",
+		"query.max_pending",
+	} {
 		if !slices.Contains(keys, want) {
 			t.Errorf("Validate reported %v, want %s among them", keys, want)
 		}

@@ -16,11 +16,35 @@ func TestLoad_ErrorsHideURLPasswords(t *testing.T) {
 	for _, tc := range []struct {
 		name, file, env, key, shown string
 	}{
-		{"NATSMissingColon", "[nats]\nurl = \"nats//syncd:s3cret@nats.example.com:4222\"\n", "", "nats.url", "nats//syncd:xxxxx@nats.example.com:4222"},
+		{
+			"NATSMissingColon",
+			"[nats]\nurl = \"nats//syncd:s3cret@nats.example.com:4222\"\n",
+			"",
+			"nats.url",
+			"nats//syncd:xxxxx@nats.example.com:4222",
+		},
 		{"NATSWrongScheme", "[nats]\nurl = \"http://syncd:s3cret@nats.example.com:4222\"\n", "", "nats.url", "http://syncd:xxxxx@nats.example.com:4222"},
-		{"NATSTokenAsUser", "[nats]\nurl = \"nats://127.0.0.1:4222,ntas:/s3cret@nats.example.com\"\n", "", "nats.url", "ntas:xxxxx@nats.example.com"},
-		{"NATSFromEnv", "", "SYNCD_NATS_URL=nats:/syncd:s3cret@nats.example.com:4222", "nats.url", "nats:xxxxx@nats.example.com:4222"},
-		{"BaseURL", "[platform]\nbase_url = \"ftp://me:s3cret@api.example.com\"\n", "", "platform.base_url", "ftp://me:xxxxx@api.example.com"},
+		{
+			"NATSTokenAsUser",
+			"[nats]\nurl = \"nats://127.0.0.1:4222,ntas:/s3cret@nats.example.com\"\n",
+			"",
+			"nats.url",
+			"ntas:xxxxx@nats.example.com",
+		},
+		{
+			"NATSFromEnv",
+			"",
+			"SYNCD_NATS_URL=nats:/syncd:s3cret@nats.example.com:4222",
+			"nats.url",
+			"nats:xxxxx@nats.example.com:4222",
+		},
+		{
+			"BaseURL",
+			"[platform]\nbase_url = \"ftp://me:s3cret@api.example.com\"\n",
+			"",
+			"platform.base_url",
+			"ftp://me:xxxxx@api.example.com",
+		},
 		{"SinkURL", "[events]\nlisten = \"127.0.0.1:0\"\nissuer = \"https://issuer.example.com\"\nsink_url = \"http://me:s3cret@hooks.example.com/x\"\n", "", "events.sink_url", "http://me:xxxxx@hooks.example.com/x"},
 		{"Unparsable", "[events]\nissuer = \"https://me:s3cret@exa mple.com/%zz\"\n", "", "events.issuer", "https://me:xxxxx@exa mple.com/%zz"},
 	} {

@@ -52,11 +52,20 @@ func checkEvery(s string) error {
 	case err != nil:
 		return fmt.Errorf("unparsable schedule %q: %w", s, err)
 	case d <= 0:
-		return fmt.Errorf("%q never waits between runs (its interval is %s): want at least %s, e.g. \"@every 15m\"", s, d, MinInterval)
+		return fmt.Errorf(
+			"%q never waits between runs (its interval is %s): want at least %s, e.g. \"@every 15m\"",
+			s,
+			d,
+			MinInterval,
+		)
 	case d < MinInterval:
 		return fmt.Errorf("%q would run more than once a second: want at least %s", s, MinInterval)
 	case d%time.Second != 0:
-		return fmt.Errorf("%q is not a whole number of seconds, which cron would round down to %s: write the interval in whole seconds", s, d.Truncate(time.Second))
+		return fmt.Errorf(
+			"%q is not a whole number of seconds, which cron would round down to %s: write the interval in whole seconds",
+			s,
+			d.Truncate(time.Second),
+		)
 	}
 	return nil
 }

@@ -50,7 +50,10 @@ func (c *Config) RequirePlatform() error {
 		p.addf("platform.organization", "required (the organization's name in registry paths)")
 	}
 	if pl.Identity == "" && pl.Token == "" && pl.TokenFile == "" && pl.TokenCommand == "" {
-		p.addf("platform.token", "required: set one of token, token_file or token_command, or assume an identity with identity and identity_token_file")
+		p.addf(
+			"platform.token",
+			"required: set one of token, token_file or token_command, or assume an identity with identity and identity_token_file",
+		)
 	}
 	return p.err()
 }
@@ -109,8 +112,12 @@ func checkHTTPURL(p *problems, key, raw string, allowInsecure bool, carries stri
 		return
 	}
 	if u.Scheme == "http" && !allowInsecure && !isLoopback(u.Hostname()) {
-		p.addf(key, "http:// to %s would carry %s in cleartext: use https://, or set platform.allow_insecure_http = true if the network is trusted (http:// to loopback is always allowed)",
-			u.Host, carries)
+		p.addf(
+			key,
+			"http:// to %s would carry %s in cleartext: use https://, or set platform.allow_insecure_http = true if the network is trusted (http:// to loopback is always allowed)",
+			u.Host,
+			carries,
+		)
 	}
 }
 

@@ -38,12 +38,19 @@ func (c *Config) validateCluster(p *problems) {
 		return
 	}
 	if c.NATS.URL == "" {
-		p.addf("nats.url", "required with cluster.enabled = true: replicas share an external NATS server (the embedded one dies with its syncd)")
+		p.addf(
+			"nats.url",
+			"required with cluster.enabled = true: replicas share an external NATS server (the embedded one dies with its syncd)",
+		)
 	}
 	// Followers build their mirrors from the stream alone, so the baseline
 	// must be in it.
 	if c.Store.InitialEvents != "snapshot" {
-		p.addf("store.initial_events", "must be \"snapshot\" with cluster.enabled = true, got %q: standbys and followers learn the baseline from the stream", c.Store.InitialEvents)
+		p.addf(
+			"store.initial_events",
+			"must be \"snapshot\" with cluster.enabled = true, got %q: standbys and followers learn the baseline from the stream",
+			c.Store.InitialEvents,
+		)
 	}
 }
 
@@ -67,6 +74,10 @@ func (c *Config) validateTrust(p *problems) {
 		}
 	}
 	if pub != "" && len(cl.VerifyKeys) > 0 && !slices.Contains(cl.VerifyKeys, pub) {
-		p.addf("cluster.verify_keys", "does not list the public key of signing_key_file (%s): the other replicas would reject what this one publishes as leader", pub)
+		p.addf(
+			"cluster.verify_keys",
+			"does not list the public key of signing_key_file (%s): the other replicas would reject what this one publishes as leader",
+			pub,
+		)
 	}
 }

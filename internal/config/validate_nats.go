@@ -11,7 +11,9 @@ func (n *NATS) validate(p *problems) {
 	if n.URL != "" {
 		for _, u := range strings.Split(n.URL, ",") {
 			pu, err := url.Parse(strings.TrimSpace(u))
-			if err != nil || pu.Host == "" || !strings.HasPrefix(pu.Scheme, "nats") && !strings.HasPrefix(pu.Scheme, "tls") && !strings.HasPrefix(pu.Scheme, "ws") {
+			if err != nil || pu.Host == "" ||
+				!strings.HasPrefix(pu.Scheme, "nats") && !strings.HasPrefix(pu.Scheme, "tls") &&
+					!strings.HasPrefix(pu.Scheme, "ws") {
 				p.addf("nats.url", "not a NATS URL (want nats://host:port): %q", redactURL(u))
 			}
 		}
@@ -69,7 +71,10 @@ func (n *NATS) validateConnection(p *problems) {
 		// below would only repeat that.
 		for _, k := range external {
 			if k.val != "" && !(n.Listen != "" && embeddedAuth[k.key]) {
-				p.addf(k.key, "only applies to an external server (or, for token, user and password, an embedded one with nats.listen): set nats.url too")
+				p.addf(
+					k.key,
+					"only applies to an external server (or, for token, user and password, an embedded one with nats.listen): set nats.url too",
+				)
 			}
 		}
 		if n.Replicas > 1 && n.Replicas <= 5 {
@@ -107,7 +112,10 @@ func (n *NATS) validateListen(p *problems) {
 			"listen on 127.0.0.1, or set nats.listen_public = true with nats.token, or nats.user and nats.password", n.Listen)
 	}
 	if n.ListenPublic && n.Token == "" && n.User == "" {
-		p.addf("nats.listen_public", "requires credentials that every client must present: set nats.token, or nats.user and nats.password")
+		p.addf(
+			"nats.listen_public",
+			"requires credentials that every client must present: set nats.token, or nats.user and nats.password",
+		)
 	}
 }
 

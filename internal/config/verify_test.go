@@ -34,7 +34,13 @@ func TestVerify_Validate(t *testing.T) {
 		wantKey    string // "" means valid
 		wantMsg    string
 	}{
-		{"Set", "[verify]\ncheckpoint_every = \"30s\"\naudit_every = \"10m\"\n[nats]\nsync_interval = \"always\"\n", nil, "", ""},
+		{
+			"Set",
+			"[verify]\ncheckpoint_every = \"30s\"\naudit_every = \"10m\"\n[nats]\nsync_interval = \"always\"\n",
+			nil,
+			"",
+			"",
+		},
 		{"SyncDuration", "[nats]\nsync_interval = \"2m\"\n", nil, "", ""},
 		{"AuditNotADuration", "[verify]\naudit_every = \"5\"\n", nil, "verify.audit_every", "not a duration"},
 		{"AuditZero", "[verify]\naudit_every = \"0s\"\n", nil, "verify.audit_every", "at least 1s"},
@@ -62,7 +68,10 @@ func TestVerify_Validate(t *testing.T) {
 		})
 	}
 	t.Run("EnvSetsBoth", func(t *testing.T) {
-		cfg, err := config.Load(writeConfig(t, ""), []string{"SYNCD_VERIFY_AUDIT_EVERY=90s", "SYNCD_VERIFY_CHECKPOINT_EVERY=2m"})
+		cfg, err := config.Load(
+			writeConfig(t, ""),
+			[]string{"SYNCD_VERIFY_AUDIT_EVERY=90s", "SYNCD_VERIFY_CHECKPOINT_EVERY=2m"},
+		)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -103,7 +103,13 @@ type Options struct {
 
 // Open opens the parts.
 func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options) (*App, error) {
-	a := &App{Config: cfg, Log: log, Metrics: admin.NewMetrics(opts.Version), Position: query.NewPosition(), version: opts.Version}
+	a := &App{
+		Config:   cfg,
+		Log:      log,
+		Metrics:  admin.NewMetrics(opts.Version),
+		Position: query.NewPosition(),
+		version:  opts.Version,
+	}
 	var err error
 	if a.Jobs, err = ParseSchedules(cfg.Crawl); err != nil {
 		return nil, err
@@ -136,8 +142,12 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 			return nil, err
 		}
 	}
-	a.Metrics.CounterFunc("syncd_fenced_writes_total", "Writes of this replica that JetStream refused because another replica's lease term began after its own.",
-		nil, func() float64 { return float64(a.Fence.Refused()) })
+	a.Metrics.CounterFunc(
+		"syncd_fenced_writes_total",
+		"Writes of this replica that JetStream refused because another replica's lease term began after its own.",
+		nil,
+		func() float64 { return float64(a.Fence.Refused()) },
+	)
 	relayOpts := []publish.RelayOption{publish.WithOnPublished(a.observePublished(pcfg.Format(), opts.Published)),
 		publish.WithCheckpoints(a.Store, cfg.Verify.CheckpointEvery.Duration, cfg.Cluster.NodeID), publish.WithFence(a.Fence)}
 	if a.Trust.Signer != nil {
@@ -162,9 +172,21 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		a.Maturity = &cluster.Maturity{Store: a.Store, Ages: ages, Logger: log.With("part", "maturity")}
 	}
 	if sc := cfg.Snapshot; sc.Enabled {
-		a.Snapshots = cluster.NewSnapshotter(a.NATS.JS, a.Store, cluster.SnapshotConfig{Bucket: sc.Bucket, Replicas: cfg.NATS.Replicas,
-			Stream: cfg.NATS.Stream, Every: sc.Every.Duration, Keep: sc.Keep, Dir: filepath.Dir(cfg.Store.Path), Logger: log.With("part", "snapshot"),
-			Fence: a.Fence, Signer: a.Trust.Signer})
+		a.Snapshots = cluster.NewSnapshotter(
+			a.NATS.JS,
+			a.Store,
+			cluster.SnapshotConfig{
+				Bucket:   sc.Bucket,
+				Replicas: cfg.NATS.Replicas,
+				Stream:   cfg.NATS.Stream,
+				Every:    sc.Every.Duration,
+				Keep:     sc.Keep,
+				Dir:      filepath.Dir(cfg.Store.Path),
+				Logger:   log.With("part", "snapshot"),
+				Fence:    a.Fence,
+				Signer:   a.Trust.Signer,
+			},
+		)
 	}
 	return a, nil
 }
@@ -182,8 +204,11 @@ func (a *App) newFence(ctx context.Context, pcfg publish.Config, log *slog.Logge
 		replicas = append(replicas, a.Config.BucketReplicas())
 	}
 	if !publish.FenceSupported(replicas...) {
-		log.Warn("leader writes are not fenced: the stream or the KV buckets are replicated, where JetStream refuses concurrent writes conditional on one subject (docs/cluster.md, \"Fencing\")",
-			"stream_replicas", replicas[0])
+		log.Warn(
+			"leader writes are not fenced: the stream or the KV buckets are replicated, where JetStream refuses concurrent writes conditional on one subject (docs/cluster.md, \"Fencing\")",
+			"stream_replicas",
+			replicas[0],
+		)
 		return nil, nil
 	}
 	return publish.NewFence(a.NATS.JS, publish.FenceConfig{Node: a.Config.Cluster.Node(), Format: pcfg.Format(),
@@ -301,10 +326,20 @@ func newCrawler(cfg config.Config, client *platform.Client, st *store.Store, job
 	onRun func(job, outcome string, sum crawler.Summary, finished time.Time), log *slog.Logger) *crawler.Crawler {
 	c := cfg.Crawl
 	return crawler.New(client, st, crawler.Config{
-		Group: cfg.Platform.Group, Include: c.Include, Exclude: c.Exclude,
-		PublicImages: c.PublicImages, PublicOrg: cfg.Platform.PublicOrg, Families: crawler.ParseFamilies(c.TagFamilies),
-		UpdatedSinceMargin: c.UpdatedSinceMargin.Duration, Concurrency: c.Concurrency, Schedule: jobs[crawler.JobCrawl], SweepSchedule: jobs[crawler.JobSweep],
-		AdvisoriesSchedule: jobs[crawler.JobAdvisories], Jitter: c.Jitter.Duration, Logger: log.With("part", "crawler"), OnRun: onRun,
+		Group:              cfg.Platform.Group,
+		Include:            c.Include,
+		Exclude:            c.Exclude,
+		PublicImages:       c.PublicImages,
+		PublicOrg:          cfg.Platform.PublicOrg,
+		Families:           crawler.ParseFamilies(c.TagFamilies),
+		UpdatedSinceMargin: c.UpdatedSinceMargin.Duration,
+		Concurrency:        c.Concurrency,
+		Schedule:           jobs[crawler.JobCrawl],
+		SweepSchedule:      jobs[crawler.JobSweep],
+		AdvisoriesSchedule: jobs[crawler.JobAdvisories],
+		Jitter:             c.Jitter.Duration,
+		Logger:             log.With("part", "crawler"),
+		OnRun:              onRun,
 	})
 }
 
@@ -315,8 +350,12 @@ func newReceiver(cfg config.Config, jobs events.Jobs, st *store.Store, log *slog
 	if e.Listen == "" {
 		return nil
 	}
-	return events.NewReceiver(events.Config{Issuer: e.Issuer, Audience: e.Audience, Groups: []string{cfg.Platform.Group},
-		TypePrefix: cfg.EventTypePrefix(), MaxBody: e.MaxBody, QueueSize: e.QueueSize, Logger: log.With("part", "events")}, jobs, st)
+	return events.NewReceiver(
+		events.Config{Issuer: e.Issuer, Audience: e.Audience, Groups: []string{cfg.Platform.Group},
+			TypePrefix: cfg.EventTypePrefix(), MaxBody: e.MaxBody, QueueSize: e.QueueSize, Logger: log.With("part", "events")},
+		jobs,
+		st,
+	)
 }
 
 // NewRegistrar keeps syncd's event subscription; nil when [events]
@@ -335,9 +374,23 @@ func NewRegistrar(cfg config.Config, client *platform.Client, st *store.Store, l
 func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position,
 	m *admin.Metrics, tr *Trust, log *slog.Logger) *cluster.Follower {
 	var f *cluster.Follower
-	f = cluster.NewFollower(nc.JS, st, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
-		Consumer: cfg.Cluster.ConsumerName(cfg.Store.Path), Meta: st, Logger: log.With("part", "follow"),
-		SnapshotBucket: cfg.Snapshot.Bucket, Restore: restore, SnapshotDir: filepath.Dir(cfg.Store.Path), OnBatch: followAt(pos, &f),
-		OnReject: m.MessageRejected, Verifier: tr.Verifier, OnRejected: tr.rejected})
+	f = cluster.NewFollower(
+		nc.JS,
+		st,
+		cluster.FollowerConfig{
+			Stream:         cfg.NATS.Stream,
+			SubjectPrefix:  cfg.NATS.SubjectPrefix,
+			Consumer:       cfg.Cluster.ConsumerName(cfg.Store.Path),
+			Meta:           st,
+			Logger:         log.With("part", "follow"),
+			SnapshotBucket: cfg.Snapshot.Bucket,
+			Restore:        restore,
+			SnapshotDir:    filepath.Dir(cfg.Store.Path),
+			OnBatch:        followAt(pos, &f),
+			OnReject:       m.MessageRejected,
+			Verifier:       tr.Verifier,
+			OnRejected:     tr.rejected,
+		},
+	)
 	return f
 }

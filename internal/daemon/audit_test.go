@@ -34,10 +34,16 @@ const auditWindow = 2 * time.Second
 func auditConfig(t *testing.T, simURL, natsURL string) config.Config {
 	cfg := config.Default()
 	p := &cfg.Platform
-	p.BaseURL, p.RegistryURL, p.Token, p.Group, p.Organization, p.Timeout = simURL, simURL, auditToken, "org1", "acme", config.Duration{Duration: 2 * time.Second}
+	p.BaseURL, p.RegistryURL, p.Token = simURL, simURL, auditToken
+	p.Group, p.Organization, p.Timeout = "org1", "acme", config.Duration{Duration: 2 * time.Second}
 	c := &cfg.Crawl
-	c.Schedule, c.SweepSchedule, c.AdvisoriesSchedule, c.Jitter, c.RequestsPerSecond = "@every 1s", "@every 3s", "@every 2s", config.Duration{}, 0
-	cfg.NATS.URL, cfg.NATS.DuplicateWindow, cfg.NATS.MaxAge = natsURL, config.Duration{Duration: auditWindow}, config.Duration{Duration: time.Hour}
+	c.Schedule, c.SweepSchedule, c.AdvisoriesSchedule = "@every 1s", "@every 3s", "@every 2s"
+	c.Jitter, c.RequestsPerSecond = config.Duration{}, 0
+	cfg.NATS.URL, cfg.NATS.DuplicateWindow, cfg.NATS.MaxAge = natsURL, config.Duration{
+		Duration: auditWindow,
+	}, config.Duration{
+		Duration: time.Hour,
+	}
 	cfg.Store.Path, cfg.Store.InitialEvents = filepath.Join(t.TempDir(), "leader.db"), "snapshot"
 	cfg.Admin.Listen, cfg.KV.Enabled, cfg.Snapshot.Enabled = "", false, false
 	cfg.Verify.AuditEvery = config.Duration{Duration: time.Hour}
@@ -59,7 +65,9 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 	ns := testutil.NATS(t)
 	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 28, Tokens: []string{auditToken}},
 		platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 3, Advisories: 3, PublicImages: -1})
-	sim.SetRates(platformsim.Rates{MoveTag: 80, Deprecate: 5, CreateTag: 5, UpdateRepo: 3, CreateAdvisory: 4, UpdateAdvisory: 3})
+	sim.SetRates(
+		platformsim.Rates{MoveTag: 80, Deprecate: 5, CreateTag: 5, UpdateRepo: 3, CreateAdvisory: 4, UpdateAdvisory: 3},
+	)
 	cfg := auditConfig(t, simURL, ns.URL())
 	logs := &testutil.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -149,8 +157,11 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 		}
 		err := streamHoldsTheLog(t, s, app.Store.Reader())
 		if err != nil && started.After(ready) {
-			t.Fatalf("the first audit after every lost event left the duplicate window did not repair them all: %v; the audit's log:\n%s",
-				err, grepLines(logs.String(), "part=audit"))
+			t.Fatalf(
+				"the first audit after every lost event left the duplicate window did not repair them all: %v; the audit's log:\n%s",
+				err,
+				grepLines(logs.String(), "part=audit"),
+			)
 		}
 		return err
 	})
@@ -162,7 +173,10 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 	if n := strings.Count(logs.String(), "event missing from the stream published again"); n != len(deleted) {
 		t.Errorf("%d warnings name a repaired event, want %d", n, len(deleted))
 	}
-	if !strings.Contains(logs.String(), "level=WARN msg=\"event missing from the stream published again\" part=audit id=") {
+	if !strings.Contains(
+		logs.String(),
+		"level=WARN msg=\"event missing from the stream published again\" part=audit id=",
+	) {
 		t.Errorf("the repair's warning does not name the event's id and type:\n%s", tail(logs.String(), 20))
 	}
 
@@ -172,8 +186,12 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fst.Close() })
-	f := cluster.NewFollower(app.NATS.JS, fst, cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
-		Consumer: "audit-follower", MaxWait: 200 * time.Millisecond})
+	f := cluster.NewFollower(
+		app.NATS.JS,
+		fst,
+		cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
+			Consumer: "audit-follower", MaxWait: 200 * time.Millisecond},
+	)
 	fctx, stopFollower := context.WithCancel(ctx)
 	followed := make(chan error, 1)
 	go func() { followed <- f.Run(fctx) }()
@@ -275,7 +293,11 @@ func streamHoldsTheLog(t *testing.T, s jetstream.Stream, db *sql.DB) error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("%d events of the log are not on the stream, seqs %v", len(missing), missing[:min(len(missing), 10)])
+		return fmt.Errorf(
+			"%d events of the log are not on the stream, seqs %v",
+			len(missing),
+			missing[:min(len(missing), 10)],
+		)
 	}
 	return nil
 }
@@ -284,7 +306,8 @@ func streamHoldsTheLog(t *testing.T, s jetstream.Stream, db *sql.DB) error {
 func sameAsTruth(db *sql.DB, truth platformsim.Truth) error {
 	for _, tg := range truth.Tags {
 		var digest string
-		if err := db.QueryRow(`SELECT digest FROM tags WHERE uid = ?`, tg.UID).Scan(&digest); err != nil || digest != tg.Digest {
+		if err := db.QueryRow(`SELECT digest FROM tags WHERE uid = ?`, tg.UID).Scan(&digest); err != nil ||
+			digest != tg.Digest {
 			return fmt.Errorf("tag %s: mirror %q (%v), upstream %q", tg.UID, digest, err, tg.Digest)
 		}
 	}

@@ -55,7 +55,8 @@ func TestTokenSources(t *testing.T) {
 		api, reg := daemon.TokenSources(p)
 		a, ok1 := api.(*platform.ExchangeToken)
 		r, ok2 := reg.(*platform.ExchangeToken)
-		if !ok1 || !ok2 || a.Audience != daemon.APIAudience(p) || r.Audience != daemon.RegistryAudience(p) || a.Audience == r.Audience {
+		if !ok1 || !ok2 || a.Audience != daemon.APIAudience(p) || r.Audience != daemon.RegistryAudience(p) ||
+			a.Audience == r.Audience {
 			t.Errorf("api=%#v registry=%#v, want one exchange per audience", api, reg)
 		}
 	})

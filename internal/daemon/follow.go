@@ -41,7 +41,13 @@ type Follower struct {
 // created it, so a missing stream is waited for (the follower's Run
 // retries); one that exists and does not carry the events is a mistake to
 // fix.
-func OpenFollower(ctx context.Context, cfg config.Config, restore cluster.RestoreMode, version string, log *slog.Logger) (*Follower, error) {
+func OpenFollower(
+	ctx context.Context,
+	cfg config.Config,
+	restore cluster.RestoreMode,
+	version string,
+	log *slog.Logger,
+) (*Follower, error) {
 	f := &Follower{Config: cfg, Log: log, Position: query.NewPosition(), Metrics: admin.NewMetrics(version)}
 	var err error
 	if f.Trust, err = LoadTrust(cfg, log); err != nil {

@@ -54,10 +54,16 @@ func TestPermissions_LeastPrivilege(t *testing.T) {
 	}
 	cfg := auditConfig(t, simURL, ns.URL())
 	cfg.NATS.User, cfg.NATS.Password = "syncd-replica", "replica-secret-3f9a"
-	cfg.Cluster.Enabled, cfg.Cluster.NodeID, cfg.Cluster.LeaseTTL = true, "leader-1", config.Duration{Duration: 2 * time.Second}
+	cfg.Cluster.Enabled, cfg.Cluster.NodeID, cfg.Cluster.LeaseTTL = true, "leader-1", config.Duration{
+		Duration: 2 * time.Second,
+	}
 	cfg.Cluster.SigningKeyFile = keyFile
 	cfg.KV.Enabled, cfg.Snapshot.Enabled, cfg.Snapshot.Every = true, true, config.Duration{Duration: time.Second}
-	cfg.Verify.CheckpointEvery, cfg.Verify.AuditEvery = config.Duration{Duration: time.Second}, config.Duration{Duration: time.Second}
+	cfg.Verify.CheckpointEvery, cfg.Verify.AuditEvery = config.Duration{
+		Duration: time.Second,
+	}, config.Duration{
+		Duration: time.Second,
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +103,10 @@ func TestPermissions_LeastPrivilege(t *testing.T) {
 	t.Cleanup(func() { stopFollower(); <-followed })
 	testutil.Eventually(t, 30*time.Second, func() error { return sameAsTruth(f.Store.Reader(), sim.Truth()) })
 	if f.Follower.Restored().Name == "" {
-		t.Errorf("the follower did not restore the leader's snapshot; its log of snapshots:\n%s", grepLines(logs.String(), "snapshot"))
+		t.Errorf(
+			"the follower did not restore the leader's snapshot; its log of snapshots:\n%s",
+			grepLines(logs.String(), "snapshot"),
+		)
 	}
 	// A signed checkpoint of the leader's, verified and matched.
 	testutil.WaitFor(t, 10*time.Second, "the follower to match a checkpoint", func() bool {
@@ -105,7 +114,10 @@ func TestPermissions_LeastPrivilege(t *testing.T) {
 		return ok && r.Diff == ""
 	})
 	if strings.Contains(strings.ToLower(logs.String()), "permissions violation") {
-		t.Errorf("a permissions violation under the documented permissions:\n%s", grepLines(strings.ToLower(logs.String()), "permissions violation"))
+		t.Errorf(
+			"a permissions violation under the documented permissions:\n%s",
+			grepLines(strings.ToLower(logs.String()), "permissions violation"),
+		)
 	}
 
 	forged := &nats.Msg{Subject: "syncd.tag.created.evil", Data: []byte("{}")}

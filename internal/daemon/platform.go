@@ -13,24 +13,43 @@ import (
 // observe (may be nil) is told of every answer. A missing [platform]
 // registry_url stands in as base_url, for commands that never reach the
 // registry.
-func NewClient(cfg config.Config, log *slog.Logger, observe func(endpoint string, code int, retry bool)) (*platform.Client, error) {
+func NewClient(
+	cfg config.Config,
+	log *slog.Logger,
+	observe func(endpoint string, code int, retry bool),
+) (*platform.Client, error) {
 	return newClient(cfg, log, observe, 0)
 }
 
 // newClient is NewClient whose requests retry for maxRetry (0: the
 // client's default).
-func newClient(cfg config.Config, log *slog.Logger, observe func(endpoint string, code int, retry bool), maxRetry time.Duration) (*platform.Client, error) {
+func newClient(
+	cfg config.Config,
+	log *slog.Logger,
+	observe func(endpoint string, code int, retry bool),
+	maxRetry time.Duration,
+) (*platform.Client, error) {
 	p := cfg.Platform
 	if p.RegistryURL == "" {
 		p.RegistryURL = p.BaseURL
 	}
 	api, registry := TokenSources(p)
 	return platform.New(platform.Config{
-		BaseURL: p.BaseURL, RegistryURL: p.RegistryURL, Token: api, PullToken: registry,
-		APIAudience: APIAudience(p), RegistryAudience: RegistryAudience(p),
-		Organization: p.Organization, PublicOrg: p.PublicOrg, Vendor: p.Vendor,
-		Timeout: p.Timeout.Duration, RequestsPerSecond: cfg.Crawl.RequestsPerSecond, MaxInFlight: cfg.Crawl.Concurrency, Logger: log.With("part", "platform"),
-		Observe: observe, MaxRetryTime: maxRetry,
+		BaseURL:           p.BaseURL,
+		RegistryURL:       p.RegistryURL,
+		Token:             api,
+		PullToken:         registry,
+		APIAudience:       APIAudience(p),
+		RegistryAudience:  RegistryAudience(p),
+		Organization:      p.Organization,
+		PublicOrg:         p.PublicOrg,
+		Vendor:            p.Vendor,
+		Timeout:           p.Timeout.Duration,
+		RequestsPerSecond: cfg.Crawl.RequestsPerSecond,
+		MaxInFlight:       cfg.Crawl.Concurrency,
+		Logger:            log.With("part", "platform"),
+		Observe:           observe,
+		MaxRetryTime:      maxRetry,
 	})
 }
 

@@ -34,9 +34,14 @@ func newQuery(ctx context.Context, cfg config.Config, nc *publish.Conn, st *stor
 		return nil, err
 	}
 	// Its statements are closed with the store's reader pool.
-	return query.New(nc.NC, st.Queries(), pos, query.Config{Prefix: q.Prefix, Version: version, MaxWait: q.MaxWait.Duration,
-		MaxLimit: q.MaxLimit, Concurrency: q.Concurrency, MaxPending: q.MaxPending,
-		Role: rs.role, Lag: rs.lag, Refresh: rs.refresh, Logger: log.With("part", "query")}), nil
+	return query.New(
+		nc.NC,
+		st.Queries(),
+		pos,
+		query.Config{Prefix: q.Prefix, Version: version, MaxWait: q.MaxWait.Duration,
+			MaxLimit: q.MaxLimit, Concurrency: q.Concurrency, MaxPending: q.MaxPending,
+			Role: rs.role, Lag: rs.lag, Refresh: rs.refresh, Logger: log.With("part", "query")},
+	), nil
 }
 
 // checkQuerySubjects refuses a stream that captures <prefix>.>: it would
@@ -54,8 +59,13 @@ func checkQuerySubjects(ctx context.Context, js jetstream.JetStream, cfg config.
 	want := cfg.Query.Prefix + ".>"
 	for _, subj := range s.CachedInfo().Config.Subjects {
 		if query.SubjectsOverlap(subj, want) {
-			return ConfigError{&config.Error{Key: "query.prefix", Msg: fmt.Sprintf("stream %s captures %s, which overlaps the query subjects %s: choose another prefix",
-				cfg.NATS.Stream, subj, want)}}
+			return ConfigError{
+				&config.Error{
+					Key: "query.prefix",
+					Msg: fmt.Sprintf("stream %s captures %s, which overlaps the query subjects %s: choose another prefix",
+						cfg.NATS.Stream, subj, want),
+				},
+			}
 		}
 	}
 	return nil
@@ -79,7 +89,11 @@ func streamLast(js jetstream.JetStream, stream string) func(ctx context.Context)
 
 // consumerAcked is a follower's position: what its consumer acknowledged
 // (it acknowledges after the commit), or the sequence its snapshot covers.
-func consumerAcked(js jetstream.JetStream, st *store.Store, stream, consumer string) func(ctx context.Context) (uint64, error) {
+func consumerAcked(
+	js jetstream.JetStream,
+	st *store.Store,
+	stream, consumer string,
+) func(ctx context.Context) (uint64, error) {
 	return func(ctx context.Context) (uint64, error) {
 		seq, err := st.SnapshotSeq(ctx)
 		if err != nil {

@@ -16,7 +16,9 @@ func (a *App) extraJobs() []crawler.Job {
 	if a.Registrar == nil || a.Jobs[crawler.JobSubscriptions] == nil {
 		return nil
 	}
-	return []crawler.Job{{Name: crawler.JobSubscriptions, Schedule: a.Jobs[crawler.JobSubscriptions], Run: a.Registrar.Ensure}}
+	return []crawler.Job{
+		{Name: crawler.JobSubscriptions, Schedule: a.Jobs[crawler.JobSubscriptions], Run: a.Registrar.Ensure},
+	}
 }
 
 // duties are the leader's: the crawler's jobs, the receiver's queue, the
@@ -82,16 +84,28 @@ func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
 	stepDown := lease.StepDown
 	a.stepDown.Store(&stepDown)
 	duties := a.duties(grace, lease.IsLeader)
-	rep := &cluster.Replica{Lease: lease, Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Position, a.Metrics, a.Trust, a.Log),
-		Promote: a.Crawler.ResolveFollowed, Mark: a.Fence.Mark, Meta: a.Store, Logger: a.Log.With("part", "cluster"),
+	rep := &cluster.Replica{
+		Lease:    lease,
+		Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Position, a.Metrics, a.Trust, a.Log),
+		Promote:  a.Crawler.ResolveFollowed,
+		Mark:     a.Fence.Mark,
+		Meta:     a.Store,
+		Logger:   a.Log.With("part", "cluster"),
 		Lead: func(ctx context.Context) error {
 			defer a.Fence.End() // nothing of this term is sent after it
 			return duties.Run(ctx)
-		}}
+		},
+	}
 	a.Metrics.WatchReplica(rep, cluster.RoleLeader, cluster.RoleStandby)
 	a.Metrics.WatchLag(rep.Follower.Lag)
 	a.Metrics.WatchVerification(rep.Follower)
-	return Role{Run: rep.Run, Leading: lease.IsLeader, Receiver: lease.LeaderOnly, Follower: rep.Follower, Current: rep.Role}, nil
+	return Role{
+		Run:      rep.Run,
+		Leading:  lease.IsLeader,
+		Receiver: lease.LeaderOnly,
+		Follower: rep.Follower,
+		Current:  rep.Role,
+	}, nil
 }
 
 // AdminHandler serves the metrics and the readiness checks; r.Leading says
@@ -105,9 +119,18 @@ func (a *App) AdminHandler(r Role) http.Handler {
 	if a.Receiver != nil {
 		m.WatchReceiver(&a.Receiver.Stats)
 	}
-	checks := []admin.Check{{Name: "database", Run: a.Store.Writable}, admin.NATSCheck(a.NATS.NC), admin.RoleCheck("publish", a.Relay, leading),
-		admin.FreshnessCheck(a.Fresh, leading), admin.BaselineCheck(a.Store, leading), admin.CredentialsCheck(a.Client, leading),
-		admin.HistoryCheck(a.Store, a.Config.Crawl.RequestsPerSecond, leading)}
+	checks := []admin.Check{
+		{Name: "database", Run: a.Store.Writable},
+		admin.NATSCheck(a.NATS.NC),
+		admin.RoleCheck("publish", a.Relay, leading),
+		admin.FreshnessCheck(
+			a.Fresh,
+			leading,
+		),
+		admin.BaselineCheck(a.Store, leading),
+		admin.CredentialsCheck(a.Client, leading),
+		admin.HistoryCheck(a.Store, a.Config.Crawl.RequestsPerSecond, leading),
+	}
 	m.WatchBackfill(a.Store, a.Config.Crawl.RequestsPerSecond)
 	if r.Follower != nil {
 		checks = append(checks, admin.RoleCheck("stream", r.Follower, func() bool { return !leading() }))

@@ -60,7 +60,13 @@ const shutdownWait = time.Second
 // every address) and returns that URL, and the function that serves sim on
 // ln until ctx is done, changing its data every so often (0: never) by
 // changes.
-func ServeSim(ctx context.Context, sim *platformsim.Sim, ln net.Listener, every time.Duration, changes int) (url string, serve func() error) {
+func ServeSim(
+	ctx context.Context,
+	sim *platformsim.Sim,
+	ln net.Listener,
+	every time.Duration,
+	changes int,
+) (url string, serve func() error) {
 	addr := ln.Addr().(*net.TCPAddr)
 	url = "http://" + addr.String()
 	if addr.IP.IsUnspecified() {
@@ -90,7 +96,11 @@ func StartDemo(ctx context.Context, cfg *config.Config, log *slog.Logger) (serve
 	for _, addr := range cfg.DemoAddrs() {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			return nil, fmt.Errorf("demo: %s is in use (another syncd demo, or another server?); nothing was touched: %w", addr, err)
+			return nil, fmt.Errorf(
+				"demo: %s is in use (another syncd demo, or another server?); nothing was touched: %w",
+				addr,
+				err,
+			)
 		}
 		ln.Close()
 	}
@@ -101,9 +111,21 @@ func StartDemo(ctx context.Context, cfg *config.Config, log *slog.Logger) (serve
 	}
 	// Strict: the simulator behaves as the vendor's service does (audiences,
 	// hidden tag families, repos below subgroups, protojson on the wire).
-	sim := platformsim.New(platformsim.Options{Seed: time.Now().UnixNano(), Strict: true, Tokens: []string{config.DemoToken},
-		RegistryTokens: []string{config.DemoRegistryToken}, AllowHTTPSinks: true})
-	sim.Populate(platformsim.Scale{Repos: 12, TagsPerRepo: 4, HistoryPerTag: 20, Advisories: 30, NestedRepos: 4, DateTags: 1, EpochTags: 1})
+	sim := platformsim.New(
+		platformsim.Options{Seed: time.Now().UnixNano(), Strict: true, Tokens: []string{config.DemoToken},
+			RegistryTokens: []string{config.DemoRegistryToken}, AllowHTTPSinks: true},
+	)
+	sim.Populate(
+		platformsim.Scale{
+			Repos:         12,
+			TagsPerRepo:   4,
+			HistoryPerTag: 20,
+			Advisories:    30,
+			NestedRepos:   4,
+			DateTags:      1,
+			EpochTags:     1,
+		},
+	)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("demo simulator: %w", err)

@@ -16,7 +16,9 @@ import (
 func (a *App) SyncOnce(ctx context.Context) (crawler.Summary, time.Duration, error) {
 	if a.Fence != nil {
 		// No lease term: every write would be refused, after the crawl.
-		return crawler.Summary{}, 0, errors.New(`"sync --once" does not write in cluster mode ([cluster] enabled): only the lease holder's "syncd run" writes, fenced by its lease term (docs/cluster.md, "Fencing")`)
+		return crawler.Summary{}, 0, errors.New(
+			`"sync --once" does not write in cluster mode ([cluster] enabled): only the lease holder's "syncd run" writes, fenced by its lease term (docs/cluster.md, "Fencing")`,
+		)
 	}
 	sum, err := a.Crawler.Sweep(ctx)
 	if err != nil {

@@ -48,8 +48,10 @@ func LoadTrust(cfg config.Config, log *slog.Logger) (*Trust, error) {
 	}
 	switch {
 	case t.Signer == nil && t.Verifier == nil:
-		log.Warn("no [cluster] signing_key_file or verify_keys: messages are published unsigned, and followers and standbys apply " +
-			"whatever any publisher of the NATS account writes on the stream's subjects (docs/cluster.md, \"Signed messages\")")
+		log.Warn(
+			"no [cluster] signing_key_file or verify_keys: messages are published unsigned, and followers and standbys apply " +
+				"whatever any publisher of the NATS account writes on the stream's subjects (docs/cluster.md, \"Signed messages\")",
+		)
 	case t.Signer != nil:
 		log.Info("signing published messages", "key", t.Signer.PublicKey(), "verify_keys", len(keys))
 	default:

@@ -79,7 +79,10 @@ func TestFollower_CountsRejectedMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := []string{`syncd_rejected_messages_total{reason="unsigned"} 1`, `syncd_rejected_messages_total{reason="bad_signature"} 1`}
+	want := []string{
+		`syncd_rejected_messages_total{reason="unsigned"} 1`,
+		`syncd_rejected_messages_total{reason="bad_signature"} 1`,
+	}
 	testutil.WaitFor(t, 10*time.Second, "the follower's metrics to count both rejections", func() bool {
 		resp, err := http.Get(srv.URL + "/metrics")
 		if err != nil {

@@ -104,7 +104,11 @@ func (r *Receiver) claimID(ctx context.Context, d *verified) (bool, *rejection) 
 }
 
 func replayed() *rejection {
-	return refusal(http.StatusConflict, ReasonReplayed, "this token already carried another delivery; each token is accepted once")
+	return refusal(
+		http.StatusConflict,
+		ReasonReplayed,
+		"this token already carried another delivery; each token is accepted once",
+	)
 }
 
 func (r *Receiver) unrecorded(d *verified, err error) *rejection {

@@ -33,7 +33,10 @@ func newSigner(t *testing.T, kid string) (*rsa.PrivateKey, jose.Signer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid))
+	signer, err := jose.NewSigner(
+		jose.SigningKey{Algorithm: jose.RS256, Key: key},
+		(&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid),
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +53,10 @@ func newIssuer(t *testing.T) *issuer {
 			"id_token_signing_alg_values_supported": []string{"RS256"}})
 	})
 	mux.HandleFunc("GET /keys", func(w http.ResponseWriter, _ *http.Request) {
-		json.NewEncoder(w).Encode(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &key.PublicKey, KeyID: "local", Algorithm: "RS256", Use: "sig"}}})
+		json.NewEncoder(w).
+			Encode(
+				jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &key.PublicKey, KeyID: "local", Algorithm: "RS256", Use: "sig"}}},
+			)
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -61,7 +67,12 @@ func newIssuer(t *testing.T) *issuer {
 // receiver serves a receiver trusting this issuer, with its clock.
 func (is *issuer) receiver(t *testing.T, mod func(*events.Config)) (*events.Receiver, *recordedJobs, string) {
 	t.Helper()
-	cfg := events.Config{Issuer: is.url, Groups: []string{"org1"}, TypePrefix: "dev.chainguard.", Now: func() time.Time { return is.now }}
+	cfg := events.Config{
+		Issuer:     is.url,
+		Groups:     []string{"org1"},
+		TypePrefix: "dev.chainguard.",
+		Now:        func() time.Time { return is.now },
+	}
 	if mod != nil {
 		mod(&cfg)
 	}

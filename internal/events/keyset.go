@@ -82,8 +82,12 @@ func (k *keySet) keysFor(ctx context.Context, kid string) ([]jose.JSONWebKey, er
 	}
 	if !k.fetched.IsZero() && k.now().Sub(k.fetched) < k.interval {
 		if kid != "" {
-			return nil, fmt.Errorf("the token names key id %q, which the issuer's key set (fetched %s ago) lacks; it is fetched again at most every %s",
-				kid, k.now().Sub(k.fetched).Round(time.Second), k.interval)
+			return nil, fmt.Errorf(
+				"the token names key id %q, which the issuer's key set (fetched %s ago) lacks; it is fetched again at most every %s",
+				kid,
+				k.now().Sub(k.fetched).Round(time.Second),
+				k.interval,
+			)
 		}
 		return k.keys, nil
 	}

@@ -43,7 +43,8 @@ func TestReceiver_ForgedTokensDoNotFetchKeys(t *testing.T) {
 			kid = fmt.Sprintf("forged-%d", i)
 		}
 		d := forgery(t, f, attacker, kid, fmt.Sprintf("forged-%d", i))
-		if code, body := post(t, url, d.header, d.body); code != http.StatusForbidden || !strings.Contains(body, events.ReasonBadToken) {
+		if code, body := post(t, url, d.header, d.body); code != http.StatusForbidden ||
+			!strings.Contains(body, events.ReasonBadToken) {
 			t.Fatalf("forgery %d (kid %s): status=%d body=%s, want 403 %s", i, kid, code, body, events.ReasonBadToken)
 		}
 	}
@@ -122,7 +123,10 @@ func keyID(t *testing.T, h http.Header) string {
 // a header naming kid.
 func forgery(t *testing.T, f *fixture, key *rsa.PrivateKey, kid, id string) delivery {
 	t.Helper()
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid))
+	signer, err := jose.NewSigner(
+		jose.SigningKey{Algorithm: jose.RS256, Key: key},
+		(&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid),
+	)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,9 @@ func (r *Receiver) mapEvent(typ, subject string, body []byte) (*job, bool, *reje
 	case "registry.push.v1":
 		j, rej := r.mapPush(&b, subject)
 		return j, false, rej
-	case "api.platform.registry.tag.created.v1", "api.platform.registry.tag.updated.v1", "api.platform.registry.tag.deleted.v1":
+	case "api.platform.registry.tag.created.v1",
+		"api.platform.registry.tag.updated.v1",
+		"api.platform.registry.tag.deleted.v1":
 		tag, rej := r.resourceOf(&b, typ, subject)
 		if rej != nil || tag == "" {
 			return nil, false, rej
@@ -81,8 +83,13 @@ func (r *Receiver) mapEvent(typ, subject string, body []byte) (*job, bool, *reje
 			return nil, false, refusal(http.StatusBadRequest, ReasonMalformed, "tag uid %q names no repo", tag)
 		}
 		repo := path.Dir(tag)
-		return &job{key: "repo\x00" + repo, run: func(ctx context.Context) error { return r.jobs.RefreshRepo(ctx, repo) }}, false, nil
-	case "api.platform.registry.repo.created.v1", "api.platform.registry.repo.deleted.v1", "api.platform.registry.repo.updated.v1":
+		return &job{
+			key: "repo\x00" + repo,
+			run: func(ctx context.Context) error { return r.jobs.RefreshRepo(ctx, repo) },
+		}, false, nil
+	case "api.platform.registry.repo.created.v1",
+		"api.platform.registry.repo.deleted.v1",
+		"api.platform.registry.repo.updated.v1":
 		repo, rej := r.resourceOf(&b, typ, subject)
 		if rej != nil || repo == "" {
 			return nil, false, rej
@@ -110,14 +117,23 @@ func (r *Receiver) mapPush(b *eventBody, subject string) (*job, *rejection) {
 	}
 	// The subject of a push is the repository pushed to.
 	if subject != "" && subject != b.RepoID && subject != b.Repository {
-		return nil, refusal(http.StatusForbidden, ReasonSubjectMismatch, "Ce-Subject %q is not the pushed repository %q", subject, repo)
+		return nil, refusal(
+			http.StatusForbidden,
+			ReasonSubjectMismatch,
+			"Ce-Subject %q is not the pushed repository %q",
+			subject,
+			repo,
+		)
 	}
 	// Failed pushes, pushes by digest and pushes of blobs change no tag.
 	if b.Error != nil || b.Tag == "" || b.Type != "manifest" {
 		return nil, nil
 	}
 	tag := b.Tag
-	return &job{key: "tag\x00" + repo + "\x00" + tag, run: func(ctx context.Context) error { return r.jobs.RefreshTag(ctx, repo, tag) }}, nil
+	return &job{
+		key: "tag\x00" + repo + "\x00" + tag,
+		run: func(ctx context.Context) error { return r.jobs.RefreshTag(ctx, repo, tag) },
+	}, nil
 }
 
 // resourceOf returns the uid of the platform resource a resource event's
@@ -134,7 +150,13 @@ func (r *Receiver) resourceOf(b *eventBody, typ, subject string) (string, *rejec
 		return "", nil
 	}
 	if subject != "" && subject != uid {
-		return "", refusal(http.StatusForbidden, ReasonSubjectMismatch, "Ce-Subject %q is not the body's resource %q", subject, uid)
+		return "", refusal(
+			http.StatusForbidden,
+			ReasonSubjectMismatch,
+			"Ce-Subject %q is not the body's resource %q",
+			subject,
+			uid,
+		)
 	}
 	return uid, nil
 }

@@ -225,7 +225,11 @@ func (r *Receiver) getVerifier(ctx context.Context) (*oidc.IDTokenVerifier, erro
 		return nil, fmt.Errorf("discover OIDC issuer %s: no jwks_uri in its discovery document (%v)", r.cfg.Issuer, err)
 	}
 	keys := newKeySet(meta.JWKS, r.cfg.HTTPClient, r.cfg.Now, r.cfg.KeyRefreshInterval)
-	r.verifier = oidc.NewVerifier(r.cfg.Issuer, keys, &oidc.Config{ClientID: r.cfg.Audience, Now: r.cfg.Now, SupportedSigningAlgs: meta.Algs})
+	r.verifier = oidc.NewVerifier(
+		r.cfg.Issuer,
+		keys,
+		&oidc.Config{ClientID: r.cfg.Audience, Now: r.cfg.Now, SupportedSigningAlgs: meta.Algs},
+	)
 	return r.verifier, nil
 }
 

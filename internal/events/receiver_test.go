@@ -182,7 +182,11 @@ func (f *fixture) receiver(t *testing.T, mod func(*events.Config)) (*events.Rece
 
 // serveReceiver serves a receiver on a loopback port; its queue runs only
 // once the test calls runQueue.
-func serveReceiver(t *testing.T, cfg events.Config, deliveries events.Deliveries) (*events.Receiver, *recordedJobs, string) {
+func serveReceiver(
+	t *testing.T,
+	cfg events.Config,
+	deliveries events.Deliveries,
+) (*events.Receiver, *recordedJobs, string) {
 	t.Helper()
 	jobs := &recordedJobs{}
 	rcv := events.NewReceiver(cfg, jobs, deliveries)
@@ -318,9 +322,25 @@ func TestReceiver_RejectsForgeries(t *testing.T) {
 		{"Forged", f, nil, withAuth(f.pushed.header, "Bearer "+forge(t, claims)), f.pushed.body, 403, events.ReasonBadToken},
 		{"Garbage", f, nil, withAuth(f.pushed.header, "Bearer not.a.jwt"), f.pushed.body, 403, events.ReasonBadToken},
 		{"TamperedBody", f, nil, f.pushed.header, tampered, 403, events.ReasonBadDigest},
-		{"Expired", f, func(c *events.Config) { c.Now = func() time.Time { return f.sim.Now().Add(time.Hour) } }, f.pushed.header, f.pushed.body, 403, events.ReasonExpiredToken},
+		{
+			"Expired",
+			f,
+			func(c *events.Config) { c.Now = func() time.Time { return f.sim.Now().Add(time.Hour) } },
+			f.pushed.header,
+			f.pushed.body,
+			403,
+			events.ReasonExpiredToken,
+		},
 		{"WrongAudience", wrongAud, nil, wrongAud.pushed.header, wrongAud.pushed.body, 403, events.ReasonBadToken},
-		{"WrongSubject", f, func(c *events.Config) { c.Groups = []string{"another-group"} }, f.pushed.header, f.pushed.body, 403, events.ReasonWrongSubject},
+		{
+			"WrongSubject",
+			f,
+			func(c *events.Config) { c.Groups = []string{"another-group"} },
+			f.pushed.header,
+			f.pushed.body,
+			403,
+			events.ReasonWrongSubject,
+		},
 		{"TooLarge", f, nil, f.pushed.header, big, 413, events.ReasonTooLarge},
 		{"NoCloudEventID", f, nil, noID, f.pushed.body, 400, events.ReasonMalformed},
 		{"ReservedCloudEventID", f, nil, reservedID, f.pushed.body, 400, events.ReasonMalformed},
@@ -362,7 +382,11 @@ func TestReceiver_QueueFullAnswers503(t *testing.T) {
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("second: status=%d Retry-After=%q, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+		t.Fatalf(
+			"second: status=%d Retry-After=%q, want 503 with Retry-After",
+			resp.StatusCode,
+			resp.Header.Get("Retry-After"),
+		)
 	}
 	// Once the queue drains, the sender's retry of the refused delivery
 	// (here the very same request: its token was not used up) is accepted
@@ -388,15 +412,29 @@ func TestReceiver_QueueFullAnswers503(t *testing.T) {
 // FuzzReceiver sends arbitrary deliveries: without a token the issuer
 // signed, none may be accepted, and none may crash the receiver.
 func FuzzReceiver(f *testing.F) {
-	f.Add("Bearer x.y.z", "dev.chainguard.registry.push.v1", "id-1", []byte(`{"body":{"repo_id":"org1/r","tag":"latest","type":"manifest"}}`))
+	f.Add(
+		"Bearer x.y.z",
+		"dev.chainguard.registry.push.v1",
+		"id-1",
+		[]byte(`{"body":{"repo_id":"org1/r","tag":"latest","type":"manifest"}}`),
+	)
 	f.Add("", "", "", []byte(""))
-	f.Add("Bearer eyJhbGciOiJub25lIn0.eyJzdWIiOiJ3ZWJob29rOm9yZzEifQ.", "dev.chainguard.registry.push.v1", "id-2", []byte(`{}`))
+	f.Add(
+		"Bearer eyJhbGciOiJub25lIn0.eyJzdWIiOiJ3ZWJob29rOm9yZzEifQ.",
+		"dev.chainguard.registry.push.v1",
+		"id-2",
+		[]byte(`{}`),
+	)
 	f.Add("Basic dXNlcjpwYXNz", "x", "y", []byte("\x00\xff"))
 	sim := platformsim.New(platformsim.Options{Seed: 1, Tokens: []string{simToken}})
 	srv := httptest.NewServer(sim.Handler())
 	f.Cleanup(srv.Close)
 	sim.SetBaseURL(srv.URL)
-	rcv := events.NewReceiver(events.Config{Issuer: srv.URL, Groups: []string{"org1"}, TypePrefix: "dev.chainguard.", MaxBody: 4096}, &recordedJobs{}, &memDeliveries{})
+	rcv := events.NewReceiver(
+		events.Config{Issuer: srv.URL, Groups: []string{"org1"}, TypePrefix: "dev.chainguard.", MaxBody: 4096},
+		&recordedJobs{},
+		&memDeliveries{},
+	)
 	f.Fuzz(func(t *testing.T, auth, typ, id string, body []byte) {
 		req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
 		if auth != "" {

@@ -101,7 +101,10 @@ func (r *Registrar) ensure(ctx context.Context, group string) error {
 			}
 		}
 	}
-	return r.Store.UpsertSubscription(ctx, store.Subscription{UID: keep.UID, GroupUID: group, Sink: keep.Sink, CreateTime: keep.CreateTime})
+	return r.Store.UpsertSubscription(
+		ctx,
+		store.Subscription{UID: keep.UID, GroupUID: group, Sink: keep.Sink, CreateTime: keep.CreateTime},
+	)
 }
 
 // List returns syncd's subscriptions on every group.

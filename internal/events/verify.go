@@ -56,7 +56,11 @@ func (r *Receiver) verify(w http.ResponseWriter, req *http.Request) (*verified, 
 	}
 	d.id, d.typ = req.Header.Get("Ce-Id"), req.Header.Get("Ce-Type")
 	if d.id == "" || d.typ == "" || req.Header.Get("Ce-Specversion") == "" {
-		return nil, refusal(http.StatusBadRequest, ReasonMalformed, "Ce-Id, Ce-Type and Ce-Specversion headers are required (CloudEvents binary mode)")
+		return nil, refusal(
+			http.StatusBadRequest,
+			ReasonMalformed,
+			"Ce-Id, Ce-Type and Ce-Specversion headers are required (CloudEvents binary mode)",
+		)
 	}
 	if strings.HasPrefix(d.id, tokenRecordPrefix) {
 		return nil, refusal(http.StatusBadRequest, ReasonMalformed, "a Ce-Id may not begin with %q", tokenRecordPrefix)
@@ -86,27 +90,44 @@ func (r *Receiver) verifyToken(ctx context.Context, raw string, body []byte) (st
 	verifier, err := r.getVerifier(ctx)
 	if err != nil {
 		r.log.Warn("cannot verify pushed events", "err", err)
-		return "", time.Time{}, refusal(http.StatusServiceUnavailable, ReasonUnavailable, "the token issuer cannot be reached; retry later")
+		return "", time.Time{}, refusal(
+			http.StatusServiceUnavailable,
+			ReasonUnavailable,
+			"the token issuer cannot be reached; retry later",
+		)
 	}
 	// Verify checks the signature, issuer, audience and exp.
 	tok, err := verifier.Verify(ctx, raw)
 	if err != nil {
 		var expired *oidc.TokenExpiredError
 		if errors.As(err, &expired) {
-			return "", time.Time{}, refusal(http.StatusForbidden, ReasonExpiredToken, "the token expired at %s", expired.Expiry.UTC().Format(time.RFC3339))
+			return "", time.Time{}, refusal(
+				http.StatusForbidden,
+				ReasonExpiredToken,
+				"the token expired at %s",
+				expired.Expiry.UTC().Format(time.RFC3339),
+			)
 		}
 		r.log.Debug("token verification failed", "err", err)
 		return "", time.Time{}, refusal(http.StatusForbidden, ReasonBadToken, "the token did not verify")
 	}
 	group, ok := strings.CutPrefix(tok.Subject, "webhook:")
 	if !ok || !r.groups[group] {
-		return "", time.Time{}, refusal(http.StatusForbidden, ReasonWrongSubject, "the token's subject is not a subscribed group")
+		return "", time.Time{}, refusal(
+			http.StatusForbidden,
+			ReasonWrongSubject,
+			"the token's subject is not a subscribed group",
+		)
 	}
 	var claims webhookClaims
 	sum := sha256.Sum256(body)
 	digest := "sha256:" + hex.EncodeToString(sum[:])
 	if err := tok.Claims(&claims); err != nil || claims.Webhook.Digest != digest {
-		return "", time.Time{}, refusal(http.StatusForbidden, ReasonBadDigest, "the token's webhook digest does not match the body")
+		return "", time.Time{}, refusal(
+			http.StatusForbidden,
+			ReasonBadDigest,
+			"the token's webhook digest does not match the body",
+		)
 	}
 	end, rej := r.checkIssued(tok)
 	if rej != nil {
@@ -132,9 +153,20 @@ func (r *Receiver) checkIssued(tok *oidc.IDToken) (time.Time, *rejection) {
 	case iat.IsZero():
 		return time.Time{}, refusal(http.StatusForbidden, ReasonBadToken, "the token has no iat (issue time)")
 	case iat.After(now.Add(skew)):
-		return time.Time{}, refusal(http.StatusForbidden, ReasonBadToken, "the token's iat is %s ahead of this receiver's clock", iat.Sub(now).Round(time.Second))
+		return time.Time{}, refusal(
+			http.StatusForbidden,
+			ReasonBadToken,
+			"the token's iat is %s ahead of this receiver's clock",
+			iat.Sub(now).Round(time.Second),
+		)
 	case now.Sub(iat) > r.cfg.MaxTokenAge+skew:
-		return time.Time{}, refusal(http.StatusForbidden, ReasonTokenTooOld, "the token was issued %s ago; at most %s is accepted", now.Sub(iat).Round(time.Second), r.cfg.MaxTokenAge)
+		return time.Time{}, refusal(
+			http.StatusForbidden,
+			ReasonTokenTooOld,
+			"the token was issued %s ago; at most %s is accepted",
+			now.Sub(iat).Round(time.Second),
+			r.cfg.MaxTokenAge,
+		)
 	}
 	end := iat.Add(r.cfg.MaxTokenAge + skew)
 	if tok.Expiry.Before(end) {

@@ -27,12 +27,33 @@ func TestReceiver_TokenLifetime(t *testing.T) {
 	}{
 		{name: "Fresh", status: 202},
 		{name: "OldWithinSkew", claims: at(-10*time.Minute - 30*time.Second), status: 202},
-		{name: "TooOld", claims: func(c map[string]any) { at(-20 * time.Minute)(c); c["exp"] = is.now.Add(time.Hour).Unix() }, status: 403, reason: events.ReasonTokenTooOld},
-		{name: "TooOldForConfiguredAge", claims: at(-3 * time.Minute), mod: func(c *events.Config) { c.MaxTokenAge = time.Minute }, status: 403, reason: events.ReasonTokenTooOld},
+		{
+			name:   "TooOld",
+			claims: func(c map[string]any) { at(-20 * time.Minute)(c); c["exp"] = is.now.Add(time.Hour).Unix() },
+			status: 403,
+			reason: events.ReasonTokenTooOld,
+		},
+		{
+			name:   "TooOldForConfiguredAge",
+			claims: at(-3 * time.Minute),
+			mod:    func(c *events.Config) { c.MaxTokenAge = time.Minute },
+			status: 403,
+			reason: events.ReasonTokenTooOld,
+		},
 		{name: "IssuedInTheFuture", claims: at(5 * time.Minute), status: 403, reason: events.ReasonBadToken},
 		{name: "FutureWithinSkew", claims: at(30 * time.Second), status: 202},
-		{name: "NoIssueTime", claims: func(c map[string]any) { delete(c, "iat") }, status: 403, reason: events.ReasonBadToken},
-		{name: "Expired", claims: func(c map[string]any) { at(-3 * time.Minute)(c); c["exp"] = is.now.Add(-time.Second).Unix() }, status: 403, reason: events.ReasonExpiredToken},
+		{
+			name:   "NoIssueTime",
+			claims: func(c map[string]any) { delete(c, "iat") },
+			status: 403,
+			reason: events.ReasonBadToken,
+		},
+		{
+			name:   "Expired",
+			claims: func(c map[string]any) { at(-3 * time.Minute)(c); c["exp"] = is.now.Add(-time.Second).Unix() },
+			status: 403,
+			reason: events.ReasonExpiredToken,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rcv, jobs, url := is.receiver(t, tc.mod)
@@ -67,7 +88,8 @@ func TestReceiver_RefusesOldTokenFromPlatform(t *testing.T) {
 		c.Now = func() time.Time { return f.sim.Now().Add(3 * time.Minute) }
 	})
 	runQueue(t, rcv)
-	if code, body := post(t, url, f.pushed.header, f.pushed.body); code != http.StatusForbidden || !strings.Contains(body, events.ReasonTokenTooOld) {
+	if code, body := post(t, url, f.pushed.header, f.pushed.body); code != http.StatusForbidden ||
+		!strings.Contains(body, events.ReasonTokenTooOld) {
 		t.Fatalf("status=%d body=%s, want 403 %s", code, body, events.ReasonTokenTooOld)
 	}
 	if got := jobs.list(); len(got) != 0 {
@@ -123,7 +145,8 @@ func TestReceiver_RefusesReaimedDelivery(t *testing.T) {
 			}
 		})
 	}
-	if got, want := rcv.Stats.RejectedCount(events.ReasonSubjectMismatch)+rcv.Stats.RejectedCount(events.ReasonTypeMismatch), int64(6); got != want {
+	if got, want := rcv.Stats.RejectedCount(events.ReasonSubjectMismatch)+
+		rcv.Stats.RejectedCount(events.ReasonTypeMismatch), int64(6); got != want {
 		t.Errorf("mismatch rejections=%d, want %d", got, want)
 	}
 	if code, body := post(t, url, f.pushed.header, f.pushed.body); code != http.StatusAccepted {
@@ -146,7 +169,8 @@ func TestReceiver_ResourceEventFromBody(t *testing.T) {
 	d := is.deliver(t, "id-1", typ, "org1/r/t1", body, nil)
 	h := d.header.Clone()
 	h.Set("Ce-Subject", "org1/victim/t1")
-	if code, resp := post(t, url, h, d.body); code != http.StatusForbidden || !strings.Contains(resp, events.ReasonSubjectMismatch) {
+	if code, resp := post(t, url, h, d.body); code != http.StatusForbidden ||
+		!strings.Contains(resp, events.ReasonSubjectMismatch) {
 		t.Fatalf("other subject: status=%d body=%s, want 403 %s", code, resp, events.ReasonSubjectMismatch)
 	}
 	if code, resp := post(t, url, d.header, d.body); code != http.StatusAccepted {

@@ -167,8 +167,14 @@ func (f AdvisoryFilter) Query(q ListQuery) ListQuery {
 	for k, vs := range q.Extra {
 		extra[k] = append([]string(nil), vs...)
 	}
-	for name, vs := range map[string][]string{"advisory_ids": f.AdvisoryIDs, "artifact_names": f.ArtifactNames,
-		"artifact_types": f.ArtifactTypes, "component_names": f.ComponentNames, "aliases": f.Aliases, "event_types": f.EventTypes} {
+	for name, vs := range map[string][]string{
+		"advisory_ids":    f.AdvisoryIDs,
+		"artifact_names":  f.ArtifactNames,
+		"artifact_types":  f.ArtifactTypes,
+		"component_names": f.ComponentNames,
+		"aliases":         f.Aliases,
+		"event_types":     f.EventTypes,
+	} {
 		if len(vs) > 0 {
 			extra[name] = append(extra[name], vs...)
 		}

@@ -14,7 +14,8 @@ import (
 // member per event, empty messages as {}, zero values left out), and a kind
 // added upstream that this client does not know.
 func TestAdvisory_LifecycleAsTheGatewayRendersIt(t *testing.T) {
-	const body = `{"uid":"org1/a1","advisoryId":"CGA-2x4h-9q7m-p3vw","createTime":"2026-03-02T09:30:00Z","updateTime":"2026-03-04T17:05:00.123456Z",
+	const body = `{"uid":"org1/a1","advisoryId":"CGA-2x4h-9q7m-p3vw","createTime":"2026-03-02T09:30:00Z",
+	"updateTime":"2026-03-04T17:05:00.123456Z",
 	"author":"scanner@example.dev","artifactName":"openssl","artifactType":"apk","artifactArchitecture":"x86_64",
 	"componentName":"libssl3","componentLocation":"/usr/lib/libssl.so.3","componentType":"apk",
 	"aliases":["CVE-2026-0001","GHSA-aaaa-bbbb-cccc"],"legacyAdvisoryId":"CGA-old1",
@@ -68,10 +69,12 @@ func TestAdvisory_LifecycleAsTheGatewayRendersIt(t *testing.T) {
 		}
 	}
 	first, fixed := a.Events[0], a.Events[8]
-	if first.Findings != "eyJhIjoxfQ==" || first.ReviewState != "REVIEW_STATE_APPROVED" || !first.CreateTime.Equal(time.Date(2026, 3, 2, 9, 30, 0, 0, time.UTC)) {
+	if first.Findings != "eyJhIjoxfQ==" || first.ReviewState != "REVIEW_STATE_APPROVED" ||
+		!first.CreateTime.Equal(time.Date(2026, 3, 2, 9, 30, 0, 0, time.UTC)) {
 		t.Errorf("detection common fields: %+v", first)
 	}
-	if fixed.Reviewer != "lead@example.dev" || fixed.Issue != "cve-dashboard#12" || fixed.CreateTime.Nanosecond() != 123456000 {
+	if fixed.Reviewer != "lead@example.dev" || fixed.Issue != "cve-dashboard#12" ||
+		fixed.CreateTime.Nanosecond() != 123456000 {
 		t.Errorf("fixed common fields: %+v", fixed)
 	}
 	if got := a.Events[7].PatchedVersions; !slices.Equal(got, []string{"3.0.1-r1", "3.0.1-r2"}) {
@@ -89,7 +92,9 @@ func TestAdvisory_LifecycleAsTheGatewayRendersIt(t *testing.T) {
 	})
 	t.Run("NoKind", func(t *testing.T) {
 		var e platform.AdvisoryEvent
-		if err := json.Unmarshal([]byte(`{"uid":"e","fixed":null,"author":"a"}`), &e); err != nil || e.Kind != "" || e.Details != nil || e.Author != "a" {
+		if err := json.Unmarshal([]byte(`{"uid":"e","fixed":null,"author":"a"}`), &e); err != nil || e.Kind != "" ||
+			e.Details != nil ||
+			e.Author != "a" {
 			t.Fatalf("event %+v, %v: want no kind", e, err)
 		}
 	})

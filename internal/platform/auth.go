@@ -158,7 +158,11 @@ func (d *DockerCredentialHelper) run(ctx context.Context) (string, error) {
 		Secret string `json:"Secret"`
 	}
 	if err := json.Unmarshal(out, &answer); err != nil {
-		return "", fmt.Errorf("credential helper %s get for %s: its answer is not the JSON of the credential-helper protocol", name, d.Host)
+		return "", fmt.Errorf(
+			"credential helper %s get for %s: its answer is not the JSON of the credential-helper protocol",
+			name,
+			d.Host,
+		)
 	}
 	tok := strings.TrimSpace(answer.Secret)
 	if tok == "" {

@@ -261,7 +261,11 @@ func installHelper(t *testing.T, name, body string) (runs func() []string) {
 func TestDockerCredentialHelper_SecretCachedUntilExpiry(t *testing.T) {
 	clk := newClock()
 	jwt := jwtFor("cgr.dev", clk.Now().Add(10*time.Minute))
-	runs := installHelper(t, "fake", fmt.Sprintf(`printf '{"ServerURL":"%%s","Username":"_token","Secret":"%s"}' "$host"`, jwt))
+	runs := installHelper(
+		t,
+		"fake",
+		fmt.Sprintf(`printf '{"ServerURL":"%%s","Username":"_token","Secret":"%s"}' "$host"`, jwt),
+	)
 	src := &platform.DockerCredentialHelper{Helper: "fake", Host: "cgr.dev", Now: clk.Now}
 	get := func(wantRuns int) {
 		t.Helper()
@@ -305,7 +309,9 @@ func TestDockerCredentialHelper_Failures(t *testing.T) {
 		})
 	}
 	for _, name := range []string{"", "../fake", "a/b"} {
-		if _, err := (&platform.DockerCredentialHelper{Helper: name, Host: "cgr.dev"}).Token(context.Background()); err == nil {
+		if _, err := (&platform.DockerCredentialHelper{Helper: name, Host: "cgr.dev"}).Token(
+			context.Background(),
+		); err == nil {
 			t.Errorf("helper name %q accepted", name)
 		}
 	}
@@ -323,11 +329,20 @@ func TestClient_PlatformRefusalSaysWhatToDo(t *testing.T) {
 		{"RegistryTokenAtTheAPI", 401, platform.StaticToken(jwtFor("cgr.dev", time.Now().Add(time.Hour))),
 			[]string{"the token was issued for audience cgr.dev, not https://console-api.test"}},
 		{"NoToken", 401, nil, []string{"no platform token is configured"}},
-		{"Forbidden", 403, &countingToken{tokens: []string{testToken}}, []string{"(403 Forbidden)", "lacks permission", "bind it a role"}},
+		{
+			"Forbidden",
+			403,
+			&countingToken{tokens: []string{testToken}},
+			[]string{"(403 Forbidden)", "lacks permission", "bind it a role"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, n := serve(t, tc.status, "application/json", `{"code":16,"message":"Unauthenticated"}`)
-			c := plainClient(t, srv, func(cfg *platform.Config) { cfg.Token, cfg.APIAudience = tc.token, "https://console-api.test" })
+			c := plainClient(
+				t,
+				srv,
+				func(cfg *platform.Config) { cfg.Token, cfg.APIAudience = tc.token, "https://console-api.test" },
+			)
 			err := c.Ping(ctxT(t))
 			var ae *platform.AuthError
 			if !errors.As(err, &ae) || ae.Credential != "platform token" || ae.Status != tc.status {

@@ -88,7 +88,14 @@ func audienceMismatch(tok, want string) string {
 // platformAuthError explains a platform API refusal of tok.
 func (c *Client) platformAuthError(status int, tok string, err error) error {
 	aud := c.cfg.APIAudience
-	e := &AuthError{Service: "platform API", Credential: "platform token", Audience: aud, Status: status, Err: err, CredentialWide: true}
+	e := &AuthError{
+		Service:        "platform API",
+		Credential:     "platform token",
+		Audience:       aud,
+		Status:         status,
+		Err:            err,
+		CredentialWide: true,
+	}
 	xt, exchanged := c.cfg.Token.(*ExchangeToken)
 	if exchanged {
 		e.Credential = "token of identity " + xt.Identity
@@ -97,15 +104,29 @@ func (c *Client) platformAuthError(status int, tok string, err error) error {
 	case tok == "":
 		e.Hint = "no platform token is configured; set token_command = 'chainctl auth token' (or token, token_file, or identity)"
 	case status == http.StatusForbidden && exchanged:
-		e.Hint = fmt.Sprintf("the token was accepted but identity %s lacks permission for this request; bind it a role (for example viewer) on the group", xt.Identity)
+		e.Hint = fmt.Sprintf(
+			"the token was accepted but identity %s lacks permission for this request; bind it a role (for example viewer) on the group",
+			xt.Identity,
+		)
 	case status == http.StatusForbidden:
 		e.Hint = "the token was accepted but its identity lacks permission for this request; bind it a role (for example viewer) on the group"
 	case audienceMismatch(tok, aud) != "":
-		e.Hint = fmt.Sprintf("%s (a registry token?); set token_command = 'chainctl auth token --audience %s'", audienceMismatch(tok, aud), aud)
+		e.Hint = fmt.Sprintf(
+			"%s (a registry token?); set token_command = 'chainctl auth token --audience %s'",
+			audienceMismatch(tok, aud),
+			aud,
+		)
 	case exchanged:
-		e.Hint = fmt.Sprintf("the token exchanged for identity %s was not accepted; check that api_audience is %s", xt.Identity, aud)
+		e.Hint = fmt.Sprintf(
+			"the token exchanged for identity %s was not accepted; check that api_audience is %s",
+			xt.Identity,
+			aud,
+		)
 	default:
-		e.Hint = fmt.Sprintf("the token is expired, revoked, or issued for another audience (a registry token is refused here); set token_command = 'chainctl auth token --audience %s'", aud)
+		e.Hint = fmt.Sprintf(
+			"the token is expired, revoked, or issued for another audience (a registry token is refused here); set token_command = 'chainctl auth token --audience %s'",
+			aud,
+		)
 	}
 	return e
 }
@@ -125,15 +146,24 @@ func (c *Client) registryAuthError(img Image, kind string, status int, tok strin
 	case audienceMismatch(tok, aud) != "":
 		e.Hint = audienceMismatch(tok, aud) + "; " + fix
 	case status == http.StatusForbidden && exchanged:
-		e.Hint = fmt.Sprintf("identity %s has no pull access to %s; bind it a role that may pull (for example registry.pull) on the group", xt.Identity, img.Path())
+		e.Hint = fmt.Sprintf(
+			"identity %s has no pull access to %s; bind it a role that may pull (for example registry.pull) on the group",
+			xt.Identity,
+			img.Path(),
+		)
 	case status == http.StatusForbidden:
-		e.Hint = fmt.Sprintf("the token is not a registry token with pull access to %s (a platform token is refused here); %s", img.Path(), fix)
+		e.Hint = fmt.Sprintf(
+			"the token is not a registry token with pull access to %s (a platform token is refused here); %s",
+			img.Path(),
+			fix,
+		)
 	default:
 		e.Hint = "the registry token is expired or revoked, or not a registry token; " + fix
 	}
 	if exchanged && kind == "registry token" {
 		e.Credential = "registry token of identity " + xt.Identity
 	}
-	e.CredentialWide = kind != "anonymous access" && (status == http.StatusUnauthorized || kind == "platform token" || audienceMismatch(tok, aud) != "")
+	e.CredentialWide = kind != "anonymous access" &&
+		(status == http.StatusUnauthorized || kind == "platform token" || audienceMismatch(tok, aud) != "")
 	return e
 }

@@ -169,8 +169,15 @@ func New(cfg Config) (*Client, error) {
 	if cfg.RequestsPerSecond > 0 {
 		lim = rate.NewLimiter(rate.Limit(cfg.RequestsPerSecond), max(1, int(cfg.RequestsPerSecond)))
 	}
-	c := &Client{cfg: cfg, base: base, registry: registry, limiter: lim, log: cfg.Logger, regTokens: make(map[string]registryToken),
-		warnRetries: rate.Sometimes{First: 1, Interval: time.Minute}}
+	c := &Client{
+		cfg:         cfg,
+		base:        base,
+		registry:    registry,
+		limiter:     lim,
+		log:         cfg.Logger,
+		regTokens:   make(map[string]registryToken),
+		warnRetries: rate.Sometimes{First: 1, Interval: time.Minute},
+	}
 	if cfg.MaxInFlight > 0 {
 		c.inFlight = make(chan struct{}, cfg.MaxInFlight)
 	}
@@ -206,7 +213,9 @@ func (c *Client) Retries() int64 { return c.retries.Load() }
 // it: a network error after sending, a 5xx, or an unreadable success
 // answer. It is not repeated, because a repeat could create the resource
 // twice; the caller can look for the resource and decide.
-var ErrOutcomeUnknown = errors.New("the request may or may not have taken effect; not repeated, since a repeat could apply it twice")
+var ErrOutcomeUnknown = errors.New(
+	"the request may or may not have taken effect; not repeated, since a repeat could apply it twice",
+)
 
 // request is one logical call; do may send it several times.
 type request struct {
@@ -322,7 +331,19 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 		if time.Now().Add(wait).After(giveUp) {
 			return fmt.Errorf("giving up after %d attempts: %w", attempt, rt.err)
 		}
-		c.log.Debug("retrying request", "method", req.method, "path", req.url.Path, "attempt", attempt, "wait", wait, "err", rt.err)
+		c.log.Debug(
+			"retrying request",
+			"method",
+			req.method,
+			"path",
+			req.url.Path,
+			"attempt",
+			attempt,
+			"wait",
+			wait,
+			"err",
+			rt.err,
+		)
 		// An operator sees retries without debug logs, but not one line
 		// per request of a burst: at most one warning every warnEvery,
 		// counting the retries since the last.
@@ -331,8 +352,21 @@ func (c *Client) do(ctx context.Context, req request, out any) error {
 		retried := c.retriesSinceWarn.Add(1)
 		c.warnRetries.Do(func() {
 			c.retriesSinceWarn.Store(0)
-			c.log.Warn("the platform is failing requests; retrying with backoff", "method", req.method, "endpoint", endpointOf(req.method, req.url.Path, c.cfg.Vendor),
-				"attempt", attempt, "next_try_in", wait.Round(time.Millisecond).String(), "retries_since_last_warning", retried, "err", rt.err)
+			c.log.Warn(
+				"the platform is failing requests; retrying with backoff",
+				"method",
+				req.method,
+				"endpoint",
+				endpointOf(req.method, req.url.Path, c.cfg.Vendor),
+				"attempt",
+				attempt,
+				"next_try_in",
+				wait.Round(time.Millisecond).String(),
+				"retries_since_last_warning",
+				retried,
+				"err",
+				rt.err,
+			)
 		})
 		c.retries.Add(1)
 		t := time.NewTimer(wait)
@@ -446,7 +480,9 @@ func (c *Client) send(ctx context.Context, req request, out any, retry bool, tok
 	if err := json.Unmarshal(data, out); err != nil {
 		// A 2xx whose body does not parse was most likely cut short on the
 		// way; asking again is safe for idempotent requests.
-		return &retryable{err: fmt.Errorf("%s %s: decode response: %w (body starts %q)", req.method, req.url.Path, err, excerpt(data, 80))}
+		return &retryable{
+			err: fmt.Errorf("%s %s: decode response: %w (body starts %q)", req.method, req.url.Path, err, excerpt(data, 80)),
+		}
 	}
 	return nil
 }

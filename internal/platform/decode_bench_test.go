@@ -16,8 +16,16 @@ func tagPage() []byte {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, `{"uid":"0123456789abcdef/fedcba9876543210/%016x","name":"1.%d.%d-r%d","digest":"%s","updateTime":"2025-03-01T12:00:00.123456Z","bundles":["application","fips"],"deprecated":%t}`,
-			i, i/10, i%10, i, digest(i+1), i%7 == 0)
+		fmt.Fprintf(
+			&b,
+			`{"uid":"0123456789abcdef/fedcba9876543210/%016x","name":"1.%d.%d-r%d","digest":"%s","updateTime":"2025-03-01T12:00:00.123456Z","bundles":["application","fips"],"deprecated":%t}`,
+			i,
+			i/10,
+			i%10,
+			i,
+			digest(i+1),
+			i%7 == 0,
+		)
 	}
 	b.WriteString(`],"nextPageToken":"CgsxMjM0NTY3ODkwMTI","totalCount":"50000"}`)
 	return []byte(b.String())

@@ -22,7 +22,8 @@ func TestError_InvalidArgumentFromSimulator(t *testing.T) {
 	if !ok {
 		t.Fatalf("err = %v, want an *Error", err)
 	}
-	if apiErr.Status != 400 || apiErr.Code != platform.CodeInvalidArgument || apiErr.Reason != "INVALID_ARGUMENT" || apiErr.Domain != "chainguard.dev" {
+	if apiErr.Status != 400 || apiErr.Code != platform.CodeInvalidArgument || apiErr.Reason != "INVALID_ARGUMENT" ||
+		apiErr.Domain != "chainguard.dev" {
 		t.Errorf("got status %d code %d reason %q domain %q; want 400, 3, INVALID_ARGUMENT, chainguard.dev",
 			apiErr.Status, apiErr.Code, apiErr.Reason, apiErr.Domain)
 	}
@@ -47,7 +48,8 @@ func TestError_NotFoundThroughWrapping(t *testing.T) {
 		t.Fatalf("IsNotFound(%v) = false", wrapped)
 	}
 	apiErr, _ := platform.AsError(wrapped)
-	if apiErr.Code != platform.CodeNotFound || apiErr.ResourceInfo["resourceName"] != "org1/no-such-repo" || apiErr.ResourceInfo["resourceType"] == "" {
+	if apiErr.Code != platform.CodeNotFound || apiErr.ResourceInfo["resourceName"] != "org1/no-such-repo" ||
+		apiErr.ResourceInfo["resourceType"] == "" {
 		t.Errorf("code %d, resource info %v; want 5 and the repo named", apiErr.Code, apiErr.ResourceInfo)
 	}
 	// The registry answers in the OCI format; its 404 is a not found too.
@@ -90,13 +92,15 @@ func TestError_PreconditionFailure(t *testing.T) {
 	// The spec's blocked delete, as a gateway maps it: 400 with code 9.
 	srv, _ := serve(t, 400, "application/json", `{"code":9,"message":"Precondition failed: group has children",
 		"details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"FAILED_PRECONDITION","domain":"example.dev"},
-		{"@type":"type.googleapis.com/google.rpc.PreconditionFailure","violations":[{"type":"RESOURCE_NOT_EMPTY","subject":"g1","description":"group g1 has 2 repos"}]}]}`)
+		{"@type":"type.googleapis.com/google.rpc.PreconditionFailure",
+		"violations":[{"type":"RESOURCE_NOT_EMPTY","subject":"g1","description":"group g1 has 2 repos"}]}]}`)
 	_, err := plainClient(t, srv, nil).GetRepo(ctxT(t), "g1/r1")
 	if !platform.IsFailedPrecondition(err) || platform.IsInvalidArgument(err) {
 		t.Fatalf("err = %v: want failed precondition and not invalid argument, though both are 400", err)
 	}
 	apiErr, _ := platform.AsError(err)
-	if len(apiErr.PreconditionViolations) != 1 || apiErr.PreconditionViolations[0].Type != "RESOURCE_NOT_EMPTY" || apiErr.Domain != "example.dev" {
+	if len(apiErr.PreconditionViolations) != 1 || apiErr.PreconditionViolations[0].Type != "RESOURCE_NOT_EMPTY" ||
+		apiErr.Domain != "example.dev" {
 		t.Errorf("violations %+v, domain %q", apiErr.PreconditionViolations, apiErr.Domain)
 	}
 	if !strings.Contains(err.Error(), "precondition RESOURCE_NOT_EMPTY: group g1 has 2 repos") {

@@ -16,9 +16,18 @@ func FuzzDecodeError(f *testing.F) {
 		status int
 		body   string
 	}{
-		{400, `{"code":3,"message":"Invalid argument: name: must match ^[a-z0-9 ._-]{1,}$","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"INVALID_ARGUMENT","domain":"example.dev"},{"@type":"type.googleapis.com/google.rpc.BadRequest","fieldViolations":[{"field":"name","description":"must match"}]}]}`},
-		{400, `{"code":9,"message":"Precondition failed","details":[{"@type":"type.googleapis.com/google.rpc.PreconditionFailure","violations":[{"type":"RESOURCE_NOT_EMPTY","description":"has repos"}]}]}`},
-		{404, `{"code":5,"message":"Not found","details":[{"@type":"type.googleapis.com/google.rpc.ResourceInfo","resourceType":"repo","resourceName":"a/b","owner":7}]}`},
+		{
+			400,
+			`{"code":3,"message":"Invalid argument: name: must match ^[a-z0-9 ._-]{1,}$","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"INVALID_ARGUMENT","domain":"example.dev"},{"@type":"type.googleapis.com/google.rpc.BadRequest","fieldViolations":[{"field":"name","description":"must match"}]}]}`,
+		},
+		{
+			400,
+			`{"code":9,"message":"Precondition failed","details":[{"@type":"type.googleapis.com/google.rpc.PreconditionFailure","violations":[{"type":"RESOURCE_NOT_EMPTY","description":"has repos"}]}]}`,
+		},
+		{
+			404,
+			`{"code":5,"message":"Not found","details":[{"@type":"type.googleapis.com/google.rpc.ResourceInfo","resourceType":"repo","resourceName":"a/b","owner":7}]}`,
+		},
 		{403, `{"errors":[{"code":"DENIED","message":"token audience is not the registry"}]}`},
 		{503, `{"error":{"code":14,"message":"Unavailable","details":[]}}`},
 		{502, "<html><body><h1>502 Bad Gateway</h1></body></html>"},
@@ -49,7 +58,8 @@ func FuzzDecodeError(f *testing.F) {
 		if e.Error() == "" {
 			t.Fatal("empty error text")
 		}
-		_ = platform.IsNotFound(e) || platform.IsInvalidArgument(e) || platform.IsFailedPrecondition(e) || platform.IsPermission(e)
+		_ = platform.IsNotFound(e) || platform.IsInvalidArgument(e) || platform.IsFailedPrecondition(e) ||
+			platform.IsPermission(e)
 	})
 }
 

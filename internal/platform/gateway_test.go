@@ -95,7 +95,10 @@ func TestDecode_GatewayTolerance(t *testing.T) {
 		`{"uid":"org1/a2","advisoryId":"CGA-5678","artifactName":"curl","deleteTime":"2025-03-02T00:00:00.5Z","componentName":"libcurl"}`,
 	}
 	srv, _ := gateway(t, map[string]string{
-		"/registry/v2/tags":                      `{"tags":[` + strings.Join(tags, ",\n  ") + `],"totalCount":"4","skipped":0,"unknown":true}`,
+		"/registry/v2/tags": `{"tags":[` + strings.Join(
+			tags,
+			",\n  ",
+		) + `],"totalCount":"4","skipped":0,"unknown":true}`,
 		"/registry/v2/tags/org1/r1/t3":           tags[1],
 		"/registry/v2/repos":                     `{"repos":[` + repo + `]}`,
 		"/registry/v2/repos/org1/r1":             repo,
@@ -115,7 +118,12 @@ func TestDecode_GatewayTolerance(t *testing.T) {
 	}
 	for i, tg := range got {
 		if !tg.UpdateTime.Equal(wantTimes[i]) {
-			t.Errorf("tag %s updateTime = %s, want %s", tg.UID, tg.UpdateTime.Format(time.RFC3339Nano), wantTimes[i].Format(time.RFC3339Nano))
+			t.Errorf(
+				"tag %s updateTime = %s, want %s",
+				tg.UID,
+				tg.UpdateTime.Format(time.RFC3339Nano),
+				wantTimes[i].Format(time.RFC3339Nano),
+			)
 		}
 		if string(tg.Raw) != tags[i] {
 			t.Errorf("tag %s Raw = %s, want %s", tg.UID, tg.Raw, tags[i])
@@ -142,10 +150,12 @@ func TestDecode_GatewayTolerance(t *testing.T) {
 	if err != nil || len(advs) != 2 {
 		t.Fatalf("list advisories = %+v, %v", advs, err)
 	}
-	if a := advs[0]; a.Withdrawn() || len(a.Aliases) != 2 || len(a.Severities) != 1 || a.Severities[0].Score != "7.5" || string(a.Raw) != advisories[0] {
+	if a := advs[0]; a.Withdrawn() || len(a.Aliases) != 2 || len(a.Severities) != 1 || a.Severities[0].Score != "7.5" ||
+		string(a.Raw) != advisories[0] {
 		t.Errorf("advisory 0 = %+v", a)
 	}
-	if a := advs[1]; !a.Withdrawn() || !a.DeleteTime.Equal(time.Date(2025, 3, 2, 0, 0, 0, 500000000, time.UTC)) || a.ComponentName != "libcurl" {
+	if a := advs[1]; !a.Withdrawn() || !a.DeleteTime.Equal(time.Date(2025, 3, 2, 0, 0, 0, 500000000, time.UTC)) ||
+		a.ComponentName != "libcurl" {
 		t.Errorf("advisory 1 = %+v, want it withdrawn", a)
 	}
 	a, err := c.GetAdvisory(ctx, "org1/a2")

@@ -131,8 +131,17 @@ func checkHistory(tb testing.TB, name string, got []platform.HistoryRecord, want
 	}
 	for i := range min(len(got), len(want)) {
 		if !got[i].UpdateTimestamp.Equal(want[i].UpdateTime) || got[i].Digest != want[i].Digest {
-			tb.Fatalf("%s: record %d = %s %s, want %s %s", name, i,
-				got[i].UpdateTimestamp.Format(time.RFC3339Nano), got[i].Digest, want[i].UpdateTime.Format(time.RFC3339Nano), want[i].Digest)
+			tb.Fatalf(
+				"%s: record %d = %s %s, want %s %s",
+				name,
+				i,
+				got[i].UpdateTimestamp.Format(
+					time.RFC3339Nano,
+				),
+				got[i].Digest,
+				want[i].UpdateTime.Format(time.RFC3339Nano),
+				want[i].Digest,
+			)
 		}
 	}
 }

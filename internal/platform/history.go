@@ -64,8 +64,11 @@ type UnwalkableError struct {
 }
 
 func (e *UnwalkableError) Error() string {
-	return fmt.Sprintf("tag history of %s: more records share the timestamp %s than one request returns; the ones past the limit cannot be read",
-		e.Tag, e.Time.UTC().Format(time.RFC3339Nano))
+	return fmt.Sprintf(
+		"tag history of %s: more records share the timestamp %s than one request returns; the ones past the limit cannot be read",
+		e.Tag,
+		e.Time.UTC().Format(time.RFC3339Nano),
+	)
 }
 
 // HistorySince returns every record of the tag's history whose time is at or
@@ -118,8 +121,12 @@ func (c *Client) HistorySince(ctx context.Context, img Image, tag string, since 
 			return append(out, recs...), nil
 		}
 		if len(recs) == 0 {
-			return out, fmt.Errorf("tag history of %s:%s: a full window from %s held only older records: the server does not honour start",
-				img.Path(), tag, start.UTC().Format(historyTimeLayout))
+			return out, fmt.Errorf(
+				"tag history of %s:%s: a full window from %s held only older records: the server does not honour start",
+				img.Path(),
+				tag,
+				start.UTC().Format(historyTimeLayout),
+			)
 		}
 		last := recs[len(recs)-1].UpdateTimestamp
 		if recs[0].UpdateTimestamp.Equal(last) {

@@ -107,7 +107,10 @@ func (c *Client) Roles(q ListQuery) *Lister[Role] {
 
 // CreateRoleBinding grants roleUID to identityUID in the group
 // parentGroupUID and returns the binding with its references hydrated.
-func (c *Client) CreateRoleBinding(ctx context.Context, parentGroupUID, identityUID, roleUID string) (RoleBinding, error) {
+func (c *Client) CreateRoleBinding(
+	ctx context.Context,
+	parentGroupUID, identityUID, roleUID string,
+) (RoleBinding, error) {
 	body := struct {
 		IdentityUID string `json:"identityUid"`
 		RoleUID     string `json:"roleUid"`
@@ -129,7 +132,13 @@ func (c *Client) DeleteRoleBinding(ctx context.Context, uid string) error {
 
 // Subscriptions lists event subscriptions.
 func (c *Client) Subscriptions(q ListQuery) *Lister[Subscription] {
-	return &Lister[Subscription]{c: c, path: "/events/v2/subscriptions", q: q, key: "subscriptions", uid: func(s Subscription) string { return s.UID }}
+	return &Lister[Subscription]{
+		c:    c,
+		path: "/events/v2/subscriptions",
+		q:    q,
+		key:  "subscriptions",
+		uid:  func(s Subscription) string { return s.UID },
+	}
 }
 
 // GetSubscription fetches one subscription.

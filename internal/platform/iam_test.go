@@ -50,7 +50,10 @@ func TestIAM_IdentityRoleBindingLifecycle(t *testing.T) {
 	ctx := ctxT(t)
 
 	id, err := c.CreateIdentity(ctx, "org1", platform.Identity{Name: "ci deployer", Description: "pushes from CI",
-		ClaimMatch: platform.ClaimMatch{Issuer: "https://token.actions.example.com", Subject: "repo:acme/app:ref:refs/heads/main"}})
+		ClaimMatch: platform.ClaimMatch{
+			Issuer:  "https://token.actions.example.com",
+			Subject: "repo:acme/app:ref:refs/heads/main",
+		}})
 	if err != nil {
 		t.Fatalf("CreateIdentity: %v", err)
 	}
@@ -73,8 +76,12 @@ func TestIAM_IdentityRoleBindingLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CreateRoleBinding: %v", err)
 	}
-	if b.UID == "" || b.Identity.UID != id.UID || b.Identity.Name != id.Name || b.Identity.Subject != id.ClaimMatch.Subject ||
-		b.Role.UID != viewer.UID || b.Role.Name != "viewer" || b.Group.UID != "org1" || b.Group.Name == "" {
+	if b.UID == "" ||
+		b.Identity.UID != id.UID ||
+		b.Identity.Name != id.Name ||
+		b.Identity.Subject != id.ClaimMatch.Subject ||
+		b.Role.UID != viewer.UID || b.Role.Name != "viewer" || b.Group.UID != "org1" ||
+		b.Group.Name == "" {
 		t.Errorf("binding not hydrated: %+v", b)
 	}
 	if err := c.DeleteRoleBinding(ctx, b.UID); err != nil {
@@ -133,7 +140,13 @@ func TestCreate_RetriedOnlyWhenNotProcessed(t *testing.T) {
 		ambiguous bool
 	}{
 		{"RateLimited", platformsim.Fault{RateLimitRate: 1, RetryAfter: time.Second}, 2, true, false},
-		{"RateLimitedHTTPDate", platformsim.Fault{RateLimitRate: 1, RetryAfter: time.Second, RetryAfterHTTPDate: true}, 2, true, false},
+		{
+			"RateLimitedHTTPDate",
+			platformsim.Fault{RateLimitRate: 1, RetryAfter: time.Second, RetryAfterHTTPDate: true},
+			2,
+			true,
+			false,
+		},
 		{"ServerError", platformsim.Fault{ErrorRate: 1, ErrorStatuses: []int{500}}, 1, false, true},
 		{"Unavailable", platformsim.Fault{ErrorRate: 1, ErrorStatuses: []int{503}}, 1, false, true},
 		{"Reset", platformsim.Fault{ResetRate: 1}, 1, false, true},

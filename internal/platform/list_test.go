@@ -68,7 +68,8 @@ func TestClient_GroundTruthUnderFaults(t *testing.T) {
 			}
 			for i, tg := range tags {
 				w := tr.Tags[i]
-				if tg.UID != w.UID || tg.Name != w.Name || tg.Digest != w.Digest || tg.Deprecated != w.Deprecated || !tg.UpdateTime.Equal(w.UpdateTime) {
+				if tg.UID != w.UID || tg.Name != w.Name || tg.Digest != w.Digest || tg.Deprecated != w.Deprecated ||
+					!tg.UpdateTime.Equal(w.UpdateTime) {
 					t.Fatalf("tag %d = %+v, want %+v", i, tg, w)
 				}
 			}
@@ -82,7 +83,8 @@ func TestClient_GroundTruthUnderFaults(t *testing.T) {
 			}
 			for i, a := range advs {
 				w := tr.Advisories[i]
-				if a.UID != w.UID || a.AdvisoryID != w.AdvisoryID || a.ArtifactName != w.ArtifactName || !a.UpdateTime.Equal(w.UpdateTime) {
+				if a.UID != w.UID || a.AdvisoryID != w.AdvisoryID || a.ArtifactName != w.ArtifactName ||
+					!a.UpdateTime.Equal(w.UpdateTime) {
 					t.Fatalf("advisory %d = %+v, want %+v", i, a, w)
 				}
 			}
@@ -118,8 +120,10 @@ func TestClient_GroundTruthUnderFaults(t *testing.T) {
 				t.Fatal("no public tags were read")
 			}
 			// Every kind of fault must have struck, or this proved nothing.
-			if seen.get(http.StatusTooManyRequests) == 0 || seen.get(http.StatusInternalServerError)+seen.get(http.StatusBadGateway)+
-				seen.get(http.StatusServiceUnavailable)+seen.get(http.StatusGatewayTimeout) == 0 || seen.resetCount() == 0 {
+			if seen.get(http.StatusTooManyRequests) == 0 ||
+				seen.get(http.StatusInternalServerError)+seen.get(http.StatusBadGateway)+
+					seen.get(http.StatusServiceUnavailable)+seen.get(http.StatusGatewayTimeout) == 0 ||
+				seen.resetCount() == 0 {
 				t.Errorf("faults seen: statuses %v, %d resets; want 429s, 5xx and resets", seen.status, seen.resetCount())
 			}
 			t.Logf("%d requests, %d retries", c.Requests(), c.Retries())

@@ -29,7 +29,12 @@ type UnknownRoleError struct {
 }
 
 func (e *UnknownRoleError) Error() string {
-	return fmt.Sprintf("role %q: no such role in group %s; roles that exist: %s (nothing was created)", e.Role, e.Group, strings.Join(e.Known, ", "))
+	return fmt.Sprintf(
+		"role %q: no such role in group %s; roles that exist: %s (nothing was created)",
+		e.Role,
+		e.Group,
+		strings.Join(e.Known, ", "),
+	)
 }
 
 // ProvisionIdentity creates the identity id in group and binds the role
@@ -37,7 +42,12 @@ func (e *UnknownRoleError) Error() string {
 // refused (*UnknownRoleError) before anything is created, and when the
 // binding fails the new identity is deleted again. A request the platform
 // rejects as invalid is shown one line per field violation.
-func (c *Client) ProvisionIdentity(ctx context.Context, group string, id Identity, role string) (Identity, RoleBinding, error) {
+func (c *Client) ProvisionIdentity(
+	ctx context.Context,
+	group string,
+	id Identity,
+	role string,
+) (Identity, RoleBinding, error) {
 	r, err := c.findRole(ctx, group, role)
 	if err != nil {
 		return Identity{}, RoleBinding{}, err
@@ -45,7 +55,12 @@ func (c *Client) ProvisionIdentity(ctx context.Context, group string, id Identit
 	created, err := c.CreateIdentity(ctx, group, id)
 	if err != nil {
 		if errors.Is(err, ErrOutcomeUnknown) {
-			return Identity{}, RoleBinding{}, fmt.Errorf("%w\nlook for an identity named %q in group %s before trying again", err, id.Name, group)
+			return Identity{}, RoleBinding{}, fmt.Errorf(
+				"%w\nlook for an identity named %q in group %s before trying again",
+				err,
+				id.Name,
+				group,
+			)
 		}
 		return Identity{}, RoleBinding{}, rejected("the platform did not create the identity", err)
 	}
@@ -83,7 +98,13 @@ func (c *Client) rollbackIdentity(ctx context.Context, id Identity, cause error)
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err := c.DeleteIdentity(dctx, id.UID); err != nil {
-		return fmt.Errorf("%w\ndeleting the new identity %s (%q) failed too, so delete it by hand: %v", cause, id.UID, id.Name, err)
+		return fmt.Errorf(
+			"%w\ndeleting the new identity %s (%q) failed too, so delete it by hand: %v",
+			cause,
+			id.UID,
+			id.Name,
+			err,
+		)
 	}
 	return fmt.Errorf("%w\nthe new identity %s was deleted again, so nothing was left behind", cause, id.UID)
 }

@@ -366,7 +366,12 @@ func authParams(s string) map[string]string {
 // shared runs fetch once for all concurrent callers of key. It runs apart
 // from any one caller's cancellation, since the others wait on it, within
 // sharedTimeout; each caller stops waiting when its own context ends.
-func shared(ctx context.Context, g *singleflight.Group, key string, fetch func(context.Context) (string, error)) (string, error) {
+func shared(
+	ctx context.Context,
+	g *singleflight.Group,
+	key string,
+	fetch func(context.Context) (string, error),
+) (string, error) {
 	ch := g.DoChan(key, func() (any, error) {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sharedTimeout)
 		defer cancel()

@@ -76,7 +76,11 @@ func (f *fakeRegistry) serve(w http.ResponseWriter, r *http.Request) {
 		f.unauthorized++
 		return
 	}
-	fmt.Fprintf(w, `{"history":[{"updateTimestamp":"2025-03-01T12:00:00.123Z","digest":"sha256:%s"}]}`, strings.Repeat(tag[:1], 64))
+	fmt.Fprintf(
+		w,
+		`{"history":[{"updateTimestamp":"2025-03-01T12:00:00.123Z","digest":"sha256:%s"}]}`,
+		strings.Repeat(tag[:1], 64),
+	)
 }
 
 func (f *fakeRegistry) token(w http.ResponseWriter, r *http.Request) {
@@ -135,7 +139,11 @@ func registryClient(t *testing.T, f *fakeRegistry, mod func(*platform.Config)) *
 // jwtFor is an unsigned JWT for audience aud, expiring at exp.
 func jwtFor(aud string, exp time.Time) string {
 	enc := base64.RawURLEncoding.EncodeToString
-	return enc([]byte(`{"alg":"none"}`)) + "." + enc([]byte(fmt.Sprintf(`{"sub":"syncd","aud":[%q],"exp":%d}`, aud, exp.Unix()))) + ".c2ln"
+	return enc(
+		[]byte(`{"alg":"none"}`),
+	) + "." + enc(
+		[]byte(fmt.Sprintf(`{"sub":"syncd","aud":[%q],"exp":%d}`, aud, exp.Unix())),
+	) + ".c2ln"
 }
 
 func TestRegistry_ChallengeGivesPerImageTokens(t *testing.T) {
@@ -178,7 +186,9 @@ func TestRegistry_ChallengeGivesPerImageTokens(t *testing.T) {
 	// One 401 teaches the client the registry's challenge; from then on
 	// each image is read with one per-image token, asked for once.
 	checkTokens(1, 1)
-	if got, want := f.historyPaths[len(f.historyPaths)-1], "/v2/acme/charts/cert-manager/_chainguard/history/1.2"; got != want {
+	if got, want := f.historyPaths[len(
+		f.historyPaths,
+	)-1], "/v2/acme/charts/cert-manager/_chainguard/history/1.2"; got != want {
 		t.Errorf("nested image's history at %s, want %s", got, want)
 	}
 
@@ -241,7 +251,8 @@ func TestRegistry_RefusedCredentialSaysWhatToDo(t *testing.T) {
 			t.Errorf("credential invalidated %d times and read %d; want 2 and 3", src.invalidates, src.calls)
 		}
 		msg := err.Error()
-		if !strings.Contains(msg, "registry_token_command = 'chainctl auth token --audience cgr.dev'") || strings.Contains(msg, "stale-credential") {
+		if !strings.Contains(msg, "registry_token_command = 'chainctl auth token --audience cgr.dev'") ||
+			strings.Contains(msg, "stale-credential") {
 			t.Errorf("message %q: want the fix, and no token", msg)
 		}
 	})
@@ -328,13 +339,25 @@ func TestTagHistory_ImagePaths(t *testing.T) {
 	c := plainClient(t, srv, func(cfg *platform.Config) {
 		cfg.Organization, cfg.PublicOrg, cfg.Vendor = "acme", "chainguard", "chainguard"
 	})
-	for _, img := range []platform.Image{c.PrivateImage("nginx"), c.PrivateImage("charts/cert-manager"), c.PublicImage("charts/redis")} {
+	for _, img := range []platform.Image{
+		c.PrivateImage("nginx"),
+		c.PrivateImage("charts/cert-manager"),
+		c.PublicImage("charts/redis"),
+	} {
 		if _, err := c.TagHistory(ctxT(t), img, "v1.2", time.Time{}, time.Time{}); err != nil {
 			t.Fatalf("history of %s: %v", img.Path(), err)
 		}
 	}
-	wantPaths := []string{"/v2/acme/nginx/_chainguard/history/v1.2", "/v2/acme/charts/cert-manager/_chainguard/history/v1.2", "/v2/chainguard/charts/redis/_chainguard/history/v1.2"}
-	wantScopes := []string{"repository:acme/nginx:pull", "repository:acme/charts/cert-manager:pull", "repository:chainguard/charts/redis:pull"}
+	wantPaths := []string{
+		"/v2/acme/nginx/_chainguard/history/v1.2",
+		"/v2/acme/charts/cert-manager/_chainguard/history/v1.2",
+		"/v2/chainguard/charts/redis/_chainguard/history/v1.2",
+	}
+	wantScopes := []string{
+		"repository:acme/nginx:pull",
+		"repository:acme/charts/cert-manager:pull",
+		"repository:chainguard/charts/redis:pull",
+	}
 	if fmt.Sprint(paths) != fmt.Sprint(wantPaths) || fmt.Sprint(scopes) != fmt.Sprint(wantScopes) {
 		t.Errorf("paths %q, scopes %q; want %q, %q", paths, scopes, wantPaths, wantScopes)
 	}

@@ -129,7 +129,11 @@ func (q ListQuery) values() url.Values {
 	if q.OrderBy != "" {
 		v.Set("order_by", q.OrderBy)
 	}
-	for name, on := range map[string]bool{"include_referrers": q.IncludeReferrers, "include_dates": q.IncludeDates, "include_epochs": q.IncludeEpochs} {
+	for name, on := range map[string]bool{
+		"include_referrers": q.IncludeReferrers,
+		"include_dates":     q.IncludeDates,
+		"include_epochs":    q.IncludeEpochs,
+	} {
 		if on {
 			v.Set(name, "true")
 		}
@@ -160,7 +164,13 @@ type ListRestartedError struct {
 }
 
 func (e *ListRestartedError) Error() string {
-	return fmt.Sprintf("listing %s restarted at page %d (uid %q came after %q): the page token probably expired", e.Path, e.Page, e.RestartUID, e.AfterUID)
+	return fmt.Sprintf(
+		"listing %s restarted at page %d (uid %q came after %q): the page token probably expired",
+		e.Path,
+		e.Page,
+		e.RestartUID,
+		e.AfterUID,
+	)
 }
 
 // ErrTooManyPages is returned (wrapped) by a listing that reached
@@ -250,7 +260,15 @@ func (l *Lister[T]) Pages(ctx context.Context) iter.Seq2[[]T, error] {
 		}
 		for n := 1; ; n++ {
 			if n > l.c.cfg.MaxPages {
-				yield(nil, fmt.Errorf("list %s: more than %d pages; giving up rather than looping: %w", l.path, l.c.cfg.MaxPages, ErrTooManyPages))
+				yield(
+					nil,
+					fmt.Errorf(
+						"list %s: more than %d pages; giving up rather than looping: %w",
+						l.path,
+						l.c.cfg.MaxPages,
+						ErrTooManyPages,
+					),
+				)
 				return
 			}
 			v := l.q.values()
@@ -286,7 +304,10 @@ func (l *Lister[T]) Pages(ctx context.Context) iter.Seq2[[]T, error] {
 				return
 			}
 			if p.next == token {
-				yield(nil, fmt.Errorf("list %s, page %d: the server returned the page token it was given: %w", l.path, n, ErrTooManyPages))
+				yield(
+					nil,
+					fmt.Errorf("list %s, page %d: the server returned the page token it was given: %w", l.path, n, ErrTooManyPages),
+				)
 				return
 			}
 			token = p.next
@@ -336,7 +357,13 @@ func (c *Client) Tags(q ListQuery) *Lister[Tag] {
 
 // Advisories lists advisories.
 func (c *Client) Advisories(q ListQuery) *Lister[Advisory] {
-	return &Lister[Advisory]{c: c, path: "/vulnerabilities/v2/advisories", q: q, key: "advisories", uid: func(a Advisory) string { return a.UID }}
+	return &Lister[Advisory]{
+		c:    c,
+		path: "/vulnerabilities/v2/advisories",
+		q:    q,
+		key:  "advisories",
+		uid:  func(a Advisory) string { return a.UID },
+	}
 }
 
 // GetRepo fetches one repo.

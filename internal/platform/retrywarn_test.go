@@ -48,9 +48,11 @@ func TestClient_RetriesWarnOncePerBurst(t *testing.T) {
 	}))
 	defer srv.Close()
 	var logs lockedBuffer
-	c, err := platform.New(platform.Config{BaseURL: srv.URL, RegistryURL: srv.URL, Token: platform.StaticToken("secret-token-xyz"),
-		RetryInitialInterval: time.Millisecond, RetryMaxInterval: 2 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	c, err := platform.New(
+		platform.Config{BaseURL: srv.URL, RegistryURL: srv.URL, Token: platform.StaticToken("secret-token-xyz"),
+			RetryInitialInterval: time.Millisecond, RetryMaxInterval: 2 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +68,13 @@ func TestClient_RetriesWarnOncePerBurst(t *testing.T) {
 	if n := strings.Count(out, "level=WARN"); n != 1 {
 		t.Errorf("%d warnings for one burst of 10 retries, want 1:\n%s", n, out)
 	}
-	for _, want := range []string{"retrying with backoff", "endpoint=\"GET /registry/v2/repos/{uid}\"", "attempt=1", "next_try_in=", "503"} {
+	for _, want := range []string{
+		"retrying with backoff",
+		"endpoint=\"GET /registry/v2/repos/{uid}\"",
+		"attempt=1",
+		"next_try_in=",
+		"503",
+	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the warning does not say %q:\n%s", want, out)
 		}

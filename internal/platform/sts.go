@@ -139,7 +139,10 @@ func (x *ExchangeToken) post(ctx context.Context, ext string) (string, time.Time
 	if hc == nil {
 		// A redirect is answered, not followed, as the vendor's SDK does:
 		// the external token goes to the STS and nowhere else.
-		hc = &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		hc = &http.Client{
+			Timeout:       30 * time.Second,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
 	}
 	var lastErr error
 	for attempt := range exchangeAttempts {
@@ -148,7 +151,12 @@ func (x *ExchangeToken) post(ctx context.Context, ext string) (string, time.Time
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return "", time.Time{}, fmt.Errorf("exchange token for identity %s: %w (last attempt: %v)", x.Identity, ctx.Err(), lastErr)
+				return "", time.Time{}, fmt.Errorf(
+					"exchange token for identity %s: %w (last attempt: %v)",
+					x.Identity,
+					ctx.Err(),
+					lastErr,
+				)
 			case <-t.C:
 			}
 		}
@@ -204,7 +212,10 @@ func (x *ExchangeToken) decode(body []byte) (string, time.Time, error) {
 func (x *ExchangeToken) hint(status int) string {
 	switch status {
 	case http.StatusUnauthorized, http.StatusForbidden:
-		return fmt.Sprintf("the external token does not match identity %s: check that the identity's claimMatch names its issuer and subject, that its audience is the one the identity expects, and that it has not expired", x.Identity)
+		return fmt.Sprintf(
+			"the external token does not match identity %s: check that the identity's claimMatch names its issuer and subject, that its audience is the one the identity expects, and that it has not expired",
+			x.Identity,
+		)
 	case http.StatusNotFound:
 		return fmt.Sprintf("no identity %s, or sts_url is not the vendor's issuer", x.Identity)
 	case http.StatusBadRequest:

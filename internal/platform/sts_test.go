@@ -236,7 +236,12 @@ func TestExchangeToken_UnavailableIsAskedAgain(t *testing.T) {
 			return
 		}
 		// The SDK's spelling of the refresh token is accepted too.
-		fmt.Fprintf(w, `{"token":"exchanged-%d","refresh_token":"r","expiry":%q}`, n, clk.Now().Add(time.Hour).Format(time.RFC3339))
+		fmt.Fprintf(
+			w,
+			`{"token":"exchanged-%d","refresh_token":"r","expiry":%q}`,
+			n,
+			clk.Now().Add(time.Hour).Format(time.RFC3339),
+		)
 	})
 	x := exchangeFor(f, platform.StaticToken("external-eeee"), clk)
 	if got, err := x.Token(ctxT(t)); err != nil || got != "exchanged-2" {

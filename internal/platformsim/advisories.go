@@ -184,16 +184,33 @@ func detection(rng *rand.Rand, a *advisory, ms int64) *advEvent {
 	case x < 7:
 		e.how = DetectionScan
 		e.author = "scanner@" + a.author[len("advisories@"):]
-		e.match = [][2]string{{"scanner", "grype"}, {"subpackage", a.artifactName}, {"componentId", fmt.Sprintf("%016x", rng.Uint64())},
-			{"component", a.componentName}, {"componentVersion", fmt.Sprintf("%d.%d.%d", rng.IntN(4), rng.IntN(30), rng.IntN(20))},
-			{"componentType", a.componentType}, {"componentLocation", a.componentLocation}, {"artifactVersion", a.version},
-			{"scannerVersion", "0.87.0"}, {"grypeDbBuilt", time.UnixMilli(ms).UTC().Truncate(24 * time.Hour).Format(time.RFC3339)},
-			{"grypeDbChecksum", fmt.Sprintf("sha256:%016x", rng.Uint64())}}
+		e.match = [][2]string{
+			{"scanner", "grype"},
+			{"subpackage", a.artifactName},
+			{"componentId", fmt.Sprintf("%016x", rng.Uint64())},
+			{
+				"component",
+				a.componentName,
+			},
+			{"componentVersion", fmt.Sprintf("%d.%d.%d", rng.IntN(4), rng.IntN(30), rng.IntN(20))},
+			{"componentType", a.componentType},
+			{"componentLocation", a.componentLocation},
+			{"artifactVersion", a.version},
+			{
+				"scannerVersion",
+				"0.87.0",
+			},
+			{"grypeDbBuilt", time.UnixMilli(ms).UTC().Truncate(24 * time.Hour).Format(time.RFC3339)},
+			{"grypeDbChecksum", fmt.Sprintf("sha256:%016x", rng.Uint64())},
+		}
 		e.findings, _ = json.Marshal(map[string]any{"matcher": a.componentType + "-matcher", "package": a.componentName,
 			"vulnerability": a.aliases[0]})
 	case x < 9:
 		e.how = DetectionNVDAPI
-		e.match = [][2]string{{"cpeSearched", a.componentName}, {"cpeFound", "cpe:2.3:a:" + a.componentName + ":" + a.componentName + ":*:*:*:*:*:*:*:*"}}
+		e.match = [][2]string{
+			{"cpeSearched", a.componentName},
+			{"cpeFound", "cpe:2.3:a:" + a.componentName + ":" + a.componentName + ":*:*:*:*:*:*:*:*"},
+		}
 	default:
 		e.how = DetectionManual
 	}
@@ -213,7 +230,13 @@ var nextKinds = map[string][]struct {
 	kind   string
 	weight int
 }{
-	EventDetection:          {{EventFixed, 4}, {EventFalsePositive, 2}, {EventTruePositive, 2}, {EventPendingUpstreamFix, 1}, {EventAnalysisNotPlanned, 1}},
+	EventDetection: {
+		{EventFixed, 4},
+		{EventFalsePositive, 2},
+		{EventTruePositive, 2},
+		{EventPendingUpstreamFix, 1},
+		{EventAnalysisNotPlanned, 1},
+	},
 	EventTruePositive:       {{EventFixed, 3}, {EventPendingUpstreamFix, 2}, {EventPatched, 1}, {EventFixNotPlanned, 1}},
 	EventPendingUpstreamFix: {{EventFixed, 3}, {EventPatched, 1}},
 	EventAnalysisNotPlanned: {{EventTruePositive, 1}, {EventFalsePositive, 1}},

@@ -20,16 +20,47 @@ func nameOrderFields() map[string]string {
 
 func (s *Sim) iamRoutes() []resourceRoute {
 	return []resourceRoute{
-		{collection: "/iam/v2/groups", list: s.listGroups, get: s.getGroup, create: s.createGroup, patch: s.patchGroup, del: s.deleteGroup},
-		{collection: "/iam/v2/identities", list: s.listIdentities, get: s.getIdentity, create: s.createIdentity, patch: s.patchIdentity, del: s.deleteIdentity},
+		{
+			collection: "/iam/v2/groups",
+			list:       s.listGroups,
+			get:        s.getGroup,
+			create:     s.createGroup,
+			patch:      s.patchGroup,
+			del:        s.deleteGroup,
+		},
+		{
+			collection: "/iam/v2/identities",
+			list:       s.listIdentities,
+			get:        s.getIdentity,
+			create:     s.createIdentity,
+			patch:      s.patchIdentity,
+			del:        s.deleteIdentity,
+		},
 		{collection: "/iam/v2/roles", list: s.listRoles, get: s.getRole},
-		{collection: "/iam/v2/roleBindings", list: s.listBindings, get: s.getBinding, create: s.createBinding, del: s.deleteBinding},
-		{collection: "/events/v2/subscriptions", list: s.listSubscriptions, get: s.getSubscription, create: s.createSubscription, del: s.deleteSubscription},
+		{
+			collection: "/iam/v2/roleBindings",
+			list:       s.listBindings,
+			get:        s.getBinding,
+			create:     s.createBinding,
+			del:        s.deleteBinding,
+		},
+		{
+			collection: "/events/v2/subscriptions",
+			list:       s.listSubscriptions,
+			get:        s.getSubscription,
+			create:     s.createSubscription,
+			del:        s.deleteSubscription,
+		},
 	}
 }
 
 // simpleLister lists resources sortable by name, uid and times.
-func simpleLister[T any](plural string, uid, name func(T) string, createMs, updateMs func(T) int64, render func(T) map[string]any) lister[T] {
+func simpleLister[T any](
+	plural string,
+	uid, name func(T) string,
+	createMs, updateMs func(T) int64,
+	render func(T) map[string]any,
+) lister[T] {
 	return lister[T]{
 		plural: plural,
 		uid:    uid,
@@ -44,7 +75,15 @@ func simpleLister[T any](plural string, uid, name func(T) string, createMs, upda
 }
 
 // listMap is the shared body of the IAM and events list handlers.
-func listMap[T any](s *Sim, w http.ResponseWriter, r *http.Request, m map[string]T, l lister[T], name func(T) string, always func(T) bool) {
+func listMap[T any](
+	s *Sim,
+	w http.ResponseWriter,
+	r *http.Request,
+	m map[string]T,
+	l lister[T],
+	name func(T) string,
+	always func(T) bool,
+) {
 	p, e := s.parseListParams(r, nameOrderFields())
 	if e != nil {
 		writeError(w, e)
@@ -69,7 +108,15 @@ func listMap[T any](s *Sim, w http.ResponseWriter, r *http.Request, m map[string
 }
 
 // getMap is the shared body of the IAM and events get handlers.
-func getMap[T any](s *Sim, w http.ResponseWriter, r *http.Request, m map[string]T, uid, kind string, render func(T) map[string]any, global func(T) bool) {
+func getMap[T any](
+	s *Sim,
+	w http.ResponseWriter,
+	r *http.Request,
+	m map[string]T,
+	uid, kind string,
+	render func(T) map[string]any,
+	global func(T) bool,
+) {
 	scope := s.scope(r)
 	s.mu.RLock()
 	v, ok := m[uid]
@@ -229,8 +276,14 @@ func (s *Sim) renderIdentity(id *identity) map[string]any {
 }
 
 func (s *Sim) identityLister() lister[*identity] {
-	return simpleLister("identities", func(i *identity) string { return i.uid }, func(i *identity) string { return i.name },
-		func(i *identity) int64 { return i.createMs }, func(i *identity) int64 { return i.updateMs }, s.renderIdentity)
+	return simpleLister(
+		"identities",
+		func(i *identity) string { return i.uid },
+		func(i *identity) string { return i.name },
+		func(i *identity) int64 { return i.createMs },
+		func(i *identity) int64 { return i.updateMs },
+		s.renderIdentity,
+	)
 }
 
 func (s *Sim) listIdentities(w http.ResponseWriter, r *http.Request, _ route) {
@@ -428,7 +481,11 @@ func (s *Sim) createBinding(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 	var identityUID, roleUID string
-	if e := s.applyFields(fieldSet{"identityUid": stringField(&identityUID), "roleUid": stringField(&roleUID)}, body, nil); e != nil {
+	if e := s.applyFields(
+		fieldSet{"identityUid": stringField(&identityUID), "roleUid": stringField(&roleUID)},
+		body,
+		nil,
+	); e != nil {
 		writeError(w, e)
 		return
 	}
@@ -448,7 +505,13 @@ func (s *Sim) createBinding(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 	now := s.nowLocked().UnixMilli()
-	b := &roleBinding{uid: s.newUIDLocked(rt.uid), identityUID: identityUID, roleUID: roleUID, createMs: now, updateMs: now}
+	b := &roleBinding{
+		uid:         s.newUIDLocked(rt.uid),
+		identityUID: identityUID,
+		roleUID:     roleUID,
+		createMs:    now,
+		updateMs:    now,
+	}
 	s.bindings[b.uid] = b
 	resp := s.renderBindingLocked(b)
 	s.emitLocked(s.eventType("api.iam.role_binding.created"), b.uid, resp)
@@ -478,8 +541,14 @@ func (s *Sim) renderSubscription(sub *subscription) map[string]any {
 }
 
 func (s *Sim) listSubscriptions(w http.ResponseWriter, r *http.Request, _ route) {
-	l := simpleLister("subscriptions", func(v *subscription) string { return v.uid }, func(v *subscription) string { return v.sink },
-		func(v *subscription) int64 { return v.createMs }, func(v *subscription) int64 { return v.updateMs }, s.renderSubscription)
+	l := simpleLister(
+		"subscriptions",
+		func(v *subscription) string { return v.uid },
+		func(v *subscription) string { return v.sink },
+		func(v *subscription) int64 { return v.createMs },
+		func(v *subscription) int64 { return v.updateMs },
+		s.renderSubscription,
+	)
 	listMap(s, w, r, s.subscriptions, l, func(v *subscription) string { return v.sink }, nil)
 }
 

@@ -27,7 +27,14 @@ func repoOrderFields() map[string]string {
 
 func (s *Sim) resourceRoutes() []resourceRoute {
 	return []resourceRoute{
-		{collection: "/registry/v2/repos", list: s.listRepos, get: s.getRepo, create: s.createRepo, patch: s.patchRepo, del: s.deleteRepo},
+		{
+			collection: "/registry/v2/repos",
+			list:       s.listRepos,
+			get:        s.getRepo,
+			create:     s.createRepo,
+			patch:      s.patchRepo,
+			del:        s.deleteRepo,
+		},
 		{collection: "/registry/v2/tags", list: s.listTags, get: s.getTag, create: s.createTag, del: s.deleteTag},
 		{collection: "/vulnerabilities/v2/advisories", list: s.listAdvisories, get: s.getAdvisory},
 	}
@@ -206,7 +213,8 @@ func (s *Sim) listTags(w http.ResponseWriter, r *http.Request, _ route) {
 		if !visible(t.uid, scope) || !p.scopeMatches(t.uid) {
 			continue
 		}
-		if (p.name != "" && t.name != p.name) || (wantDigest != "" && t.digest != digest) || t.updateMs < since || !fam.shows(t.name) {
+		if (p.name != "" && t.name != p.name) || (wantDigest != "" && t.digest != digest) || t.updateMs < since ||
+			!fam.shows(t.name) {
 			continue
 		}
 		items = append(items, t)

@@ -120,10 +120,12 @@ func (s *Sim) advisoryMatcher(q query) (func(*advisory) bool, *apiError) {
 		if latest != "" && a.latestApproved() != latest {
 			return false
 		}
-		if len(excluded) > 0 && slices.ContainsFunc(a.events, func(e *advEvent) bool { return slices.Contains(excluded, e.author) }) {
+		if len(excluded) > 0 &&
+			slices.ContainsFunc(a.events, func(e *advEvent) bool { return slices.Contains(excluded, e.author) }) {
 			return false
 		}
-		if text != "" && !strings.Contains(strings.ToLower(a.artifactName), text) && !strings.Contains(strings.ToLower(a.componentName), text) &&
+		if text != "" && !strings.Contains(strings.ToLower(a.artifactName), text) &&
+			!strings.Contains(strings.ToLower(a.componentName), text) &&
 			!slices.ContainsFunc(a.aliases, func(x string) bool { return strings.Contains(strings.ToLower(x), text) }) {
 			return false
 		}

@@ -60,7 +60,10 @@ func TestAdvisoryResource(t *testing.T) {
 				wantKeys(t, a.UID, m, "author", "artifactType", "artifactArchitecture", "componentName",
 					"componentLocation", "componentType", "aliases", "severities", "events")
 				if str(m, "componentName") != a.ComponentName || str(m, "artifactArchitecture") != a.ArtifactArchitecture ||
-					str(m, "legacyAdvisoryId") != a.LegacyAdvisoryID || str(m, "createTime") != a.CreateTime.Format("2006-01-02T15:04:05.000Z") {
+					str(
+						m,
+						"legacyAdvisoryId",
+					) != a.LegacyAdvisoryID || str(m, "createTime") != a.CreateTime.Format("2006-01-02T15:04:05.000Z") {
 					t.Fatalf("advisory %s = %v, truth %+v", a.UID, m, a)
 				}
 				evs := m["events"].([]any)
@@ -70,7 +73,8 @@ func TestAdvisoryResource(t *testing.T) {
 				for i, x := range evs {
 					ev, te := x.(map[string]any), a.Events[i]
 					kind, member := onlyMember(t, ev)
-					if kind != te.Kind || str(ev, "uid") != te.UID || !strings.HasPrefix(te.UID, a.UID+"/") || str(ev, "reviewState") != te.ReviewState {
+					if kind != te.Kind || str(ev, "uid") != te.UID || !strings.HasPrefix(te.UID, a.UID+"/") ||
+						str(ev, "reviewState") != te.ReviewState {
 						t.Fatalf("event %d of %s = %v, truth %+v", i, a.UID, ev, te)
 					}
 					if te.Kind == platformsim.EventFixed && str(member, "fixedVersion") != te.FixedVersion {
@@ -90,7 +94,9 @@ func TestAdvisoryResource(t *testing.T) {
 		{name: "Advisory_ProtoJSONKeepsTheOneofMember", opts: strict, run: func(t *testing.T, e *env) {
 			a := e.sim.Truth().Advisories[0]
 			e.sim.Advance(time.Hour)
-			m, err := e.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventAnalysisNotPlanned})
+			m, err := e.sim.Apply(
+				platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventAnalysisNotPlanned},
+			)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,15 +162,37 @@ func TestAdvisoryFilters(t *testing.T) {
 				q    url.Values
 				keep func(platformsim.TruthAdvisory) bool
 			}{
-				{url.Values{"aliases": {a.Aliases[0]}}, func(x platformsim.TruthAdvisory) bool { return slices.Contains(x.Aliases, a.Aliases[0]) }},
-				{url.Values{"component_names": {a.ComponentName}}, func(x platformsim.TruthAdvisory) bool { return x.ComponentName == a.ComponentName }},
-				{url.Values{"artifactTypes": {"image"}}, func(x platformsim.TruthAdvisory) bool { return x.ArtifactType == "image" }},
-				{url.Values{"event_types": {"EVENT_TYPE_FILTER_FIXED"}}, func(x platformsim.TruthAdvisory) bool { return hasKind(x, platformsim.EventFixed) }},
-				{url.Values{"eventTypes": {"4"}}, func(x platformsim.TruthAdvisory) bool { return hasKind(x, platformsim.EventFalsePositive) }},
-				{url.Values{"latest_event_type": {"EVENT_TYPE_FILTER_DETECTION"}}, func(x platformsim.TruthAdvisory) bool { return latest(x) == platformsim.EventDetection }},
+				{
+					url.Values{"aliases": {a.Aliases[0]}},
+					func(x platformsim.TruthAdvisory) bool { return slices.Contains(x.Aliases, a.Aliases[0]) },
+				},
+				{
+					url.Values{"component_names": {a.ComponentName}},
+					func(x platformsim.TruthAdvisory) bool { return x.ComponentName == a.ComponentName },
+				},
+				{
+					url.Values{"artifactTypes": {"image"}},
+					func(x platformsim.TruthAdvisory) bool { return x.ArtifactType == "image" },
+				},
+				{
+					url.Values{"event_types": {"EVENT_TYPE_FILTER_FIXED"}},
+					func(x platformsim.TruthAdvisory) bool { return hasKind(x, platformsim.EventFixed) },
+				},
+				{
+					url.Values{"eventTypes": {"4"}},
+					func(x platformsim.TruthAdvisory) bool { return hasKind(x, platformsim.EventFalsePositive) },
+				},
+				{
+					url.Values{"latest_event_type": {"EVENT_TYPE_FILTER_DETECTION"}},
+					func(x platformsim.TruthAdvisory) bool { return latest(x) == platformsim.EventDetection },
+				},
 				{url.Values{"query": {strings.ToUpper(a.ComponentName[:4])}}, func(x platformsim.TruthAdvisory) bool {
-					return strings.Contains(x.ComponentName, a.ComponentName[:4]) || strings.Contains(x.ArtifactName, a.ComponentName[:4]) ||
-						slices.ContainsFunc(x.Aliases, func(s string) bool { return strings.Contains(s, strings.ToUpper(a.ComponentName[:4])) })
+					return strings.Contains(x.ComponentName, a.ComponentName[:4]) ||
+						strings.Contains(x.ArtifactName, a.ComponentName[:4]) ||
+						slices.ContainsFunc(
+							x.Aliases,
+							func(s string) bool { return strings.Contains(s, strings.ToUpper(a.ComponentName[:4])) },
+						)
 				}},
 			}
 			for _, c := range cases {
@@ -189,7 +217,14 @@ func TestAdvisoryLifecycle(t *testing.T) {
 			before := len(a.Events)
 			for i, kind := range platformsim.EventKinds() {
 				e.sim.Advance(time.Minute)
-				m, err := e.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: kind, Version: "9.9." + string(rune('0'+i))})
+				m, err := e.sim.Apply(
+					platformsim.Mutation{
+						Kind:    platformsim.AdvisoryEventAdded,
+						UID:     a.UID,
+						Event:   kind,
+						Version: "9.9." + string(rune('0'+i)),
+					},
+				)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -203,7 +238,8 @@ func TestAdvisoryLifecycle(t *testing.T) {
 			}
 			for i, kind := range platformsim.EventKinds() {
 				ev := got.Events[before+i]
-				if ev.Kind != kind || ev.ReviewState != platformsim.ReviewApproved || !got.UpdateTime.Equal(got.Events[len(got.Events)-1].CreateTime) {
+				if ev.Kind != kind || ev.ReviewState != platformsim.ReviewApproved ||
+					!got.UpdateTime.Equal(got.Events[len(got.Events)-1].CreateTime) {
 					t.Fatalf("event %d: %+v", i, ev)
 				}
 				switch kind {
@@ -221,25 +257,33 @@ func TestAdvisoryLifecycle(t *testing.T) {
 					}
 				}
 			}
-			if _, err := e.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: "reopened"}); err == nil {
+			if _, err := e.sim.Apply(
+				platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: "reopened"},
+			); err == nil {
 				t.Fatal("an unknown kind was added")
 			}
 		}},
 		{name: "Advisory_ReviewThenApproval", run: func(t *testing.T, e *env) {
 			a := e.sim.Truth().Advisories[2]
-			if _, err := e.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventFixed,
-				Review: platformsim.ReviewPending}); err != nil {
+			if _, err := e.sim.Apply(
+				platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventFixed,
+					Review: platformsim.ReviewPending},
+			); err != nil {
 				t.Fatal(err)
 			}
 			q := url.Values{"eventReviewStates": {platformsim.ReviewPending}, "aliases": a.Aliases[:1]}
-			if got := e.listAll("/vulnerabilities/v2/advisories", q, "advisories"); !slices.ContainsFunc(got, func(x map[string]any) bool { return str(x, "uid") == a.UID }) {
+			if got := e.listAll("/vulnerabilities/v2/advisories", q, "advisories"); !slices.ContainsFunc(
+				got,
+				func(x map[string]any) bool { return str(x, "uid") == a.UID },
+			) {
 				t.Fatalf("the pending advisory is not listed by its review state")
 			}
 			if _, err := e.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryReviewed, UID: a.UID}); err != nil {
 				t.Fatal(err)
 			}
 			last := e.sim.Truth().Advisories[2].Events
-			if ev := last[len(last)-1]; ev.ReviewState != platformsim.ReviewApproved || ev.Reviewer == "" || ev.Kind != platformsim.EventFixed {
+			if ev := last[len(last)-1]; ev.ReviewState != platformsim.ReviewApproved || ev.Reviewer == "" ||
+				ev.Kind != platformsim.EventFixed {
 				t.Fatalf("after review: %+v", ev)
 			}
 			if _, err := e.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryReviewed, UID: a.UID}); err == nil {
@@ -248,8 +292,13 @@ func TestAdvisoryLifecycle(t *testing.T) {
 		}},
 		{name: "Advisory_WithdrawnTakesNoSteps", run: func(t *testing.T, e *env) {
 			a := e.sim.Truth().Advisories[3]
-			e.mustStatus(e.do(http.MethodPost, "/_sim/mutations", "", map[string]any{"kind": "advisory.withdrawn", "uid": a.UID}), http.StatusOK)
-			if _, err := e.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventFixed}); err == nil {
+			e.mustStatus(
+				e.do(http.MethodPost, "/_sim/mutations", "", map[string]any{"kind": "advisory.withdrawn", "uid": a.UID}),
+				http.StatusOK,
+			)
+			if _, err := e.sim.Apply(
+				platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventFixed},
+			); err == nil {
 				t.Fatal("a withdrawn advisory took a step")
 			}
 		}},
@@ -265,8 +314,10 @@ func TestAdvisoryLifecycle(t *testing.T) {
 					}
 				}
 			}
-			if kinds[platformsim.AdvisoryEventAdded] < 50 || kinds[platformsim.AdvisoryCreated] == 0 || kinds[platformsim.AdvisoryWithdrawn] == 0 ||
-				steps[platformsim.EventFixed] == 0 || steps[platformsim.EventFalsePositive] == 0 {
+			if kinds[platformsim.AdvisoryEventAdded] < 50 || kinds[platformsim.AdvisoryCreated] == 0 ||
+				kinds[platformsim.AdvisoryWithdrawn] == 0 ||
+				steps[platformsim.EventFixed] == 0 ||
+				steps[platformsim.EventFalsePositive] == 0 {
 				t.Fatalf("mutations %v, steps %v", kinds, steps)
 			}
 			// Every lifecycle in the truth is ordered and begins with its detection.

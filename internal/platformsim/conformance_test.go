@@ -67,8 +67,14 @@ func TestListRules(t *testing.T) {
 			}
 			// Delete a repo already returned and create one sorting first:
 			// an offset cursor would now skip an item.
-			e.mustStatus(e.do(http.MethodDelete, "/registry/v2/repos/"+str(items(first, "repos")[0], "uid"), testToken, nil), http.StatusOK)
-			e.mustStatus(e.do(http.MethodPost, "/registry/v2/repos/org1", testToken, map[string]any{"name": "aaa-new"}), http.StatusOK)
+			e.mustStatus(
+				e.do(http.MethodDelete, "/registry/v2/repos/"+str(items(first, "repos")[0], "uid"), testToken, nil),
+				http.StatusOK,
+			)
+			e.mustStatus(
+				e.do(http.MethodPost, "/registry/v2/repos/org1", testToken, map[string]any{"name": "aaa-new"}),
+				http.StatusOK,
+			)
 			q := url.Values{"page_size": {"4"}, "order_by": {"name"}, "page_token": {str(first.body, "nextPageToken")}}
 			rest := e.listAll("/registry/v2/repos", q, "repos")
 			truth := e.sim.Truth()
@@ -122,18 +128,26 @@ func TestListRules(t *testing.T) {
 				t.Fatalf("default order is not uid asc")
 			}
 		}},
-		{name: "ListParam_PageSizeDefault50", scale: &platformsim.Scale{Repos: 60, TagsPerRepo: 1, HistoryPerTag: 1}, run: func(t *testing.T, e *env) {
-			if got := len(items(e.get("/registry/v2/repos"), "repos")); got != 50 {
-				t.Fatalf("default page=%d items, want 50", got)
-			}
-		}},
-		{name: "ListParam_PageSizeAbove200Coerced", scale: &platformsim.Scale{Repos: 30, TagsPerRepo: 10, HistoryPerTag: 1}, run: func(t *testing.T, e *env) {
-			r := e.get("/registry/v2/tags?page_size=500")
-			e.mustStatus(r, http.StatusOK)
-			if got := len(items(r, "tags")); got != 200 {
-				t.Fatalf("page_size=500 gave %d items, want 200", got)
-			}
-		}},
+		{
+			name:  "ListParam_PageSizeDefault50",
+			scale: &platformsim.Scale{Repos: 60, TagsPerRepo: 1, HistoryPerTag: 1},
+			run: func(t *testing.T, e *env) {
+				if got := len(items(e.get("/registry/v2/repos"), "repos")); got != 50 {
+					t.Fatalf("default page=%d items, want 50", got)
+				}
+			},
+		},
+		{
+			name:  "ListParam_PageSizeAbove200Coerced",
+			scale: &platformsim.Scale{Repos: 30, TagsPerRepo: 10, HistoryPerTag: 1},
+			run: func(t *testing.T, e *env) {
+				r := e.get("/registry/v2/tags?page_size=500")
+				e.mustStatus(r, http.StatusOK)
+				if got := len(items(r, "tags")); got != 200 {
+					t.Fatalf("page_size=500 gave %d items, want 200", got)
+				}
+			},
+		},
 		{name: "ListParam_PageSizeNegativeRejected", run: func(t *testing.T, e *env) {
 			r := e.get("/registry/v2/repos?page_size=-1")
 			e.mustStatus(r, http.StatusBadRequest)
@@ -209,7 +223,10 @@ func TestListRules(t *testing.T) {
 			if len(got) != 2 {
 				t.Fatalf("advisoryIds comma list gave %d", len(got))
 			}
-			got = items(e.get("/vulnerabilities/v2/advisories?advisoryIds="+a.AdvisoryID+"&advisoryIds="+b.AdvisoryID), "advisories")
+			got = items(
+				e.get("/vulnerabilities/v2/advisories?advisoryIds="+a.AdvisoryID+"&advisoryIds="+b.AdvisoryID),
+				"advisories",
+			)
 			if len(got) != 2 {
 				t.Fatalf("advisoryIds repeated gave %d", len(got))
 			}
@@ -293,12 +310,18 @@ func TestUpdateRules(t *testing.T) {
 			rp := e.sim.Truth().Repos[0]
 			r := patch(e, rp.UID, "*", map[string]any{"name": rp.Name, "description": "only"})
 			e.mustStatus(r, http.StatusOK)
-			if str(r.body, "description") != "only" || str(r.body, "catalogTier") != "" || len(r.body["activeTags"].([]any)) != 0 {
+			if str(r.body, "description") != "only" || str(r.body, "catalogTier") != "" ||
+				len(r.body["activeTags"].([]any)) != 0 {
 				t.Fatalf("* did not clear absent fields: %s", r.raw)
 			}
 		}},
 		{name: "UpdateRule5_PatternAppliesToIdentities", run: func(t *testing.T, e *env) {
-			id := e.do(http.MethodPost, "/iam/v2/identities/org1", testToken, map[string]any{"name": "ci bot", "description": "before"})
+			id := e.do(
+				http.MethodPost,
+				"/iam/v2/identities/org1",
+				testToken,
+				map[string]any{"name": "ci bot", "description": "before"},
+			)
 			e.mustStatus(id, http.StatusOK)
 			r := e.do(http.MethodPatch, "/iam/v2/identities/"+str(id.body, "uid")+"?updateMask=description", testToken,
 				map[string]any{"description": "after", "name": "ignored"})
@@ -364,18 +387,22 @@ func TestTagHistoryRules(t *testing.T) {
 				t.Fatal("empty public history")
 			}
 		}},
-		{name: "HistoryRule2_StartAndEndBound", opts: func(o *platformsim.Options) { o.StartInclusive, o.EndInclusive = true, false }, run: func(t *testing.T, e *env) {
-			image, tag, times := movedThrice(t, e)
-			tok := e.registryToken(image, testToken)
-			h := historyOf(e.history(image, tag, tok, "start="+url.QueryEscape(times[1].Format(time.RFC3339Nano))))
-			if len(h) != 2 {
-				t.Fatalf("start=t1 gave %d records, want 2", len(h))
-			}
-			h = historyOf(e.history(image, tag, tok, "end="+url.QueryEscape(times[1].Format(time.RFC3339Nano))))
-			if last := h[len(h)-1]; str(last, "updateTimestamp") >= times[1].Format("2006-01-02T15:04:05.000Z") {
-				t.Fatalf("end=t1 returned a record at %s", str(last, "updateTimestamp"))
-			}
-		}},
+		{
+			name: "HistoryRule2_StartAndEndBound",
+			opts: func(o *platformsim.Options) { o.StartInclusive, o.EndInclusive = true, false },
+			run: func(t *testing.T, e *env) {
+				image, tag, times := movedThrice(t, e)
+				tok := e.registryToken(image, testToken)
+				h := historyOf(e.history(image, tag, tok, "start="+url.QueryEscape(times[1].Format(time.RFC3339Nano))))
+				if len(h) != 2 {
+					t.Fatalf("start=t1 gave %d records, want 2", len(h))
+				}
+				h = historyOf(e.history(image, tag, tok, "end="+url.QueryEscape(times[1].Format(time.RFC3339Nano))))
+				if last := h[len(h)-1]; str(last, "updateTimestamp") >= times[1].Format("2006-01-02T15:04:05.000Z") {
+					t.Fatalf("end=t1 returned a record at %s", str(last, "updateTimestamp"))
+				}
+			},
+		},
 		{name: "HistoryRule3_AtMost1000OldestFirst", scale: &heavy, run: func(t *testing.T, e *env) {
 			var uid string
 			for k, h := range e.sim.Truth().History {
@@ -403,34 +430,43 @@ func TestTagHistoryRules(t *testing.T) {
 				t.Fatal("scale data lacks a shared timestamp across the 1000-record boundary")
 			}
 		}},
-		{name: "HistoryRule4_InclusiveBounds", opts: func(o *platformsim.Options) { o.StartInclusive, o.EndInclusive = true, true }, run: func(t *testing.T, e *env) {
-			window(t, e, true)
-		}},
+		{
+			name: "HistoryRule4_InclusiveBounds",
+			opts: func(o *platformsim.Options) { o.StartInclusive, o.EndInclusive = true, true },
+			run: func(t *testing.T, e *env) {
+				window(t, e, true)
+			},
+		},
 		{name: "HistoryRule4_ExclusiveBounds", run: func(t *testing.T, e *env) {
 			window(t, e, false)
 		}},
-		{name: "HistoryRule_EndNewestOption", scale: &heavy, opts: func(o *platformsim.Options) { o.HistoryEndNewest = true }, run: func(t *testing.T, e *env) {
-			var uid string
-			for k, h := range e.sim.Truth().History {
-				if len(h) == 2500 {
-					uid = k
+		{
+			name:  "HistoryRule_EndNewestOption",
+			scale: &heavy,
+			opts:  func(o *platformsim.Options) { o.HistoryEndNewest = true },
+			run: func(t *testing.T, e *env) {
+				var uid string
+				for k, h := range e.sim.Truth().History {
+					if len(h) == 2500 {
+						uid = k
+					}
 				}
-			}
-			truthHist, _ := e.sim.History(uid)
-			var tg platformsim.TruthTag
-			for _, x := range e.sim.Truth().Tags {
-				if x.UID == uid {
-					tg = x
+				truthHist, _ := e.sim.History(uid)
+				var tg platformsim.TruthTag
+				for _, x := range e.sim.Truth().Tags {
+					if x.UID == uid {
+						tg = x
+					}
 				}
-			}
-			name := str(e.get("/registry/v2/repos/"+tg.RepoUID).body, "name")
-			tok := e.registryToken("acme/"+name, testToken)
-			end := e.sim.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)
-			h := historyOf(e.history("acme/"+name, tg.Name, tok, "end="+url.QueryEscape(end)))
-			if len(h) != 1000 || str(h[999], "digest") != truthHist[2499].Digest {
-				t.Fatalf("end-only request did not return the newest 1000 records")
-			}
-		}},
+				name := str(e.get("/registry/v2/repos/"+tg.RepoUID).body, "name")
+				tok := e.registryToken("acme/"+name, testToken)
+				end := e.sim.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)
+				h := historyOf(e.history("acme/"+name, tg.Name, tok, "end="+url.QueryEscape(end)))
+				if len(h) != 1000 || str(h[999], "digest") != truthHist[2499].Digest {
+					t.Fatalf("end-only request did not return the newest 1000 records")
+				}
+			},
+		},
 	})
 }
 
@@ -451,7 +487,12 @@ func TestAuthenticationRules(t *testing.T) {
 		{name: "AuthRule2_ScopedThroughGroupHierarchy", run: func(t *testing.T, e *env) {
 			sub := e.do(http.MethodPost, "/iam/v2/groups/org1", testToken, map[string]any{"name": "team"})
 			e.mustStatus(sub, http.StatusOK)
-			id := e.do(http.MethodPost, "/iam/v2/identities/"+str(sub.body, "uid"), testToken, map[string]any{"name": "team bot"})
+			id := e.do(
+				http.MethodPost,
+				"/iam/v2/identities/"+str(sub.body, "uid"),
+				testToken,
+				map[string]any{"name": "team bot"},
+			)
 			tok, err := e.sim.MintToken(str(id.body, "uid"))
 			if err != nil {
 				t.Fatal(err)
@@ -469,7 +510,12 @@ func TestAuthenticationRules(t *testing.T) {
 		}},
 		{name: "AuthRule3_SubgroupIdentityCannotReachRegistry", run: func(t *testing.T, e *env) {
 			sub := e.do(http.MethodPost, "/iam/v2/groups/org1", testToken, map[string]any{"name": "team"})
-			id := e.do(http.MethodPost, "/iam/v2/identities/"+str(sub.body, "uid"), testToken, map[string]any{"name": "team bot"})
+			id := e.do(
+				http.MethodPost,
+				"/iam/v2/identities/"+str(sub.body, "uid"),
+				testToken,
+				map[string]any{"name": "team bot"},
+			)
 			tok, _ := e.sim.MintToken(str(id.body, "uid"))
 			_, repoName := e.someTag("")
 			r := e.do(http.MethodGet, "/token?scope="+url.QueryEscape("repository:acme/"+repoName+":pull"), tok, nil)
@@ -477,7 +523,10 @@ func TestAuthenticationRules(t *testing.T) {
 		}},
 		{name: "AuthRule4_IdentityCarriesClaimMatch", run: func(t *testing.T, e *env) {
 			r := e.do(http.MethodPost, "/iam/v2/identities/org1", testToken, map[string]any{"name": "gha",
-				"claimMatch": map[string]any{"issuer": "https://token.actions.githubusercontent.com", "subject": "repo:acme/app:ref:refs/heads/main"}})
+				"claimMatch": map[string]any{
+					"issuer":  "https://token.actions.githubusercontent.com",
+					"subject": "repo:acme/app:ref:refs/heads/main",
+				}})
 			e.mustStatus(r, http.StatusOK)
 			cm := r.body["claimMatch"].(map[string]any)
 			if str(cm, "subject") != "repo:acme/app:ref:refs/heads/main" || str(r.body, "lastSeenTime") == "" {
@@ -547,7 +596,10 @@ func TestErrorRules(t *testing.T) {
 		{name: "ErrorRule2_GroupNotEmpty", run: func(t *testing.T, e *env) {
 			g := e.do(http.MethodPost, "/iam/v2/groups/org1", testToken, map[string]any{"name": "team"})
 			gid := str(g.body, "uid")
-			e.mustStatus(e.do(http.MethodPost, "/registry/v2/repos/"+gid, testToken, map[string]any{"name": "svc"}), http.StatusOK)
+			e.mustStatus(
+				e.do(http.MethodPost, "/registry/v2/repos/"+gid, testToken, map[string]any{"name": "svc"}),
+				http.StatusOK,
+			)
 			r := e.do(http.MethodDelete, "/iam/v2/groups/"+gid, testToken, nil)
 			e.mustStatus(r, http.StatusBadRequest)
 			if r.body["code"] != float64(9) || !strings.HasPrefix(str(r.body, "message"), "Precondition failed: ") {
@@ -591,7 +643,11 @@ func TestErrorRules(t *testing.T) {
 				{400, 3, e.get("/registry/v2/repos?page_size=x")},
 				{404, 5, e.get("/registry/v2/repos/org1/x")},
 				{401, 16, e.do(http.MethodGet, "/registry/v2/repos", "", nil)},
-				{409, 6, e.do(http.MethodPost, "/registry/v2/repos/org1", testToken, map[string]any{"name": e.sim.Truth().Repos[0].Name})},
+				{
+					409,
+					6,
+					e.do(http.MethodPost, "/registry/v2/repos/org1", testToken, map[string]any{"name": e.sim.Truth().Repos[0].Name}),
+				},
 			} {
 				if c.r.status != c.status || c.r.body["code"] != c.code {
 					t.Fatalf("status %d code %v, want %d %v: %s", c.r.status, c.r.body["code"], c.status, c.code, c.r.raw)
@@ -615,7 +671,17 @@ func TestEndpoints(t *testing.T) {
 		{name: "Resources_CommonFieldsCamelCase", run: func(t *testing.T, e *env) {
 			r := e.get("/registry/v2/repos?page_size=1")
 			rp := items(r, "repos")[0]
-			for _, k := range []string{"uid", "name", "description", "createTime", "updateTime", "catalogTier", "aliases", "activeTags", "bundles"} {
+			for _, k := range []string{
+				"uid",
+				"name",
+				"description",
+				"createTime",
+				"updateTime",
+				"catalogTier",
+				"aliases",
+				"activeTags",
+				"bundles",
+			} {
 				if _, ok := rp[k]; !ok {
 					t.Fatalf("repo lacks %s: %v", k, rp)
 				}
@@ -625,7 +691,12 @@ func TestEndpoints(t *testing.T) {
 			}
 		}},
 		{name: "Repos_CreateGetDelete", run: func(t *testing.T, e *env) {
-			r := e.do(http.MethodPost, "/registry/v2/repos/org1", testToken, map[string]any{"name": "newimg", "description": "x"})
+			r := e.do(
+				http.MethodPost,
+				"/registry/v2/repos/org1",
+				testToken,
+				map[string]any{"name": "newimg", "description": "x"},
+			)
 			e.mustStatus(r, http.StatusOK)
 			uid := str(r.body, "uid")
 			if !strings.HasPrefix(uid, "org1/") || strings.Count(uid, "/") != 1 {
@@ -664,7 +735,10 @@ func TestEndpoints(t *testing.T) {
 			if n, err := strconv.ParseInt(str(r.body, "size"), 10, 64); err != nil || n <= 0 {
 				t.Fatalf("size=%s", r.raw)
 			}
-			e.mustStatus(e.get("/registry/v2/repos/"+tg.RepoUID+"/digests/sha256:"+strings.Repeat("0", 64)+"/architectures"), http.StatusNotFound)
+			e.mustStatus(
+				e.get("/registry/v2/repos/"+tg.RepoUID+"/digests/sha256:"+strings.Repeat("0", 64)+"/architectures"),
+				http.StatusNotFound,
+			)
 		}},
 		{name: "Ping", run: func(t *testing.T, e *env) {
 			e.mustStatus(e.get("/ping/v2/ping"), http.StatusOK)
@@ -679,13 +753,20 @@ func TestEndpoints(t *testing.T) {
 			id := e.do(http.MethodPost, "/iam/v2/identities/org1", testToken, map[string]any{"name": "puller",
 				"claimMatch": map[string]any{"issuer": "https://issuer.example", "subject": "s1"}})
 			role := items(e.get("/iam/v2/roles?name=viewer"), "roles")[0]
-			r := e.do(http.MethodPost, "/iam/v2/roleBindings/org1", testToken, map[string]any{"identityUid": str(id.body, "uid"), "roleUid": str(role, "uid")})
+			r := e.do(
+				http.MethodPost,
+				"/iam/v2/roleBindings/org1",
+				testToken,
+				map[string]any{"identityUid": str(id.body, "uid"), "roleUid": str(role, "uid")},
+			)
 			e.mustStatus(r, http.StatusOK)
 			ident, _ := r.body["identity"].(map[string]any)
 			grp, _ := r.body["group"].(map[string]any)
 			rl, _ := r.body["role"].(map[string]any)
 			if str(ident, "name") != "puller" || str(ident, "subject") != "s1" || str(ident, "issuer") != "https://issuer.example" ||
-				str(grp, "uid") != "org1" || str(rl, "name") != "viewer" || str(r.body, "createTime") == "" {
+				str(grp, "uid") != "org1" ||
+				str(rl, "name") != "viewer" ||
+				str(r.body, "createTime") == "" {
 				t.Fatalf("binding not hydrated: %s", r.raw)
 			}
 			e.mustStatus(e.do(http.MethodDelete, "/iam/v2/roleBindings/"+str(r.body, "uid"), testToken, nil), http.StatusOK)
@@ -696,19 +777,33 @@ func TestEndpoints(t *testing.T) {
 			e.mustStatus(g, http.StatusOK)
 			e.mustStatus(e.do(http.MethodDelete, "/iam/v2/groups/"+str(g.body, "uid"), testToken, nil), http.StatusOK)
 		}},
-		{name: "Subscriptions_CRUDAndHTTPSRule", opts: func(o *platformsim.Options) { o.AllowHTTPSinks = false }, run: func(t *testing.T, e *env) {
-			r := e.do(http.MethodPost, "/events/v2/subscriptions/org1", testToken, map[string]any{"sink": "http://127.0.0.1:1/x"})
-			e.mustStatus(r, http.StatusBadRequest)
-			assertBadRequest(t, r, "sink")
-			r = e.do(http.MethodPost, "/events/v2/subscriptions/org1", testToken, map[string]any{"sink": "https://hooks.example/x"})
-			e.mustStatus(r, http.StatusOK)
-			uid := str(r.body, "uid")
-			if got := items(e.get("/events/v2/subscriptions"), "subscriptions"); len(got) != 1 {
-				t.Fatalf("subscriptions=%v", got)
-			}
-			e.mustStatus(e.get("/events/v2/subscriptions/"+uid), http.StatusOK)
-			e.mustStatus(e.do(http.MethodDelete, "/events/v2/subscriptions/"+uid, testToken, nil), http.StatusOK)
-		}},
+		{
+			name: "Subscriptions_CRUDAndHTTPSRule",
+			opts: func(o *platformsim.Options) { o.AllowHTTPSinks = false },
+			run: func(t *testing.T, e *env) {
+				r := e.do(
+					http.MethodPost,
+					"/events/v2/subscriptions/org1",
+					testToken,
+					map[string]any{"sink": "http://127.0.0.1:1/x"},
+				)
+				e.mustStatus(r, http.StatusBadRequest)
+				assertBadRequest(t, r, "sink")
+				r = e.do(
+					http.MethodPost,
+					"/events/v2/subscriptions/org1",
+					testToken,
+					map[string]any{"sink": "https://hooks.example/x"},
+				)
+				e.mustStatus(r, http.StatusOK)
+				uid := str(r.body, "uid")
+				if got := items(e.get("/events/v2/subscriptions"), "subscriptions"); len(got) != 1 {
+					t.Fatalf("subscriptions=%v", got)
+				}
+				e.mustStatus(e.get("/events/v2/subscriptions/"+uid), http.StatusOK)
+				e.mustStatus(e.do(http.MethodDelete, "/events/v2/subscriptions/"+uid, testToken, nil), http.StatusOK)
+			},
+		},
 	})
 }
 
@@ -797,7 +892,10 @@ func verifyJWT(t *testing.T, e *env, tok string) map[string]any {
 
 func subscribe(t *testing.T, e *env, sink string) {
 	t.Helper()
-	e.mustStatus(e.do(http.MethodPost, "/events/v2/subscriptions/org1", testToken, map[string]any{"sink": sink}), http.StatusOK)
+	e.mustStatus(
+		e.do(http.MethodPost, "/events/v2/subscriptions/org1", testToken, map[string]any{"sink": sink}),
+		http.StatusOK,
+	)
 }
 
 func fastDelivery(o *platformsim.Options) {
@@ -818,7 +916,15 @@ func TestEvents(t *testing.T) {
 			if got, want := r.Header.Get("Ce-Type"), "dev.chainguard.registry.push.v1"; got != want {
 				t.Fatalf("Ce-Type=%q, want %q", got, want)
 			}
-			for _, h := range []string{"Ce-Specversion", "Ce-Id", "Ce-Source", "Ce-Subject", "Ce-Time", "Ce-Group", "Ce-Audience"} {
+			for _, h := range []string{
+				"Ce-Specversion",
+				"Ce-Id",
+				"Ce-Source",
+				"Ce-Subject",
+				"Ce-Time",
+				"Ce-Group",
+				"Ce-Audience",
+			} {
 				if r.Header.Get(h) == "" {
 					t.Fatalf("missing %s", h)
 				}
@@ -922,7 +1028,9 @@ func TestFaults(t *testing.T) {
 	runCases(t, []testCase{
 		{name: "Fault_5xxStatuses", run: func(t *testing.T, e *env) {
 			for _, st := range []int{500, 502, 503} {
-				e.sim.SetFaults(platformsim.Fault{Pattern: "GET /registry/v2/repos", ErrorRate: 1, ErrorStatuses: []int{st}, Remaining: 1})
+				e.sim.SetFaults(
+					platformsim.Fault{Pattern: "GET /registry/v2/repos", ErrorRate: 1, ErrorStatuses: []int{st}, Remaining: 1},
+				)
 				if got, _, _ := e.rawDo(http.MethodGet, "/registry/v2/repos", testToken); got != st {
 					t.Fatalf("status=%d, want %d", got, st)
 				}
@@ -966,7 +1074,13 @@ func TestFaults(t *testing.T) {
 			}
 		}},
 		{name: "Fault_Latency", run: func(t *testing.T, e *env) {
-			e.sim.SetFaults(platformsim.Fault{Pattern: "GET /ping/v2/ping", Latency: 40 * time.Millisecond, LatencyJitter: 10 * time.Millisecond})
+			e.sim.SetFaults(
+				platformsim.Fault{
+					Pattern:       "GET /ping/v2/ping",
+					Latency:       40 * time.Millisecond,
+					LatencyJitter: 10 * time.Millisecond,
+				},
+			)
 			start := time.Now()
 			e.mustStatus(e.get("/ping/v2/ping"), http.StatusOK)
 			if d := time.Since(start); d < 40*time.Millisecond {
@@ -1073,7 +1187,12 @@ func TestScenarioAndControl(t *testing.T) {
 				t.Fatalf("advanced %v", d)
 			}
 			tg, _ := e.someTag("")
-			r := e.do(http.MethodPost, "/_sim/mutations", "", map[string]any{"kind": "tag.moved", "uid": tg.UID, "digest": "sha256:" + strings.Repeat("77", 32)})
+			r := e.do(
+				http.MethodPost,
+				"/_sim/mutations",
+				"",
+				map[string]any{"kind": "tag.moved", "uid": tg.UID, "digest": "sha256:" + strings.Repeat("77", 32)},
+			)
 			e.mustStatus(r, http.StatusOK)
 			truth := e.do(http.MethodGet, "/_sim/truth", "", nil)
 			hist := truth.body["history"].(map[string]any)[tg.UID].([]any)

@@ -186,7 +186,12 @@ func TestAudienceRules(t *testing.T) {
 			e.mustStatus(e.do(http.MethodGet, "/ping/v2/ping", tok, nil), http.StatusUnauthorized)
 			// A subgroup identity's registry token does not reach the org.
 			sub := e.do(http.MethodPost, "/iam/v2/groups/org1", testToken, map[string]any{"name": "team"})
-			id := e.do(http.MethodPost, "/iam/v2/identities/"+str(sub.body, "uid"), testToken, map[string]any{"name": "team bot"})
+			id := e.do(
+				http.MethodPost,
+				"/iam/v2/identities/"+str(sub.body, "uid"),
+				testToken,
+				map[string]any{"name": "team bot"},
+			)
 			subTok, err := e.sim.MintTokenFor(str(id.body, "uid"), platformsim.AudienceRegistry)
 			if err != nil {
 				t.Fatal(err)
@@ -299,7 +304,14 @@ func TestExchangeRules(t *testing.T) {
 			assertBadRequest(t, r, "aud")
 		}},
 		{name: "Exchange_RefusedUnknownIdentity", run: func(t *testing.T, e *env) {
-			refused(t, e, e.externalToken(extSubject, "", 0), e.forBoth("org1/0000000000000000"), http.StatusNotFound, "org1/0000000000000000")
+			refused(
+				t,
+				e,
+				e.externalToken(extSubject, "", 0),
+				e.forBoth("org1/0000000000000000"),
+				http.StatusNotFound,
+				"org1/0000000000000000",
+			)
 		}},
 		{name: "Exchange_RefusedWrongSubject", run: func(t *testing.T, e *env) {
 			refused(t, e, e.externalToken("system:serviceaccount:other:other", "", 0), e.forBoth(e.assumable(nil)),
@@ -307,7 +319,14 @@ func TestExchangeRules(t *testing.T) {
 		}},
 		{name: "Exchange_RefusedWrongIssuer", run: func(t *testing.T, e *env) {
 			id := e.assumable(func(cm map[string]any) { cm["issuer"] = "https://token.actions.githubusercontent.com" })
-			refused(t, e, e.externalToken(extSubject, "", 0), e.forBoth(id), http.StatusForbidden, "does not match the claimMatch issuer")
+			refused(
+				t,
+				e,
+				e.externalToken(extSubject, "", 0),
+				e.forBoth(id),
+				http.StatusForbidden,
+				"does not match the claimMatch issuer",
+			)
 		}},
 		{name: "Exchange_RefusedBadSignature", run: func(t *testing.T, e *env) {
 			refused(t, e, foreignToken(t, e), e.forBoth(e.assumable(nil)), http.StatusUnauthorized, "signature does not verify")
@@ -352,7 +371,12 @@ func TestExchangeRules(t *testing.T) {
 		{name: "Exchange_ControlAPIExternalToken", run: func(t *testing.T, e *env) {
 			r := e.do(http.MethodPost, "/_sim/external-token", "", map[string]any{"subject": extSubject, "ttl": "5m"})
 			e.mustStatus(r, http.StatusOK)
-			disc := e.do(http.MethodGet, strings.TrimPrefix(e.sim.ExternalIssuer(), e.srv.URL)+"/.well-known/openid-configuration", "", nil)
+			disc := e.do(
+				http.MethodGet,
+				strings.TrimPrefix(e.sim.ExternalIssuer(), e.srv.URL)+"/.well-known/openid-configuration",
+				"",
+				nil,
+			)
 			if str(disc.body, "issuer") != e.sim.ExternalIssuer() {
 				t.Fatalf("discovery=%s", disc.raw)
 			}
@@ -391,7 +415,10 @@ func TestTagFamilyRules(t *testing.T) {
 				{"include_dates=true", map[string]int{"": per, "dates": 2}},
 				{"includeEpochs=true", map[string]int{"": per, "epochs": 2}},
 				{"include_referrers=1", map[string]int{"": per, "referrers": 2}},
-				{"include_dates=true&include_epochs=true&includeReferrers=true", map[string]int{"": per, "dates": 2, "epochs": 2, "referrers": 2}},
+				{
+					"include_dates=true&include_epochs=true&includeReferrers=true",
+					map[string]int{"": per, "dates": 2, "epochs": 2, "referrers": 2},
+				},
 			} {
 				if got := listed(e, repo, c.query); !mapsEqual(got, c.want) {
 					t.Fatalf("%q listed %v, want %v", c.query, got, c.want)
@@ -417,7 +444,10 @@ func TestTagFamilyRules(t *testing.T) {
 				}
 			}
 			n := smallScale().Repos
-			if want := (map[string]int{"": n * per, "dates": 2 * n, "epochs": 2 * n, "referrers": 2 * n}); !mapsEqual(count, want) {
+			if want := (map[string]int{"": n * per, "dates": 2 * n, "epochs": 2 * n, "referrers": 2 * n}); !mapsEqual(
+				count,
+				want,
+			) {
 				t.Fatalf("families=%v, want %v", count, want)
 			}
 		}},
@@ -467,7 +497,10 @@ func TestTagFamilyRules(t *testing.T) {
 			if len(got) != 0 {
 				t.Fatalf("updated_since=<move time> kept %d tags, want none (after, not at)", len(got))
 			}
-			got = items(e.get("/registry/v2/tags?updatedSince="+url.QueryEscape(at.Add(-time.Millisecond).Format(time.RFC3339Nano))), "tags")
+			got = items(
+				e.get("/registry/v2/tags?updatedSince="+url.QueryEscape(at.Add(-time.Millisecond).Format(time.RFC3339Nano))),
+				"tags",
+			)
 			if len(got) != 1 || str(got[0], "uid") != tg.UID {
 				t.Fatalf("updated_since=<just before> gave %d tags, want the moved one", len(got))
 			}
@@ -619,7 +652,10 @@ func TestNestedRepoRules(t *testing.T) {
 			rp := nestedRepo(t, e, 1)
 			tg := tagOf(e, rp.UID)
 			group := rp.UID[:strings.LastIndexByte(rp.UID, '/')]
-			e.mustStatus(e.do(http.MethodPatch, "/iam/v2/groups/"+group, testToken, map[string]any{"name": "helm"}), http.StatusOK)
+			e.mustStatus(
+				e.do(http.MethodPatch, "/iam/v2/groups/"+group, testToken, map[string]any{"name": "helm"}),
+				http.StatusOK,
+			)
 			path, _ := e.sim.RegistryPath(rp.UID)
 			if want := "helm/" + rp.Name; path != want {
 				t.Fatalf("path=%q, want %q", path, want)
@@ -684,8 +720,14 @@ func TestAdvisoryWithdrawal(t *testing.T) {
 		}},
 		{name: "Advisory_WithdrawAndDeleteThroughControlAPI", run: func(t *testing.T, e *env) {
 			advs := e.sim.Truth().Advisories
-			e.mustStatus(e.do(http.MethodPost, "/_sim/mutations", "", map[string]any{"kind": "advisory.withdrawn", "uid": advs[0].UID}), http.StatusOK)
-			e.mustStatus(e.do(http.MethodPost, "/_sim/mutations", "", map[string]any{"kind": "advisory.deleted", "uid": advs[1].UID}), http.StatusOK)
+			e.mustStatus(
+				e.do(http.MethodPost, "/_sim/mutations", "", map[string]any{"kind": "advisory.withdrawn", "uid": advs[0].UID}),
+				http.StatusOK,
+			)
+			e.mustStatus(
+				e.do(http.MethodPost, "/_sim/mutations", "", map[string]any{"kind": "advisory.deleted", "uid": advs[1].UID}),
+				http.StatusOK,
+			)
 			e.mustStatus(e.get("/vulnerabilities/v2/advisories/"+advs[1].UID), http.StatusNotFound)
 			if got := len(e.sim.Truth().Advisories); got != len(advs)-1 {
 				t.Fatalf("advisories=%d after a deletion, want %d", got, len(advs)-1)
@@ -731,7 +773,12 @@ func TestProtoJSON(t *testing.T) {
 			if _, ok := list.body["totalCount"].(string); !ok {
 				t.Fatalf("totalCount is not a string: %s", list.raw)
 			}
-			sub := e.do(http.MethodPost, "/events/v2/subscriptions/org1", testToken, map[string]any{"sink": "https://hooks.example/x"})
+			sub := e.do(
+				http.MethodPost,
+				"/events/v2/subscriptions/org1",
+				testToken,
+				map[string]any{"sink": "https://hooks.example/x"},
+			)
 			if _, ok := sub.body["createTime"]; ok || str(sub.body, "sink") == "" {
 				t.Fatalf("subscription=%s, want {uid, sink}", sub.raw)
 			}
@@ -808,32 +855,42 @@ func TestProtoJSON(t *testing.T) {
 
 func TestImageFaults(t *testing.T) {
 	runCases(t, []testCase{
-		{name: "Fault_ImageHistoryAnswers404Then403ThenRecovers", scale: nestedScale(), opts: strict, run: func(t *testing.T, e *env) {
-			gone, denied := nestedRepo(t, e, 2), nestedRepo(t, e, 0)
-			e.sim.AddFaults(
-				platformsim.Fault{Name: "gone", Image: "acme/" + gone.Path, Status: http.StatusNotFound},
-				platformsim.Fault{Name: "denied", Path: "/v2/acme/" + denied.Path + "/_chainguard/history/*", Status: http.StatusForbidden})
-			tags := map[string]string{}
-			for _, tg := range e.sim.Truth().Tags {
-				tags[tg.RepoUID] = tg.Name
-			}
-			r := e.history("acme/"+gone.Path, tags[gone.UID], registryToken, "")
-			if code, _ := registryErr(t, r); r.status != 404 || code != "NAME_UNKNOWN" {
-				t.Fatalf("gone answered %d %s", r.status, code)
-			}
-			r = e.history("acme/"+denied.Path, tags[denied.UID], registryToken, "")
-			if code, _ := registryErr(t, r); r.status != 403 || code != "DENIED" {
-				t.Fatalf("denied answered %d %s", r.status, code)
-			}
-			other := nestedRepo(t, e, 1)
-			e.mustStatus(e.history("acme/"+other.Path, tags[other.UID], registryToken, ""), http.StatusOK)
-			if n := e.sim.RemoveFaults("gone"); n != 1 {
-				t.Fatalf("removed %d faults", n)
-			}
-			e.mustStatus(e.history("acme/"+gone.Path, tags[gone.UID], registryToken, ""), http.StatusOK)
-			e.mustStatus(e.do(http.MethodDelete, "/_sim/faults?name=denied", "", nil), http.StatusOK)
-			e.mustStatus(e.history("acme/"+denied.Path, tags[denied.UID], registryToken, ""), http.StatusOK)
-		}},
+		{
+			name:  "Fault_ImageHistoryAnswers404Then403ThenRecovers",
+			scale: nestedScale(),
+			opts:  strict,
+			run: func(t *testing.T, e *env) {
+				gone, denied := nestedRepo(t, e, 2), nestedRepo(t, e, 0)
+				e.sim.AddFaults(
+					platformsim.Fault{Name: "gone", Image: "acme/" + gone.Path, Status: http.StatusNotFound},
+					platformsim.Fault{
+						Name:   "denied",
+						Path:   "/v2/acme/" + denied.Path + "/_chainguard/history/*",
+						Status: http.StatusForbidden,
+					},
+				)
+				tags := map[string]string{}
+				for _, tg := range e.sim.Truth().Tags {
+					tags[tg.RepoUID] = tg.Name
+				}
+				r := e.history("acme/"+gone.Path, tags[gone.UID], registryToken, "")
+				if code, _ := registryErr(t, r); r.status != 404 || code != "NAME_UNKNOWN" {
+					t.Fatalf("gone answered %d %s", r.status, code)
+				}
+				r = e.history("acme/"+denied.Path, tags[denied.UID], registryToken, "")
+				if code, _ := registryErr(t, r); r.status != 403 || code != "DENIED" {
+					t.Fatalf("denied answered %d %s", r.status, code)
+				}
+				other := nestedRepo(t, e, 1)
+				e.mustStatus(e.history("acme/"+other.Path, tags[other.UID], registryToken, ""), http.StatusOK)
+				if n := e.sim.RemoveFaults("gone"); n != 1 {
+					t.Fatalf("removed %d faults", n)
+				}
+				e.mustStatus(e.history("acme/"+gone.Path, tags[gone.UID], registryToken, ""), http.StatusOK)
+				e.mustStatus(e.do(http.MethodDelete, "/_sim/faults?name=denied", "", nil), http.StatusOK)
+				e.mustStatus(e.history("acme/"+denied.Path, tags[denied.UID], registryToken, ""), http.StatusOK)
+			},
+		},
 		{name: "Fault_ImageFaultThroughControlAPI", opts: strict, run: func(t *testing.T, e *env) {
 			tg, image := e.privateTag("")
 			r := e.do(http.MethodPost, "/_sim/faults", "", map[string]any{"faults": []map[string]any{

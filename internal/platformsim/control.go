@@ -252,9 +252,27 @@ func toFaultJSON(f Fault) faultJSON {
 		}
 		return d.String()
 	}
-	return faultJSON{Name: f.Name, Pattern: f.Pattern, Path: f.Path, Image: f.Image, Status: f.Status, Latency: dur(f.Latency), LatencyJitter: dur(f.LatencyJitter),
-		LatencyExpMean: dur(f.LatencyExpMean), RespondAfter: dur(f.RespondAfter), ErrorRate: f.ErrorRate, ErrorStatuses: f.ErrorStatuses,
-		RateLimitRate: f.RateLimitRate, RetryAfter: dur(f.RetryAfter), RetryAfterHTTPDate: f.RetryAfterHTTPDate,
-		ResetRate: f.ResetRate, TruncateRate: f.TruncateRate, StallRate: f.StallRate, Stall: dur(f.Stall),
-		Remaining: f.Remaining}
+	return faultJSON{
+		Name:          f.Name,
+		Pattern:       f.Pattern,
+		Path:          f.Path,
+		Image:         f.Image,
+		Status:        f.Status,
+		Latency:       dur(f.Latency),
+		LatencyJitter: dur(f.LatencyJitter),
+		LatencyExpMean: dur(
+			f.LatencyExpMean,
+		),
+		RespondAfter:       dur(f.RespondAfter),
+		ErrorRate:          f.ErrorRate,
+		ErrorStatuses:      f.ErrorStatuses,
+		RateLimitRate:      f.RateLimitRate,
+		RetryAfter:         dur(f.RetryAfter),
+		RetryAfterHTTPDate: f.RetryAfterHTTPDate,
+		ResetRate:          f.ResetRate,
+		TruncateRate:       f.TruncateRate,
+		StallRate:          f.StallRate,
+		Stall:              dur(f.Stall),
+		Remaining:          f.Remaining,
+	}
 }

@@ -154,15 +154,18 @@
 //	GET    /registry/v2/repos/{uid}/readme
 //	GET    /registry/v2/repos/{uid}/digests/{digest}/architectures
 //	GET    /registry/v2/repos/{uid}/digests/{digest}/size?architecture=amd64
-//	GET    /registry/v2/tags                       list (+ digest, updated_since, include_referrers, include_dates, include_epochs)
+//	GET    /registry/v2/tags                       list (+ digest, updated_since, include_referrers,
+//	                                               include_dates, include_epochs)
 //	GET    /registry/v2/tags/{uid}                 DELETE
 //	POST   /registry/v2/tags/{repo_uid}            create (name, digest)
-//	GET    /vulnerabilities/v2/advisories          list (+ the proto's filters: artifact_names, aliases, event_types, ...)
+//	GET    /vulnerabilities/v2/advisories          list (+ the proto's filters: artifact_names, aliases,
+//	                                               event_types, ...)
 //	GET    /vulnerabilities/v2/advisories/{uid}      withdrawn ones carry deleteTime
 //	GET    /iam/v2/groups, /iam/v2/groups/{uid}    PATCH, DELETE (RESOURCE_NOT_EMPTY)
 //	POST   /iam/v2/groups/{parent_group_uid}
 //	GET    /iam/v2/identities, /{uid}              PATCH, DELETE
-//	POST   /iam/v2/identities/{parent_group_uid}   name must match ^[a-z0-9 ._-]{1,}$; claimMatch {issuer, subject, audience}
+//	POST   /iam/v2/identities/{parent_group_uid}   name must match ^[a-z0-9 ._-]{1,}$;
+//	                                               claimMatch {issuer, subject, audience}
 //	GET    /iam/v2/roles, /iam/v2/roles/{uid}
 //	GET    /iam/v2/roleBindings, /{uid}            DELETE; responses hydrated
 //	POST   /iam/v2/roleBindings/{parent_group_uid} identityUid, roleUid

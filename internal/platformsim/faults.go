@@ -258,7 +258,12 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 }
 
 // serveWithFaults runs serve and delivers its answer, perturbed as decided.
-func (s *Sim) serveWithFaults(w http.ResponseWriter, r *http.Request, pattern string, serve func(http.ResponseWriter, *http.Request)) {
+func (s *Sim) serveWithFaults(
+	w http.ResponseWriter,
+	r *http.Request,
+	pattern string,
+	serve func(http.ResponseWriter, *http.Request),
+) {
 	arrived := time.Now()
 	image := s.registryImage(r)
 	d := s.faults.decide(request{pattern: pattern, path: r.URL.Path, image: image})
@@ -320,7 +325,12 @@ func (s *Sim) serveWithFaults(w http.ResponseWriter, r *http.Request, pattern st
 }
 
 // serveAt makes serve's answer at once and sends it at the time given.
-func (s *Sim) serveAt(w http.ResponseWriter, r *http.Request, at time.Time, serve func(http.ResponseWriter, *http.Request)) {
+func (s *Sim) serveAt(
+	w http.ResponseWriter,
+	r *http.Request,
+	at time.Time,
+	serve func(http.ResponseWriter, *http.Request),
+) {
 	bw := &bufferedWriter{header: http.Header{}}
 	serve(bw, r)
 	if !sleepCtx(r.Context(), time.Until(at)) {
@@ -351,7 +361,9 @@ func (s *Sim) writeInjectedError(w http.ResponseWriter, status int, registry boo
 		// Gateways in front of the API answer in HTML, not AIP-193.
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.WriteHeader(status)
-		_, _ = w.Write([]byte("<html><body><h1>" + strconv.Itoa(status) + " " + http.StatusText(status) + "</h1></body></html>\n"))
+		_, _ = w.Write(
+			[]byte("<html><body><h1>" + strconv.Itoa(status) + " " + http.StatusText(status) + "</h1></body></html>\n"),
+		)
 	case registry:
 		s.registryError(w, status, registryCode(status), "injected failure: "+http.StatusText(status), "")
 	case status == http.StatusServiceUnavailable:

@@ -184,10 +184,22 @@ func (s *Sim) match(method, path string) (route, bool) {
 		if i := strings.Index(rest, "/digests/"); i >= 0 {
 			uid, d := rest[:i], rest[i+len("/digests/"):]
 			if dg, ok := strings.CutSuffix(d, "/architectures"); ok {
-				return route{pattern: "GET /registry/v2/repos/{uid}/digests/{digest}/architectures", uid: uid, digest: dg, serve: s.serveArchitectures, auth: true}, true
+				return route{
+					pattern: "GET /registry/v2/repos/{uid}/digests/{digest}/architectures",
+					uid:     uid,
+					digest:  dg,
+					serve:   s.serveArchitectures,
+					auth:    true,
+				}, true
 			}
 			if dg, ok := strings.CutSuffix(d, "/size"); ok {
-				return route{pattern: "GET /registry/v2/repos/{uid}/digests/{digest}/size", uid: uid, digest: dg, serve: s.serveSize, auth: true}, true
+				return route{
+					pattern: "GET /registry/v2/repos/{uid}/digests/{digest}/size",
+					uid:     uid,
+					digest:  dg,
+					serve:   s.serveSize,
+					auth:    true,
+				}, true
 			}
 		}
 	}

@@ -168,8 +168,11 @@ func registryCode(status int) string {
 // wrongAudience explains the refusal of a credential that is not for the
 // registry, naming both audiences.
 func (s *Sim) wrongAudience(m mintedToken) string {
-	return fmt.Sprintf("token audience %s is not the registry's audience %q: a platform API token was given where a registry token is needed",
-		s.audienceNames(m.aud), s.RegistryAudience())
+	return fmt.Sprintf(
+		"token audience %s is not the registry's audience %q: a platform API token was given where a registry token is needed",
+		s.audienceNames(m.aud),
+		s.RegistryAudience(),
+	)
 }
 
 // registryAccess decides whether an unexpired credential may read an

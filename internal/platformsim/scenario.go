@@ -337,7 +337,10 @@ func (s *Sim) applyLocked(m Mutation) (Mutation, error) {
 		if s.repoByNameLocked(parent, m.Name) != nil {
 			return m, fmt.Errorf("create repo %s: exists", m.Name)
 		}
-		rp := s.addRepoLocked(parent, repo{name: m.Name, description: "Minimal image for " + m.Name, catalogTier: "APPLICATION"})
+		rp := s.addRepoLocked(
+			parent,
+			repo{name: m.Name, description: "Minimal image for " + m.Name, catalogTier: "APPLICATION"},
+		)
 		m.UID, m.RepoUID = rp.uid, ""
 	case RepoDeleted:
 		rp, ok := s.repos[m.UID]

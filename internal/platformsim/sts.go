@@ -119,8 +119,11 @@ func (s *Sim) parseExchange(r *http.Request) (exchangeRequest, *apiError) {
 		case s.RegistryAudience():
 			x.aud |= audRegistry
 		default:
-			return x, s.errInvalid("aud", fmt.Sprintf("%q is not an audience of this platform; use %q for the platform API or %q for the registry",
-				a, s.APIAudience(), s.RegistryAudience()))
+			return x, s.errInvalid(
+				"aud",
+				fmt.Sprintf("%q is not an audience of this platform; use %q for the platform API or %q for the registry",
+					a, s.APIAudience(), s.RegistryAudience()),
+			)
 		}
 	}
 	return x, nil
@@ -177,15 +180,21 @@ func (s *Sim) serveExchange(w http.ResponseWriter, r *http.Request, _ route) {
 // Messages name what did not match, never the token.
 func (s *Sim) checkExternalToken(r *http.Request, raw string, c jwtClaims, id identity) *apiError {
 	if id.issuer == "" {
-		return s.errPermissionDenied(fmt.Sprintf("identity %s has no claimMatch: it cannot be assumed by token exchange", id.uid))
+		return s.errPermissionDenied(
+			fmt.Sprintf("identity %s has no claimMatch: it cannot be assumed by token exchange", id.uid),
+		)
 	}
 	if c.Issuer != id.issuer {
-		return s.errPermissionDenied(fmt.Sprintf("the token's issuer %q does not match the claimMatch issuer %q of identity %s",
-			c.Issuer, id.issuer, id.uid))
+		return s.errPermissionDenied(
+			fmt.Sprintf("the token's issuer %q does not match the claimMatch issuer %q of identity %s",
+				c.Issuer, id.issuer, id.uid),
+		)
 	}
 	if c.Subject != id.subject {
-		return s.errPermissionDenied(fmt.Sprintf("the token's subject %q does not match the claimMatch subject %q of identity %s",
-			c.Subject, id.subject, id.uid))
+		return s.errPermissionDenied(
+			fmt.Sprintf("the token's subject %q does not match the claimMatch subject %q of identity %s",
+				c.Subject, id.subject, id.uid),
+		)
 	}
 	if e := s.verifySignature(r, raw, c.Issuer); e != nil {
 		return e
@@ -223,7 +232,9 @@ func (s *Sim) verifySignature(r *http.Request, raw, issuer string) *apiError {
 	}
 	v := p.VerifierContext(ctx, &oidc.Config{SkipClientIDCheck: true, SkipExpiryCheck: true})
 	if _, err := v.Verify(ctx, raw); err != nil {
-		return s.errUnauthenticated(fmt.Sprintf("the token's signature does not verify with the keys of issuer %q: %v", issuer, err))
+		return s.errUnauthenticated(
+			fmt.Sprintf("the token's signature does not verify with the keys of issuer %q: %v", issuer, err),
+		)
 	}
 	return nil
 }

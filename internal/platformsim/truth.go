@@ -123,10 +123,21 @@ func truthAdvisory(a *advisory) TruthAdvisory {
 		ta.Severities = append(ta.Severities, TruthSeverity{Type: x.typ, Score: x.score})
 	}
 	for _, e := range a.events {
-		te := TruthAdvisoryEvent{UID: e.uid, CreateTime: msTime(e.createMs), Author: e.author, Reviewer: e.reviewer,
-			ReviewState: e.reviewState, Issue: e.issue, Findings: append([]byte(nil), e.findings...), Kind: e.kind,
-			DetectionType: e.how, Note: e.note, FixedVersion: e.fixedVersion, PatchedVersions: append([]string(nil), e.patched...),
-			FalsePositiveType: e.fp}
+		te := TruthAdvisoryEvent{
+			UID:               e.uid,
+			CreateTime:        msTime(e.createMs),
+			Author:            e.author,
+			Reviewer:          e.reviewer,
+			ReviewState:       e.reviewState,
+			Issue:             e.issue,
+			Findings:          append([]byte(nil), e.findings...),
+			Kind:              e.kind,
+			DetectionType:     e.how,
+			Note:              e.note,
+			FixedVersion:      e.fixedVersion,
+			PatchedVersions:   append([]string(nil), e.patched...),
+			FalsePositiveType: e.fp,
+		}
 		for _, kv := range e.match {
 			if kv[1] != "" {
 				if te.Match == nil {

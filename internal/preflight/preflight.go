@@ -39,8 +39,19 @@ func Checks(cfg config.Config, log *slog.Logger) ([]Check, error) {
 	pc.client = client
 	p := cfg.Platform
 	return []Check{
-		{fmt.Sprintf("platform API %s, %s for audience %s", p.BaseURL, daemon.APICredential(p), daemon.APIAudience(p)), pc.api},
-		{fmt.Sprintf("registry %s, %s for audience %s", p.RegistryURL, daemon.RegistryCredential(p), daemon.RegistryAudience(p)), pc.registry},
+		{
+			fmt.Sprintf("platform API %s, %s for audience %s", p.BaseURL, daemon.APICredential(p), daemon.APIAudience(p)),
+			pc.api,
+		},
+		{
+			fmt.Sprintf(
+				"registry %s, %s for audience %s",
+				p.RegistryURL,
+				daemon.RegistryCredential(p),
+				daemon.RegistryAudience(p),
+			),
+			pc.registry,
+		},
 		{natsSubject(cfg.NATS), func(ctx context.Context) (string, error) { return checkNATS(ctx, cfg) }},
 	}, nil
 }
@@ -163,7 +174,12 @@ func (pc *platformCheck) explain(ctx context.Context, err error, urlKey string) 
 	if code := pc.lastStatus.Load(); code != 0 {
 		last = fmt.Sprintf("the last answer was %d %s", code, http.StatusText(int(code)))
 	}
-	return fmt.Errorf("no success within the time allowed, %s: check %s and the network, or retry with a longer --timeout [%w]", last, urlKey, err)
+	return fmt.Errorf(
+		"no success within the time allowed, %s: check %s and the network, or retry with a longer --timeout [%w]",
+		last,
+		urlKey,
+		err,
+	)
 }
 
 // firstItem returns the first item of a listing: with a page size of 1, one
@@ -186,7 +202,10 @@ func firstItem[T any](ctx context.Context, l *platform.Lister[T]) (T, bool, erro
 func checkNATS(ctx context.Context, cfg config.Config) (string, error) {
 	n := cfg.NATS
 	if n.URL == "" {
-		return fmt.Sprintf("\"syncd run\" starts it in-process, storing under %s; nothing to reach", filepath.Join(filepath.Dir(cfg.Store.Path), "nats")), ErrSkipped
+		return fmt.Sprintf(
+			"\"syncd run\" starts it in-process, storing under %s; nothing to reach",
+			filepath.Join(filepath.Dir(cfg.Store.Path), "nats"),
+		), ErrSkipped
 	}
 	pcfg := daemon.NATSConfig(cfg, slog.New(slog.DiscardHandler))
 	pcfg.FailFast = true
@@ -205,7 +224,11 @@ func checkNATS(ctx context.Context, cfg config.Config) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("JetStream account info: %w: JetStream must be enabled for the account syncd connects as", err)
 	}
-	return fmt.Sprintf("connected; JetStream answers (%d streams in the account; syncd creates or updates %s)", info.Streams, n.Stream), nil
+	return fmt.Sprintf(
+		"connected; JetStream answers (%d streams in the account; syncd creates or updates %s)",
+		info.Streams,
+		n.Stream,
+	), nil
 }
 
 func natsSubject(n config.NATS) string {

@@ -204,8 +204,21 @@ func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
 	}
 	a.last.Store(&au.rep)
 	if au.rep.Repaired+au.rep.Deferred+au.rep.Duplicates > 0 {
-		a.log.Warn("stream audited: the stream lacked events", "checked", au.rep.Checked, "repaired", au.rep.Repaired,
-			"reordered", au.rep.Reordered, "deferred", au.rep.Deferred, "duplicates", au.rep.Duplicates, "position", au.rep.Position)
+		a.log.Warn(
+			"stream audited: the stream lacked events",
+			"checked",
+			au.rep.Checked,
+			"repaired",
+			au.rep.Repaired,
+			"reordered",
+			au.rep.Reordered,
+			"deferred",
+			au.rep.Deferred,
+			"duplicates",
+			au.rep.Duplicates,
+			"position",
+			au.rep.Position,
+		)
 	} else {
 		a.log.Debug("stream audited", "checked", au.rep.Checked, "position", au.rep.Position, "stream_seq", au.rep.StreamSeq)
 	}
@@ -226,7 +239,12 @@ func (a *Auditor) begin(ctx context.Context) (*audit, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit: stream %s info: %w", a.cfg.Stream, err)
 	}
-	au := &audit{a: a, stream: s, window: info.Config.Duplicates, rep: AuditReport{Position: pos, StreamSeq: info.State.LastSeq}}
+	au := &audit{
+		a:      a,
+		stream: s,
+		window: info.Config.Duplicates,
+		rep:    AuditReport{Position: pos, StreamSeq: info.State.LastSeq},
+	}
 	margin := a.cfg.Margin
 	if margin <= 0 {
 		margin = min(au.window/2, time.Minute)
@@ -342,7 +360,11 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent, end int64
 // from the first the first read missed), found being where the stream has
 // them. It returns 0, or the seq of an event that is not on the stream
 // yet, before which the audit's position stays.
-func (au *audit) repairResource(ctx context.Context, tail []store.AuditEvent, found map[string]streamPos) (int64, error) {
+func (au *audit) repairResource(
+	ctx context.Context,
+	tail []store.AuditEvent,
+	found map[string]streamPos,
+) (int64, error) {
 	a := au.a
 	start := -1
 	for i, e := range tail {
@@ -364,8 +386,19 @@ func (au *audit) repairResource(ctx context.Context, tail []store.AuditEvent, fo
 				}
 			}
 			au.rep.Deferred += missing
-			a.log.Warn("stream lacks an event; publishing it again waits until its resource's later events are older than the duplicate window",
-				"id", tail[0].ID, "type", tail[0].Type, "seq", tail[0].Seq, "resource", tail[0].Subject, "waits_for", e.ID)
+			a.log.Warn(
+				"stream lacks an event; publishing it again waits until its resource's later events are older than the duplicate window",
+				"id",
+				tail[0].ID,
+				"type",
+				tail[0].Type,
+				"seq",
+				tail[0].Seq,
+				"resource",
+				tail[0].Subject,
+				"waits_for",
+				e.ID,
+			)
 			return tail[0].Seq, nil
 		}
 	}
@@ -375,7 +408,14 @@ func (au *audit) repairResource(ctx context.Context, tail []store.AuditEvent, fo
 		if pos.ok() {
 			// Behind the repaired event goes every later one, once.
 			if err := au.stream.DeleteMsg(ctx, pos.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-				return 0, fmt.Errorf("audit: move %s %s (stream seq %d) behind the repaired events of %s: %w", e.Type, e.ID, pos.seq, e.Subject, err)
+				return 0, fmt.Errorf(
+					"audit: move %s %s (stream seq %d) behind the repaired events of %s: %w",
+					e.Type,
+					e.ID,
+					pos.seq,
+					e.Subject,
+					err,
+				)
 			}
 		}
 		m := a.message(e.Event)
@@ -399,7 +439,17 @@ func (au *audit) repairResource(ctx context.Context, tail []store.AuditEvent, fo
 			continue
 		}
 		au.rep.Repaired++
-		a.log.Warn("event missing from the stream published again", "id", e.ID, "type", e.Type, "seq", e.Seq, "stream_seq", ack.Sequence)
+		a.log.Warn(
+			"event missing from the stream published again",
+			"id",
+			e.ID,
+			"type",
+			e.Type,
+			"seq",
+			e.Seq,
+			"stream_seq",
+			ack.Sequence,
+		)
 		if a.cfg.OnRepaired != nil {
 			a.cfg.OnRepaired(e.Event)
 		}
@@ -430,8 +480,15 @@ func (au *audit) behindCopies(ctx context.Context, last store.AuditEvent, lastCo
 			if err := au.stream.DeleteMsg(ctx, pos.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 				return fmt.Errorf("audit: delete %s %s, ahead of the repaired events of its resource: %w", e.Type, e.ID, err)
 			}
-			au.a.log.Warn("an event published during the repair of its resource went ahead of it; deleted it from the stream for a later audit to publish again",
-				"id", e.ID, "type", e.Type, "seq", e.Seq)
+			au.a.log.Warn(
+				"an event published during the repair of its resource went ahead of it; deleted it from the stream for a later audit to publish again",
+				"id",
+				e.ID,
+				"type",
+				e.Type,
+				"seq",
+				e.Seq,
+			)
 		}
 	}
 	return nil
@@ -475,7 +532,12 @@ const scanBatch = 1000
 // A message the read skipped (a lost fetch) fails
 // it: the audit must never take a message for missing that it did not
 // read.
-func (au *audit) scan(ctx context.Context, start scanStart, until uint64, want map[string]bool) (map[string]streamPos, error) {
+func (au *audit) scan(
+	ctx context.Context,
+	start scanStart,
+	until uint64,
+	want map[string]bool,
+) (map[string]streamPos, error) {
 	a := au.a
 	cfg := jetstream.ConsumerConfig{
 		AckPolicy:         jetstream.AckNonePolicy,
@@ -521,8 +583,12 @@ func (au *audit) scan(ctx context.Context, start scanStart, until uint64, want m
 				return nil, fmt.Errorf("audit: read stream %s: %w", a.cfg.Stream, err)
 			}
 			if md.Sequence.Consumer != next {
-				return nil, fmt.Errorf("audit: read stream %s: message %d of the read came as %d (lost on the way); reading again at the next audit",
-					a.cfg.Stream, next, md.Sequence.Consumer)
+				return nil, fmt.Errorf(
+					"audit: read stream %s: message %d of the read came as %d (lost on the way); reading again at the next audit",
+					a.cfg.Stream,
+					next,
+					md.Sequence.Consumer,
+				)
 			}
 			next++
 			if id, ok := byMsgID[m.Headers().Get(jetstream.MsgIDHeader)]; ok && want[id] {

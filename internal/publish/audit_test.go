@@ -44,8 +44,21 @@ func newAuditWorld(t *testing.T, window time.Duration, opts ...publish.RelayOpti
 
 // auditor returns an auditor of the world's stream with the clock now.
 func (w *auditWorld) auditor(now func() time.Time) *publish.Auditor {
-	return publish.NewAuditor(w.conn.JS, w.st, w.relay.Message, publish.AuditConfig{Stream: testStream, SubjectPrefix: testPrefix,
-		Every: time.Hour, Now: now, Batch: 7, Logger: w.log.logger(), OnRepaired: func(store.Event) { w.repaired.Add(1) }, MsgID: w.relay.MsgID})
+	return publish.NewAuditor(
+		w.conn.JS,
+		w.st,
+		w.relay.Message,
+		publish.AuditConfig{
+			Stream:        testStream,
+			SubjectPrefix: testPrefix,
+			Every:         time.Hour,
+			Now:           now,
+			Batch:         7,
+			Logger:        w.log.logger(),
+			OnRepaired:    func(store.Event) { w.repaired.Add(1) },
+			MsgID:         w.relay.MsgID,
+		},
+	)
 }
 
 // flush publishes the outbox.
@@ -132,7 +145,8 @@ func TestAuditor_RepublishesWhatTheStreamLost(t *testing.T) {
 	}
 	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(stored)), stored)
 	for _, e := range lost {
-		if !strings.Contains(w.log.String(), "event missing from the stream published again") || !strings.Contains(w.log.String(), e.ID) {
+		if !strings.Contains(w.log.String(), "event missing from the stream published again") ||
+			!strings.Contains(w.log.String(), e.ID) {
 			t.Errorf("the log does not name the repaired event %s", e.ID)
 		}
 	}
@@ -143,7 +157,12 @@ func TestAuditor_RepublishesWhatTheStreamLost(t *testing.T) {
 	}
 	rep, err = w.auditor(time.Now).Audit(ctx)
 	if err != nil || rep.Checked != 0 || rep.Position != stored[len(stored)-1].Seq {
-		t.Errorf("a new auditor's audit = %+v, %v; want it to resume after seq %d and check nothing", rep, err, stored[len(stored)-1].Seq)
+		t.Errorf(
+			"a new auditor's audit = %+v, %v; want it to resume after seq %d and check nothing",
+			rep,
+			err,
+			stored[len(stored)-1].Seq,
+		)
 	}
 	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(stored)), stored)
 }
@@ -209,9 +228,13 @@ func TestAuditor_LeavesWhatTheStreamDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	stored := storedEvents(t, w.st)
-	if rep.Checked != 2 || rep.Repaired+rep.Reordered+rep.Deferred+rep.Duplicates != 0 || rep.Position != stored[len(stored)-1].Seq {
-		t.Errorf("audit = %+v, want the 2 events after the stream's first message checked, nothing published and the position at seq %d",
-			rep, stored[len(stored)-1].Seq)
+	if rep.Checked != 2 || rep.Repaired+rep.Reordered+rep.Deferred+rep.Duplicates != 0 ||
+		rep.Position != stored[len(stored)-1].Seq {
+		t.Errorf(
+			"audit = %+v, want the 2 events after the stream's first message checked, nothing published and the position at seq %d",
+			rep,
+			stored[len(stored)-1].Seq,
+		)
 	}
 	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 2 {
 		t.Errorf("stream holds %v messages (%v), want the 2 kept", info.State.Msgs, err)

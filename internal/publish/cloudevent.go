@@ -192,7 +192,11 @@ func UnescapeToken(tok string) (string, error) {
 		return "", nil
 	}
 	if strings.Contains(tok, cappedMark) {
-		return "", fmt.Errorf("subject token %.40q… is capped: the scope was longer than %d bytes; read it from the event's data", tok, MaxScopeToken)
+		return "", fmt.Errorf(
+			"subject token %.40q… is capped: the scope was longer than %d bytes; read it from the event's data",
+			tok,
+			MaxScopeToken,
+		)
 	}
 	var b strings.Builder
 	for i := 0; i < len(tok); i++ {

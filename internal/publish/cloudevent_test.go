@@ -117,7 +117,8 @@ func TestDecode_RoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.ID != e.ID || got.Type != e.Type || got.Subject != e.Subject || !got.Time.Equal(at) || string(got.Data) != string(e.Data) {
+	if got.ID != e.ID || got.Type != e.Type || got.Subject != e.Subject || !got.Time.Equal(at) ||
+		string(got.Data) != string(e.Data) {
 		t.Errorf("decoded %+v, want the event %+v", got, e)
 	}
 }
@@ -142,7 +143,15 @@ func TestDecode_NotASyncdEvent(t *testing.T) {
 // FuzzEncodeEvent checks that the relay's hand-written encoding of an event
 // is byte for byte what encoding/json makes of the CloudEvent type.
 func FuzzEncodeEvent(f *testing.F) {
-	f.Add("eb2ae143d224be3df2a40ab22020a1f3", "https://console-api.example.com/g", "tag.moved", "uid/1", "nginx", int64(1772366400000), `{"before":null,"after":{"name":"x"}}`)
+	f.Add(
+		"eb2ae143d224be3df2a40ab22020a1f3",
+		"https://console-api.example.com/g",
+		"tag.moved",
+		"uid/1",
+		"nginx",
+		int64(1772366400000),
+		`{"before":null,"after":{"name":"x"}}`,
+	)
 	f.Add("", "", "", "", "", int64(0), "")
 	f.Add("<id>&\"\\", "src\u2028\x00\x7f", "repo.updated", "ü\xff", "a.b", int64(-1), `"\u003c"`)
 	f.Fuzz(func(t *testing.T, id, source, typ, subject, scope string, ms int64, data string) {
@@ -178,11 +187,26 @@ func FuzzEncodeEvent(f *testing.F) {
 // BenchmarkMessage measures the relay's encoding of one tag.moved event into
 // its JetStream message.
 func BenchmarkMessage(b *testing.B) {
-	data := []byte(`{"before":{"uid":"g1/r1/t1","name":"v1.2.3","repo":"nginx","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000001","deprecated":false,"create_time":"2026-01-01T00:00:00.000Z","update_time":"2026-01-01T00:00:00.000Z"},` +
-		`"after":{"uid":"g1/r1/t1","name":"v1.2.3","repo":"nginx","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000002","deprecated":false,"create_time":"2026-01-01T00:00:00.000Z","update_time":"2026-01-02T00:00:00.000Z"}}`)
-	e := store.Event{Seq: 1, ID: "eb2ae143d224be3df2a40ab22020a1f3", Type: "tag.moved", Resource: "tag", Action: "moved", Scope: "nginx",
-		Subject: "g1/r1/t1", Time: time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC), Data: data}
-	relay := publish.NewRelay(nil, nil, publish.Config{SubjectPrefix: "syncd", Source: "https://console-api.example.com/g1"})
+	data := []byte(
+		`{"before":{"uid":"g1/r1/t1","name":"v1.2.3","repo":"nginx","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000001","deprecated":false,"create_time":"2026-01-01T00:00:00.000Z","update_time":"2026-01-01T00:00:00.000Z"},` +
+			`"after":{"uid":"g1/r1/t1","name":"v1.2.3","repo":"nginx","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000002","deprecated":false,"create_time":"2026-01-01T00:00:00.000Z","update_time":"2026-01-02T00:00:00.000Z"}}`,
+	)
+	e := store.Event{
+		Seq:      1,
+		ID:       "eb2ae143d224be3df2a40ab22020a1f3",
+		Type:     "tag.moved",
+		Resource: "tag",
+		Action:   "moved",
+		Scope:    "nginx",
+		Subject:  "g1/r1/t1",
+		Time:     time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC),
+		Data:     data,
+	}
+	relay := publish.NewRelay(
+		nil,
+		nil,
+		publish.Config{SubjectPrefix: "syncd", Source: "https://console-api.example.com/g1"},
+	)
 	b.ReportAllocs()
 	for b.Loop() {
 		relay.Message(e)

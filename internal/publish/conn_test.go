@@ -53,13 +53,19 @@ func TestConnect_CheckStreamOnly(t *testing.T) {
 	// a new stream of the same name fails while it does ("error creating
 	// store for stream"): the administrator tries again.
 	testutil.Eventually(t, 10*time.Second, func() error {
-		_, err := admin.JS.CreateStream(ctx, jetstream.StreamConfig{Name: testStream, Subjects: []string{"other.>"}, MaxMsgs: 1000})
+		_, err := admin.JS.CreateStream(
+			ctx,
+			jetstream.StreamConfig{Name: testStream, Subjects: []string{"other.>"}, MaxMsgs: 1000},
+		)
 		return err
 	})
 	if _, err := publish.Connect(ctx, cfg); err == nil || !strings.Contains(err.Error(), `does not capture "syncd.>"`) {
 		t.Fatalf("Connect with a stream of other subjects = %v, want an error saying it does not capture syncd.>", err)
 	}
-	if _, err := admin.JS.UpdateStream(ctx, jetstream.StreamConfig{Name: testStream, Subjects: []string{"other.>", "syncd.>"}, MaxMsgs: 1000}); err != nil {
+	if _, err := admin.JS.UpdateStream(
+		ctx,
+		jetstream.StreamConfig{Name: testStream, Subjects: []string{"other.>", "syncd.>"}, MaxMsgs: 1000},
+	); err != nil {
 		t.Fatal(err)
 	}
 	conn := mustConnect(t, cfg)
@@ -92,7 +98,10 @@ func TestConnect_CheckStreamOnlyNamedAccount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := acc.EnableJetStream(map[string]server.JetStreamAccountLimits{"": {MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1}}, nil); err != nil {
+	if err := acc.EnableJetStream(
+		map[string]server.JetStreamAccountLimits{"": {MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1}},
+		nil,
+	); err != nil {
 		t.Fatal(err)
 	}
 	cfg := srv.config(nil)

@@ -246,7 +246,13 @@ func (f *Fence) Check(err error) bool {
 	f.tripped, f.seqs = true, nil
 	f.mu.Unlock()
 	if first {
-		f.log.Warn("a write was refused: another replica's lease term began after this one's; stepping down", "node", f.cfg.Node, "err", err)
+		f.log.Warn(
+			"a write was refused: another replica's lease term began after this one's; stepping down",
+			"node",
+			f.cfg.Node,
+			"err",
+			err,
+		)
 		if f.cfg.OnFenced != nil {
 			f.cfg.OnFenced()
 		}
@@ -285,8 +291,10 @@ func (f *Fence) RecordSnapshot(ctx context.Context, name string, streamSeq uint6
 	if err != nil {
 		return err
 	}
-	ce, err := json.Marshal(CloudEvent{SpecVersion: "1.0", ID: "snapshot-" + name, Source: f.cfg.Format.Source, Type: SnapshotType,
-		Time: now.Format(time.RFC3339Nano), DataContentType: "application/json", Data: data})
+	ce, err := json.Marshal(
+		CloudEvent{SpecVersion: "1.0", ID: "snapshot-" + name, Source: f.cfg.Format.Source, Type: SnapshotType,
+			Time: now.Format(time.RFC3339Nano), DataContentType: "application/json", Data: data},
+	)
 	if err != nil {
 		return err
 	}

@@ -25,7 +25,10 @@ type fencedNode struct {
 
 func newFencedNode(js jetstream.JetStream, cfg publish.Config, node string) *fencedNode {
 	n := &fencedNode{log: &logBuffer{}}
-	n.fence = publish.NewFence(js, publish.FenceConfig{Node: node, Format: cfg.Format(), OnFenced: func() { n.stepDown.Add(1) }, Logger: n.log.logger()})
+	n.fence = publish.NewFence(
+		js,
+		publish.FenceConfig{Node: node, Format: cfg.Format(), OnFenced: func() { n.stepDown.Add(1) }, Logger: n.log.logger()},
+	)
 	return n
 }
 
@@ -72,7 +75,12 @@ func assertOnlyMarkerSince(t *testing.T, js jetstream.JetStream, before uint64) 
 	t.Helper()
 	last, subject := streamState(t, js)
 	if last != before+1 || subject != publish.TermSubject(testPrefix) {
-		t.Errorf("stream ends at seq %d (%s), want %d, the newer term's marker: the deposed leader's write landed", last, subject, before+1)
+		t.Errorf(
+			"stream ends at seq %d (%s), want %d, the newer term's marker: the deposed leader's write landed",
+			last,
+			subject,
+			before+1,
+		)
 	}
 }
 
@@ -288,7 +296,12 @@ func TestKV_DuplicateWritesNoOlderState(t *testing.T) {
 	tag := p.tags[p.repos[0].UID][0]
 	p.move(ctx, tag.UID, 2)
 	var evs []store.Event
-	if err := st.ReadUnpublished(ctx, 0, 100, func(b []store.Event) error { evs = append(evs, b...); return nil }); err != nil {
+	if err := st.ReadUnpublished(
+		ctx,
+		0,
+		100,
+		func(b []store.Event) error { evs = append(evs, b...); return nil },
+	); err != nil {
 		t.Fatal(err)
 	}
 	if len(evs) < 2 {

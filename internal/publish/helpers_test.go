@@ -122,7 +122,13 @@ type producer struct {
 }
 
 func newProducer(tb testing.TB, st *store.Store) *producer {
-	return &producer{tb: tb, st: st, tags: make(map[string][]store.Tag), refs: make(map[string]store.TagRef), moves: make(map[string]int)}
+	return &producer{
+		tb:    tb,
+		st:    st,
+		tags:  make(map[string][]store.Tag),
+		refs:  make(map[string]store.TagRef),
+		moves: make(map[string]int),
+	}
 }
 
 // addRepos creates n repos named name-0.. with tagsPerRepo tags each: one
@@ -132,7 +138,16 @@ func (p *producer) addRepos(ctx context.Context, name string, n, tagsPerRepo int
 	var repos []store.Repo
 	for i := range n {
 		uid := fmt.Sprintf("%s-uid-%d", name, i)
-		repos = append(repos, store.Repo{UID: uid, Name: fmt.Sprintf("%s-%d", name, i), Description: "first", CreateTime: baseTime, UpdateTime: baseTime})
+		repos = append(
+			repos,
+			store.Repo{
+				UID:         uid,
+				Name:        fmt.Sprintf("%s-%d", name, i),
+				Description: "first",
+				CreateTime:  baseTime,
+				UpdateTime:  baseTime,
+			},
+		)
 	}
 	p.applyRepos(ctx, repos)
 	p.repos = append(p.repos, repos...)
@@ -142,8 +157,11 @@ func (p *producer) addRepos(ctx context.Context, name string, n, tagsPerRepo int
 		}
 		var tags []store.Tag
 		for j := range tagsPerRepo {
-			tags = append(tags, store.Tag{UID: fmt.Sprintf("%s-tag-%d", r.UID, j), Name: fmt.Sprintf("v%d", j), Digest: digest(0),
-				CreateTime: baseTime, UpdateTime: baseTime})
+			tags = append(
+				tags,
+				store.Tag{UID: fmt.Sprintf("%s-tag-%d", r.UID, j), Name: fmt.Sprintf("v%d", j), Digest: digest(0),
+					CreateTime: baseTime, UpdateTime: baseTime},
+			)
 		}
 		need, _, err := p.st.ApplyTags(ctx, r, tags)
 		if err != nil {

@@ -138,8 +138,17 @@ type ReconcileStats struct {
 // cfg.CheckOnly) and returns their writer, which reconciles them at its
 // first use.
 func OpenKV(ctx context.Context, js jetstream.JetStream, cfg KVConfig, source KVSource) (*KV, error) {
-	k := &KV{buckets: map[string]jetstream.KeyValue{}, prefix: map[string]string{}, local: map[string]string{}, source: source, cfg: cfg, log: cfg.Logger,
-		inFlight: cfg.InFlight, queue: cfg.Queue, queueWait: kvQueueWait}
+	k := &KV{
+		buckets:   map[string]jetstream.KeyValue{},
+		prefix:    map[string]string{},
+		local:     map[string]string{},
+		source:    source,
+		cfg:       cfg,
+		log:       cfg.Logger,
+		inFlight:  cfg.InFlight,
+		queue:     cfg.Queue,
+		queueWait: kvQueueWait,
+	}
 	k.dirty.Store(true)
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
@@ -150,7 +159,11 @@ func OpenKV(ctx context.Context, js jetstream.JetStream, cfg KVConfig, source KV
 	if k.queue <= 0 {
 		k.queue = DefaultKVQueue
 	}
-	pub, err := jetstream.New(js.Conn(), jetstream.WithPublishAsyncMaxPending(2*k.inFlight), jetstream.WithPublishAsyncTimeout(30*time.Second))
+	pub, err := jetstream.New(
+		js.Conn(),
+		jetstream.WithPublishAsyncMaxPending(2*k.inFlight),
+		jetstream.WithPublishAsyncTimeout(30*time.Second),
+	)
 	if err != nil {
 		return nil, fmt.Errorf("open KV buckets: %w", err)
 	}
@@ -250,7 +263,15 @@ func tagValue(t store.Tag, path, eventID string) TagValue {
 	if path == "" {
 		path = t.Path
 	}
-	return TagValue{Repo: path, Tag: t.Name, UID: t.UID, Digest: t.Digest, Deprecated: t.Deprecated, UpdateTime: t.UpdateTime.UTC(), EventID: eventID}
+	return TagValue{
+		Repo:       path,
+		Tag:        t.Name,
+		UID:        t.UID,
+		Digest:     t.Digest,
+		Deprecated: t.Deprecated,
+		UpdateTime: t.UpdateTime.UTC(),
+		EventID:    eventID,
+	}
 }
 
 func advisoryValue(a store.Advisory, eventID string) AdvisoryValue {

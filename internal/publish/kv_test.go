@@ -71,7 +71,21 @@ func tagValues(tb testing.TB, kv jetstream.KeyValue) map[string]publish.TagValue
 
 func TestKVKey_Escaping(t *testing.T) {
 	valid := regexp.MustCompile(`^[-/_=a-zA-Z0-9]+$`) // a key's characters, less the token separator
-	for _, s := range []string{"nginx", "charts/cert-manager", "1.27", "", "=", "a=b", "x y", "ünï", "latest-dev", "=2E", "a.b.c", "*", ">"} {
+	for _, s := range []string{
+		"nginx",
+		"charts/cert-manager",
+		"1.27",
+		"",
+		"=",
+		"a=b",
+		"x y",
+		"ünï",
+		"latest-dev",
+		"=2E",
+		"a.b.c",
+		"*",
+		">",
+	} {
 		tok := publish.EscapeKeyToken(s)
 		if !valid.MatchString(tok) {
 			t.Errorf("EscapeKeyToken(%q)=%q, not one token of a KV key", s, tok)
@@ -107,7 +121,12 @@ func TestKV_WatchSeesChangesInOrder(t *testing.T) {
 	p.addRepos(ctx, "app", 2, 2)
 	startRelay(t, publish.NewRelay(c.JS, st, srv.config(nil), publish.WithKV(k)))
 	tags := k.Bucket("tag")
-	testutil.WaitFor(t, 10*time.Second, "the created tags in the bucket", func() bool { return len(bucketContents(t, tags)) == 4 })
+	testutil.WaitFor(
+		t,
+		10*time.Second,
+		"the created tags in the bucket",
+		func() bool { return len(bucketContents(t, tags)) == 4 },
+	)
 
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -133,7 +152,11 @@ func TestKV_WatchSeesChangesInOrder(t *testing.T) {
 		digest     string
 		deprecated bool
 	}
-	want := []seen{{jetstream.KeyValuePut, digest(1), false}, {jetstream.KeyValuePut, digest(1), true}, {jetstream.KeyValueDelete, "", false}}
+	want := []seen{
+		{jetstream.KeyValuePut, digest(1), false},
+		{jetstream.KeyValuePut, digest(1), true},
+		{jetstream.KeyValueDelete, "", false},
+	}
 	var got []seen
 	for len(got) < len(want) {
 		select {
@@ -186,12 +209,19 @@ func TestKV_ReconcileWithMirror(t *testing.T) {
 	}
 	p := newProducer(t, st)
 	p.addRepos(ctx, "base", 2, 3) // in the baseline: no events
-	adv := store.Advisory{UID: "adv-1", AdvisoryID: "CGA-aaaa-bbbb-cccc", ArtifactName: "base-0", Aliases: []string{"CVE-2026-1"},
-		CreateTime: baseTime, UpdateTime: baseTime, Events: []store.AdvisoryEvent{
+	adv := store.Advisory{
+		UID:          "adv-1",
+		AdvisoryID:   "CGA-aaaa-bbbb-cccc",
+		ArtifactName: "base-0",
+		Aliases:      []string{"CVE-2026-1"},
+		CreateTime:   baseTime,
+		UpdateTime:   baseTime,
+		Events: []store.AdvisoryEvent{
 			{UID: "e1", Type: store.StepDetected, CreateTime: baseTime},
 			{UID: "e2", Type: store.StepFixed, CreateTime: baseTime.Add(time.Hour), FixedVersion: "1.2.3"},
 			{UID: "e3", Type: "false_positive", CreateTime: baseTime.Add(2 * time.Hour), ReviewState: "REVIEW_STATE_PENDING"},
-		}}
+		},
+	}
 	if _, err := st.ApplyAdvisories(ctx, []store.Advisory{adv}); err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +376,14 @@ func TestKV_FullQueueReconciles(t *testing.T) {
 	for _, r := range p.repos {
 		for _, tag := range p.tags[r.UID] {
 			if v, ok := tags[publish.TagKey(r.Name, tag.Name)]; !ok || v.Digest != tag.Digest || v.EventID == "" {
-				t.Errorf("%s:%s in the bucket = %+v (present %v), want digest %s and its event's id", r.Name, tag.Name, v, ok, tag.Digest)
+				t.Errorf(
+					"%s:%s in the bucket = %+v (present %v), want digest %s and its event's id",
+					r.Name,
+					tag.Name,
+					v,
+					ok,
+					tag.Digest,
+				)
 			}
 		}
 	}

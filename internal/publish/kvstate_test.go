@@ -13,14 +13,22 @@ import (
 func TestSameState(t *testing.T) {
 	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	tag := func(digest string, at time.Time, id string) []byte {
-		op, err := putOp(store.PublishedResource{Tag: &store.Tag{Name: "v1", Path: "org/app", UID: "u/1", Digest: digest, UpdateTime: at}}, "", id)
+		op, err := putOp(
+			store.PublishedResource{Tag: &store.Tag{Name: "v1", Path: "org/app", UID: "u/1", Digest: digest, UpdateTime: at}},
+			"",
+			id,
+		)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return op.value
 	}
 	repo := func(desc string, at time.Time, id string) []byte {
-		op, err := putOp(store.PublishedResource{Repo: &store.Repo{Name: "app", UID: "u", Description: desc, UpdateTime: at}}, "", id)
+		op, err := putOp(
+			store.PublishedResource{Repo: &store.Repo{Name: "app", UID: "u", Description: desc, UpdateTime: at}},
+			"",
+			id,
+		)
 		if err != nil {
 			t.Fatal(err)
 		}

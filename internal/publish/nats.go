@@ -142,9 +142,17 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	// in-flight limit, so the relay's bound is the one that holds; the ack
 	// timeout frees the relay from an acknowledgement lost without a
 	// disconnection (a disconnection fails every pending publish at once).
-	jsOpts := []jetstream.JetStreamOpt{jetstream.WithPublishAsyncMaxPending(2 * DefaultMaxInFlight), jetstream.WithPublishAsyncTimeout(30 * time.Second)}
+	jsOpts := []jetstream.JetStreamOpt{
+		jetstream.WithPublishAsyncMaxPending(2 * DefaultMaxInFlight),
+		jetstream.WithPublishAsyncTimeout(30 * time.Second),
+	}
 	if cfg.OnAck != nil {
-		jsOpts = append(jsOpts, jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, _ *nats.Msg, ack *jetstream.PubAck) { cfg.OnAck(ack) }))
+		jsOpts = append(
+			jsOpts,
+			jetstream.WithPublishAsyncAckHandler(
+				func(_ jetstream.JetStream, _ *nats.Msg, ack *jetstream.PubAck) { cfg.OnAck(ack) },
+			),
+		)
 	}
 	js, err := jetstream.New(nc, jsOpts...)
 	if err != nil {
@@ -354,8 +362,12 @@ func listenOptions(opts *server.Options, listen string) error {
 	if err != nil {
 		return fmt.Errorf("nats listen %q: bad port", listen)
 	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) && opts.Authorization == "" && opts.Username == "" {
-		return fmt.Errorf("nats listen %s: the embedded NATS server takes clients beyond loopback only with credentials (a token, or a user and password)", listen)
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) && opts.Authorization == "" &&
+		opts.Username == "" {
+		return fmt.Errorf(
+			"nats listen %s: the embedded NATS server takes clients beyond loopback only with credentials (a token, or a user and password)",
+			listen,
+		)
 	}
 	opts.Host, opts.Port = host, p
 	if p == 0 {
@@ -392,9 +404,16 @@ var ErrStreamNotFound = errors.New("stream not found")
 func CheckStream(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	s, err := js.Stream(ctx, cfg.Stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("%w: stream %q does not exist in NATS account %s, and nats.manage_stream = false forbids syncd to create it: "+
-			"create it with subjects %q (e.g. nats stream add %s --subjects '%s.>') or set manage_stream = true",
-			ErrStreamNotFound, cfg.Stream, accountName(ctx, js.Conn()), cfg.SubjectPrefix+".>", cfg.Stream, cfg.SubjectPrefix)
+		return fmt.Errorf(
+			"%w: stream %q does not exist in NATS account %s, and nats.manage_stream = false forbids syncd to create it: "+
+				"create it with subjects %q (e.g. nats stream add %s --subjects '%s.>') or set manage_stream = true",
+			ErrStreamNotFound,
+			cfg.Stream,
+			accountName(ctx, js.Conn()),
+			cfg.SubjectPrefix+".>",
+			cfg.Stream,
+			cfg.SubjectPrefix,
+		)
 	}
 	if err != nil {
 		return fmt.Errorf("look up stream %q in NATS account %s: %w", cfg.Stream, accountName(ctx, js.Conn()), err)
@@ -405,8 +424,14 @@ func CheckStream(ctx context.Context, js jetstream.JetStream, cfg Config) error 
 			return nil
 		}
 	}
-	return fmt.Errorf("stream %q in NATS account %s does not capture %q (its subjects are %q): "+
-		"add the subject to the stream or change nats.subject_prefix", cfg.Stream, accountName(ctx, js.Conn()), cfg.SubjectPrefix+".>", subjects)
+	return fmt.Errorf(
+		"stream %q in NATS account %s does not capture %q (its subjects are %q): "+
+			"add the subject to the stream or change nats.subject_prefix",
+		cfg.Stream,
+		accountName(ctx, js.Conn()),
+		cfg.SubjectPrefix+".>",
+		subjects,
+	)
 }
 
 // accountName asks the server which account the connection is bound to, for
@@ -484,8 +509,18 @@ func (l serverLog) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(fo
 // reason to exit; up to maxWait when it is not 0, then it gives up as the
 // platform client does. Other failures (credentials, TLS) are returned at
 // once.
-func connectWaiting(ctx context.Context, url string, opts []nats.Option, maxWait time.Duration, log *slog.Logger) (*nats.Conn, error) {
-	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(250*time.Millisecond), backoff.WithMaxInterval(15*time.Second), backoff.WithMaxElapsedTime(0))
+func connectWaiting(
+	ctx context.Context,
+	url string,
+	opts []nats.Option,
+	maxWait time.Duration,
+	log *slog.Logger,
+) (*nats.Conn, error) {
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(250*time.Millisecond),
+		backoff.WithMaxInterval(15*time.Second),
+		backoff.WithMaxElapsedTime(0),
+	)
 	giveUp := time.Now().Add(maxWait)
 	for attempt := 1; ; attempt++ {
 		nc, err := nats.Connect(url, opts...)
@@ -502,7 +537,17 @@ func connectWaiting(ctx context.Context, url string, opts []nats.Option, maxWait
 		if maxWait > 0 && time.Now().Add(wait).After(giveUp) {
 			return nil, fmt.Errorf("giving up after %d attempts: %w", attempt, err)
 		}
-		log.Warn("NATS not reachable; waiting for it", "url", RedactURL(url), "attempt", attempt, "next_try_in", wait.Round(time.Millisecond).String(), "err", err)
+		log.Warn(
+			"NATS not reachable; waiting for it",
+			"url",
+			RedactURL(url),
+			"attempt",
+			attempt,
+			"next_try_in",
+			wait.Round(time.Millisecond).String(),
+			"err",
+			err,
+		)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -126,7 +126,11 @@ type passState struct{ err error }
 func (r *Relay) Err() error {
 	if n := r.inFlight.Load(); n > 0 {
 		if waited := time.Since(time.Unix(0, r.progress.Load())); waited > stallAfter {
-			return fmt.Errorf("%d publishes have waited %s for JetStream's acknowledgement (is the stream without a leader?)", n, waited.Round(time.Second))
+			return fmt.Errorf(
+				"%d publishes have waited %s for JetStream's acknowledgement (is the stream without a leader?)",
+				n,
+				waited.Round(time.Second),
+			)
 		}
 	}
 	if st := r.state.Load(); st != nil {
@@ -171,7 +175,14 @@ func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOp
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Relay{js: js, outbox: outbox, format: cfg.Format(), log: log, batch: DefaultBatch, maxInFlight: DefaultMaxInFlight}
+	r := &Relay{
+		js:          js,
+		outbox:      outbox,
+		format:      cfg.Format(),
+		log:         log,
+		batch:       DefaultBatch,
+		maxInFlight: DefaultMaxInFlight,
+	}
 	r.cpKick = make(chan struct{}, 1)
 	for _, o := range opts {
 		o(r)
@@ -209,7 +220,11 @@ func (r *Relay) MsgID(id string) string {
 // back off and try again; nothing is marked published before JetStream
 // acknowledged it.
 func (r *Relay) Run(ctx context.Context) error {
-	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(200*time.Millisecond), backoff.WithMaxInterval(10*time.Second), backoff.WithMaxElapsedTime(0))
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(200*time.Millisecond),
+		backoff.WithMaxInterval(10*time.Second),
+		backoff.WithMaxElapsedTime(0),
+	)
 	for {
 		n, err := r.pass(ctx)
 		if ctx.Err() != nil {
@@ -220,7 +235,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		wait := time.Minute
 		if err != nil {
 			wait = b.NextBackOff()
-			r.log.Warn("publishing events failed; will retry", "published", n, "err", err, "retry_in", wait.Round(time.Millisecond).String())
+			r.log.Warn(
+				"publishing events failed; will retry",
+				"published",
+				n,
+				"err",
+				err,
+				"retry_in",
+				wait.Round(time.Millisecond).String(),
+			)
 		} else {
 			b.Reset()
 			if n > 0 {
@@ -729,7 +752,12 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	if same == r.cpSent && time.Since(r.cpSentTime) < r.cpEvery {
 		return 0, noChange, nil
 	}
-	msg, err := NewCheckpoint(r.cpLeader, st.EventSeq, time.Now(), st.Digest).Message(r.format.SubjectPrefix, r.format.Source)
+	msg, err := NewCheckpoint(
+		r.cpLeader,
+		st.EventSeq,
+		time.Now(),
+		st.Digest,
+	).Message(r.format.SubjectPrefix, r.format.Source)
 	if err != nil {
 		return 0, "", err
 	}

@@ -86,13 +86,21 @@ func TestRelay_CloudEvents(t *testing.T) {
 			// as a replication record.
 			want = append(want, expectedEvent{typ: store.HistoryRecorded, subject: tag.UID, scope: r.Name, time: baseTime})
 			for n := 1; n <= 2; n++ {
-				want = append(want, expectedEvent{typ: store.TagMoved, subject: tag.UID, scope: r.Name, time: baseTime.Add(time.Duration(n) * time.Minute),
-					check: func(before, after map[string]any) error {
-						if err := fieldIs(before, "digest", digest(n-1)); err != nil {
-							return fmt.Errorf("before: %w", err)
-						}
-						return fieldIs(after, "digest", digest(n))
-					}})
+				want = append(
+					want,
+					expectedEvent{
+						typ:     store.TagMoved,
+						subject: tag.UID,
+						scope:   r.Name,
+						time:    baseTime.Add(time.Duration(n) * time.Minute),
+						check: func(before, after map[string]any) error {
+							if err := fieldIs(before, "digest", digest(n-1)); err != nil {
+								return fmt.Errorf("before: %w", err)
+							}
+							return fieldIs(after, "digest", digest(n))
+						},
+					},
+				)
 			}
 		}
 	}
@@ -114,13 +122,16 @@ func TestRelay_CloudEvents(t *testing.T) {
 	if _, _, err := st.ApplyTags(ctx, r0, tags); err != nil {
 		t.Fatal(err)
 	}
-	want = append(want, expectedEvent{typ: store.TagDeprecated, subject: tags[0].UID, scope: r0.Name, time: tags[0].UpdateTime,
-		check: func(before, after map[string]any) error {
-			if err := fieldIs(before, "deprecated", false); err != nil {
-				return fmt.Errorf("before: %w", err)
-			}
-			return fieldIs(after, "deprecated", true)
-		}})
+	want = append(
+		want,
+		expectedEvent{typ: store.TagDeprecated, subject: tags[0].UID, scope: r0.Name, time: tags[0].UpdateTime,
+			check: func(before, after map[string]any) error {
+				if err := fieldIs(before, "deprecated", false); err != nil {
+					return fmt.Errorf("before: %w", err)
+				}
+				return fieldIs(after, "deprecated", true)
+			}},
+	)
 
 	relay := publish.NewRelay(conn.JS, st, srv.config(nil))
 	if err := relay.Flush(ctx); err != nil {
@@ -154,7 +165,13 @@ func TestRelay_CloudEvents(t *testing.T) {
 			t.Errorf("message %d: id %q, Nats-Msg-Id %q: want equal and non-empty", m.StreamSeq, got, want)
 		}
 		if ev.SpecVersion() != "1.0" || ev.Source() != testSource || ev.DataContentType() != "application/json" {
-			t.Errorf("message %d: specversion %q, source %q, datacontenttype %q", m.StreamSeq, ev.SpecVersion(), ev.Source(), ev.DataContentType())
+			t.Errorf(
+				"message %d: specversion %q, source %q, datacontenttype %q",
+				m.StreamSeq,
+				ev.SpecVersion(),
+				ev.Source(),
+				ev.DataContentType(),
+			)
 		}
 		typ, ok := strings.CutPrefix(ev.Type(), publish.TypePrefix)
 		if !ok {
@@ -267,7 +284,12 @@ func TestRelay_NATSOutage(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, unpublished(t, st))
 
 	srv.Stop()
-	testutil.WaitFor(t, 5*time.Second, "the client to see the disconnection", func() bool { return !conn.NC.IsConnected() })
+	testutil.WaitFor(
+		t,
+		5*time.Second,
+		"the client to see the disconnection",
+		func() bool { return !conn.NC.IsConnected() },
+	)
 	// Changes keep coming during an outage of about three seconds.
 	tagUIDs := []string{p.tags[p.repos[0].UID][0].UID, p.tags[p.repos[1].UID][1].UID}
 	outage := time.NewTicker(100 * time.Millisecond)

@@ -40,7 +40,8 @@ func TestScopeToken_Capped(t *testing.T) {
 			if !strings.HasPrefix(publish.EscapeToken(tc.scope), kept) {
 				t.Errorf("kept %q is not a prefix of the escaped scope", kept)
 			}
-			if back, err := publish.UnescapeToken(kept); err != nil || !strings.HasPrefix(tc.scope, back) || !utf8.ValidString(back) {
+			if back, err := publish.UnescapeToken(kept); err != nil || !strings.HasPrefix(tc.scope, back) ||
+				!utf8.ValidString(back) {
 				t.Errorf("the kept prefix unescapes to %q (%v), want a whole-character prefix of the scope", back, err)
 			}
 			if again := publish.ScopeToken(tc.scope); again != tok {
@@ -52,7 +53,8 @@ func TestScopeToken_Capped(t *testing.T) {
 			if _, err := publish.UnescapeToken(tok); err == nil || !strings.Contains(err.Error(), "capped") {
 				t.Errorf("UnescapeToken(capped) = %v, want an error saying it is capped", err)
 			}
-			if subj := publish.Subject("syncd", "tag", "moved", tc.scope); !server.IsValidLiteralSubject(subj) || !strings.HasSuffix(subj, "."+tok) {
+			if subj := publish.Subject("syncd", "tag", "moved", tc.scope); !server.IsValidLiteralSubject(subj) ||
+				!strings.HasSuffix(subj, "."+tok) {
 				t.Errorf("Subject = %q, want a valid subject ending in the capped token", subj)
 			}
 		})
@@ -77,7 +79,10 @@ func TestRelay_VeryLongRepoName(t *testing.T) {
 	conn := mustConnect(t, cfg)
 	st := mustOpenStore(t)
 	name := strings.Repeat("team.a/", 1000) + "python"
-	if _, err := st.ApplyRepos(ctx, []store.Repo{{UID: "long-uid", Name: name, Description: "long", CreateTime: baseTime, UpdateTime: baseTime}}); err != nil {
+	if _, err := st.ApplyRepos(
+		ctx,
+		[]store.Repo{{UID: "long-uid", Name: name, Description: "long", CreateTime: baseTime, UpdateTime: baseTime}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	p := newProducer(t, st)
@@ -90,7 +95,12 @@ func TestRelay_VeryLongRepoName(t *testing.T) {
 	got := consumeAll(t, conn.JS, len(stored))
 	assertExactlyOnceInOrder(t, got, stored)
 	if want := publish.Subject(testPrefix, "repo", "created", name); got[0].Subject != want || len(want) > 250 {
-		t.Errorf("the long repo's subject = %.80q… (%d bytes), want %.80q… under 250 bytes", got[0].Subject, len(got[0].Subject), want)
+		t.Errorf(
+			"the long repo's subject = %.80q… (%d bytes), want %.80q… under 250 bytes",
+			got[0].Subject,
+			len(got[0].Subject),
+			want,
+		)
 	}
 	if n := conn.NC.Stats().Reconnects; n != 0 {
 		t.Errorf("the connection reconnected %d times, want 0", n)

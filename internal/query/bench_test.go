@@ -49,7 +49,11 @@ func BenchmarkService(b *testing.B) {
 	tagAt := func() (string, any) {
 		tt := all[rng.IntN(len(all))]
 		h := tt.History[rng.IntN(len(tt.History))]
-		return query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, Time: h.UpdateTime.Add(time.Second).Format(time.RFC3339Nano)}
+		return query.TagAt, query.TagAtRequest{
+			Repo: tt.Path,
+			Tag:  tt.Tag.Name,
+			Time: h.UpdateTime.Add(time.Second).Format(time.RFC3339Nano),
+		}
 	}
 	digestWhere := func() (string, any) {
 		tt := all[rng.IntN(len(all))]

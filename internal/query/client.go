@@ -51,7 +51,9 @@ func (c *Client) Do(ctx context.Context, endpoint string, req, out any) error {
 
 // ErrNoService: no replica answers on the subject (the service is off,
 // or listens under another [query] prefix).
-var ErrNoService = errors.New("no syncd query service answers (is [query] enabled on a running syncd, with this prefix?)")
+var ErrNoService = errors.New(
+	"no syncd query service answers (is [query] enabled on a running syncd, with this prefix?)",
+)
 
 // ReplyError is the *Error a reply carries, nil for an answer.
 func ReplyError(msg *nats.Msg) *Error {

@@ -32,12 +32,43 @@ type endpoint struct {
 }
 
 var endpoints = []*endpoint{
-	{name: "tag_at", subject: TagAt, doc: `{"repo","tag","time"|"ago","min_seq"}`, decode: decoder(func() validated { return &TagAtRequest{} })},
-	{name: "tag_history", subject: TagHistory, doc: `{"repo","tag","from","to","limit","cursor","min_seq"}`, decode: decoder(func() validated { return &TagHistoryRequest{} })},
-	{name: "digest_where", subject: DigestWhere, doc: `{"digest","limit","min_seq"}`, decode: decoder(func() validated { return &DigestWhereRequest{} })},
-	{name: "repo_tags", subject: RepoTags, doc: `{"repo","limit","cursor","min_seq"}`, decode: decoder(func() validated { return &RepoTagsRequest{} })},
-	{name: "advisories", subject: Advisories, doc: `{"artifact"|"alias"|"component","withdrawn","limit","min_seq"}`, decode: decoder(func() validated { return &AdvisoriesRequest{} })},
-	{name: "position", subject: PositionEP, doc: `{"min_seq"}`, decode: decoder(func() validated { return &PositionRequest{} }), anyState: true},
+	{
+		name:    "tag_at",
+		subject: TagAt,
+		doc:     `{"repo","tag","time"|"ago","min_seq"}`,
+		decode:  decoder(func() validated { return &TagAtRequest{} }),
+	},
+	{
+		name:    "tag_history",
+		subject: TagHistory,
+		doc:     `{"repo","tag","from","to","limit","cursor","min_seq"}`,
+		decode:  decoder(func() validated { return &TagHistoryRequest{} }),
+	},
+	{
+		name:    "digest_where",
+		subject: DigestWhere,
+		doc:     `{"digest","limit","min_seq"}`,
+		decode:  decoder(func() validated { return &DigestWhereRequest{} }),
+	},
+	{
+		name:    "repo_tags",
+		subject: RepoTags,
+		doc:     `{"repo","limit","cursor","min_seq"}`,
+		decode:  decoder(func() validated { return &RepoTagsRequest{} }),
+	},
+	{
+		name:    "advisories",
+		subject: Advisories,
+		doc:     `{"artifact"|"alias"|"component","withdrawn","limit","min_seq"}`,
+		decode:  decoder(func() validated { return &AdvisoriesRequest{} }),
+	},
+	{
+		name:     "position",
+		subject:  PositionEP,
+		doc:      `{"min_seq"}`,
+		decode:   decoder(func() validated { return &PositionRequest{} }),
+		anyState: true,
+	},
 }
 
 // validated is a request that checks itself once decoded.
@@ -104,7 +135,12 @@ func parseTime(field, v string) (time.Time, error) {
 	if t, err := time.Parse(time.DateOnly, v); err == nil {
 		return t, nil
 	}
-	return time.Time{}, errorf(CodeBadRequest, "%s: not an RFC 3339 time (2026-11-20T14:00:00Z) or a date (2026-11-20): %q", field, v)
+	return time.Time{}, errorf(
+		CodeBadRequest,
+		"%s: not an RFC 3339 time (2026-11-20T14:00:00Z) or a date (2026-11-20): %q",
+		field,
+		v,
+	)
 }
 
 // optTime is parseTime for an optional field; "" is the zero time.
@@ -137,7 +173,11 @@ func findRepo(ctx context.Context, rd *store.MirrorRead, path string) (store.Rep
 		return store.RepoRow{}, err
 	}
 	if !ok {
-		return store.RepoRow{}, errorf(CodeNotFound, "no repo %q in this mirror (name a repo by its registry path: nginx, charts/cert-manager)", path)
+		return store.RepoRow{}, errorf(
+			CodeNotFound,
+			"no repo %q in this mirror (name a repo by its registry path: nginx, charts/cert-manager)",
+			path,
+		)
 	}
 	return repo, nil
 }
@@ -224,11 +264,22 @@ func (r *TagAtRequest) read(ctx context.Context, s *Service, rd *store.MirrorRea
 			out.Digest, out.Until = tag.Digest, timePtr(end)
 			return out, nil
 		case !ok:
-			return nil, errorf(CodeNotFound, "this mirror holds no history of %s:%s before %s, when it learnt of the tag (a follower's history begins at its snapshot or at the stream's first event)",
-				repo.Path, tag.Name, tag.FirstSeen.Format(time.RFC3339Nano))
+			return nil, errorf(
+				CodeNotFound,
+				"this mirror holds no history of %s:%s before %s, when it learnt of the tag (a follower's history begins at its snapshot or at the stream's first event)",
+				repo.Path,
+				tag.Name,
+				tag.FirstSeen.Format(time.RFC3339Nano),
+			)
 		case first.Seq > 0:
-			return nil, errorf(CodeNotFound, "this mirror's history of %s:%s begins at %s, after %s (a follower's history begins at its snapshot or at the stream's first event)",
-				repo.Path, tag.Name, first.Time.Format(time.RFC3339Nano), at.Format(time.RFC3339Nano))
+			return nil, errorf(
+				CodeNotFound,
+				"this mirror's history of %s:%s begins at %s, after %s (a follower's history begins at its snapshot or at the stream's first event)",
+				repo.Path,
+				tag.Name,
+				first.Time.Format(time.RFC3339Nano),
+				at.Format(time.RFC3339Nano),
+			)
 		}
 		// Before the tag's first record: it did not exist yet.
 		out.Deleted, out.Until = true, timePtr(first.Time)
@@ -331,7 +382,12 @@ func (r *DigestWhereRequest) validate(s *Service) error {
 	}
 	m := digestForm.FindStringSubmatch(r.normalize())
 	if m == nil {
-		return errorf(CodeBadRequest, "digest: want sha256:<hex>, or at least %d hex digits of one: %q", MinDigestPrefix, r.Digest)
+		return errorf(
+			CodeBadRequest,
+			"digest: want sha256:<hex>, or at least %d hex digits of one: %q",
+			MinDigestPrefix,
+			r.Digest,
+		)
 	}
 	if len(m[2]) < MinDigestPrefix {
 		return errorf(CodeBadRequest, "digest: a prefix needs at least %d hex digits: %q", MinDigestPrefix, r.Digest)
@@ -351,7 +407,13 @@ func (r *DigestWhereRequest) read(ctx context.Context, s *Service, rd *store.Mir
 	case len(found) == 0:
 		return nil, errorf(CodeNotFound, "no tag in this mirror has pointed at a digest beginning %s", prefix)
 	case len(found) > 1 && found[0] != prefix:
-		return nil, errorf(CodeBadRequest, "digest prefix %s is ambiguous: %s, %s, …; give more digits", prefix, found[0], found[1])
+		return nil, errorf(
+			CodeBadRequest,
+			"digest prefix %s is ambiguous: %s, %s, …; give more digits",
+			prefix,
+			found[0],
+			found[1],
+		)
 	}
 	ivs, err := rd.DigestIntervals(ctx, found[0], limit+1)
 	if err != nil {
@@ -403,7 +465,10 @@ func (r *RepoTagsRequest) read(ctx context.Context, s *Service, rd *store.Mirror
 		out.NextCursor = tags[limit-1].Name
 	}
 	for _, t := range tags {
-		out.Tags = append(out.Tags, Tag{Tag: t.Name, Digest: t.Digest, Deprecated: t.Deprecated, UpdateTime: timePtr(t.Updated)})
+		out.Tags = append(
+			out.Tags,
+			Tag{Tag: t.Name, Digest: t.Digest, Deprecated: t.Deprecated, UpdateTime: timePtr(t.Updated)},
+		)
 	}
 	return out, nil
 }

@@ -36,7 +36,14 @@ type world struct {
 
 // scale is the simulated organization of these tests: small, with repos
 // below a subgroup, long enough histories to page, and advisories.
-var scale = platformsim.Scale{Repos: 4, TagsPerRepo: 3, HistoryPerTag: 7, Advisories: 12, NestedRepos: 1, PublicImages: -1}
+var scale = platformsim.Scale{
+	Repos:         4,
+	TagsPerRepo:   3,
+	HistoryPerTag: 7,
+	Advisories:    12,
+	NestedRepos:   1,
+	PublicImages:  -1,
+}
 
 // newWorld crawls the simulator into a fresh mirror (the baseline) and
 // starts the service with cfg (its prefix, and defaults for the rest).
@@ -66,7 +73,15 @@ func mirrorOf(tb testing.TB, sc platformsim.Scale) *world {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &world{sim: sim, store: st, crawler: crawler.New(client, st, crawler.Config{Group: "org1", Concurrency: 4, Logger: slog.New(slog.DiscardHandler)})}
+	return &world{
+		sim:   sim,
+		store: st,
+		crawler: crawler.New(
+			client,
+			st,
+			crawler.Config{Group: "org1", Concurrency: 4, Logger: slog.New(slog.DiscardHandler)},
+		),
+	}
 }
 
 // crawl syncs the mirror with the simulator: repos, tags, history and

@@ -108,7 +108,9 @@ func (c *Config) defaults() {
 }
 
 // semver is what micro accepts as a version (semver.org's expression).
-var semver = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
+var semver = regexp.MustCompile(
+	`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`,
+)
 
 // maxRequest is the largest request body read; a larger one is refused.
 const maxRequest = 64 << 10
@@ -199,7 +201,15 @@ func (s *Service) Start() error {
 		s.wg.Add(1)
 		go s.prime()
 	}
-	s.log.Info("query service listening", "subjects", s.cfg.Prefix+".>", "queue_group", s.cfg.QueueGroup, "id", svc.Info().ID)
+	s.log.Info(
+		"query service listening",
+		"subjects",
+		s.cfg.Prefix+".>",
+		"queue_group",
+		s.cfg.QueueGroup,
+		"id",
+		svc.Info().ID,
+	)
 	return nil
 }
 
@@ -377,8 +387,12 @@ func (s *Service) await(j *job, want uint64) {
 func (s *Service) behind(want uint64) *Error {
 	seq := s.pos.Seq()
 	return &Error{Code: CodeUnavailable, Reason: ReasonBehind, StreamSeq: seq,
-		Message: fmt.Sprintf("behind: this replica's mirror has applied the stream up to %d, not %d, after waiting %s; retry, or ask another replica",
-			seq, want, s.cfg.MaxWait)}
+		Message: fmt.Sprintf(
+			"behind: this replica's mirror has applied the stream up to %d, not %d, after waiting %s; retry, or ask another replica",
+			seq,
+			want,
+			s.cfg.MaxWait,
+		)}
 }
 
 // checkReady refuses reads from a mirror without a first complete state.
@@ -493,6 +507,13 @@ func (st *endpointStats) count(code int) {
 }
 
 func (st *endpointStats) snapshot() map[string]int64 {
-	return map[string]int64{"answered": st.ok.Load(), "bad_request": st.badRequest.Load(), "not_found": st.notFound.Load(),
-		"unavailable": st.unavailable.Load(), "internal": st.internal.Load(), "busy": st.busy.Load(), "behind": st.behind.Load()}
+	return map[string]int64{
+		"answered":    st.ok.Load(),
+		"bad_request": st.badRequest.Load(),
+		"not_found":   st.notFound.Load(),
+		"unavailable": st.unavailable.Load(),
+		"internal":    st.internal.Load(),
+		"busy":        st.busy.Load(),
+		"behind":      st.behind.Load(),
+	}
 }

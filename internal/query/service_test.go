@@ -58,8 +58,18 @@ func TestService_TagAt(t *testing.T) {
 		}
 		// A millisecond before the first record: the tag did not exist.
 		var before query.TagAtReply
-		w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, Time: ms(h[0].UpdateTime).Add(-time.Millisecond).Format(time.RFC3339Nano)}, &before)
-		if !before.Deleted || before.Digest != "" || before.Since != nil || timeOf(before.Until) != ms(h[0].UpdateTime).Format(time.RFC3339Nano) {
+		w.ask(
+			t,
+			query.TagAt,
+			query.TagAtRequest{
+				Repo: tt.Path,
+				Tag:  tt.Tag.Name,
+				Time: ms(h[0].UpdateTime).Add(-time.Millisecond).Format(time.RFC3339Nano),
+			},
+			&before,
+		)
+		if !before.Deleted || before.Digest != "" || before.Since != nil ||
+			timeOf(before.Until) != ms(h[0].UpdateTime).Format(time.RFC3339Nano) {
 			t.Fatalf("%s:%s before its first record = %+v, want deleted until %s", tt.Path, tt.Tag.Name, before, h[0].UpdateTime)
 		}
 		// Now (no time): the current digest, in force until further notice.
@@ -82,7 +92,9 @@ func TestService_TagAtDeleted(t *testing.T) {
 	}
 	w.crawl(t)
 	var deleted string
-	if err := w.store.Reader().QueryRow(`SELECT deleted_time FROM tags WHERE uid = ?`, tt.Tag.UID).Scan(&deleted); err != nil {
+	if err := w.store.Reader().QueryRow(`SELECT deleted_time FROM tags WHERE uid = ?`, tt.Tag.UID).Scan(
+		&deleted,
+	); err != nil {
 		t.Fatalf("the tag's deletion is not in the mirror: %v", err)
 	}
 	del, _ := store.ParseTime(deleted)
@@ -92,7 +104,12 @@ func TestService_TagAtDeleted(t *testing.T) {
 		t.Errorf("at its deletion = %+v, want deleted since %s", after, del)
 	}
 	lastRec := tt.History[len(tt.History)-1]
-	w.ask(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, Time: del.Add(-time.Millisecond).Format(time.RFC3339Nano)}, &last)
+	w.ask(
+		t,
+		query.TagAt,
+		query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, Time: del.Add(-time.Millisecond).Format(time.RFC3339Nano)},
+		&last,
+	)
 	if last.Deleted || last.Digest != lastRec.Digest || last.Until == nil || !last.Until.Equal(del) {
 		t.Errorf("just before its deletion = %+v (until %s), want %s until %s", last, timeOf(last.Until), lastRec.Digest, del)
 	}
@@ -130,7 +147,10 @@ func TestService_TagHistory(t *testing.T) {
 		h := tt.History
 		var window query.TagHistoryReply
 		w.ask(t, query.TagHistory, query.TagHistoryRequest{Repo: tt.Path, Tag: tt.Tag.Name,
-			From: ms(h[1].UpdateTime).Format(time.RFC3339Nano), To: ms(h[len(h)-1].UpdateTime).Format(time.RFC3339Nano)}, &window)
+			From: ms(
+				h[1].UpdateTime,
+			).Format(time.RFC3339Nano),
+			To: ms(h[len(h)-1].UpdateTime).Format(time.RFC3339Nano)}, &window)
 		for _, rec := range window.Records {
 			if rec.Time.Before(ms(h[1].UpdateTime)) || !rec.Time.Before(ms(h[len(h)-1].UpdateTime)) {
 				t.Fatalf("%s:%s: record %+v outside the window", tt.Path, tt.Tag.Name, rec)
@@ -200,7 +220,13 @@ func TestService_DigestWhere(t *testing.T) {
 	if !strings.Contains(e.Message, "ambiguous") || !strings.Contains(e.Message, twin) {
 		t.Errorf("ambiguous prefix: %q, want it to name both digests", e.Message)
 	}
-	w.refused(t, query.DigestWhere, query.DigestWhereRequest{Digest: "sha256:" + strings.Repeat("e", 64)}, query.CodeNotFound, "")
+	w.refused(
+		t,
+		query.DigestWhere,
+		query.DigestWhereRequest{Digest: "sha256:" + strings.Repeat("e", 64)},
+		query.CodeNotFound,
+		"",
+	)
 	// Limits are capped, and say so.
 	var one query.DigestWhereReply
 	w.ask(t, query.DigestWhere, query.DigestWhereRequest{Digest: d, Limit: 1}, &one)
@@ -265,7 +291,12 @@ func TestService_Advisories(t *testing.T) {
 	}
 	count := func(where string, arg string) int {
 		var n int
-		if err := w.store.Reader().QueryRow(`SELECT COUNT(*) FROM advisory_states WHERE deleted_time IS NULL AND `+where, arg).Scan(&n); err != nil {
+		if err := w.store.Reader().QueryRow(
+			`SELECT COUNT(*) FROM advisory_states WHERE deleted_time IS NULL AND `+where,
+			arg,
+		).Scan(
+			&n,
+		); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -276,7 +307,11 @@ func TestService_Advisories(t *testing.T) {
 		arg   string
 	}{
 		{query.AdvisoriesRequest{Artifact: adv.ArtifactName}, "artifact_name = ?", adv.ArtifactName},
-		{query.AdvisoriesRequest{Alias: adv.Aliases[0]}, "uid IN (SELECT advisory_uid FROM advisory_aliases WHERE alias = ?)", adv.Aliases[0]},
+		{
+			query.AdvisoriesRequest{Alias: adv.Aliases[0]},
+			"uid IN (SELECT advisory_uid FROM advisory_aliases WHERE alias = ?)",
+			adv.Aliases[0],
+		},
 		{query.AdvisoriesRequest{Component: adv.ComponentName}, "component_name = ?", adv.ComponentName},
 	} {
 		var got query.AdvisoriesReply
@@ -292,7 +327,9 @@ func TestService_Advisories(t *testing.T) {
 					t.Errorf("advisory %+v, want %+v", a, adv)
 				}
 				var state, fixed string
-				w.store.Reader().QueryRow(`SELECT COALESCE(state, ''), COALESCE(fixed_version, '') FROM advisory_states WHERE uid = ?`, adv.UID).Scan(&state, &fixed)
+				w.store.Reader().
+					QueryRow(`SELECT COALESCE(state, ''), COALESCE(fixed_version, '') FROM advisory_states WHERE uid = ?`, adv.UID).
+					Scan(&state, &fixed)
 				if a.State != state || a.FixedVersion != fixed {
 					t.Errorf("advisory %s state %q fixed %q, want %q %q", adv.AdvisoryID, a.State, a.FixedVersion, state, fixed)
 				}
@@ -361,7 +398,13 @@ func TestService_Errors(t *testing.T) {
 	w.refused(t, query.RepoTags, query.RepoTagsRequest{Repo: "no/such/repo"}, query.CodeNotFound, "")
 	// A bound value, not SQL.
 	w.refused(t, query.RepoTags, query.RepoTagsRequest{Repo: "x' OR '1'='1"}, query.CodeNotFound, "")
-	w.refused(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, MinSeq: 10}, query.CodeUnavailable, query.ReasonBehind)
+	w.refused(
+		t,
+		query.TagAt,
+		query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name, MinSeq: 10},
+		query.CodeUnavailable,
+		query.ReasonBehind,
+	)
 
 	// Limits are capped at max_limit (3).
 	var page query.TagHistoryReply
@@ -378,7 +421,13 @@ func TestService_Errors(t *testing.T) {
 	}
 	t.Cleanup(func() { empty.Close() })
 	w.start(t, empty, query.Config{Prefix: "syncd-query-empty"})
-	w.refused(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name}, query.CodeUnavailable, query.ReasonNotReady)
+	w.refused(
+		t,
+		query.TagAt,
+		query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name},
+		query.CodeUnavailable,
+		query.ReasonNotReady,
+	)
 	var pos query.PositionReply
 	w.ask(t, query.PositionEP, nil, &pos)
 	if pos.Ready || pos.Role != "leader" {
@@ -451,7 +500,14 @@ func (m *blockedMirror) ReadMirror(ctx context.Context, fn func(*store.MirrorRea
 // flood sends n requests at once and collects every reply within a minute:
 // answers, and refusals by reason. onReply, when set, is told the counts
 // after each reply.
-func flood(t *testing.T, nc *nats.Conn, subject string, body []byte, n int, onReply func(answered, refused int)) (answered int, refused map[string]int) {
+func flood(
+	t *testing.T,
+	nc *nats.Conn,
+	subject string,
+	body []byte,
+	n int,
+	onReply func(answered, refused int),
+) (answered int, refused map[string]int) {
 	t.Helper()
 	inbox := nats.NewInbox()
 	replies := make(chan *nats.Msg, n)
@@ -485,7 +541,13 @@ func flood(t *testing.T, nc *nats.Conn, subject string, body []byte, n int, onRe
 				onReply(answered, sum(refused))
 			}
 		case <-timeout:
-			t.Fatalf("%d of %d requests left unanswered (answered %d, refused %v)", n-answered-sum(refused), n, answered, refused)
+			t.Fatalf(
+				"%d of %d requests left unanswered (answered %d, refused %v)",
+				n-answered-sum(refused),
+				n,
+				answered,
+				refused,
+			)
 		}
 	}
 	return answered, refused
@@ -540,7 +602,12 @@ func TestService_StopAnswersWhatIsPending(t *testing.T) {
 	w := newWorld(t, query.Config{})
 	tt := testutil.TagsWithHistory(w.sim.Truth())[0]
 	m := &blockedMirror{Mirror: w.store, release: make(chan struct{})}
-	svc := query.New(connect(t, w.nats.URL()), m, w.pos, query.Config{Prefix: "syncd-query-stop", Concurrency: 1, MaxWait: time.Minute})
+	svc := query.New(
+		connect(t, w.nats.URL()),
+		m,
+		w.pos,
+		query.Config{Prefix: "syncd-query-stop", Concurrency: 1, MaxWait: time.Minute},
+	)
 	if err := svc.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -569,7 +636,12 @@ func TestService_StopAnswersWhatIsPending(t *testing.T) {
 		go ask(body)
 	}
 	go ask(waitBody)
-	testutil.WaitFor(t, 10*time.Second, "the five requests to be pending", func() bool { return svc.Pending() == 5 && m.reads.Load() == 1 })
+	testutil.WaitFor(
+		t,
+		10*time.Second,
+		"the five requests to be pending",
+		func() bool { return svc.Pending() == 5 && m.reads.Load() == 1 },
+	)
 	svc.Stop()
 	wg.Wait()
 	if codes["503 stopping"] != 5 {
@@ -606,7 +678,8 @@ func TestService_Micro(t *testing.T) {
 	for _, ep := range query.Endpoints {
 		want = append(want, prefix+"."+ep)
 	}
-	if info.Name != "syncd" || info.Version != "1.2.3" || !slices.Equal(subjects, want) || info.Metadata["prefix"] != prefix {
+	if info.Name != "syncd" || info.Version != "1.2.3" || !slices.Equal(subjects, want) ||
+		info.Metadata["prefix"] != prefix {
 		t.Errorf("info = %+v, subjects %v; want syncd 1.2.3 with %v", info, subjects, want)
 	}
 	subj, _ = micro.ControlSubject(micro.StatsVerb, "syncd", "")
@@ -639,6 +712,12 @@ func TestService_Timeout(t *testing.T) {
 	m := &blockedMirror{Mirror: w.store, release: make(chan struct{})}
 	w.start(t, m, query.Config{Prefix: "syncd-query-slow", Concurrency: 1, Timeout: 50 * time.Millisecond})
 	for range 2 {
-		w.refused(t, query.TagAt, query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name}, query.CodeUnavailable, query.ReasonTimeout)
+		w.refused(
+			t,
+			query.TagAt,
+			query.TagAtRequest{Repo: tt.Path, Tag: tt.Tag.Name},
+			query.CodeUnavailable,
+			query.ReasonTimeout,
+		)
 	}
 }

@@ -70,14 +70,19 @@ func TestSignVerify(t *testing.T) {
 		t.Errorf("Nats-Msg-Id %q", id)
 	}
 	tamper := map[string]func(m *nats.Msg){
-		"subject":    func(m *nats.Msg) { m.Subject = "syncd.tag.deleted.g%2Fr" },
-		"data":       func(m *nats.Msg) { m.Data = []byte(`{"id":"e2"}`) },
-		"msg id":     func(m *nats.Msg) { m.Header.Set(jetstream.MsgIDHeader, "e1") },
-		"signature":  func(m *nats.Msg) { m.Header.Set(signing.Header, flipSignatureBit(t, m.Header.Get(signing.Header))) },
-		"truncated":  func(m *nats.Msg) { h := m.Header.Get(signing.Header); m.Header.Set(signing.Header, h[:60]) },
-		"no dot":     func(m *nats.Msg) { m.Header.Set(signing.Header, pub) },
-		"unsigned":   func(m *nats.Msg) { m.Header.Del(signing.Header) },
-		"other key":  func(m *nats.Msg) { h := m.Header.Get(signing.Header); m.Header.Set(signing.Header, other+h[len(pub):]) },
+		"subject":   func(m *nats.Msg) { m.Subject = "syncd.tag.deleted.g%2Fr" },
+		"data":      func(m *nats.Msg) { m.Data = []byte(`{"id":"e2"}`) },
+		"msg id":    func(m *nats.Msg) { m.Header.Set(jetstream.MsgIDHeader, "e1") },
+		"signature": func(m *nats.Msg) { m.Header.Set(signing.Header, flipSignatureBit(t, m.Header.Get(signing.Header))) },
+		"truncated": func(m *nats.Msg) { h := m.Header.Get(signing.Header); m.Header.Set(signing.Header, h[:60]) },
+		"no dot":    func(m *nats.Msg) { m.Header.Set(signing.Header, pub) },
+		"unsigned":  func(m *nats.Msg) { m.Header.Del(signing.Header) },
+		"other key": func(
+			m *nats.Msg,
+		) {
+			h := m.Header.Get(signing.Header)
+			m.Header.Set(signing.Header, other+h[len(pub):])
+		},
 		"nil header": func(m *nats.Msg) { m.Header = nil },
 	}
 	for name, fn := range tamper {
@@ -99,7 +104,8 @@ func TestSignVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	m = u.Seal(message())
-	if err := v.Verify(m.Subject, m.Header, m.Data); !errors.Is(err, signing.ErrBadSignature) || signing.Reason(err) != signing.ReasonBadSignature {
+	if err := v.Verify(m.Subject, m.Header, m.Data); !errors.Is(err, signing.ErrBadSignature) ||
+		signing.Reason(err) != signing.ReasonBadSignature {
 		t.Errorf("untrusted key: %v", err)
 	}
 	if signing.Reason(signing.ErrUnsigned) != signing.ReasonUnsigned {
@@ -156,7 +162,8 @@ func TestLoadSigner_Errors(t *testing.T) {
 			t.Errorf("%s: error contains the seed", name)
 		}
 	}
-	if _, err := signing.NewVerifier([]string{pub, "UNOTAKEY"}); err == nil || !strings.Contains(err.Error(), "not an nkey public key") {
+	if _, err := signing.NewVerifier([]string{pub, "UNOTAKEY"}); err == nil ||
+		!strings.Contains(err.Error(), "not an nkey public key") {
 		t.Errorf("bad verify key: %v", err)
 	}
 }
@@ -173,7 +180,13 @@ func BenchmarkSeal(b *testing.B) {
 	data := []byte(strings.Repeat("x", 700))
 	b.ReportAllocs()
 	for b.Loop() {
-		s.Seal(&nats.Msg{Subject: "syncd.tag.moved.nginx", Data: data, Header: nats.Header{jetstream.MsgIDHeader: []string{"0123456789abcdef0123456789abcdef"}}})
+		s.Seal(
+			&nats.Msg{
+				Subject: "syncd.tag.moved.nginx",
+				Data:    data,
+				Header:  nats.Header{jetstream.MsgIDHeader: []string{"0123456789abcdef0123456789abcdef"}},
+			},
+		)
 	}
 }
 

@@ -195,8 +195,11 @@ func (s *Store) ApplyAdvisories(ctx context.Context, advs []Advisory) (int, erro
 			case withdrawn && seen && !o.deleted:
 				cs = append(cs, steps...)
 				if s.announce(baseline) {
-					cs = append(cs, change{typ: AdvisoryWithdrawn, scope: o.ArtifactName, subject: a.UID, disc: deletedDisc(o.deletions + 1),
-						time: a.DeleteTime, before: o.Advisory.forEvent()})
+					cs = append(
+						cs,
+						change{typ: AdvisoryWithdrawn, scope: o.ArtifactName, subject: a.UID, disc: deletedDisc(o.deletions + 1),
+							time: a.DeleteTime, before: o.Advisory.forEvent()},
+					)
 				}
 			case withdrawn:
 				// First seen withdrawn, or a tombstone already: a record, not news.
@@ -206,7 +209,11 @@ func (s *Store) ApplyAdvisories(ctx context.Context, advs []Advisory) (int, erro
 			case !seen || o.deleted:
 				if s.announce(baseline) {
 					cs = append(cs, change{typ: AdvisoryCreated, scope: a.ArtifactName, subject: a.UID,
-						disc: createdDisc(a.CreateTime, a.UpdateTime, o.deletions), time: eventTime(a.CreateTime, now), after: a.forEvent()})
+						disc: createdDisc(
+							a.CreateTime,
+							a.UpdateTime,
+							o.deletions,
+						), time: eventTime(a.CreateTime, now), after: a.forEvent()})
 				}
 				cs = append(cs, steps...)
 			case legacy && !sameScalars(o.Advisory, a), !legacy && !sameAdvisory(o.Advisory, a):
@@ -274,8 +281,24 @@ func advisoryRow(a Advisory, raw any, now string, complete bool) []any {
 	if a.LegacyAdvisoryID != "" {
 		legacyID = a.LegacyAdvisoryID
 	}
-	return []any{a.UID, a.AdvisoryID, a.ArtifactName, nullTime(a.CreateTime), nullTime(a.UpdateTime), now, raw, nullTime(a.DeleteTime),
-		a.Author, a.ArtifactType, a.ArtifactArchitecture, a.ComponentName, a.ComponentLocation, a.ComponentType, legacyID, complete}
+	return []any{
+		a.UID,
+		a.AdvisoryID,
+		a.ArtifactName,
+		nullTime(a.CreateTime),
+		nullTime(a.UpdateTime),
+		now,
+		raw,
+		nullTime(a.DeleteTime),
+		a.Author,
+		a.ArtifactType,
+		a.ArtifactArchitecture,
+		a.ComponentName,
+		a.ComponentLocation,
+		a.ComponentType,
+		legacyID,
+		complete,
+	}
 }
 
 // sameScalars compares the fields every schema version kept; a
@@ -297,9 +320,16 @@ func unchanged(o storedAdvisory, a Advisory, raw any) bool {
 // keeps it: times to the millisecond, JSON compacted, no list as an empty
 // one.
 func sameAdvisory(a, b Advisory) bool {
-	if !sameScalars(a, b) || a.Author != b.Author || a.ArtifactType != b.ArtifactType || a.ArtifactArchitecture != b.ArtifactArchitecture ||
-		a.ComponentName != b.ComponentName || a.ComponentLocation != b.ComponentLocation || a.ComponentType != b.ComponentType ||
-		a.LegacyAdvisoryID != b.LegacyAdvisoryID || !slices.Equal(a.Aliases, b.Aliases) || !slices.Equal(a.Severities, b.Severities) {
+	if !sameScalars(a, b) ||
+		a.Author != b.Author ||
+		a.ArtifactType != b.ArtifactType ||
+		a.ArtifactArchitecture != b.ArtifactArchitecture ||
+		a.ComponentName != b.ComponentName ||
+		a.ComponentLocation != b.ComponentLocation ||
+		a.ComponentType != b.ComponentType ||
+		a.LegacyAdvisoryID != b.LegacyAdvisoryID ||
+		!slices.Equal(a.Aliases, b.Aliases) ||
+		!slices.Equal(a.Severities, b.Severities) {
 		return false
 	}
 	return slices.EqualFunc(a.Events, b.Events, func(x, y AdvisoryEvent) bool {
@@ -347,7 +377,12 @@ func (s *Store) writeAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs []Adv
 	var aliases, sevs, evs []any
 	for _, a := range advs {
 		if keepLater {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM advisory_events WHERE advisory_uid = ? AND seq < ?`, a.UID, len(a.Events)); err != nil {
+			if _, err := tx.ExecContext(
+				ctx,
+				`DELETE FROM advisory_events WHERE advisory_uid = ? AND seq < ?`,
+				a.UID,
+				len(a.Events),
+			); err != nil {
 				return fmt.Errorf("replace advisory_events: %w", err)
 			}
 		}
@@ -416,14 +451,34 @@ func loadAdvisories(ctx context.Context, tx *sql.Tx, where string, uids []string
 // loadAdvisoryRows is loadAdvisories without the lists.
 func loadAdvisoryRows(ctx context.Context, tx *sql.Tx, where string, uids []string) (map[string]storedAdvisory, error) {
 	old := make(map[string]storedAdvisory, len(uids))
-	err := queryByUIDs(ctx, tx, `SELECT uid, advisory_id, artifact_name, COALESCE(create_time,''), COALESCE(update_time,''),
+	err := queryByUIDs(
+		ctx,
+		tx,
+		`SELECT uid, advisory_id, artifact_name, COALESCE(create_time,''), COALESCE(update_time,''),
 		COALESCE(deleted_time,''), deletions, COALESCE(raw,''), author, artifact_type, artifact_architecture, component_name,
-		component_location, component_type, COALESCE(legacy_advisory_id,''), complete FROM advisories WHERE `+where, uids,
+		component_location, component_type, COALESCE(legacy_advisory_id,''), complete FROM advisories WHERE `+where,
+		uids,
 		func(rows *sql.Rows) error {
 			var a storedAdvisory
 			var ct, ut, dt string
-			if err := rows.Scan(&a.UID, &a.AdvisoryID, &a.ArtifactName, &ct, &ut, &dt, &a.deletions, &a.raw, &a.Author, &a.ArtifactType,
-				&a.ArtifactArchitecture, &a.ComponentName, &a.ComponentLocation, &a.ComponentType, &a.LegacyAdvisoryID, &a.complete); err != nil {
+			if err := rows.Scan(
+				&a.UID,
+				&a.AdvisoryID,
+				&a.ArtifactName,
+				&ct,
+				&ut,
+				&dt,
+				&a.deletions,
+				&a.raw,
+				&a.Author,
+				&a.ArtifactType,
+				&a.ArtifactArchitecture,
+				&a.ComponentName,
+				&a.ComponentLocation,
+				&a.ComponentType,
+				&a.LegacyAdvisoryID,
+				&a.complete,
+			); err != nil {
 				return err
 			}
 			a.deleted = dt != ""
@@ -439,7 +494,8 @@ func loadAdvisoryRows(ctx context.Context, tx *sql.Tx, where string, uids []stri
 			}
 			old[a.UID] = a
 			return nil
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read stored advisories: %w", err)
 	}
@@ -457,7 +513,11 @@ func loadAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs map[string]stored
 		f(&a)
 		advs[uid] = a
 	}
-	err := queryByUIDs(ctx, tx, `SELECT advisory_uid, alias FROM advisory_aliases WHERE advisory_uid IN (%s) ORDER BY advisory_uid, seq`, uids,
+	err := queryByUIDs(
+		ctx,
+		tx,
+		`SELECT advisory_uid, alias FROM advisory_aliases WHERE advisory_uid IN (%s) ORDER BY advisory_uid, seq`,
+		uids,
 		func(rows *sql.Rows) error {
 			var uid, alias string
 			if err := rows.Scan(&uid, &alias); err != nil {
@@ -465,11 +525,16 @@ func loadAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs map[string]stored
 			}
 			add(uid, func(a *storedAdvisory) { a.Aliases = append(a.Aliases, alias) })
 			return nil
-		})
+		},
+	)
 	if err != nil {
 		return fmt.Errorf("aliases: %w", err)
 	}
-	err = queryByUIDs(ctx, tx, `SELECT advisory_uid, type, score FROM advisory_severities WHERE advisory_uid IN (%s) ORDER BY advisory_uid, seq`, uids,
+	err = queryByUIDs(
+		ctx,
+		tx,
+		`SELECT advisory_uid, type, score FROM advisory_severities WHERE advisory_uid IN (%s) ORDER BY advisory_uid, seq`,
+		uids,
 		func(rows *sql.Rows) error {
 			var uid string
 			var sv AdvisorySeverity
@@ -478,18 +543,40 @@ func loadAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs map[string]stored
 			}
 			add(uid, func(a *storedAdvisory) { a.Severities = append(a.Severities, sv) })
 			return nil
-		})
+		},
+	)
 	if err != nil {
 		return fmt.Errorf("severities: %w", err)
 	}
-	err = queryByUIDs(ctx, tx, `SELECT advisory_uid, uid, type, COALESCE(create_time,''), author, reviewer, review_state, COALESCE(issue,''),
-		note, COALESCE(fixed_version,''), COALESCE(patched_versions,'[]'), COALESCE(false_positive_type,''), COALESCE(detection_type,''),
-		COALESCE(findings,''), COALESCE(details,'') FROM advisory_events WHERE advisory_uid IN (%s) ORDER BY advisory_uid, seq`, uids,
+	err = queryByUIDs(
+		ctx,
+		tx,
+		`SELECT advisory_uid, uid, type, COALESCE(create_time,''), author, reviewer, review_state, COALESCE(issue,''),
+		note, COALESCE(fixed_version,''), COALESCE(patched_versions,'[]'), COALESCE(false_positive_type,''),
+			COALESCE(detection_type,''),
+		COALESCE(findings,''), COALESCE(details,'') FROM advisory_events WHERE advisory_uid IN (%s) ORDER BY advisory_uid,
+			seq`,
+		uids,
 		func(rows *sql.Rows) error {
 			var uid, ct, patched, details string
 			var e AdvisoryEvent
-			if err := rows.Scan(&uid, &e.UID, &e.Type, &ct, &e.Author, &e.Reviewer, &e.ReviewState, &e.Issue, &e.Note, &e.FixedVersion,
-				&patched, &e.FalsePositiveType, &e.DetectionType, &e.Findings, &details); err != nil {
+			if err := rows.Scan(
+				&uid,
+				&e.UID,
+				&e.Type,
+				&ct,
+				&e.Author,
+				&e.Reviewer,
+				&e.ReviewState,
+				&e.Issue,
+				&e.Note,
+				&e.FixedVersion,
+				&patched,
+				&e.FalsePositiveType,
+				&e.DetectionType,
+				&e.Findings,
+				&details,
+			); err != nil {
 				return err
 			}
 			var err error
@@ -504,7 +591,8 @@ func loadAdvisoryDetails(ctx context.Context, tx *sql.Tx, advs map[string]stored
 			}
 			add(uid, func(a *storedAdvisory) { a.Events = append(a.Events, e) })
 			return nil
-		})
+		},
+	)
 	if err != nil {
 		return fmt.Errorf("lifecycles: %w", err)
 	}

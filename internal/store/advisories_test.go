@@ -28,7 +28,12 @@ func TestApplyAdvisories_DeleteTime(t *testing.T) {
 	withdrawn.UpdateTime, withdrawn.DeleteTime = ts("2025-03-01T00:00:00Z"), ts("2025-03-01T00:00:00Z")
 	row := func(t *testing.T, st *store.Store) string {
 		t.Helper()
-		return queryString(t, st.Reader(), `SELECT COALESCE(deleted_time, 'live') || '/' || deletions FROM advisories WHERE uid = ?`, standing.UID)
+		return queryString(
+			t,
+			st.Reader(),
+			`SELECT COALESCE(deleted_time, 'live') || '/' || deletions FROM advisories WHERE uid = ?`,
+			standing.UID,
+		)
 	}
 
 	t.Run("WithdrawnOnceThenRevived", func(t *testing.T) {

@@ -34,7 +34,10 @@ func TestApplyRepos(t *testing.T) {
 			t.Fatalf("events after activeTags change=%d, want %d", got, want)
 		}
 		evs := allEvents(t, st)
-		if got, want := types(evs), []string{store.RepoCreated, store.RepoUpdated, store.RepoUpdated}; !slices.Equal(got, want) {
+		if got, want := types(evs), []string{store.RepoCreated, store.RepoUpdated, store.RepoUpdated}; !slices.Equal(
+			got,
+			want,
+		) {
 			t.Fatalf("event types=%v, want %v", got, want)
 		}
 		before, after := payload[store.Repo](t, evs[1])
@@ -50,7 +53,12 @@ func TestApplyRepos(t *testing.T) {
 		if got, want := evs[1].Time, r2.UpdateTime; !got.Equal(want) {
 			t.Fatalf("update event time=%v, want %v", got, want)
 		}
-		if got, want := queryString(t, st.Reader(), `SELECT active_tags FROM repos WHERE uid = ?`, r.UID), `["latest"]`; got != want {
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT active_tags FROM repos WHERE uid = ?`,
+			r.UID,
+		), `["latest"]`; got != want {
 			t.Fatalf("active_tags=%s, want %s", got, want)
 		}
 	})
@@ -102,7 +110,12 @@ func TestApplyTags(t *testing.T) {
 	if got, want := len(need), 1; got != want {
 		t.Fatalf("tags needing history=%d, want %d", got, want)
 	}
-	if _, err := st.ApplyHistory(ctx, need[0], []store.HistoryRecord{{Time: latest.UpdateTime, Digest: latest.Digest}}, true); err != nil {
+	if _, err := st.ApplyHistory(
+		ctx,
+		need[0],
+		[]store.HistoryRecord{{Time: latest.UpdateTime, Digest: latest.Digest}},
+		true,
+	); err != nil {
 		t.Fatal(err)
 	}
 
@@ -132,14 +145,27 @@ func TestApplyTags(t *testing.T) {
 			t.Fatalf("bookmark count=%d, want %d", got, want)
 		}
 		// The digest moves with the history read, with its event.
-		if got, want := queryString(t, st.Reader(), `SELECT digest FROM tags WHERE uid = ?`, latest.UID), digest(1); got != want {
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT digest FROM tags WHERE uid = ?`,
+			latest.UID,
+		), digest(1); got != want {
 			t.Fatalf("stored digest before the history read=%s, want %s", got, want)
 		}
-		recs := []store.HistoryRecord{{Time: latest.UpdateTime, Digest: latest.Digest}, {Time: moved.UpdateTime, Digest: moved.Digest}}
+		recs := []store.HistoryRecord{
+			{Time: latest.UpdateTime, Digest: latest.Digest},
+			{Time: moved.UpdateTime, Digest: moved.Digest},
+		}
 		if n, err := st.ApplyHistory(ctx, need[0], recs, true); err != nil || n != 1 {
 			t.Fatalf("history read: %d events, %v; want the move", n, err)
 		}
-		if got, want := queryString(t, st.Reader(), `SELECT digest FROM tags WHERE uid = ?`, latest.UID), digest(2); got != want {
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT digest FROM tags WHERE uid = ?`,
+			latest.UID,
+		), digest(2); got != want {
 			t.Fatalf("stored digest after the history read=%s, want %s", got, want)
 		}
 		latest = moved
@@ -163,7 +189,11 @@ func TestApplyTags(t *testing.T) {
 		if before.Deprecated || !after.Deprecated || after.Repo != "nginx" {
 			t.Fatalf("before=%+v after=%+v, want deprecated false then true in repo nginx", before, after)
 		}
-		if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM deprecated_tags WHERE repo = 'nginx' AND tag = 'latest'`), 1; got != want {
+		if got, want := queryInt(
+			t,
+			st.Reader(),
+			`SELECT COUNT(*) FROM deprecated_tags WHERE repo = 'nginx' AND tag = 'latest'`,
+		), 1; got != want {
 			t.Fatalf("deprecated_tags rows=%d, want %d", got, want)
 		}
 	})
@@ -298,7 +328,12 @@ func TestApplyAdvisories(t *testing.T) {
 		t.Fatalf("events after update=%d, want %d", got, want)
 	}
 	evs := allEvents(t, st)
-	if got, want := types(evs), []string{store.AdvisoryCreated, store.AdvisoryCreated, store.AdvisoryUpdated}; !slices.Equal(got, want) {
+	if got, want := types(
+		evs,
+	), []string{store.AdvisoryCreated, store.AdvisoryCreated, store.AdvisoryUpdated}; !slices.Equal(
+		got,
+		want,
+	) {
 		t.Fatalf("types=%v, want %v", got, want)
 	}
 	if got, want := evs[2].Scope, "openssl"; got != want {
@@ -308,7 +343,12 @@ func TestApplyAdvisories(t *testing.T) {
 	if before.AdvisoryID != "CGA-1111" || after.AdvisoryID != "CGA-1112" {
 		t.Fatalf("before=%+v after=%+v", before, after)
 	}
-	if got, want := queryString(t, st.Reader(), `SELECT create_time FROM advisories WHERE uid = ?`, a.UID), "2025-04-01T00:00:00.000Z"; got != want {
+	if got, want := queryString(
+		t,
+		st.Reader(),
+		`SELECT create_time FROM advisories WHERE uid = ?`,
+		a.UID,
+	), "2025-04-01T00:00:00.000Z"; got != want {
 		t.Fatalf("create_time=%s, want %s", got, want)
 	}
 }

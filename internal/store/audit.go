@@ -39,15 +39,20 @@ func (s *Store) AuditEvents(ctx context.Context, after int64, limit int) ([]Audi
 	}
 	defer tx.Rollback()
 	var evs []AuditEvent
-	err = queryRows(ctx, tx, `SELECT seq, id, type, resource, action, scope, subject FROM event_log WHERE seq > ? ORDER BY seq LIMIT ?`,
-		[]any{after, limit}, func(rows *sql.Rows) error {
+	err = queryRows(
+		ctx,
+		tx,
+		`SELECT seq, id, type, resource, action, scope, subject FROM event_log WHERE seq > ? ORDER BY seq LIMIT ?`,
+		[]any{after, limit},
+		func(rows *sql.Rows) error {
 			var e AuditEvent
 			if err := rows.Scan(&e.Seq, &e.ID, &e.Type, &e.Resource, &e.Action, &e.Scope, &e.Subject); err != nil {
 				return err
 			}
 			evs = append(evs, e)
 			return nil
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read events to audit after seq %d: %w", after, err)
 	}
@@ -147,8 +152,16 @@ func (s *Store) AuditPosition(ctx context.Context) (int64, error) {
 // seq, reading the stream up to its sequence streamSeq.
 func (s *Store) SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		for k, v := range map[string]string{AuditSeqKey: strconv.FormatInt(seq, 10), AuditStreamSeqKey: strconv.FormatUint(streamSeq, 10)} {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`, k, v); err != nil {
+		for k, v := range map[string]string{
+			AuditSeqKey:       strconv.FormatInt(seq, 10),
+			AuditStreamSeqKey: strconv.FormatUint(streamSeq, 10),
+		} {
+			if _, err := tx.ExecContext(
+				ctx,
+				`INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
+				k,
+				v,
+			); err != nil {
 				return fmt.Errorf("record the audit's position: %w", err)
 			}
 		}

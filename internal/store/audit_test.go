@@ -41,7 +41,8 @@ func TestAuditEvents(t *testing.T) {
 		t.Fatalf("AuditEvents=%d events, want 3", len(got))
 	}
 	for i, want := range []time.Time{first, {}, first.Add(time.Second)} {
-		if g := got[i]; g.Seq != evs[i].Seq || g.ID != evs[i].ID || g.Type != evs[i].Type || g.Subject != evs[i].Subject || !g.Published.Equal(want) {
+		if g := got[i]; g.Seq != evs[i].Seq || g.ID != evs[i].ID || g.Type != evs[i].Type || g.Subject != evs[i].Subject ||
+			!g.Published.Equal(want) {
 			t.Errorf("event %d = seq %d %s %s published %v, want seq %d %s %s published %v",
 				i, g.Seq, g.ID, g.Type, g.Published, evs[i].Seq, evs[i].ID, evs[i].Type, want)
 		}
@@ -54,7 +55,8 @@ func TestAuditEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 1 || res[0].ID != evs[2].ID || len(res[0].Data) == 0 || !res[0].Published.Equal(first.Add(time.Second)) {
+	if len(res) != 1 || res[0].ID != evs[2].ID || len(res[0].Data) == 0 ||
+		!res[0].Published.Equal(first.Add(time.Second)) {
 		t.Errorf("ResourceEvents(t2) = %+v, want its tag.created with data, published a second after the first", res)
 	}
 

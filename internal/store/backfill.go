@@ -36,7 +36,11 @@ func (s *Store) BackfillRemaining(ctx context.Context) (int64, error) {
 
 func backfillRemaining(ctx context.Context, q queryer) (int64, error) {
 	var n int64
-	err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM backfill b JOIN tags t ON t.uid = b.tag_uid WHERE t.deleted_time IS NULL`).Scan(&n)
+	err := q.QueryRowContext(
+		ctx,
+		`SELECT COUNT(*) FROM backfill b JOIN tags t ON t.uid = b.tag_uid WHERE t.deleted_time IS NULL`,
+	).
+		Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count the backfill: %w", err)
 	}
@@ -94,7 +98,18 @@ func (s *Store) BackfillNext(ctx context.Context, n int, skip func(uid string) b
 	refs := make([]TagRef, 0, len(uids))
 	for _, uid := range uids {
 		if t, ok := tags[uid]; ok {
-			refs = append(refs, TagRef{UID: t.UID, RepoUID: t.RepoUID, Repo: t.Repo, Path: t.Path, Name: t.Name, UpdateTime: t.UpdateTime, Bookmark: t.bookmark})
+			refs = append(
+				refs,
+				TagRef{
+					UID:        t.UID,
+					RepoUID:    t.RepoUID,
+					Repo:       t.Repo,
+					Path:       t.Path,
+					Name:       t.Name,
+					UpdateTime: t.UpdateTime,
+					Bookmark:   t.bookmark,
+				},
+			)
 		}
 	}
 	return refs, nil
@@ -115,7 +130,18 @@ func (s *Store) BackfillRefs(ctx context.Context, uids []string) ([]TagRef, erro
 	var refs []TagRef
 	for _, uid := range uids {
 		if t, ok := tags[uid]; ok && t.backfill && !t.deleted {
-			refs = append(refs, TagRef{UID: t.UID, RepoUID: t.RepoUID, Repo: t.Repo, Path: t.Path, Name: t.Name, UpdateTime: t.UpdateTime, Bookmark: t.bookmark})
+			refs = append(
+				refs,
+				TagRef{
+					UID:        t.UID,
+					RepoUID:    t.RepoUID,
+					Repo:       t.Repo,
+					Path:       t.Path,
+					Name:       t.Name,
+					UpdateTime: t.UpdateTime,
+					Bookmark:   t.bookmark,
+				},
+			)
 		}
 	}
 	return refs, nil
@@ -124,7 +150,13 @@ func (s *Store) BackfillRefs(ctx context.Context, uids []string) ([]TagRef, erro
 // backfillMoved marks tags of the backfill that a listing showed changed
 // since the first: their moves are news, and they are read first.
 func (s *Store) backfillMoved(ctx context.Context, tx *sql.Tx, uids []string) error {
-	if err := s.execByUIDs(ctx, tx, `UPDATE backfill SET moved = 1 WHERE moved = 0 AND tag_uid IN (%s)`, nil, uids); err != nil {
+	if err := s.execByUIDs(
+		ctx,
+		tx,
+		`UPDATE backfill SET moved = 1 WHERE moved = 0 AND tag_uid IN (%s)`,
+		nil,
+		uids,
+	); err != nil {
 		return fmt.Errorf("mark moved tags of the backfill: %w", err)
 	}
 	return nil

@@ -21,7 +21,10 @@ func firstCrawl(t *testing.T, st *store.Store) int {
 	}
 	total += n
 	for _, ref := range need {
-		recs := []store.HistoryRecord{{Time: ts("2025-01-01T00:00:00Z"), Digest: digest(1)}, {Time: ts("2025-01-02T00:00:00Z"), Digest: digest(2)}}
+		recs := []store.HistoryRecord{
+			{Time: ts("2025-01-01T00:00:00Z"), Digest: digest(1)},
+			{Time: ts("2025-01-02T00:00:00Z"), Digest: digest(2)},
+		}
 		n, err := st.ApplyHistory(ctx, ref, recs, true)
 		if err != nil {
 			t.Fatal(err)
@@ -83,7 +86,10 @@ func TestBaseline(t *testing.T) {
 		}
 		// The history read of a baseline tag happens after the baseline
 		// ended (a crawl interrupted and resumed): its past is still not news.
-		recs := []store.HistoryRecord{{Time: ts("2025-01-01T00:00:00Z"), Digest: digest(1)}, {Time: ts("2025-01-02T00:00:00Z"), Digest: digest(2)}}
+		recs := []store.HistoryRecord{
+			{Time: ts("2025-01-01T00:00:00Z"), Digest: digest(1)},
+			{Time: ts("2025-01-02T00:00:00Z"), Digest: digest(2)},
+		}
 		if n, err := st.ApplyHistory(ctx, need[0], recs, true); err != nil || n != 0 {
 			t.Fatalf("events=%d err=%v, want 0 and nil", n, err)
 		}
@@ -103,7 +109,10 @@ func TestEventIDs(t *testing.T) {
 		repo := nginx()
 		mustApplyRepos(t, st, repo)
 		need := mustApplyTags(t, st, repo, tag("g1/r1/t1", "latest", 1))
-		recs := []store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)}, {Time: ts("2025-02-02T00:00:00Z"), Digest: digest(2)}}
+		recs := []store.HistoryRecord{
+			{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)},
+			{Time: ts("2025-02-02T00:00:00Z"), Digest: digest(2)},
+		}
 		for range 2 {
 			// The same history applied again, as if the bookmark had been
 			// lost (a crash before the crawler saw the commit), is one event.
@@ -116,7 +125,10 @@ func TestEventIDs(t *testing.T) {
 		if _, err := st.MarkTagsDeleted(ctx, []string{"g1/r1/t1"}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := st.ApplyAdvisories(ctx, []store.Advisory{{UID: "g1/a1", AdvisoryID: "CGA-1", ArtifactName: "zlib"}}); err != nil {
+		if _, err := st.ApplyAdvisories(
+			ctx,
+			[]store.Advisory{{UID: "g1/a1", AdvisoryID: "CGA-1", ArtifactName: "zlib"}},
+		); err != nil {
 			t.Fatal(err)
 		}
 		return allEvents(t, st)
@@ -162,10 +174,17 @@ func TestEventIDs(t *testing.T) {
 // once a repo's failure is cleared, its changes are news again.
 func TestBaseline_FailedRepos(t *testing.T) {
 	ctx := context.Background()
-	twoRecords := []store.HistoryRecord{{Time: ts("2025-01-01T00:00:00Z"), Digest: digest(1)}, {Time: ts("2025-01-02T00:00:00Z"), Digest: digest(2)}}
+	twoRecords := []store.HistoryRecord{
+		{Time: ts("2025-01-01T00:00:00Z"), Digest: digest(1)},
+		{Time: ts("2025-01-02T00:00:00Z"), Digest: digest(2)},
+	}
 	failRepo := func(t *testing.T, st *store.Store, r store.Repo) {
 		t.Helper()
-		if _, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureRepo, UID: r.UID, Path: r.Name, Status: 403, Error: "forbidden"}, nil); err != nil {
+		if _, err := st.RecordFailure(
+			ctx,
+			store.Failure{Kind: store.FailureRepo, UID: r.UID, Path: r.Name, Status: 403, Error: "forbidden"},
+			nil,
+		); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -206,13 +225,23 @@ func TestBaseline_FailedRepos(t *testing.T) {
 
 	t.Run("RecoveredReposAreNotNews", func(t *testing.T) {
 		st := setup(t, store.Options{})
-		if got, want := queryString(t, st.Reader(), `SELECT group_concat(name || '=' || baseline_pending, ' ') FROM (SELECT * FROM repos ORDER BY name)`),
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT group_concat(name || '=' || baseline_pending, ' ') FROM (SELECT * FROM repos ORDER BY name)`,
+		),
 			"half=1 ok=0 unlisted=1"; got != want {
 			t.Fatalf("baseline_pending=%s, want %s", got, want)
 		}
 		// Next crawl: both repos answer. Their tags and past moves are
 		// the starting point.
-		if got := listAndRead(t, st, unlisted, tag("g1/unlisted/t1", "latest", 2), tag("g1/unlisted/t2", "dev", 2)); got != 0 {
+		if got := listAndRead(
+			t,
+			st,
+			unlisted,
+			tag("g1/unlisted/t1", "latest", 2),
+			tag("g1/unlisted/t2", "dev", 2),
+		); got != 0 {
 			t.Fatalf("events for the first listing of a repo the baseline missed=%d, want 0", got)
 		}
 		if got := listAndRead(t, st, halfListed, tag("g1/half/t2", "page2", 2)); got != 0 {
@@ -234,7 +263,13 @@ func TestBaseline_FailedRepos(t *testing.T) {
 		if got, want := listAndRead(t, st, unlisted, tag("g1/unlisted/t3", "newer", 2)), 2; got != want {
 			t.Fatalf("events for a new tag after recovery=%d, want %d", got, want)
 		}
-		ref := store.TagRef{UID: "g1/unlisted/t1", RepoUID: unlisted.UID, Repo: unlisted.Name, Name: "latest", UpdateTime: ts("2025-03-01T00:00:00Z")}
+		ref := store.TagRef{
+			UID:        "g1/unlisted/t1",
+			RepoUID:    unlisted.UID,
+			Repo:       unlisted.Name,
+			Name:       "latest",
+			UpdateTime: ts("2025-03-01T00:00:00Z"),
+		}
 		moved := append(twoRecords, store.HistoryRecord{Time: ts("2025-03-01T00:00:00Z"), Digest: digest(3)})
 		if n, err := st.ApplyHistory(ctx, ref, moved, true); err != nil || n != 1 {
 			t.Fatalf("events for a move after recovery=%d err=%v, want 1", n, err)

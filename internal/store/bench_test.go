@@ -116,14 +116,20 @@ func openPlain(b *testing.B, tags int) *plainDB {
 	if err := st.Close(); err != nil {
 		b.Fatal(err)
 	}
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)"+
-		"&_pragma=synchronous(NORMAL)&_pragma=temp_store(MEMORY)&_txlock=immediate&_pragma=cache_size(-65536)")
+	db, err := sql.Open(
+		"sqlite",
+		"file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)"+
+			"&_pragma=synchronous(NORMAL)&_pragma=temp_store(MEMORY)&_txlock=immediate&_pragma=cache_size(-65536)",
+	)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { db.Close() })
 	db.SetMaxOpenConns(1)
-	if _, err := db.ExecContext(ctx, `INSERT INTO repos (uid, name, first_seen_time) VALUES ('g1/r1', 'nginx', '')`); err != nil {
+	if _, err := db.ExecContext(
+		ctx,
+		`INSERT INTO repos (uid, name, first_seen_time) VALUES ('g1/r1', 'nginx', '')`,
+	); err != nil {
 		b.Fatal(err)
 	}
 	for i := range tags {

@@ -12,7 +12,11 @@ import (
 func (s *Store) TagBookmark(ctx context.Context, tagUID string) (Bookmark, error) {
 	var b Bookmark
 	var last string
-	err := s.r.QueryRowContext(ctx, `SELECT COALESCE(history_last_time,''), history_last_count, history_count FROM tags WHERE uid = ?`, tagUID).
+	err := s.r.QueryRowContext(
+		ctx,
+		`SELECT COALESCE(history_last_time,''), history_last_count, history_count FROM tags WHERE uid = ?`,
+		tagUID,
+	).
 		Scan(&last, &b.LastCount, &b.Count)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Bookmark{}, nil

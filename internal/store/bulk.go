@@ -46,32 +46,42 @@ func (b bulk) statement() (head, tail string, width int) {
 	switch b {
 	case bulkRepos:
 		// raw is kept when a write has none (a caller that did not receive it).
-		return `INSERT INTO repos (uid, name, path, description, catalog_tier, aliases, active_tags, bundles, create_time, update_time, first_seen_time, raw)`,
-			`ON CONFLICT(uid) DO UPDATE SET name=excluded.name, path=excluded.path, description=excluded.description, catalog_tier=excluded.catalog_tier,
-				aliases=excluded.aliases, active_tags=excluded.active_tags, bundles=excluded.bundles, create_time=excluded.create_time,
+		return `INSERT INTO repos (uid, name, path, description, catalog_tier, aliases, active_tags, bundles, create_time,
+			update_time, first_seen_time, raw)`,
+			`ON CONFLICT(uid) DO UPDATE SET name=excluded.name, path=excluded.path, description=excluded.description,
+				catalog_tier=excluded.catalog_tier,
+				aliases=excluded.aliases, active_tags=excluded.active_tags, bundles=excluded.bundles,
+					create_time=excluded.create_time,
 				update_time=excluded.update_time, deleted_time=NULL, raw=COALESCE(excluded.raw, raw)`, repoColumns
 	case bulkTags:
-		return `INSERT INTO tags (uid, repo_uid, name, digest, deprecated, bundles, create_time, update_time, first_seen_time, baseline, raw)`,
-			`ON CONFLICT(uid) DO UPDATE SET repo_uid=excluded.repo_uid, name=excluded.name, digest=excluded.digest, deprecated=excluded.deprecated,
+		return `INSERT INTO tags (uid, repo_uid, name, digest, deprecated, bundles, create_time, update_time,
+			first_seen_time, baseline, raw)`,
+			`ON CONFLICT(uid) DO UPDATE SET repo_uid=excluded.repo_uid, name=excluded.name, digest=excluded.digest,
+				deprecated=excluded.deprecated,
 				bundles=excluded.bundles, create_time=excluded.create_time, update_time=excluded.update_time, deleted_time=NULL,
 				raw=COALESCE(excluded.raw, raw)`, tagColumns
 	case bulkAdvisories:
 		// An advisory written with a deleteTime is a tombstone; one that
 		// was live counts a withdrawal. SET sees the row as it was.
-		return `INSERT INTO advisories (uid, advisory_id, artifact_name, create_time, update_time, first_seen_time, raw, deleted_time,
-				author, artifact_type, artifact_architecture, component_name, component_location, component_type, legacy_advisory_id, complete)`,
+		return `INSERT INTO advisories (uid, advisory_id, artifact_name, create_time, update_time, first_seen_time, raw,
+			deleted_time,
+				author, artifact_type, artifact_architecture, component_name, component_location, component_type,
+					legacy_advisory_id, complete)`,
 			`ON CONFLICT(uid) DO UPDATE SET advisory_id=excluded.advisory_id, artifact_name=excluded.artifact_name,
 				create_time=excluded.create_time, update_time=excluded.update_time, raw=COALESCE(excluded.raw, raw),
-				deletions=deletions + (excluded.deleted_time IS NOT NULL AND deleted_time IS NULL), deleted_time=excluded.deleted_time,
+				deletions=deletions + (excluded.deleted_time IS NOT NULL AND deleted_time IS NULL),
+					deleted_time=excluded.deleted_time,
 				author=excluded.author, artifact_type=excluded.artifact_type, artifact_architecture=excluded.artifact_architecture,
 				component_name=excluded.component_name, component_location=excluded.component_location,
-				component_type=excluded.component_type, legacy_advisory_id=excluded.legacy_advisory_id, complete=excluded.complete`, advisoryColumns
+				component_type=excluded.component_type, legacy_advisory_id=excluded.legacy_advisory_id,
+					complete=excluded.complete`, advisoryColumns
 	case bulkAdvisoryAliases:
 		return `INSERT INTO advisory_aliases (advisory_uid, seq, alias)`, "", 3
 	case bulkAdvisorySeverities:
 		return `INSERT INTO advisory_severities (advisory_uid, seq, type, score, base_score, rating)`, "", 6
 	case bulkAdvisoryEvents:
-		return `INSERT INTO advisory_events (advisory_uid, seq, uid, type, create_time, author, reviewer, review_state, issue, note,
+		return `INSERT INTO advisory_events (advisory_uid, seq, uid, type, create_time, author, reviewer, review_state,
+			issue, note,
 				fixed_version, patched_versions, false_positive_type, detection_type, findings, details)`, "", advisoryEventColumns
 	case bulkHistory:
 		return `INSERT INTO tag_history (tag_uid, seq, update_time, digest)`, "", historyColumns

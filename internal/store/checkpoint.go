@@ -78,8 +78,17 @@ const setStreamSeqSQL = `INSERT INTO meta (key, value) VALUES ('` + StreamSeqKey
 func (s *Store) StreamPosition(ctx context.Context) (uint64, int, error) {
 	var pos, snap string
 	var pending int
-	err := s.r.QueryRowContext(ctx, `SELECT COALESCE((SELECT value FROM meta WHERE key = ?), '0'),
-		COALESCE((SELECT value FROM meta WHERE key = ?), '0'), (SELECT count(*) FROM outbox)`, StreamSeqKey, SnapshotSeqKey).Scan(&pos, &snap, &pending)
+	err := s.r.QueryRowContext(
+		ctx,
+		`SELECT COALESCE((SELECT value FROM meta WHERE key = ?), '0'),
+		COALESCE((SELECT value FROM meta WHERE key = ?), '0'), (SELECT count(*) FROM outbox)`,
+		StreamSeqKey,
+		SnapshotSeqKey,
+	).Scan(
+		&pos,
+		&snap,
+		&pending,
+	)
 	if err != nil {
 		return 0, 0, fmt.Errorf("read stream position: %w", err)
 	}

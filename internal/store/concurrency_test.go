@@ -163,8 +163,17 @@ func readLoop(ctx context.Context, db *sql.DB, total int, pace *pacer) (res read
 		// whole table each round would cost the writer its CPU.
 		uid := fmt.Sprintf("g1/r1/t%06d", max(pages-1, 0))
 		var n, rowsOfTag, bookmarked int
-		err := db.QueryRowContext(ctx, `SELECT (SELECT COALESCE(SUM(history_count), 0) FROM tags),
-			(SELECT COUNT(*) FROM tag_history WHERE tag_uid = ?), (SELECT history_count FROM tags WHERE uid = ?)`, uid, uid).Scan(&n, &rowsOfTag, &bookmarked)
+		err := db.QueryRowContext(
+			ctx,
+			`SELECT (SELECT COALESCE(SUM(history_count), 0) FROM tags),
+			(SELECT COUNT(*) FROM tag_history WHERE tag_uid = ?), (SELECT history_count FROM tags WHERE uid = ?)`,
+			uid,
+			uid,
+		).Scan(
+			&n,
+			&rowsOfTag,
+			&bookmarked,
+		)
 		if err != nil {
 			res.err = fmt.Errorf("count history: %w", err)
 			return res

@@ -29,7 +29,13 @@ const (
 const crashRecords = 5000
 
 func crashTag() store.TagRef {
-	return store.TagRef{UID: "g1/r1/t1", RepoUID: "g1/r1", Repo: "nginx", Name: "latest", UpdateTime: ts("2026-01-01T00:00:00Z")}
+	return store.TagRef{
+		UID:        "g1/r1/t1",
+		RepoUID:    "g1/r1",
+		Repo:       "nginx",
+		Name:       "latest",
+		UpdateTime: ts("2026-01-01T00:00:00Z"),
+	}
 }
 
 // crashPage is the history page the helper writes, oldest first; the first
@@ -86,10 +92,18 @@ func TestCrash_KilledMidTransaction(t *testing.T) {
 			case "inside":
 				t.Logf("WAL left by the killed transaction: %d bytes", walBytes)
 				if walBytes < 1<<20 {
-					t.Fatalf("the killed transaction left %d bytes of WAL; the test needs it to spill uncommitted pages to disk", walBytes)
+					t.Fatalf(
+						"the killed transaction left %d bytes of WAL; the test needs it to spill uncommitted pages to disk",
+						walBytes,
+					)
 				}
 				if history != 1 || moves != 0 || count != 1 {
-					t.Fatalf("after a kill inside the transaction: history=%d new events=%d bookmark=%d, want 1, 0, 1 (none of the page)", history, moves, count)
+					t.Fatalf(
+						"after a kill inside the transaction: history=%d new events=%d bookmark=%d, want 1, 0, 1 (none of the page)",
+						history,
+						moves,
+						count,
+					)
 				}
 			case "committed":
 				if history != crashRecords+1 || moves != crashRecords || count != crashRecords+1 {
@@ -148,7 +162,12 @@ func runAndKill(t *testing.T, mode, path string) int64 {
 	go io.Copy(io.Discard, stdout) // let Wait finish however much is left
 	werr := cmd.Wait()
 	if !reached {
-		t.Fatalf("helper never reached its kill point (%v)\nstdout:\n%s\nstderr:\n%s", werr, strings.Join(out, "\n"), stderr.String())
+		t.Fatalf(
+			"helper never reached its kill point (%v)\nstdout:\n%s\nstderr:\n%s",
+			werr,
+			strings.Join(out, "\n"),
+			stderr.String(),
+		)
 	}
 	if st, ok := cmd.ProcessState.Sys().(interface{ Signaled() bool }); !ok || !st.Signaled() {
 		t.Fatalf("helper ended with %v, want killed by a signal", werr)

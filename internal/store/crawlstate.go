@@ -12,7 +12,13 @@ import (
 // mirror holds none.
 func (s *Store) NewestTagUpdate(ctx context.Context, group string) (time.Time, error) {
 	var v string
-	err := s.r.QueryRowContext(ctx, `SELECT COALESCE(MAX(update_time), '') FROM tags WHERE uid > ? AND uid < ?`, group+"/", group+"0").Scan(&v)
+	err := s.r.QueryRowContext(
+		ctx,
+		`SELECT COALESCE(MAX(update_time), '') FROM tags WHERE uid > ? AND uid < ?`,
+		group+"/",
+		group+"0",
+	).
+		Scan(&v)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("newest tag update below %s: %w", group, err)
 	}
@@ -57,7 +63,18 @@ func (s *Store) PendingHistories(ctx context.Context, group string) ([]TagRef, e
 	refs := make([]TagRef, 0, len(old))
 	for _, uid := range uids {
 		t := old[uid]
-		refs = append(refs, TagRef{UID: t.UID, RepoUID: t.RepoUID, Repo: t.Repo, Path: t.Path, Name: t.Name, UpdateTime: t.UpdateTime, Bookmark: t.bookmark})
+		refs = append(
+			refs,
+			TagRef{
+				UID:        t.UID,
+				RepoUID:    t.RepoUID,
+				Repo:       t.Repo,
+				Path:       t.Path,
+				Name:       t.Name,
+				UpdateTime: t.UpdateTime,
+				Bookmark:   t.bookmark,
+			},
+		)
 	}
 	return refs, nil
 }

@@ -97,7 +97,11 @@ func TestApplyHistory_MoveCarriesThePreviousRecordsTime(t *testing.T) {
 	if _, err := st.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
 		t.Fatal(err)
 	}
-	need, _, err := st.ApplyTags(ctx, repo, []store.Tag{{UID: "org1/r/t", Name: "latest", Digest: "sha256:a0", UpdateTime: t0}})
+	need, _, err := st.ApplyTags(
+		ctx,
+		repo,
+		[]store.Tag{{UID: "org1/r/t", Name: "latest", Digest: "sha256:a0", UpdateTime: t0}},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,15 +111,26 @@ func TestApplyHistory_MoveCarriesThePreviousRecordsTime(t *testing.T) {
 	if err := st.EndBaseline(ctx); err != nil {
 		t.Fatal(err)
 	}
-	need, _, err = st.ApplyTags(ctx, repo, []store.Tag{{UID: "org1/r/t", Name: "latest", Digest: "sha256:a2", UpdateTime: t2}})
+	need, _, err = st.ApplyTags(
+		ctx,
+		repo,
+		[]store.Tag{{UID: "org1/r/t", Name: "latest", Digest: "sha256:a2", UpdateTime: t2}},
+	)
 	if err != nil || len(need) != 1 {
 		t.Fatalf("need %v, %v", need, err)
 	}
-	recs := []store.HistoryRecord{{Time: t0, Digest: "sha256:a0"}, {Time: t1, Digest: "sha256:a1"}, {Time: t2, Digest: "sha256:a2"}}
+	recs := []store.HistoryRecord{
+		{Time: t0, Digest: "sha256:a0"},
+		{Time: t1, Digest: "sha256:a1"},
+		{Time: t2, Digest: "sha256:a2"},
+	}
 	if n, err := st.ApplyHistory(ctx, need[0], recs, true); err != nil || n != 2 {
 		t.Fatalf("moves recorded %d, %v; want 2", n, err)
 	}
-	rows, err := st.Reader().Query(`SELECT json_extract(data, '$.before.updateTime'), json_extract(data, '$.after.updateTime') FROM events WHERE type = 'tag.moved' ORDER BY seq`)
+	rows, err := st.Reader().
+		Query(
+			`SELECT json_extract(data, '$.before.updateTime'), json_extract(data, '$.after.updateTime') FROM events WHERE type = 'tag.moved' ORDER BY seq`,
+		)
 	if err != nil {
 		t.Fatal(err)
 	}

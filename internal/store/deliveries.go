@@ -9,8 +9,12 @@ import (
 // FirstDelivery records the CloudEvents id of a pushed event and reports
 // whether it is new, so a redelivery, even after a restart, is recognised.
 func (s *Store) FirstDelivery(ctx context.Context, id string) (bool, error) {
-	res, err := s.w.ExecContext(ctx, `INSERT INTO webhook_deliveries (ce_id, received_time) VALUES (?, ?) ON CONFLICT(ce_id) DO NOTHING`,
-		id, FormatTime(s.now()))
+	res, err := s.w.ExecContext(
+		ctx,
+		`INSERT INTO webhook_deliveries (ce_id, received_time) VALUES (?, ?) ON CONFLICT(ce_id) DO NOTHING`,
+		id,
+		FormatTime(s.now()),
+	)
 	if err != nil {
 		return false, fmt.Errorf("record delivery %s: %w", id, err)
 	}

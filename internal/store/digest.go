@@ -63,8 +63,11 @@ const digestVersion = "v1"
 func init() {
 	sqlite.MustRegisterDeterministicScalarFunction("syncd_row_hash", -1, rowHashFunc)
 	sqlite.MustRegisterDeterministicScalarFunction("syncd_digest_add", 3, digestAddFunc)
-	if err := sqlite.RegisterFunction("syncd_digest_sum", &sqlite.FunctionImpl{NArgs: 1, Deterministic: true,
-		MakeAggregate: func(sqlite.FunctionContext) (sqlite.AggregateFunction, error) { return &digestSum{}, nil }}); err != nil {
+	if err := sqlite.RegisterFunction("syncd_digest_sum", &sqlite.FunctionImpl{
+		NArgs:         1,
+		Deterministic: true,
+		MakeAggregate: func(sqlite.FunctionContext) (sqlite.AggregateFunction, error) { return &digestSum{}, nil },
+	}); err != nil {
 		panic(err)
 	}
 }
@@ -141,7 +144,12 @@ func addHistoryDigest(ctx context.Context, tx *sql.Tx, args []any) error {
 	if err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, `UPDATE replica_digest SET sum = syncd_digest_add(sum, ?, 0), rows = rows + ? WHERE name = 'tag_history'`, int64(sum), n)
+	_, err = tx.ExecContext(
+		ctx,
+		`UPDATE replica_digest SET sum = syncd_digest_add(sum, ?, 0), rows = rows + ? WHERE name = 'tag_history'`,
+		int64(sum),
+		n,
+	)
 	if err != nil {
 		return fmt.Errorf("add %d history rows to the replica digest: %w", n, err)
 	}
@@ -277,7 +285,13 @@ func presentDigestTables(ctx context.Context, tx *sql.Tx) ([]digestTable, error)
 	var out []digestTable
 	for _, t := range digestTables {
 		var n int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM main.sqlite_schema WHERE type = 'table' AND name = ?`, t.table).Scan(&n); err != nil {
+		if err := tx.QueryRowContext(
+			ctx,
+			`SELECT count(*) FROM main.sqlite_schema WHERE type = 'table' AND name = ?`,
+			t.table,
+		).Scan(
+			&n,
+		); err != nil {
 			return nil, fmt.Errorf("read the schema: %w", err)
 		}
 		if n > 0 {
@@ -291,13 +305,18 @@ func presentDigestTables(ctx context.Context, tx *sql.Tx) ([]digestTable, error)
 // copy (a restore) runs without them and recomputes the sums after.
 func dropDigestTriggers(ctx context.Context, tx *sql.Tx) error {
 	var names []string
-	err := queryRows(ctx, tx, `SELECT name FROM main.sqlite_schema WHERE type = 'trigger' AND name LIKE 'replica_digest_%'`, nil,
+	err := queryRows(
+		ctx,
+		tx,
+		`SELECT name FROM main.sqlite_schema WHERE type = 'trigger' AND name LIKE 'replica_digest_%'`,
+		nil,
 		func(r *sql.Rows) error {
 			var n string
 			err := r.Scan(&n)
 			names = append(names, n)
 			return err
-		})
+		},
+	)
 	if err != nil {
 		return fmt.Errorf("read the replica digest's triggers: %w", err)
 	}
@@ -312,7 +331,9 @@ func dropDigestTriggers(ctx context.Context, tx *sql.Tx) error {
 // recomputeDigest sets the sum and count of each of tables from its rows.
 func recomputeDigest(ctx context.Context, tx *sql.Tx, tables []digestTable) error {
 	for _, t := range tables {
-		q := `INSERT INTO main.replica_digest (name, sum, rows) SELECT ?, COALESCE(syncd_digest_sum(` + t.hashExpr("") + `), 0), count(*) FROM main.` + t.table +
+		q := `INSERT INTO main.replica_digest (name, sum, rows) SELECT ?, COALESCE(syncd_digest_sum(` + t.hashExpr(
+			"",
+		) + `), 0), count(*) FROM main.` + t.table +
 			` WHERE true ON CONFLICT(name) DO UPDATE SET sum = excluded.sum, rows = excluded.rows`
 		if _, err := tx.ExecContext(ctx, q, t.table); err != nil {
 			return fmt.Errorf("compute the replica digest of %s: %w", t.table, err)
@@ -407,7 +428,8 @@ func (s *Store) ComputeReplicaDigest(ctx context.Context) (ReplicaDigest, error)
 	for _, t := range digestTables {
 		d := TableDigest{Table: t.table}
 		var sum int64
-		err := s.r.QueryRowContext(ctx, `SELECT COALESCE(syncd_digest_sum(`+t.hashExpr("")+`), 0), count(*) FROM `+t.table).Scan(&sum, &d.Rows)
+		err := s.r.QueryRowContext(ctx, `SELECT COALESCE(syncd_digest_sum(`+t.hashExpr("")+`), 0), count(*) FROM `+t.table).
+			Scan(&sum, &d.Rows)
 		if err != nil {
 			return nil, fmt.Errorf("compute the replica digest of %s: %w", t.table, err)
 		}

@@ -37,12 +37,20 @@ func TestReplicaDigest_Maintained(t *testing.T) {
 	mustApplyRepos(t, leader, repo)
 	need := mustApplyTags(t, leader, repo, tag("g1/r1/t1", "latest", 1), tag("g1/r1/t2", "1.0", 2))
 	for _, ref := range need {
-		if _, err := leader.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)},
-			{Time: ts("2025-02-02T00:00:00Z"), Digest: digest(3)}}, true); err != nil {
+		if _, err := leader.ApplyHistory(
+			ctx,
+			ref,
+			[]store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)},
+				{Time: ts("2025-02-02T00:00:00Z"), Digest: digest(3)}},
+			true,
+		); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := leader.ApplyAdvisories(ctx, []store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: clk.Now()}}); err != nil {
+	if _, err := leader.ApplyAdvisories(
+		ctx,
+		[]store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: clk.Now()}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := leader.MarkTagsDeleted(ctx, []string{"g1/r1/t2"}); err != nil {

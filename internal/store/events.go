@@ -56,7 +56,15 @@ func recordedChange(tag, path string, first int, records []HistoryRecord) change
 	}
 	last := records[len(records)-1]
 	return change{typ: HistoryRecorded, scope: path, subject: tag, time: last.Time, data: d,
-		disc: moveDisc(first, FormatTime(records[0].Time), records[0].Digest) + "/" + moveDisc(first+len(records)-1, FormatTime(last.Time), last.Digest)}
+		disc: moveDisc(
+			first,
+			FormatTime(records[0].Time),
+			records[0].Digest,
+		) + "/" + moveDisc(
+			first+len(records)-1,
+			FormatTime(last.Time),
+			last.Digest,
+		)}
 }
 
 // change is an event about to be appended to the outbox.

@@ -54,7 +54,11 @@ const maxFailureError = 2000
 // due backoff(attempts) from now (at once if backoff is nil). f's Kind,
 // UID, Error and the rest describe this failure; its times and Attempts
 // are ignored. It returns the failure as recorded.
-func (s *Store) RecordFailure(ctx context.Context, f Failure, backoff func(attempts int) time.Duration) (Failure, error) {
+func (s *Store) RecordFailure(
+	ctx context.Context,
+	f Failure,
+	backoff func(attempts int) time.Duration,
+) (Failure, error) {
 	if f.Kind != FailureRepo && f.Kind != FailureTag {
 		return f, fmt.Errorf("record failure of %s: kind %q is not %q or %q", f.UID, f.Kind, FailureRepo, FailureTag)
 	}
@@ -74,7 +78,8 @@ func (s *Store) RecordFailure(ctx context.Context, f Failure, backoff func(attem
 	now := cmp.Or(f.LastFailed, s.now()).UTC().Truncate(time.Millisecond)
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		var first string
-		err := tx.QueryRowContext(ctx, `SELECT attempts, first_failed_time FROM crawl_failures WHERE uid = ?`, f.UID).Scan(&f.Attempts, &first)
+		err := tx.QueryRowContext(ctx, `SELECT attempts, first_failed_time FROM crawl_failures WHERE uid = ?`, f.UID).
+			Scan(&f.Attempts, &first)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			f.Attempts, f.FirstFailed = 0, now
@@ -113,7 +118,8 @@ func (s *Store) ClearFailure(ctx context.Context, uid string) (bool, error) {
 	var found bool
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		var kind, repoUID string
-		err := tx.QueryRowContext(ctx, `DELETE FROM crawl_failures WHERE uid = ? RETURNING kind, repo_uid`, uid).Scan(&kind, &repoUID)
+		err := tx.QueryRowContext(ctx, `DELETE FROM crawl_failures WHERE uid = ? RETURNING kind, repo_uid`, uid).
+			Scan(&kind, &repoUID)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
@@ -151,26 +157,45 @@ func (s *Store) FailuresByUID(ctx context.Context) (map[string]Failure, error) {
 
 // readFailures calls fn with every failure, by path, tag and uid.
 func (s *Store) readFailures(ctx context.Context, fn func(Failure)) error {
-	err := queryRows(ctx, s.r, `SELECT kind, uid, repo_uid, path, tag, status, error, attempts, first_failed_time, last_failed_time, next_attempt_time
-		FROM crawl_failures ORDER BY path, tag, uid`, nil, func(rows *sql.Rows) error {
-		var f Failure
-		var first, last, next string
-		if err := rows.Scan(&f.Kind, &f.UID, &f.RepoUID, &f.Path, &f.Tag, &f.Status, &f.Error, &f.Attempts, &first, &last, &next); err != nil {
-			return err
-		}
-		var err error
-		if f.FirstFailed, err = ParseTime(first); err != nil {
-			return err
-		}
-		if f.LastFailed, err = ParseTime(last); err != nil {
-			return err
-		}
-		if f.NextAttempt, err = ParseTime(next); err != nil {
-			return err
-		}
-		fn(f)
-		return nil
-	})
+	err := queryRows(
+		ctx,
+		s.r,
+		`SELECT kind, uid, repo_uid, path, tag, status, error, attempts, first_failed_time, last_failed_time,
+			next_attempt_time
+		FROM crawl_failures ORDER BY path, tag, uid`,
+		nil,
+		func(rows *sql.Rows) error {
+			var f Failure
+			var first, last, next string
+			if err := rows.Scan(
+				&f.Kind,
+				&f.UID,
+				&f.RepoUID,
+				&f.Path,
+				&f.Tag,
+				&f.Status,
+				&f.Error,
+				&f.Attempts,
+				&first,
+				&last,
+				&next,
+			); err != nil {
+				return err
+			}
+			var err error
+			if f.FirstFailed, err = ParseTime(first); err != nil {
+				return err
+			}
+			if f.LastFailed, err = ParseTime(last); err != nil {
+				return err
+			}
+			if f.NextAttempt, err = ParseTime(next); err != nil {
+				return err
+			}
+			fn(f)
+			return nil
+		},
+	)
 	if err != nil {
 		return fmt.Errorf("read crawl failures: %w", err)
 	}

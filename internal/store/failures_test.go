@@ -18,15 +18,31 @@ func TestFailures(t *testing.T) {
 	clk := newClock()
 	st, _ := openTemp(t, clk, false, store.Options{})
 	t0 := clk.Now()
-	repoFail := store.Failure{Kind: store.FailureRepo, UID: "g1/g2/r4", Path: "charts/cert-manager", Status: 404, Error: "history: 404 Not Found"}
-	tagFail := store.Failure{Kind: store.FailureTag, UID: "g1/r1/t1", RepoUID: "g1/r1", Path: "nginx", Tag: "latest", Status: 403, Error: "history: 403 Forbidden"}
+	repoFail := store.Failure{
+		Kind:   store.FailureRepo,
+		UID:    "g1/g2/r4",
+		Path:   "charts/cert-manager",
+		Status: 404,
+		Error:  "history: 404 Not Found",
+	}
+	tagFail := store.Failure{
+		Kind:    store.FailureTag,
+		UID:     "g1/r1/t1",
+		RepoUID: "g1/r1",
+		Path:    "nginx",
+		Tag:     "latest",
+		Status:  403,
+		Error:   "history: 403 Forbidden",
+	}
 
 	t.Run("RecordCountsAttemptsAndBacksOff", func(t *testing.T) {
 		f, err := st.RecordFailure(ctx, repoFail, doubling)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f.Attempts != 1 || !f.FirstFailed.Equal(t0) || !f.LastFailed.Equal(t0) || !f.NextAttempt.Equal(t0.Add(time.Minute)) || f.RepoUID != repoFail.UID {
+		if f.Attempts != 1 || !f.FirstFailed.Equal(t0) || !f.LastFailed.Equal(t0) ||
+			!f.NextAttempt.Equal(t0.Add(time.Minute)) ||
+			f.RepoUID != repoFail.UID {
 			t.Fatalf("first failure=%+v", f)
 		}
 		clk.Advance(5 * time.Minute)
@@ -37,8 +53,10 @@ func TestFailures(t *testing.T) {
 			t.Fatal(err)
 		}
 		t1 := clk.Now()
-		if f.Attempts != 2 || !f.FirstFailed.Equal(t0) || !f.LastFailed.Equal(t1) || !f.NextAttempt.Equal(t1.Add(2*time.Minute)) ||
-			f.Status != 0 || f.Error != again.Error {
+		if f.Attempts != 2 || !f.FirstFailed.Equal(t0) || !f.LastFailed.Equal(t1) ||
+			!f.NextAttempt.Equal(t1.Add(2*time.Minute)) ||
+			f.Status != 0 ||
+			f.Error != again.Error {
 			t.Fatalf("second failure=%+v", f)
 		}
 		if _, err := st.RecordFailure(ctx, tagFail, nil); err != nil {
@@ -99,7 +117,12 @@ func TestFailures(t *testing.T) {
 			t.Fatal("a failure without a uid was recorded")
 		}
 		// A tag's repo is its uid's parent when not given.
-		if f, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureTag, UID: "g1/g2/r4/t9", Error: "x"}, nil); err != nil || f.RepoUID != "g1/g2/r4" {
+		if f, err := st.RecordFailure(
+			ctx,
+			store.Failure{Kind: store.FailureTag, UID: "g1/g2/r4/t9", Error: "x"},
+			nil,
+		); err != nil ||
+			f.RepoUID != "g1/g2/r4" {
 			t.Fatalf("repo of a tag failure=%q err=%v, want g1/g2/r4", f.RepoUID, err)
 		}
 		long := tagFail
@@ -129,7 +152,11 @@ func TestRuns(t *testing.T) {
 		return clk.Now()
 	}
 	last := func() string {
-		return queryString(t, st.Reader(), `SELECT outcome || '/' || failures || '/' || COALESCE(error, '') FROM crawl_runs ORDER BY id DESC LIMIT 1`)
+		return queryString(
+			t,
+			st.Reader(),
+			`SELECT outcome || '/' || failures || '/' || COALESCE(error, '') FROM crawl_runs ORDER BY id DESC LIMIT 1`,
+		)
 	}
 	okAt := finish("crawl", 0, nil)
 	if got, want := last(), "ok/0/"; got != want {
@@ -161,11 +188,18 @@ func TestRuns(t *testing.T) {
 	}
 	// A partial run completed: freshness counts from it, not from the
 	// failed run after it, nor from the ok run before.
-	if crawl.Outcome != store.OutcomeFailed || crawl.Failures != 1 || crawl.Error == "" || !crawl.LastCompleted.Equal(partialAt) || okAt.Equal(partialAt) {
+	if crawl.Outcome != store.OutcomeFailed || crawl.Failures != 1 || crawl.Error == "" ||
+		!crawl.LastCompleted.Equal(partialAt) ||
+		okAt.Equal(partialAt) {
 		t.Fatalf("crawl=%+v, want failed and last completed at %v", crawl, partialAt)
 	}
-	for outcome, want := range map[string]bool{store.OutcomeOK: true, store.OutcomePartial: true, store.OutcomeFailed: false,
-		store.OutcomeCanceled: false, store.OutcomeRunning: false} {
+	for outcome, want := range map[string]bool{
+		store.OutcomeOK:       true,
+		store.OutcomePartial:  true,
+		store.OutcomeFailed:   false,
+		store.OutcomeCanceled: false,
+		store.OutcomeRunning:  false,
+	} {
 		if got := store.RunCompleted(outcome); got != want {
 			t.Errorf("RunCompleted(%s)=%v, want %v", outcome, got, want)
 		}

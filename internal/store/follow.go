@@ -69,7 +69,9 @@ type RejectedEvent struct {
 
 // ErrUnknownPosition is why a tag.moved event without a position, whose id
 // matches none of the positions tried, is rejected.
-var ErrUnknownPosition = errors.New("the move's history position is not in its data, and its id matches no position tried")
+var ErrUnknownPosition = errors.New(
+	"the move's history position is not in its data, and its id matches no position tried",
+)
 
 // ApplyStream applies evs as ApplyStreamEvents does, in one transaction,
 // but an event that cannot be applied (data that does not decode or breaks
@@ -170,7 +172,11 @@ func eventFault(ctx context.Context, err error) bool {
 		return true // decoding and validation
 	}
 	switch se.Code() & 0xff {
-	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_INTERRUPT, sqlite3.SQLITE_PROTOCOL:
+	case sqlite3.SQLITE_BUSY,
+		sqlite3.SQLITE_LOCKED,
+		sqlite3.SQLITE_NOMEM,
+		sqlite3.SQLITE_INTERRUPT,
+		sqlite3.SQLITE_PROTOCOL:
 		return false
 	}
 	return !fileRefused(err)
@@ -269,16 +275,22 @@ func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]Stre
 	}
 	seen := make(map[string]bool, len(evs))
 	var unpublished []int64
-	err := queryByUIDs(ctx, tx, `SELECT l.id, o.seq FROM event_log l LEFT JOIN outbox o ON o.seq = l.seq WHERE l.id IN (%s)`, ids, func(r *sql.Rows) error {
-		var id string
-		var seq sql.NullInt64
-		err := r.Scan(&id, &seq)
-		seen[id] = true
-		if seq.Valid {
-			unpublished = append(unpublished, seq.Int64)
-		}
-		return err
-	})
+	err := queryByUIDs(
+		ctx,
+		tx,
+		`SELECT l.id, o.seq FROM event_log l LEFT JOIN outbox o ON o.seq = l.seq WHERE l.id IN (%s)`,
+		ids,
+		func(r *sql.Rows) error {
+			var id string
+			var seq sql.NullInt64
+			err := r.Scan(&id, &seq)
+			seen[id] = true
+			if seq.Valid {
+				unpublished = append(unpublished, seq.Int64)
+			}
+			return err
+		},
+	)
 	if err != nil {
 		return nil, nil, fmt.Errorf("look up events: %w", err)
 	}
@@ -336,7 +348,16 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 			if err := b.flush(ctx); err != nil {
 				return "", err
 			}
-			return scopeOf(d.Before.Path, d.Before.Repo), b.s.tombstone(ctx, b.tx, "tags", FormatTime(e.Time), []string{d.Before.UID})
+			return scopeOf(
+					d.Before.Path,
+					d.Before.Repo,
+				), b.s.tombstone(
+					ctx,
+					b.tx,
+					"tags",
+					FormatTime(e.Time),
+					[]string{d.Before.UID},
+				)
 		}
 		if err := b.upsertTag(ctx, *d.After); err != nil {
 			return "", err
@@ -393,7 +414,11 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	}
 	var old Bookmark
 	var lastTime string
-	row, err := b.queryRow(ctx, `SELECT history_count, history_last_count, COALESCE(history_last_time,'') FROM tags WHERE uid = ?`, d.Tag)
+	row, err := b.queryRow(
+		ctx,
+		`SELECT history_count, history_last_count, COALESCE(history_last_time,'') FROM tags WHERE uid = ?`,
+		d.Tag,
+	)
 	if err == nil {
 		err = row.Scan(&old.Count, &old.LastCount, &lastTime)
 	}
@@ -406,8 +431,14 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	var fresh []HistoryRecord
 	for _, r := range d.Records {
 		at := FormatTime(r.Time)
-		res, err := b.exec(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
-			d.Tag, r.Seq, at, r.Digest)
+		res, err := b.exec(
+			ctx,
+			`INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+			d.Tag,
+			r.Seq,
+			at,
+			r.Digest,
+		)
 		if err != nil {
 			return fmt.Errorf("insert history of tag %s: %w", d.Tag, err)
 		}
@@ -432,9 +463,17 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	}
 	fresh = append(fresh, later...)
 	nb, last := bookmarkAfter(old, fresh), fresh[len(fresh)-1]
-	_, err = b.exec(ctx, `UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4, digest = ?4,
+	_, err = b.exec(
+		ctx,
+		`UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4,
+			digest = ?4,
 		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END WHERE uid = ?5`,
-		FormatTime(nb.LastTime), nb.LastCount, nb.Count, last.Digest, d.Tag)
+		FormatTime(nb.LastTime),
+		nb.LastCount,
+		nb.Count,
+		last.Digest,
+		d.Tag,
+	)
 	if err != nil {
 		return fmt.Errorf("move bookmark of tag %s: %w", d.Tag, err)
 	}
@@ -486,7 +525,11 @@ func (b *followBatch) historyFrom(ctx context.Context, tag string, from int) ([]
 func (b *followBatch) appendFollowedMove(ctx context.Context, id string, after Tag, position int) error {
 	var count, lastCount int
 	var lastTime string
-	row, err := b.queryRow(ctx, `SELECT history_count, history_last_count, COALESCE(history_last_time,'') FROM tags WHERE uid = ?`, after.UID)
+	row, err := b.queryRow(
+		ctx,
+		`SELECT history_count, history_last_count, COALESCE(history_last_time,'') FROM tags WHERE uid = ?`,
+		after.UID,
+	)
 	if err == nil {
 		err = row.Scan(&count, &lastCount, &lastTime)
 	}
@@ -504,8 +547,14 @@ func (b *followBatch) appendFollowedMove(ctx context.Context, id string, after T
 			return fmt.Errorf("%w (%d positions around %d)", ErrUnknownPosition, maxMoveCandidates, count)
 		}
 	}
-	res, err := b.exec(ctx, `INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
-		after.UID, seq, at, after.Digest)
+	res, err := b.exec(
+		ctx,
+		`INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+		after.UID,
+		seq,
+		at,
+		after.Digest,
+	)
 	if err != nil {
 		return fmt.Errorf("insert history: %w", err)
 	}
@@ -522,8 +571,17 @@ func (b *followBatch) appendFollowedMove(ctx context.Context, id string, after T
 	} else {
 		lastCount = 1
 	}
-	_, err = b.exec(ctx, `UPDATE tags SET history_count = ?, history_last_time = ?, history_last_count = ?, history_last_digest = ?,
-		history_update_time = ? WHERE uid = ?`, seq+1, at, lastCount, after.Digest, at, after.UID)
+	_, err = b.exec(
+		ctx,
+		`UPDATE tags SET history_count = ?, history_last_time = ?, history_last_count = ?, history_last_digest = ?,
+		history_update_time = ? WHERE uid = ?`,
+		seq+1,
+		at,
+		lastCount,
+		after.Digest,
+		at,
+		after.UID,
+	)
 	if err != nil {
 		return fmt.Errorf("move bookmark: %w", err)
 	}
@@ -618,7 +676,8 @@ func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []Histor
 		// Only a tag with no history yet is resolved: one that a move
 		// already placed, or a second resolution, is left alone.
 		var count int
-		if err := tx.QueryRowContext(ctx, `SELECT history_count FROM tags WHERE uid = ?`, ref.UID).Scan(&count); err != nil || count > 0 {
+		if err := tx.QueryRowContext(ctx, `SELECT history_count FROM tags WHERE uid = ?`, ref.UID).Scan(&count); err != nil ||
+			count > 0 {
 			return 0, err
 		}
 		args := make([]any, 0, historyColumns*len(known))
@@ -632,8 +691,17 @@ func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []Histor
 			return 0, err
 		}
 		nb := bookmarkAfter(Bookmark{}, known)
-		_, err := tx.ExecContext(ctx, `UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ?, baseline = 0
-			WHERE uid = ?`, FormatTime(nb.LastTime), nb.LastCount, nb.Count, known[len(known)-1].Digest, ref.UID)
+		_, err := tx.ExecContext(
+			ctx,
+			`UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ?,
+				baseline = 0
+			WHERE uid = ?`,
+			FormatTime(nb.LastTime),
+			nb.LastCount,
+			nb.Count,
+			known[len(known)-1].Digest,
+			ref.UID,
+		)
 		if err != nil {
 			return 0, err
 		}

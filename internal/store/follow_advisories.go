@@ -72,8 +72,12 @@ func (b *followBatch) addStep(ctx context.Context, a Advisory, e AdvisoryEvent) 
 		return fmt.Errorf("placeholder advisory %s: %w", a.UID, err)
 	}
 	var n, next int
-	row, err := b.queryRow(ctx, `SELECT count(*) FILTER (WHERE uid = ?), COALESCE(MAX(seq) + 1, 0) FROM advisory_events WHERE advisory_uid = ?`,
-		e.UID, a.UID)
+	row, err := b.queryRow(
+		ctx,
+		`SELECT count(*) FILTER (WHERE uid = ?), COALESCE(MAX(seq) + 1, 0) FROM advisory_events WHERE advisory_uid = ?`,
+		e.UID,
+		a.UID,
+	)
 	if err == nil {
 		err = row.Scan(&n, &next)
 	}

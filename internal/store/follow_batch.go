@@ -108,7 +108,19 @@ func (b *followBatch) upsertTag(ctx context.Context, t Tag) error {
 		b.pending[k] = true
 		b.placeholders = append(b.placeholders, t.RepoUID, t.Repo, scopeOf(t.Path, t.Repo), b.now)
 	}
-	row := []any{t.UID, t.RepoUID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles), nullTime(t.CreateTime), nullTime(t.UpdateTime), b.now, true, nil}
+	row := []any{
+		t.UID,
+		t.RepoUID,
+		t.Name,
+		t.Digest,
+		t.Deprecated,
+		jsonList(t.Bundles),
+		nullTime(t.CreateTime),
+		nullTime(t.UpdateTime),
+		b.now,
+		true,
+		nil,
+	}
 	return b.add(ctx, "tags", t.UID, row)
 }
 

@@ -18,7 +18,12 @@ func TestApplyStreamEvents_BatchSizes(t *testing.T) {
 	ctx := context.Background()
 	clk := newClock()
 	leader, _ := openTemp(t, clk, false, store.Options{})
-	repo, other := nginx(), store.Repo{UID: "g1/r2", Name: "redis", CreateTime: ts("2025-01-01T00:00:00Z"), UpdateTime: ts("2025-01-01T00:00:00Z")}
+	repo, other := nginx(), store.Repo{
+		UID:        "g1/r2",
+		Name:       "redis",
+		CreateTime: ts("2025-01-01T00:00:00Z"),
+		UpdateTime: ts("2025-01-01T00:00:00Z"),
+	}
 	mustApplyRepos(t, leader, repo, other)
 	t1, t2 := tag("g1/r1/t1", "latest", 1), tag("g1/r1/t2", "1.0", 2)
 	for _, ref := range mustApplyTags(t, leader, repo, t1, t2) {
@@ -26,7 +31,12 @@ func TestApplyStreamEvents_BatchSizes(t *testing.T) {
 		if ref.UID == t2.UID {
 			d = digest(2)
 		}
-		if _, err := leader.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: t1.UpdateTime, Digest: d}}, true); err != nil {
+		if _, err := leader.ApplyHistory(
+			ctx,
+			ref,
+			[]store.HistoryRecord{{Time: t1.UpdateTime, Digest: d}},
+			true,
+		); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -36,7 +46,10 @@ func TestApplyStreamEvents_BatchSizes(t *testing.T) {
 		for _, ref := range mustApplyTags(t, leader, repo, t1, t2) {
 			recs := []store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)}}
 			for j := 3; j <= i; j++ {
-				recs = append(recs, store.HistoryRecord{Time: ts("2025-02-01T00:00:00Z").Add(time.Duration(j-2) * time.Hour), Digest: digest(j)})
+				recs = append(
+					recs,
+					store.HistoryRecord{Time: ts("2025-02-01T00:00:00Z").Add(time.Duration(j-2) * time.Hour), Digest: digest(j)},
+				)
 			}
 			if ref.UID == t1.UID {
 				if _, err := leader.ApplyHistory(ctx, ref, recs, true); err != nil {
@@ -124,7 +137,12 @@ func TestApplyStreamEvents_BatchSizes(t *testing.T) {
 			continue
 		}
 		if !slices.Equal(got, want) {
-			t.Errorf("batches of %d: the follower holds\n%s\none at a time\n%s", size, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			t.Errorf(
+				"batches of %d: the follower holds\n%s\none at a time\n%s",
+				size,
+				strings.Join(got, "\n"),
+				strings.Join(want, "\n"),
+			)
 		}
 	}
 }

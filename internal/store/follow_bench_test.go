@@ -25,16 +25,29 @@ func BenchmarkApplyStreamEvents(b *testing.B) {
 		mustApplyRepos(b, leader, repo)
 		tags := make([]store.Tag, tagsPerRepo)
 		for i := range tags {
-			tags[i] = store.Tag{UID: fmt.Sprintf("%s/t%d", repo.UID, i), Name: fmt.Sprintf("1.%d", i), Digest: digest(r*tagsPerRepo + i),
-				Bundles: []string{"application"}, CreateTime: t0, UpdateTime: t0.Add(time.Duration(i) * time.Second)}
+			tags[i] = store.Tag{
+				UID:        fmt.Sprintf("%s/t%d", repo.UID, i),
+				Name:       fmt.Sprintf("1.%d", i),
+				Digest:     digest(r*tagsPerRepo + i),
+				Bundles:    []string{"application"},
+				CreateTime: t0,
+				UpdateTime: t0.Add(time.Duration(i) * time.Second),
+			}
 		}
 		mustApplyTags(b, leader, repo, tags...)
 	}
 	advs := make([]store.Advisory, advisories)
 	for i := range advs {
-		advs[i] = store.Advisory{UID: fmt.Sprintf("adv%d", i), AdvisoryID: fmt.Sprintf("CGA-%d", i), ArtifactName: fmt.Sprintf("image-%d", i%repos),
-			UpdateTime: t0, Aliases: []string{fmt.Sprintf("CVE-2025-%d", i)},
-			Events: []store.AdvisoryEvent{{UID: fmt.Sprintf("ev%d", i), Type: "detected", CreateTime: t0, DetectionType: "scanv1"}}}
+		advs[i] = store.Advisory{
+			UID:          fmt.Sprintf("adv%d", i),
+			AdvisoryID:   fmt.Sprintf("CGA-%d", i),
+			ArtifactName: fmt.Sprintf("image-%d", i%repos),
+			UpdateTime:   t0,
+			Aliases:      []string{fmt.Sprintf("CVE-2025-%d", i)},
+			Events: []store.AdvisoryEvent{
+				{UID: fmt.Sprintf("ev%d", i), Type: "detected", CreateTime: t0, DetectionType: "scanv1"},
+			},
+		}
 	}
 	if _, err := leader.ApplyAdvisories(ctx, advs); err != nil {
 		b.Fatal(err)

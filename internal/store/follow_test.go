@@ -35,7 +35,11 @@ func TestApplyStreamEvents_FollowerEqualsLeader(t *testing.T) {
 	// Two moves and a deprecation, then an advisory and a deleted tag.
 	t1, t2 := t0.Add(time.Second), t0.Add(2*time.Second)
 	tag.Digest, tag.UpdateTime, tag.Deprecated = d("c"), t2, true
-	need, _, err = leader.ApplyTags(ctx, repo, []store.Tag{tag, {UID: "org1/r1/t2", Name: "old", Digest: d("e"), CreateTime: t0, UpdateTime: t0}})
+	need, _, err = leader.ApplyTags(
+		ctx,
+		repo,
+		[]store.Tag{tag, {UID: "org1/r1/t2", Name: "old", Digest: d("e"), CreateTime: t0, UpdateTime: t0}},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +52,10 @@ func TestApplyStreamEvents_FollowerEqualsLeader(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := leader.ApplyAdvisories(ctx, []store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: t1}}); err != nil {
+	if _, err := leader.ApplyAdvisories(
+		ctx,
+		[]store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: t1}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := leader.MarkTagsDeleted(ctx, []string{"org1/r1/t2"}); err != nil {
@@ -85,7 +92,15 @@ func TestApplyStreamEvents_FollowerEqualsLeader(t *testing.T) {
 		}
 	}
 	// The follower has the moves the stream carried, in order.
-	if got := queryString(t, follower.Reader(), `SELECT group_concat(digest, ',') FROM (SELECT digest FROM tag_history WHERE tag_uid = 'org1/r1/t1' AND seq > 0 ORDER BY seq)`); got != d("b")+","+d("c") {
+	if got := queryString(
+		t,
+		follower.Reader(),
+		`SELECT group_concat(digest, ',') FROM (SELECT digest FROM tag_history WHERE tag_uid = 'org1/r1/t1' AND seq > 0 ORDER BY seq)`,
+	); got != d(
+		"b",
+	)+","+d(
+		"c",
+	) {
 		t.Errorf("follower's moves of t1 = %s", got)
 	}
 	if n := queryInt(t, follower.Reader(), `SELECT count(*) FROM events WHERE published_time IS NULL`); n != 0 {

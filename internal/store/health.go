@@ -64,7 +64,11 @@ func explain(path string, err error) error {
 	}
 	switch se.Code() & 0xff {
 	case sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT:
-		return fmt.Errorf("%w: %s is not a syncd mirror or is damaged; it was left as it is: restore it from a backup, or set [store] path to a new file", err, path)
+		return fmt.Errorf(
+			"%w: %s is not a syncd mirror or is damaged; it was left as it is: restore it from a backup, or set [store] path to a new file",
+			err,
+			path,
+		)
 	case sqlite3.SQLITE_FULL:
 		return fmt.Errorf("%w: free space on the disk holding %s; nothing was written", err, path)
 	case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM:

@@ -59,7 +59,11 @@ func TestWritable_ReportsAFullDisk(t *testing.T) {
 	}
 	repos := make([]store.Repo, 50)
 	for i := range repos {
-		repos[i] = store.Repo{UID: fmt.Sprintf("org1/r%d", i), Name: fmt.Sprintf("r%d", i), Description: strings.Repeat("x", 1000)}
+		repos[i] = store.Repo{
+			UID:         fmt.Sprintf("org1/r%d", i),
+			Name:        fmt.Sprintf("r%d", i),
+			Description: strings.Repeat("x", 1000),
+		}
 	}
 	if _, err := st.ApplyRepos(ctx, repos); err == nil {
 		t.Fatal("ApplyRepos past max_page_count succeeded; the test needs a refused write")

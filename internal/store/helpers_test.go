@@ -79,7 +79,10 @@ func replicationRecords(tb testing.TB, st *store.Store) []store.Event {
 
 func eventRows(tb testing.TB, st *store.Store, where string) []store.Event {
 	tb.Helper()
-	rows, err := st.Reader().Query(`SELECT seq, id, type, resource, action, scope, subject, time, data FROM events WHERE ` + where + ` ORDER BY seq`)
+	rows, err := st.Reader().
+		Query(
+			`SELECT seq, id, type, resource, action, scope, subject, time, data FROM events WHERE ` + where + ` ORDER BY seq`,
+		)
 	if err != nil {
 		tb.Fatal(err)
 	}

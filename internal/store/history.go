@@ -37,7 +37,12 @@ const historyColumns = 4
 // the transaction, so overlapping or concurrent reads cannot duplicate rows.
 // When complete is set, the walk reached the newest record and the tag is
 // marked as read up to ref.UpdateTime.
-func (s *Store) ApplyHistory(ctx context.Context, ref TagRef, records []HistoryRecord, complete bool) (events int, err error) {
+func (s *Store) ApplyHistory(
+	ctx context.Context,
+	ref TagRef,
+	records []HistoryRecord,
+	complete bool,
+) (events int, err error) {
 	return s.ApplyHistories(ctx, []HistoryUpdate{{Ref: ref, Records: records, Complete: complete}})
 }
 
@@ -125,7 +130,13 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		ref := u.Ref
 		st, ok := old[ref.UID]
 		if !ok {
-			return 0, fmt.Errorf("apply %d history records of tag %s:%s: read bookmark: tag %s is not in the mirror", len(u.Records), ref.Repo, ref.Name, ref.UID)
+			return 0, fmt.Errorf(
+				"apply %d history records of tag %s:%s: read bookmark: tag %s is not in the mirror",
+				len(u.Records),
+				ref.Repo,
+				ref.Name,
+				ref.UID,
+			)
 		}
 		b, cur := st.bookmark, st.Tag
 		cur.RepoUID, cur.Repo, cur.Path = ref.RepoUID, ref.Repo, scopeOf(st.Path, ref.Path)
@@ -176,11 +187,14 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		// and the next listing (a pushed move is read before any listing
 		// shows it) must not hold the events without the state they
 		// announce, since a follower that restores it skips them by id.
-		stmt, err := tx.PrepareContext(ctx, `UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3,
+		stmt, err := tx.PrepareContext(
+			ctx,
+			`UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3,
 			history_last_digest = ?4, history_update_time = COALESCE(?5, history_update_time),
 			digest = CASE WHEN ?6 THEN ?4 ELSE digest END,
 			update_time = CASE WHEN ?6 AND (update_time IS NULL OR update_time < ?1) THEN ?1 ELSE update_time END
-			WHERE uid = ?7`)
+			WHERE uid = ?7`,
+		)
 		if err != nil {
 			return 0, fmt.Errorf("move bookmarks: %w", err)
 		}

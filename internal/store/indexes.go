@@ -65,7 +65,11 @@ func (s *Store) DeferIndexes(ctx context.Context) error {
 // once the repo recovers are the starting point, not news. ClearFailure
 // ends it.
 func (s *Store) endBaseline(ctx context.Context, tx *sql.Tx, now string, build bool) error {
-	res, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('baseline_time', ?) ON CONFLICT(key) DO NOTHING`, now)
+	res, err := tx.ExecContext(
+		ctx,
+		`INSERT INTO meta (key, value) VALUES ('baseline_time', ?) ON CONFLICT(key) DO NOTHING`,
+		now,
+	)
 	if err != nil {
 		return err
 	}
@@ -161,7 +165,10 @@ func (s *Store) sortingConn(ctx context.Context, fn func(*sql.Conn) error) (err 
 	}
 	defer conn.Close()
 	set := func(temp string, cacheKiB, threads int) error {
-		_, err := conn.ExecContext(ctx, fmt.Sprintf(`PRAGMA temp_store = %s; PRAGMA cache_size = -%d; PRAGMA threads = %d`, temp, cacheKiB, threads))
+		_, err := conn.ExecContext(
+			ctx,
+			fmt.Sprintf(`PRAGMA temp_store = %s; PRAGMA cache_size = -%d; PRAGMA threads = %d`, temp, cacheKiB, threads),
+		)
 		return err
 	}
 	if err := set("FILE", min(sortCacheKiB, s.cacheKiB), sortThreads()); err != nil {

@@ -23,7 +23,9 @@ var deferred = map[string]string{
 // indexSQL returns the deferred indexes the database has, by name.
 func indexSQL(t *testing.T, db *sql.DB) map[string]string {
 	t.Helper()
-	rows, err := db.Query(`SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`)
+	rows, err := db.Query(
+		`SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`,
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,10 +84,19 @@ func TestDeferredIndexes(t *testing.T) {
 		}
 		sameIndexes(t, "after the baseline", st.Reader(), deferred)
 		// The history the baseline wrote is in the new indexes.
-		if got := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM tag_history INDEXED BY tag_history_digest WHERE digest = ?`, digest(2)); got != 2 {
+		if got := queryInt(
+			t,
+			st.Reader(),
+			`SELECT COUNT(*) FROM tag_history INDEXED BY tag_history_digest WHERE digest = ?`,
+			digest(2),
+		); got != 2 {
 			t.Fatalf("rows found by digest through the index = %d, want 2", got)
 		}
-		if got := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM tag_history INDEXED BY tag_history_time WHERE update_time >= '2025-01-02'`); got != 2 {
+		if got := queryInt(
+			t,
+			st.Reader(),
+			`SELECT COUNT(*) FROM tag_history INDEXED BY tag_history_time WHERE update_time >= '2025-01-02'`,
+		); got != 2 {
 			t.Fatalf("rows found by time through the index = %d, want 2", got)
 		}
 		var plan []string
@@ -107,7 +118,11 @@ func TestDeferredIndexes(t *testing.T) {
 		}
 		// The writer is back to its own settings: statement journals in
 		// memory, its whole page cache, no sorting threads.
-		for name, want := range map[string]string{"temp_store": "2", "cache_size": fmt.Sprint(-store.DefaultCacheKiB), "threads": "0"} {
+		for name, want := range map[string]string{
+			"temp_store": "2",
+			"cache_size": fmt.Sprint(-store.DefaultCacheKiB),
+			"threads":    "0",
+		} {
 			if got, err := st.WriterPragma(ctx, name); err != nil || got != want {
 				t.Fatalf("writer's %s = %q (%v), want %q", name, got, err, want)
 			}

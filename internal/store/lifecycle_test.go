@@ -13,15 +13,36 @@ import (
 
 // openssl is an advisory detected by a scan, as the crawler maps it.
 func openssl() store.Advisory {
-	return store.Advisory{UID: "g1/a1", AdvisoryID: "CGA-2x4h-9q7m-p3vw", ArtifactName: "openssl",
-		CreateTime: ts("2026-01-03T00:00:00Z"), UpdateTime: ts("2026-01-03T00:00:00Z"), Author: "advisories@example.dev",
-		ArtifactType: "apk", ArtifactArchitecture: "x86_64", ComponentName: "libssl3", ComponentLocation: "/usr/lib/libssl.so.3",
-		ComponentType: "apk", Aliases: []string{"CVE-2026-0001"},
-		Severities: []store.AdvisorySeverity{{Type: "TYPE_CVSS_V3", Score: "CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H"}},
-		Events: []store.AdvisoryEvent{{UID: "g1/a1/e1", Type: store.StepDetected, CreateTime: ts("2026-01-03T00:00:00.123456Z"),
-			Author: "scanner@example.dev", ReviewState: "REVIEW_STATE_APPROVED", DetectionType: "scanv1", Findings: "eyJhIjoxfQ==",
-			Details: json.RawMessage(`{ "scanv1": {"scanner": "grype", "componentVersion": "3.0.1"} }`)}},
-		Raw: json.RawMessage(`{"uid": "g1/a1"}`)}
+	return store.Advisory{
+		UID:                  "g1/a1",
+		AdvisoryID:           "CGA-2x4h-9q7m-p3vw",
+		ArtifactName:         "openssl",
+		CreateTime:           ts("2026-01-03T00:00:00Z"),
+		UpdateTime:           ts("2026-01-03T00:00:00Z"),
+		Author:               "advisories@example.dev",
+		ArtifactType:         "apk",
+		ArtifactArchitecture: "x86_64",
+		ComponentName:        "libssl3",
+		ComponentLocation:    "/usr/lib/libssl.so.3",
+		ComponentType:        "apk",
+		Aliases:              []string{"CVE-2026-0001"},
+		Severities: []store.AdvisorySeverity{
+			{Type: "TYPE_CVSS_V3", Score: "CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H"},
+		},
+		Events: []store.AdvisoryEvent{
+			{
+				UID:           "g1/a1/e1",
+				Type:          store.StepDetected,
+				CreateTime:    ts("2026-01-03T00:00:00.123456Z"),
+				Author:        "scanner@example.dev",
+				ReviewState:   "REVIEW_STATE_APPROVED",
+				DetectionType: "scanv1",
+				Findings:      "eyJhIjoxfQ==",
+				Details:       json.RawMessage(`{ "scanv1": {"scanner": "grype", "componentVersion": "3.0.1"} }`),
+			},
+		},
+		Raw: json.RawMessage(`{"uid": "g1/a1"}`),
+	}
 }
 
 // step is a lifecycle step of openssl's.
@@ -82,12 +103,16 @@ func TestApplyAdvisories_Lifecycle(t *testing.T) {
 			t.Fatalf("types=%v, want %v", got, want)
 		}
 		_, after := payload[store.Advisory](t, evs[0])
-		if len(after.Events) != 1 || after.Events[0].DetectionType != "scanv1" || after.Aliases[0] != "CVE-2026-0001" || after.ComponentName != "libssl3" {
+		if len(after.Events) != 1 || after.Events[0].DetectionType != "scanv1" || after.Aliases[0] != "CVE-2026-0001" ||
+			after.ComponentName != "libssl3" {
 			t.Fatalf("created after=%+v", after)
 		}
 		det := decodeStep(t, evs[1])
-		if det.Event.UID != "g1/a1/e1" || det.Advisory["artifactName"] != "openssl" || det.Advisory["componentName"] != "libssl3" ||
-			!evs[1].Time.Equal(a.Events[0].CreateTime.Truncate(time.Millisecond)) || evs[1].Scope != "openssl" || evs[1].Subject != a.UID {
+		if det.Event.UID != "g1/a1/e1" ||
+			det.Advisory["artifactName"] != "openssl" ||
+			det.Advisory["componentName"] != "libssl3" ||
+			!evs[1].Time.Equal(a.Events[0].CreateTime.Truncate(time.Millisecond)) || evs[1].Scope != "openssl" ||
+			evs[1].Subject != a.UID {
 			t.Fatalf("detected event %+v data %s", evs[1], evs[1].Data)
 		}
 		if _, ok := det.Advisory["events"]; ok {
@@ -98,13 +123,26 @@ func TestApplyAdvisories_Lifecycle(t *testing.T) {
 		clk.Advance(time.Hour)
 		a.UpdateTime = ts("2026-01-05T00:00:00Z")
 		a.Aliases = append(a.Aliases, "GHSA-aaaa-bbbb-cccc")
-		a.Events = append(a.Events, step("e2", store.StepTruePositive, "2026-01-04T00:00:00Z"),
-			step("e3", store.StepPendingUpstreamFix, "2026-01-04T12:00:00Z"), step("e4", store.StepFixed, "2026-01-05T00:00:00Z"))
+		a.Events = append(
+			a.Events,
+			step("e2", store.StepTruePositive, "2026-01-04T00:00:00Z"),
+			step(
+				"e3",
+				store.StepPendingUpstreamFix,
+				"2026-01-04T12:00:00Z",
+			),
+			step("e4", store.StepFixed, "2026-01-05T00:00:00Z"),
+		)
 		if got := apply(t, st, a); got != 4 {
 			t.Fatalf("events=%d, want updated and three steps", got)
 		}
 		evs = allEvents(t, st)[2:]
-		want := []string{store.AdvisoryUpdated, "advisory.true_positive", "advisory.pending_upstream_fix", store.StepEventType(store.StepFixed)}
+		want := []string{
+			store.AdvisoryUpdated,
+			"advisory.true_positive",
+			"advisory.pending_upstream_fix",
+			store.StepEventType(store.StepFixed),
+		}
 		if got := types(evs); !slices.Equal(got, want) {
 			t.Fatalf("types=%v, want %v", got, want)
 		}
@@ -135,17 +173,28 @@ func TestApplyAdvisories_Lifecycle(t *testing.T) {
 
 		// The mirror holds the advisory as applied.
 		got := mustAdvisories(t, st)
-		if len(got) != 1 || len(got[0].Events) != 4 || got[0].Events[3].Reviewer != "lead@example.dev" ||
-			got[0].Events[0].Findings != "eyJhIjoxfQ==" || string(got[0].Events[0].Details) != `{"scanv1":{"scanner":"grype","componentVersion":"3.0.1"}}` ||
+		if len(got) != 1 ||
+			len(got[0].Events) != 4 ||
+			got[0].Events[3].Reviewer != "lead@example.dev" ||
+			got[0].Events[0].Findings != "eyJhIjoxfQ==" ||
+			string(got[0].Events[0].Details) != `{"scanv1":{"scanner":"grype","componentVersion":"3.0.1"}}` ||
 			!slices.Equal(got[0].Aliases, a.Aliases) || got[0].Severities[0] != a.Severities[0] {
 			t.Fatalf("mirror holds %+v", got)
 		}
-		if got, want := queryString(t, st.Reader(), `SELECT group_concat(type || '@' || seq, ' ') FROM (SELECT * FROM advisory_events ORDER BY seq)`),
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT group_concat(type || '@' || seq, ' ') FROM (SELECT * FROM advisory_events ORDER BY seq)`,
+		),
 			"detected@0 true_positive@1 pending_upstream_fix@2 fixed@3"; got != want {
 			t.Fatalf("advisory_events=%q, want %q", got, want)
 		}
 		// The rejected fix does not count: the state is the pending fix.
-		if got, want := queryString(t, st.Reader(), `SELECT state || '/' || latest_event || '/' || latest_review_state FROM advisory_states`),
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT state || '/' || latest_event || '/' || latest_review_state FROM advisory_states`,
+		),
 			"pending_upstream_fix/fixed/REVIEW_STATE_REJECTED"; got != want {
 			t.Fatalf("state=%q, want %q", got, want)
 		}
@@ -208,7 +257,8 @@ func TestApplyAdvisories_Lifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		l, f := mustAdvisories(t, leader), mustAdvisories(t, follower)
-		if len(f) != 1 || len(f[0].Events) != 2 || !f[0].DeleteTime.Equal(a.DeleteTime) || !slices.Equal(f[0].Aliases, l[0].Aliases) {
+		if len(f) != 1 || len(f[0].Events) != 2 || !f[0].DeleteTime.Equal(a.DeleteTime) ||
+			!slices.Equal(f[0].Aliases, l[0].Aliases) {
 			t.Fatalf("follower holds %+v", f)
 		}
 		// A withdrawal carries the last standing state: its updateTime is
@@ -304,10 +354,18 @@ func TestMigrate_AdvisoriesFilledByTheNextListing(t *testing.T) {
 	if n, err := st.ApplyAdvisories(ctx, []store.Advisory{a}); err != nil || n != 0 {
 		t.Fatalf("first listing after the upgrade: events=%d err=%v, want 0", n, err)
 	}
-	if got, want := queryString(t, db, `SELECT complete || '/' || component_name || '/' || (SELECT count(*) FROM advisory_events) FROM advisories`), "1/libssl3/2"; got != want {
+	if got, want := queryString(
+		t,
+		db,
+		`SELECT complete || '/' || component_name || '/' || (SELECT count(*) FROM advisory_events) FROM advisories`,
+	), "1/libssl3/2"; got != want {
 		t.Fatalf("row after the listing=%q, want %q", got, want)
 	}
-	if got, want := queryString(t, db, `SELECT artifact_name || ' ' || alias || ' ' || fixed_version FROM fixed_versions`), "openssl CVE-2026-0001 3.0.2-r0"; got != want {
+	if got, want := queryString(
+		t,
+		db,
+		`SELECT artifact_name || ' ' || alias || ' ' || fixed_version FROM fixed_versions`,
+	), "openssl CVE-2026-0001 3.0.2-r0"; got != want {
 		t.Fatalf("fixed_versions=%q, want %q", got, want)
 	}
 	a.Events = append(a.Events, step("e3", store.StepDetected, "2026-01-05T00:00:00Z"))
@@ -342,7 +400,12 @@ func TestCVSS_KnownVectors(t *testing.T) {
 			t.Errorf("%s %s = %v %s %v, want %v %s", c.typ, c.score, base, rating, ok, c.base, c.rating)
 		}
 	}
-	for _, score := range []string{"CVSS:4.0/AV:N/AC:L/AT:N/PR:N/UI:N/VC:H/VI:H/VA:H/SC:N/SI:N/SA:N", "CVSS:3.1/AV:N", "", "11"} {
+	for _, score := range []string{
+		"CVSS:4.0/AV:N/AC:L/AT:N/PR:N/UI:N/VC:H/VI:H/VA:H/SC:N/SI:N/SA:N",
+		"CVSS:3.1/AV:N",
+		"",
+		"11",
+	} {
 		if b, r, ok := store.CVSS("TYPE_CVSS_V3", score); ok {
 			t.Errorf("%q scored %v %s", score, b, r)
 		}

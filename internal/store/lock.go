@@ -30,7 +30,10 @@ type LockedError struct {
 
 func (e *LockedError) Error() string {
 	if e.Holder.PID == 0 {
-		return fmt.Sprintf("mirror %s is in use by another process; stop it first, or set [store] path to another file", e.Path)
+		return fmt.Sprintf(
+			"mirror %s is in use by another process; stop it first, or set [store] path to another file",
+			e.Path,
+		)
 	}
 	return fmt.Sprintf("mirror %s is in use by pid %d (%s) since %s; stop it first, or set [store] path to another file",
 		e.Path, e.Holder.PID, e.Holder.Command, e.Holder.Since.UTC().Format(time.RFC3339))

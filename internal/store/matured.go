@@ -146,8 +146,12 @@ func (s *Store) Mature(ctx context.Context, ages []time.Duration) (MatureResult,
 				return n, nil
 			}
 			for _, p := range plans {
-				_, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
-					maturedRunKey(p.name), FormatTime(p.cutoff)+"|"+strconv.FormatInt(lastID, 10))
+				_, err := tx.ExecContext(
+					ctx,
+					`INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
+					maturedRunKey(p.name),
+					FormatTime(p.cutoff)+"|"+strconv.FormatInt(lastID, 10),
+				)
 				if err != nil {
 					return 0, fmt.Errorf("record the run of age %s: %w", p.name, err)
 				}
@@ -180,7 +184,11 @@ type maturityPlan struct {
 
 // maturityPlans reads the tags each age must recompute, and the last
 // tag_history id they were found up to; nil plans during the baseline.
-func (s *Store) maturityPlans(ctx context.Context, ages []time.Duration, now time.Time) (plans []maturityPlan, lastID int64, err error) {
+func (s *Store) maturityPlans(
+	ctx context.Context,
+	ages []time.Duration,
+	now time.Time,
+) (plans []maturityPlan, lastID int64, err error) {
 	// Read first, without the write lock: during the baseline every page
 	// of history wakes the duty.
 	if baseline, err := s.InBaseline(ctx); err != nil || baseline {
@@ -220,7 +228,12 @@ func nextMaturation(ctx context.Context, tx *sql.Tx, ages []time.Duration, now t
 	var next time.Time
 	for _, age := range ages {
 		var oldest sql.NullString
-		err := tx.QueryRowContext(ctx, `SELECT MIN(update_time) FROM tag_history WHERE update_time > ?`, FormatTime(now.Add(-age))).Scan(&oldest)
+		err := tx.QueryRowContext(
+			ctx,
+			`SELECT MIN(update_time) FROM tag_history WHERE update_time > ?`,
+			FormatTime(now.Add(-age)),
+		).
+			Scan(&oldest)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("read the next maturation: %w", err)
 		}
@@ -261,7 +274,13 @@ func readMaturedRun(ctx context.Context, s *Store, tx *sql.Tx, age string) (matu
 
 // matureTags recomputes tags for age up to cutoff, writing the rows and
 // events of the changes in tx; it returns how many events it recorded.
-func (s *Store) matureTags(ctx context.Context, tx *sql.Tx, tags []string, age time.Duration, cutoff time.Time) (int, error) {
+func (s *Store) matureTags(
+	ctx context.Context,
+	tx *sql.Tx,
+	tags []string,
+	age time.Duration,
+	cutoff time.Time,
+) (int, error) {
 	cs, err := maturedChanges(ctx, tx, tags, age, AgeName(age), cutoff)
 	if err != nil {
 		return 0, err
@@ -284,7 +303,8 @@ func maturityCandidates(ctx context.Context, tx *sql.Tx, run maturedRun, ok bool
 		// tag, which read the whole history through its (tag_uid, seq)
 		// index instead of the rows past lastID.
 		q = `SELECT DISTINCT t.uid FROM (SELECT tag_uid FROM tag_history WHERE update_time > ? AND update_time <= ?
-			UNION ALL SELECT tag_uid FROM tag_history WHERE id > ?) h JOIN tags t ON t.uid = h.tag_uid WHERE t.deleted_time IS NULL`
+			UNION ALL SELECT tag_uid FROM tag_history WHERE id > ?) h JOIN tags t ON t.uid = h.tag_uid
+			WHERE t.deleted_time IS NULL`
 		args = []any{run.cutoff, cutoff, run.lastID}
 	}
 	var uids []string
@@ -305,7 +325,14 @@ func maturityCandidates(ctx context.Context, tx *sql.Tx, run maturedRun, ok bool
 // returns a tag.matured change for each that differs in digest from
 // tag_matured. A tag with no matured record keeps its row: a matured
 // digest is replaced, never withdrawn.
-func maturedChanges(ctx context.Context, tx *sql.Tx, tags []string, age time.Duration, name string, cutoff time.Time) ([]change, error) {
+func maturedChanges(
+	ctx context.Context,
+	tx *sql.Tx,
+	tags []string,
+	age time.Duration,
+	name string,
+	cutoff time.Time,
+) ([]change, error) {
 	matured := map[string]MaturedRecord{}
 	var cur string
 	var hist []MaturedRecord
@@ -315,7 +342,11 @@ func maturedChanges(ctx context.Context, tx *sql.Tx, tags []string, age time.Dur
 		}
 		hist = hist[:0]
 	}
-	err := queryByUIDs(ctx, tx, `SELECT tag_uid, seq, update_time, digest FROM tag_history WHERE tag_uid IN (%s) ORDER BY tag_uid, seq`, tags,
+	err := queryByUIDs(
+		ctx,
+		tx,
+		`SELECT tag_uid, seq, update_time, digest FROM tag_history WHERE tag_uid IN (%s) ORDER BY tag_uid, seq`,
+		tags,
 		func(r *sql.Rows) error {
 			var uid, at string
 			var rec MaturedRecord
@@ -333,7 +364,8 @@ func maturedChanges(ctx context.Context, tx *sql.Tx, tags []string, age time.Dur
 			}
 			hist = append(hist, rec)
 			return nil
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read history: %w", err)
 	}
@@ -349,23 +381,30 @@ func maturedChanges(ctx context.Context, tx *sql.Tx, tags []string, age time.Dur
 	}
 	prev := map[string]MaturedRecord{}
 	names := map[string][2]string{} // uid → repo path, tag name
-	err = queryByUIDsAfter(ctx, tx, `SELECT t.uid, t.name, COALESCE(r.path,''), COALESCE(r.name,''), m.seq, m.update_time, m.digest
+	err = queryByUIDsAfter(
+		ctx,
+		tx,
+		`SELECT t.uid, t.name, COALESCE(r.path,''), COALESCE(r.name,''), m.seq, m.update_time, m.digest
 		FROM tags t LEFT JOIN repos r ON r.uid = t.repo_uid LEFT JOIN tag_matured m ON m.tag_uid = t.uid AND m.age = ?
-		WHERE t.uid IN (%s)`, []any{name}, uids, func(r *sql.Rows) error {
-		var uid, tag, path, repo string
-		var seq sql.NullInt64
-		var at, digest sql.NullString
-		if err := r.Scan(&uid, &tag, &path, &repo, &seq, &at, &digest); err != nil {
-			return err
-		}
-		names[uid] = [2]string{scopeOf(path, repo), tag}
-		if seq.Valid {
-			t, err := ParseTime(at.String)
-			prev[uid] = MaturedRecord{Digest: digest.String, Seq: int(seq.Int64), Since: t}
-			return err
-		}
-		return nil
-	})
+		WHERE t.uid IN (%s)`,
+		[]any{name},
+		uids,
+		func(r *sql.Rows) error {
+			var uid, tag, path, repo string
+			var seq sql.NullInt64
+			var at, digest sql.NullString
+			if err := r.Scan(&uid, &tag, &path, &repo, &seq, &at, &digest); err != nil {
+				return err
+			}
+			names[uid] = [2]string{scopeOf(path, repo), tag}
+			if seq.Valid {
+				t, err := ParseTime(at.String)
+				prev[uid] = MaturedRecord{Digest: digest.String, Seq: int(seq.Int64), Since: t}
+				return err
+			}
+			return nil
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read matured digests: %w", err)
 	}
@@ -429,8 +468,10 @@ func writeMatured(ctx context.Context, tx *sql.Tx, cs []change) error {
 }
 
 // upsertMaturedSQL writes a tag's matured record for an age.
-const upsertMaturedSQL = `INSERT INTO tag_matured (tag_uid, age, seq, update_time, digest, matured_time, event_id) VALUES (?, ?, ?, ?, ?, ?, ?)
-	ON CONFLICT (tag_uid, age) DO UPDATE SET seq = excluded.seq, update_time = excluded.update_time, digest = excluded.digest,
+const upsertMaturedSQL = `INSERT INTO tag_matured (tag_uid, age, seq, update_time, digest, matured_time,
+	event_id) VALUES (?, ?, ?, ?, ?, ?, ?)
+	ON CONFLICT (tag_uid, age) DO UPDATE SET seq = excluded.seq, update_time = excluded.update_time,
+		digest = excluded.digest,
 	matured_time = excluded.matured_time, event_id = excluded.event_id`
 
 // upsertMatured writes d's row with stmt, upsertMaturedSQL prepared.
@@ -475,7 +516,11 @@ func (s *Store) MaturedDigests(ctx context.Context, fn func(MaturedTag) error) e
 	pending := map[key]*MaturedTag{}
 	live := map[key]bool{} // pending keys of live tags
 	var order []key
-	err = queryRows(ctx, tx, `SELECT l.data FROM outbox o JOIN event_log l ON l.seq = o.seq WHERE l.type = ? ORDER BY o.seq`, []any{TagMatured},
+	err = queryRows(
+		ctx,
+		tx,
+		`SELECT l.data FROM outbox o JOIN event_log l ON l.seq = o.seq WHERE l.type = ? ORDER BY o.seq`,
+		[]any{TagMatured},
 		func(r *sql.Rows) error {
 			var data string
 			if err := r.Scan(&data); err != nil {
@@ -491,33 +536,41 @@ func (s *Store) MaturedDigests(ctx context.Context, fn func(MaturedTag) error) e
 				order = append(order, k)
 			}
 			return nil
-		})
+		},
+	)
 	if err != nil {
 		return fmt.Errorf("read matured digests: outbox: %w", err)
 	}
-	err = queryRows(ctx, tx, `SELECT m.tag_uid, m.age, m.seq, m.update_time, m.digest, m.matured_time, m.event_id, t.name, COALESCE(r.path,''), COALESCE(r.name,'')
+	err = queryRows(
+		ctx,
+		tx,
+		`SELECT m.tag_uid, m.age, m.seq, m.update_time, m.digest, m.matured_time, m.event_id, t.name, COALESCE(r.path,''),
+			COALESCE(r.name,'')
 		FROM tag_matured m JOIN tags t ON t.uid = m.tag_uid LEFT JOIN repos r ON r.uid = t.repo_uid
-		WHERE t.deleted_time IS NULL ORDER BY m.tag_uid, m.age`, nil, func(r *sql.Rows) error {
-		var d MaturedTag
-		var since, at, path, repo string
-		if err := r.Scan(&d.UID, &d.Age, &d.Seq, &since, &d.Digest, &at, &d.EventID, &d.Tag, &path, &repo); err != nil {
-			return err
-		}
-		if p, ok := pending[key{d.UID, d.Age}]; ok {
-			p.Repo, p.Tag = scopeOf(path, repo), d.Tag // the tag's name and path now
-			live[key{d.UID, d.Age}] = true
-			return nil
-		}
-		var err error
-		if d.Since, err = ParseTime(since); err != nil {
-			return err
-		}
-		if d.MaturedTime, err = ParseTime(at); err != nil {
-			return err
-		}
-		d.Repo = scopeOf(path, repo)
-		return fn(d)
-	})
+		WHERE t.deleted_time IS NULL ORDER BY m.tag_uid, m.age`,
+		nil,
+		func(r *sql.Rows) error {
+			var d MaturedTag
+			var since, at, path, repo string
+			if err := r.Scan(&d.UID, &d.Age, &d.Seq, &since, &d.Digest, &at, &d.EventID, &d.Tag, &path, &repo); err != nil {
+				return err
+			}
+			if p, ok := pending[key{d.UID, d.Age}]; ok {
+				p.Repo, p.Tag = scopeOf(path, repo), d.Tag // the tag's name and path now
+				live[key{d.UID, d.Age}] = true
+				return nil
+			}
+			var err error
+			if d.Since, err = ParseTime(since); err != nil {
+				return err
+			}
+			if d.MaturedTime, err = ParseTime(at); err != nil {
+				return err
+			}
+			d.Repo = scopeOf(path, repo)
+			return fn(d)
+		},
+	)
 	if err != nil {
 		return fmt.Errorf("read matured digests: %w", err)
 	}
@@ -526,7 +579,15 @@ func (s *Store) MaturedDigests(ctx context.Context, fn func(MaturedTag) error) e
 		if p == nil || !live[k] {
 			continue
 		}
-		d := MaturedTag{Repo: pending[k].Repo, Tag: pending[k].Tag, UID: k.uid, Age: k.age, Digest: p.Digest, Seq: p.Seq, Since: p.Since}
+		d := MaturedTag{
+			Repo:   pending[k].Repo,
+			Tag:    pending[k].Tag,
+			UID:    k.uid,
+			Age:    k.age,
+			Digest: p.Digest,
+			Seq:    p.Seq,
+			Since:  p.Since,
+		}
 		if age, err := time.ParseDuration(k.age); err == nil {
 			d.MaturedTime = p.Since.Add(age)
 		}
@@ -539,7 +600,14 @@ func (s *Store) MaturedDigests(ctx context.Context, fn func(MaturedTag) error) e
 
 // queryByUIDsAfter is queryByUIDs for a query whose first placeholders,
 // before the list, take lead.
-func queryByUIDsAfter(ctx context.Context, tx *sql.Tx, query string, lead []any, uids []string, scan func(*sql.Rows) error) error {
+func queryByUIDsAfter(
+	ctx context.Context,
+	tx *sql.Tx,
+	query string,
+	lead []any,
+	uids []string,
+	scan func(*sql.Rows) error,
+) error {
 	for start := 0; start < len(uids); start += uidsPerQuery {
 		end := min(start+uidsPerQuery, len(uids))
 		args := append(make([]any, 0, len(lead)+end-start), lead...)

@@ -75,7 +75,8 @@ func maturedEvents(tb testing.TB, st *store.Store) []store.MaturedTag {
 		if err := json.Unmarshal(e.Data, &d); err != nil {
 			tb.Fatal(err)
 		}
-		if e.Resource != "tag" || e.Action != "matured" || e.Subject != d.UID || e.Scope != "nginx" || !e.Time.Equal(d.MaturedTime) {
+		if e.Resource != "tag" || e.Action != "matured" || e.Subject != d.UID || e.Scope != "nginx" ||
+			!e.Time.Equal(d.MaturedTime) {
 			tb.Fatalf("tag.matured event %+v does not match its data %+v", e, d)
 		}
 		d.EventID = e.ID
@@ -105,8 +106,14 @@ func TestMature_AtTheirAge(t *testing.T) {
 	}
 	m.at(t0, age)
 	evs, next = m.mature()
-	if len(evs) != 1 || evs[0].Digest != digest(1) || evs[0].Previous != nil || evs[0].Age != "10s" || evs[0].Tag != "1.27" ||
-		evs[0].Repo != "nginx" || !evs[0].Since.Equal(t0) || !next.IsZero() {
+	if len(evs) != 1 ||
+		evs[0].Digest != digest(1) ||
+		evs[0].Previous != nil ||
+		evs[0].Age != "10s" ||
+		evs[0].Tag != "1.27" ||
+		evs[0].Repo != "nginx" ||
+		!evs[0].Since.Equal(t0) ||
+		!next.IsZero() {
 		t.Fatalf("at t0+10s: events %+v, next %v; want X matured, nothing next", evs, next)
 	}
 
@@ -149,7 +156,11 @@ func TestMature_AtTheirAge(t *testing.T) {
 			again = evs[0]
 		}
 	}
-	if got := queryInt(t, m.st.Reader(), `SELECT seq FROM tag_matured WHERE tag_uid = 'g1/r1/t1' AND age = '10s'`); got != again.Seq {
+	if got := queryInt(
+		t,
+		m.st.Reader(),
+		`SELECT seq FROM tag_matured WHERE tag_uid = 'g1/r1/t1' AND age = '10s'`,
+	); got != again.Seq {
 		t.Errorf("tag_matured seq = %d, want Z's second record %d: the row is the last event's", got, again.Seq)
 	}
 	// Every change once, in order.
@@ -202,7 +213,12 @@ func TestMature_NotDuringTheBaseline(t *testing.T) {
 	repo := nginx()
 	mustApplyRepos(t, st, repo)
 	need := mustApplyTags(t, st, repo, tag("g1/r1/t1", "1.27", 1))
-	if _, err := st.ApplyHistory(context.Background(), need[0], []store.HistoryRecord{{Time: clk.Now().Add(-time.Hour), Digest: digest(1)}}, true); err != nil {
+	if _, err := st.ApplyHistory(
+		context.Background(),
+		need[0],
+		[]store.HistoryRecord{{Time: clk.Now().Add(-time.Hour), Digest: digest(1)}},
+		true,
+	); err != nil {
 		t.Fatal(err)
 	}
 	res, err := st.Mature(context.Background(), []time.Duration{time.Second})
@@ -244,7 +260,11 @@ func TestMature_FollowerHoldsTheSameRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows := func(st *store.Store) string {
-		return queryString(t, st.Reader(), `SELECT group_concat(tag_uid||'/'||age||'/'||seq||'/'||update_time||'/'||digest||'/'||event_id, ' ') FROM (SELECT * FROM tag_matured ORDER BY tag_uid, age)`)
+		return queryString(
+			t,
+			st.Reader(),
+			`SELECT group_concat(tag_uid||'/'||age||'/'||seq||'/'||update_time||'/'||digest||'/'||event_id, ' ') FROM (SELECT * FROM tag_matured ORDER BY tag_uid, age)`,
+		)
 	}
 	if got, want := rows(follower), rows(m.st); got != want || want == "" {
 		t.Fatalf("follower tag_matured %q, leader %q", got, want)
@@ -277,7 +297,13 @@ func TestMature_FollowerHoldsTheSameRows(t *testing.T) {
 		t.Errorf("the follower's maintained digest differs from its rows at %s", d)
 	}
 	// Malformed tag.matured data is refused, naming the event.
-	bad := store.StreamEvent{ID: "bad1", Type: store.TagMatured, Subject: "g1/r1/t1", Time: t0, Data: json.RawMessage(`{"uid":"g1/r1/t9","age":"10s"}`)}
+	bad := store.StreamEvent{
+		ID:      "bad1",
+		Type:    store.TagMatured,
+		Subject: "g1/r1/t1",
+		Time:    t0,
+		Data:    json.RawMessage(`{"uid":"g1/r1/t9","age":"10s"}`),
+	}
 	if _, err := follower.ApplyStreamEvents(ctx, []store.StreamEvent{bad}); err == nil {
 		t.Error("a tag.matured naming another tag was applied")
 	}
@@ -305,7 +331,12 @@ func TestMature_RunCutShort(t *testing.T) {
 		tags = append(tags, tag(fmt.Sprintf("g1/r1/t%d", i), fmt.Sprintf("v%d", i), i))
 	}
 	for _, ref := range mustApplyTags(t, st, repo, tags...) {
-		if _, err := st.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: clk.Now(), Digest: digest(7)}}, true); err != nil {
+		if _, err := st.ApplyHistory(
+			ctx,
+			ref,
+			[]store.HistoryRecord{{Time: clk.Now(), Digest: digest(7)}},
+			true,
+		); err != nil {
 			t.Fatal(err)
 		}
 	}

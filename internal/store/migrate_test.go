@@ -55,7 +55,11 @@ func createAtVersion(t *testing.T, path string, files []string, n int) {
 			t.Fatalf("migration %s: %v", f, err)
 		}
 		exec(string(b))
-		exec(`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, ?, '2025-01-01T00:00:00.000Z')`, v, filepath.Base(f))
+		exec(
+			`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, ?, '2025-01-01T00:00:00.000Z')`,
+			v,
+			filepath.Base(f),
+		)
 	}
 	if n == 0 {
 		return
@@ -65,24 +69,40 @@ func createAtVersion(t *testing.T, path string, files []string, n int) {
 	if n >= 6 {
 		exec(`UPDATE repos SET path = name`) // as syncd writes it from version 6 on
 	}
-	exec(`INSERT INTO tags (uid, repo_uid, name, digest, first_seen_time, history_last_time, history_last_count, history_count, history_last_digest)
-		VALUES ('g1/r1/t1', 'g1/r1', 'latest', ?, '2025-01-01T00:00:00.000Z', '2025-01-02T00:00:00.000Z', 1, 2, ?)`, digest(2), digest(2))
-	exec(`INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES ('g1/r1/t1', 0, '2025-01-01T00:00:00.000Z', ?), ('g1/r1/t1', 1, '2025-01-02T00:00:00.000Z', ?)`,
-		digest(1), digest(2))
-	exec(`INSERT INTO advisories (uid, advisory_id, artifact_name, update_time, first_seen_time) VALUES ('g1/a1', 'CGA-1', 'openssl', '2025-01-01T00:00:00.000Z', '2025-01-01T00:00:00.000Z')`)
-	exec(`INSERT INTO subscriptions (uid, group_uid, sink, synced_time) VALUES ('g1/s1', 'g1', 'https://syncd.example/hook', '2025-01-01T00:00:00.000Z')`)
+	exec(
+		`INSERT INTO tags (uid, repo_uid, name, digest, first_seen_time, history_last_time, history_last_count,
+			history_count, history_last_digest)
+		VALUES ('g1/r1/t1', 'g1/r1', 'latest', ?, '2025-01-01T00:00:00.000Z', '2025-01-02T00:00:00.000Z', 1, 2, ?)`,
+		digest(2),
+		digest(2),
+	)
+	exec(
+		`INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES ('g1/r1/t1', 0, '2025-01-01T00:00:00.000Z', ?), ('g1/r1/t1', 1, '2025-01-02T00:00:00.000Z', ?)`,
+		digest(1),
+		digest(2),
+	)
+	exec(
+		`INSERT INTO advisories (uid, advisory_id, artifact_name, update_time, first_seen_time) VALUES ('g1/a1', 'CGA-1', 'openssl', '2025-01-01T00:00:00.000Z', '2025-01-01T00:00:00.000Z')`,
+	)
+	exec(
+		`INSERT INTO subscriptions (uid, group_uid, sink, synced_time) VALUES ('g1/s1', 'g1', 'https://syncd.example/hook', '2025-01-01T00:00:00.000Z')`,
+	)
 	// From version 5 on, events is a view over event_log.
 	events := "events"
 	if n >= 5 {
 		events = "event_log"
 	}
 	exec(`INSERT INTO ` + events + ` (id, type, resource, action, scope, subject, time, data, created_time)
-		VALUES ('old-event', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}', '2025-01-02T00:00:00.000Z')`)
+		VALUES ('old-event', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}',
+			'2025-01-02T00:00:00.000Z')`)
 	exec(`INSERT INTO ` + events + ` (id, type, resource, action, scope, subject, time, data, created_time)
-		VALUES ('old-published', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}', '2025-01-02T00:00:00.000Z')`)
+		VALUES ('old-published', 'tag.moved', 'tag', 'moved', 'nginx', 'g1/r1/t1', '2025-01-02T00:00:00.000Z', '{}',
+			'2025-01-02T00:00:00.000Z')`)
 	if n >= 5 {
 		exec(`DELETE FROM outbox WHERE seq = (SELECT seq FROM event_log WHERE id = 'old-published')`)
-		exec(`INSERT INTO event_publishes (first_seq, last_seq, published_time) SELECT seq, seq, '2025-01-02T00:00:01.000Z' FROM event_log WHERE id = 'old-published'`)
+		exec(
+			`INSERT INTO event_publishes (first_seq, last_seq, published_time) SELECT seq, seq, '2025-01-02T00:00:01.000Z' FROM event_log WHERE id = 'old-published'`,
+		)
 	} else {
 		exec(`UPDATE events SET published_time = '2025-01-02T00:00:01.000Z' WHERE id = 'old-published'`)
 	}
@@ -108,13 +128,21 @@ func TestMigrate_UpgradesEveryEarlierVersion(t *testing.T) {
 				return
 			}
 			db := st.Reader()
-			if got, want := queryString(t, db, `SELECT before_digest FROM tag_moves WHERE tag = 'latest'`), digest(1); got != want {
+			if got, want := queryString(
+				t,
+				db,
+				`SELECT before_digest FROM tag_moves WHERE tag = 'latest'`,
+			), digest(1); got != want {
 				t.Fatalf("old history through tag_moves: before=%s, want %s", got, want)
 			}
 			if got, want := queryInt(t, db, `SELECT COUNT(*) FROM events WHERE published_time IS NULL`), 1; got != want {
 				t.Fatalf("unpublished events kept=%d, want %d", got, want)
 			}
-			if got, want := queryString(t, db, `SELECT published_time FROM events WHERE id = 'old-published'`), "2025-01-02T00:00:01.000Z"; got != want {
+			if got, want := queryString(
+				t,
+				db,
+				`SELECT published_time FROM events WHERE id = 'old-published'`,
+			), "2025-01-02T00:00:01.000Z"; got != want {
 				t.Fatalf("published_time of a published event=%q, want %q", got, want)
 			}
 			if evs, err := st.Unpublished(ctx, 0, 10); err != nil || len(evs) != 1 || evs[0].ID != "old-event" {
@@ -136,7 +164,11 @@ func TestMigrate_UpgradesEveryEarlierVersion(t *testing.T) {
 			if n, err := st.ApplyAdvisories(ctx, []store.Advisory{upd}); err != nil || n != 1 {
 				t.Fatalf("update an old advisory: events=%d err=%v, want 1 and nil", n, err)
 			}
-			if got, want := queryInt(t, db, `SELECT open_advisories FROM advisories_by_artifact WHERE artifact_name = 'openssl'`), 1; got != want {
+			if got, want := queryInt(
+				t,
+				db,
+				`SELECT open_advisories FROM advisories_by_artifact WHERE artifact_name = 'openssl'`,
+			), 1; got != want {
 				t.Fatalf("open advisories=%d, want %d", got, want)
 			}
 			subs, err := st.Subscriptions(ctx)
@@ -163,12 +195,17 @@ func TestMigrate_UpgradesEveryEarlierVersion(t *testing.T) {
 			if r, ok, err := st.RepoByPath(ctx, "nginx"); err != nil || !ok || r.UID != "g1/r1" {
 				t.Fatalf("RepoByPath(nginx)=%+v, %v, %v; want g1/r1", r, ok, err)
 			}
-			if _, err := st.RecordFailure(ctx, store.Failure{Kind: store.FailureRepo, UID: "g1/r1", Error: "boom"}, nil); err != nil {
+			if _, err := st.RecordFailure(
+				ctx,
+				store.Failure{Kind: store.FailureRepo, UID: "g1/r1", Error: "boom"},
+				nil,
+			); err != nil {
 				t.Fatalf("record a failure after the upgrade: %v", err)
 			}
 			// A page of tags of the old repo is scoped by its path.
 			newTag := store.Tag{UID: "g1/r1/t2", Name: "stable", Digest: digest(3)}
-			if _, n, err := st.ApplyTags(ctx, store.Repo{UID: "g1/r1", Name: "nginx"}, []store.Tag{newTag}); err != nil || n != 1 {
+			if _, n, err := st.ApplyTags(ctx, store.Repo{UID: "g1/r1", Name: "nginx"}, []store.Tag{newTag}); err != nil ||
+				n != 1 {
 				t.Fatalf("apply a tag of an old repo: events=%d err=%v, want 1 and nil", n, err)
 			}
 			evs = allEvents(t, st)

@@ -78,7 +78,12 @@ func (s *Store) ReadUnpublished(ctx context.Context, after int64, batch int, fn 
 
 // readUnpublished is one statement of ReadUnpublished: it returns how many
 // events it read and the seq of the last.
-func (s *Store) readUnpublished(ctx context.Context, after int64, batch int, fn func([]Event) error) (n int, last int64, err error) {
+func (s *Store) readUnpublished(
+	ctx context.Context,
+	after int64,
+	batch int,
+	fn func([]Event) error,
+) (n int, last int64, err error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+outboxColumns+`
 		FROM outbox o JOIN event_log l ON l.seq = o.seq WHERE o.seq > ? ORDER BY o.seq LIMIT ?`, after, outboxStatementRows)
 	if err != nil {
@@ -201,7 +206,13 @@ func markRun(ctx context.Context, tx *sql.Tx, first, last int64, now string) err
 		}
 		return markEach(ctx, tx, first, last, now)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO event_publishes (first_seq, last_seq, published_time) VALUES (?, ?, ?)`, first, last, now); err != nil {
+	if _, err := tx.ExecContext(
+		ctx,
+		`INSERT INTO event_publishes (first_seq, last_seq, published_time) VALUES (?, ?, ?)`,
+		first,
+		last,
+		now,
+	); err != nil {
 		return err
 	}
 	_, err = tx.ExecContext(ctx, `RELEASE mark_run`)
@@ -216,7 +227,13 @@ func markEach(ctx context.Context, tx *sql.Tx, first, last int64, now string) er
 		if len(run) == 0 {
 			return nil
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO event_publishes (first_seq, last_seq, published_time) VALUES (?, ?, ?)`, run[0], run[len(run)-1], now)
+		_, err := tx.ExecContext(
+			ctx,
+			`INSERT INTO event_publishes (first_seq, last_seq, published_time) VALUES (?, ?, ?)`,
+			run[0],
+			run[len(run)-1],
+			now,
+		)
 		run = run[:0]
 		return err
 	}
@@ -281,7 +298,11 @@ func (s *Store) DropUnpublished(ctx context.Context) (n int, first, last int64, 
 func (s *Store) PruneEvents(ctx context.Context, cutoff time.Time) (int64, error) {
 	var n int64
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM event_log WHERE created_time < ? AND seq NOT IN (SELECT seq FROM outbox)`, FormatTime(cutoff))
+		res, err := tx.ExecContext(
+			ctx,
+			`DELETE FROM event_log WHERE created_time < ? AND seq NOT IN (SELECT seq FROM outbox)`,
+			FormatTime(cutoff),
+		)
 		if err != nil {
 			return err
 		}

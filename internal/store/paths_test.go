@@ -35,7 +35,10 @@ func TestRepoPaths(t *testing.T) {
 
 	t.Run("RepoEventsAreScopedByPath", func(t *testing.T) {
 		evs := allEvents(t, st)
-		if got, want := []string{evs[0].Scope, evs[1].Scope}, []string{"charts/cert-manager", "nginx"}; !slices.Equal(got, want) {
+		if got, want := []string{evs[0].Scope, evs[1].Scope}, []string{"charts/cert-manager", "nginx"}; !slices.Equal(
+			got,
+			want,
+		) {
 			t.Fatalf("scopes=%v, want %v: a nested repo's path, a top-level repo's name", got, want)
 		}
 		_, after := payload[store.Repo](t, evs[0])
@@ -47,7 +50,11 @@ func TestRepoPaths(t *testing.T) {
 		if got, want := after.Path, "nginx"; got != want {
 			t.Fatalf("path of a repo given none=%q, want its name %q", got, want)
 		}
-		if got, want := queryString(t, st.Reader(), `SELECT group_concat(path, ' ') FROM (SELECT path FROM repos ORDER BY uid)`),
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT group_concat(path, ' ') FROM (SELECT path FROM repos ORDER BY uid)`,
+		),
 			"charts/cert-manager nginx"; got != want {
 			t.Fatalf("repos.path=%q, want %q", got, want)
 		}
@@ -75,7 +82,10 @@ func TestRepoPaths(t *testing.T) {
 		if e.Scope != "charts/cert-manager" || after.Path != "charts/cert-manager" || after.Repo != "cert-manager" {
 			t.Fatalf("tag.created scope=%q path=%q repo=%q, want the path twice and the name", e.Scope, after.Path, after.Repo)
 		}
-		recs := []store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(0)}, {Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)}}
+		recs := []store.HistoryRecord{
+			{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(0)},
+			{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)},
+		}
 		if n, err := st.ApplyHistory(ctx, ref, recs, true); err != nil || n != 1 {
 			t.Fatalf("ApplyHistory: events=%d err=%v, want 1 and nil", n, err)
 		}
@@ -84,10 +94,20 @@ func TestRepoPaths(t *testing.T) {
 		if e.Type != store.TagMoved || e.Scope != "charts/cert-manager" || after.Path != "charts/cert-manager" {
 			t.Fatalf("%s scope=%q path=%q, want tag.moved in charts/cert-manager", e.Type, e.Scope, after.Path)
 		}
-		if got, want := queryString(t, st.Reader(), `SELECT path || ':' || tag FROM current_tags WHERE repo_uid = ?`, cm.UID), "charts/cert-manager:v1.16"; got != want {
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT path || ':' || tag FROM current_tags WHERE repo_uid = ?`,
+			cm.UID,
+		), "charts/cert-manager:v1.16"; got != want {
 			t.Fatalf("current_tags=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, st.Reader(), `SELECT path FROM tag_moves WHERE tag_uid = ?`, ref.UID), "charts/cert-manager"; got != want {
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT path FROM tag_moves WHERE tag_uid = ?`,
+			ref.UID,
+		), "charts/cert-manager"; got != want {
 			t.Fatalf("tag_moves.path=%q, want %q", got, want)
 		}
 	})
@@ -112,7 +132,8 @@ func TestRepoPaths(t *testing.T) {
 		}
 		e := lastEvent(t, st)
 		before, after := payload[store.Repo](t, e)
-		if e.Type != store.RepoUpdated || before.Path != "charts/cert-manager" || after.Path != "helm/cert-manager" || e.Scope != "helm/cert-manager" {
+		if e.Type != store.RepoUpdated || before.Path != "charts/cert-manager" || after.Path != "helm/cert-manager" ||
+			e.Scope != "helm/cert-manager" {
 			t.Fatalf("%s scope=%q before.path=%q after.path=%q", e.Type, e.Scope, before.Path, after.Path)
 		}
 		if _, ok, _ := st.RepoByPath(ctx, "charts/cert-manager"); ok {
@@ -150,7 +171,10 @@ func TestApplyStreamEvents_Paths(t *testing.T) {
 	cm := certManager()
 	mustApplyRepos(t, leader, cm)
 	need := mustApplyTags(t, leader, cm, tag(cm.UID+"/t1", "v1.16", 1))
-	recs := []store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(0)}, {Time: ts("2025-02-02T00:00:00Z"), Digest: digest(1)}}
+	recs := []store.HistoryRecord{
+		{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(0)},
+		{Time: ts("2025-02-02T00:00:00Z"), Digest: digest(1)},
+	}
 	if _, err := leader.ApplyHistory(ctx, need[0], recs, true); err != nil {
 		t.Fatal(err)
 	}
@@ -178,14 +202,27 @@ func TestApplyStreamEvents_Paths(t *testing.T) {
 
 	t.Run("EventWithoutPath", func(t *testing.T) {
 		old := store.StreamEvent{ID: "old-1", Type: store.TagCreated, Subject: "g1/r9/t1", Time: clk.Now(),
-			Data: json.RawMessage(`{"before": null, "after": {"uid": "g1/r9/t1", "repoUid": "g1/r9", "repo": "redis", "name": "7", "digest": "` + digest(7) + `"}}`)}
+			Data: json.RawMessage(
+				`{"before": null, "after": {"uid": "g1/r9/t1", "repoUid": "g1/r9", "repo": "redis", "name": "7", "digest": "` +
+					digest(
+						7,
+					) + `"}}`,
+			)}
 		if _, err := follower.ApplyStreamEvents(ctx, []store.StreamEvent{old}); err != nil {
 			t.Fatal(err)
 		}
-		if got, want := queryString(t, follower.Reader(), `SELECT path FROM repos WHERE uid = 'g1/r9'`), "redis"; got != want {
+		if got, want := queryString(
+			t,
+			follower.Reader(),
+			`SELECT path FROM repos WHERE uid = 'g1/r9'`,
+		), "redis"; got != want {
 			t.Fatalf("path of a repo known from an old event=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, follower.Reader(), `SELECT scope FROM events WHERE id = 'old-1'`), "redis"; got != want {
+		if got, want := queryString(
+			t,
+			follower.Reader(),
+			`SELECT scope FROM events WHERE id = 'old-1'`,
+		), "redis"; got != want {
 			t.Fatalf("scope=%q, want %q", got, want)
 		}
 		refs, err := follower.UnresolvedTags(ctx)

@@ -24,11 +24,19 @@ func leaderWithMoves(t *testing.T) []store.StreamEvent {
 	}
 	d := func(c string) string { return "sha256:" + strings.Repeat(c, 64) }
 	t0 := clk.Now()
-	need, _, err := leader.ApplyTags(ctx, repo, []store.Tag{{UID: "g/r1/t1", Name: "latest", Digest: d("a"), CreateTime: t0, UpdateTime: t0}})
+	need, _, err := leader.ApplyTags(
+		ctx,
+		repo,
+		[]store.Tag{{UID: "g/r1/t1", Name: "latest", Digest: d("a"), CreateTime: t0, UpdateTime: t0}},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs := []store.HistoryRecord{{Time: t0, Digest: d("a")}, {Time: t0.Add(time.Second), Digest: d("b")}, {Time: t0.Add(2 * time.Second), Digest: d("c")}}
+	recs := []store.HistoryRecord{
+		{Time: t0, Digest: d("a")},
+		{Time: t0.Add(time.Second), Digest: d("b")},
+		{Time: t0.Add(2 * time.Second), Digest: d("c")},
+	}
 	if _, err := leader.ApplyHistory(ctx, need[0], recs, true); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +52,13 @@ func TestApplyStream_PoisonSetAside(t *testing.T) {
 	follower, _ := openTemp(t, newClock(), false, store.Options{})
 	poison := store.StreamEvent{ID: "poison", Type: store.TagCreated, Subject: "g/r1/evil", Seq: 1000,
 		Data: json.RawMessage(`{"before":null,"after":{"uid":5}}`)}
-	unknown := store.StreamEvent{ID: "unknown", Type: "nothing.created", Subject: "x", Seq: 1001, Data: json.RawMessage(`{}`)}
+	unknown := store.StreamEvent{
+		ID:      "unknown",
+		Type:    "nothing.created",
+		Subject: "x",
+		Seq:     1001,
+		Data:    json.RawMessage(`{}`),
+	}
 	batch := append(append([]store.StreamEvent{evs[0], poison}, evs[1:]...), unknown)
 	res, err := follower.ApplyStream(ctx, batch)
 	if err != nil {
@@ -57,7 +71,10 @@ func TestApplyStream_PoisonSetAside(t *testing.T) {
 		t.Fatalf("rejected %+v, want poison and unknown", res.Rejected)
 	}
 	var tags, events int
-	if err := follower.Reader().QueryRow(`SELECT (SELECT count(*) FROM tags), (SELECT count(*) FROM event_log)`).Scan(&tags, &events); err != nil {
+	if err := follower.Reader().QueryRow(`SELECT (SELECT count(*) FROM tags), (SELECT count(*) FROM event_log)`).Scan(
+		&tags,
+		&events,
+	); err != nil {
 		t.Fatal(err)
 	}
 	if tags != 1 || events != len(evs) {
@@ -115,7 +132,10 @@ func TestApplyStream_MovePositionFromData(t *testing.T) {
 		t.Errorf("placing an older leader's move tried %d positions, want 1 (the one after the bookmark)", n)
 	}
 	var seq int
-	if err := follower.Reader().QueryRow(`SELECT max(seq) FROM tag_history WHERE tag_uid = 'g/r1/t1'`).Scan(&seq); err != nil || seq != 2 {
+	if err := follower.Reader().QueryRow(`SELECT max(seq) FROM tag_history WHERE tag_uid = 'g/r1/t1'`).Scan(
+		&seq,
+	); err != nil ||
+		seq != 2 {
 		t.Errorf("the move is at position %d (%v), want 2", seq, err)
 	}
 	forged := old

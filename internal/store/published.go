@@ -82,7 +82,11 @@ type pendingEvent struct {
 // advisory.updated does).
 func pendingBefore(ctx context.Context, tx *sql.Tx) (map[string]*pendingEvent, error) {
 	out := map[string]*pendingEvent{}
-	err := queryRows(ctx, tx, `SELECT l.subject, l.resource, l.action, l.data FROM outbox o JOIN event_log l ON l.seq = o.seq ORDER BY o.seq`, nil,
+	err := queryRows(
+		ctx,
+		tx,
+		`SELECT l.subject, l.resource, l.action, l.data FROM outbox o JOIN event_log l ON l.seq = o.seq ORDER BY o.seq`,
+		nil,
 		func(rows *sql.Rows) error {
 			var subject, resource, action, data string
 			if err := rows.Scan(&subject, &resource, &action, &data); err != nil {
@@ -103,7 +107,8 @@ func pendingBefore(ctx context.Context, tx *sql.Tx) (map[string]*pendingEvent, e
 			}
 			out[subject] = p
 			return nil
-		})
+		},
+	)
 	return out, err
 }
 
@@ -130,17 +135,28 @@ func statefulAction(resource, action string) bool {
 }
 
 // publishedRepos calls fn with the live repos without unpublished events.
-func publishedRepos(ctx context.Context, tx *sql.Tx, pending map[string]*pendingEvent, fn func(PublishedResource) error) error {
-	err := queryRows(ctx, tx, `SELECT `+repoSelect+` FROM repos r WHERE r.deleted_time IS NULL`, nil, func(rows *sql.Rows) error {
-		r, err := scanRepo(rows)
-		if err != nil {
-			return err
-		}
-		if _, ok := pending[r.UID]; ok {
-			return nil
-		}
-		return fn(PublishedResource{Repo: &r.Repo})
-	})
+func publishedRepos(
+	ctx context.Context,
+	tx *sql.Tx,
+	pending map[string]*pendingEvent,
+	fn func(PublishedResource) error,
+) error {
+	err := queryRows(
+		ctx,
+		tx,
+		`SELECT `+repoSelect+` FROM repos r WHERE r.deleted_time IS NULL`,
+		nil,
+		func(rows *sql.Rows) error {
+			r, err := scanRepo(rows)
+			if err != nil {
+				return err
+			}
+			if _, ok := pending[r.UID]; ok {
+				return nil
+			}
+			return fn(PublishedResource{Repo: &r.Repo})
+		},
+	)
 	if err != nil {
 		return fmt.Errorf("repos: %w", err)
 	}
@@ -148,7 +164,12 @@ func publishedRepos(ctx context.Context, tx *sql.Tx, pending map[string]*pending
 }
 
 // publishedTags calls fn with the live tags without unpublished events.
-func publishedTags(ctx context.Context, tx *sql.Tx, pending map[string]*pendingEvent, fn func(PublishedResource) error) error {
+func publishedTags(
+	ctx context.Context,
+	tx *sql.Tx,
+	pending map[string]*pendingEvent,
+	fn func(PublishedResource) error,
+) error {
 	// The digest is the one the history walk last saw, which the last
 	// tag.moved announced: the listing's may be ahead of it until the
 	// history is read. A tag whose history was never read has the listing's,
@@ -159,7 +180,18 @@ func publishedTags(ctx context.Context, tx *sql.Tx, pending map[string]*pendingE
 		FROM tags t LEFT JOIN repos r ON r.uid = t.repo_uid WHERE t.deleted_time IS NULL`, nil, func(rows *sql.Rows) error {
 		var t Tag
 		var bundles, ct, ut string
-		if err := rows.Scan(&t.UID, &t.RepoUID, &t.Repo, &t.Path, &t.Name, &t.Digest, &t.Deprecated, &bundles, &ct, &ut); err != nil {
+		if err := rows.Scan(
+			&t.UID,
+			&t.RepoUID,
+			&t.Repo,
+			&t.Path,
+			&t.Name,
+			&t.Digest,
+			&t.Deprecated,
+			&bundles,
+			&ct,
+			&ut,
+		); err != nil {
 			return err
 		}
 		if _, ok := pending[t.UID]; ok {
@@ -179,18 +211,29 @@ func publishedTags(ctx context.Context, tx *sql.Tx, pending map[string]*pendingE
 
 // publishedAdvisories calls fn with the live advisories without
 // unpublished events, lifecycles and aliases included.
-func publishedAdvisories(ctx context.Context, tx *sql.Tx, pending map[string]*pendingEvent, fn func(PublishedResource) error) error {
+func publishedAdvisories(
+	ctx context.Context,
+	tx *sql.Tx,
+	pending map[string]*pendingEvent,
+	fn func(PublishedResource) error,
+) error {
 	var uids []string
-	err := queryRows(ctx, tx, `SELECT uid FROM advisories WHERE deleted_time IS NULL ORDER BY uid`, nil, func(rows *sql.Rows) error {
-		var u string
-		if err := rows.Scan(&u); err != nil {
-			return err
-		}
-		if _, ok := pending[u]; !ok {
-			uids = append(uids, u)
-		}
-		return nil
-	})
+	err := queryRows(
+		ctx,
+		tx,
+		`SELECT uid FROM advisories WHERE deleted_time IS NULL ORDER BY uid`,
+		nil,
+		func(rows *sql.Rows) error {
+			var u string
+			if err := rows.Scan(&u); err != nil {
+				return err
+			}
+			if _, ok := pending[u]; !ok {
+				uids = append(uids, u)
+			}
+			return nil
+		},
+	)
 	if err != nil {
 		return fmt.Errorf("advisories: %w", err)
 	}
@@ -241,17 +284,23 @@ func (s *Store) LatestEventIDs(ctx context.Context, subjects []string) (map[stri
 		return nil, fmt.Errorf("read latest event ids: %w", err)
 	}
 	defer tx.Rollback()
-	err = queryByUIDs(ctx, tx, `SELECT l.subject, l.id, l.resource, l.action FROM event_log l
-		WHERE l.subject IN (%s) AND l.seq NOT IN (SELECT seq FROM outbox) ORDER BY l.seq`, subjects, func(rows *sql.Rows) error {
-		var subject, id, resource, action string
-		if err := rows.Scan(&subject, &id, &resource, &action); err != nil {
-			return err
-		}
-		if statefulAction(resource, action) {
-			out[subject] = id
-		}
-		return nil
-	})
+	err = queryByUIDs(
+		ctx,
+		tx,
+		`SELECT l.subject, l.id, l.resource, l.action FROM event_log l
+		WHERE l.subject IN (%s) AND l.seq NOT IN (SELECT seq FROM outbox) ORDER BY l.seq`,
+		subjects,
+		func(rows *sql.Rows) error {
+			var subject, id, resource, action string
+			if err := rows.Scan(&subject, &id, &resource, &action); err != nil {
+				return err
+			}
+			if statefulAction(resource, action) {
+				out[subject] = id
+			}
+			return nil
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read latest event ids: %w", err)
 	}

@@ -168,7 +168,12 @@ func (r *MirrorRead) Repo(ctx context.Context, path string) (RepoRow, bool, erro
 		var repo RepoRow
 		var deleted sql.NullString
 		err := r.queryRow(ctx, `SELECT uid, name, path, deleted_time FROM repos WHERE `+col+` = ?
-			ORDER BY deleted_time IS NOT NULL, deleted_time DESC, uid LIMIT 1`, path).Scan(&repo.UID, &repo.Name, &repo.Path, &deleted)
+			ORDER BY deleted_time IS NOT NULL, deleted_time DESC, uid LIMIT 1`, path).Scan(
+			&repo.UID,
+			&repo.Name,
+			&repo.Path,
+			&deleted,
+		)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
@@ -199,7 +204,16 @@ func scanTagRow(sc interface{ Scan(...any) error }) (TagRow, error) {
 	var t TagRow
 	var updated, deleted sql.NullString
 	var firstSeen string
-	if err := sc.Scan(&t.UID, &t.Name, &t.Digest, &t.Deprecated, &updated, &deleted, &firstSeen, &t.HistoryCount); err != nil {
+	if err := sc.Scan(
+		&t.UID,
+		&t.Name,
+		&t.Digest,
+		&t.Deprecated,
+		&updated,
+		&deleted,
+		&firstSeen,
+		&t.HistoryCount,
+	); err != nil {
 		return TagRow{}, err
 	}
 	t.Updated, t.Deleted, t.FirstSeen = parseStored(updated.String), parseStored(deleted.String), parseStored(firstSeen)
@@ -224,12 +238,17 @@ func (r *MirrorRead) Tag(ctx context.Context, repoUID, name string) (TagRow, boo
 // after after, by name, at most limit of them.
 func (r *MirrorRead) RepoTags(ctx context.Context, repoUID, after string, limit int) ([]TagRow, error) {
 	var out []TagRow
-	err := queryRows(ctx, r, tagRowSelect+` WHERE repo_uid = ? AND deleted_time IS NULL AND name > ? ORDER BY name LIMIT ?`,
-		[]any{repoUID, after, limit}, func(rows *sql.Rows) error {
+	err := queryRows(
+		ctx,
+		r,
+		tagRowSelect+` WHERE repo_uid = ? AND deleted_time IS NULL AND name > ? ORDER BY name LIMIT ?`,
+		[]any{repoUID, after, limit},
+		func(rows *sql.Rows) error {
 			t, err := scanTagRow(rows)
 			out = append(out, t)
 			return err
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("list tags of repo %s: %w", repoUID, err)
 	}
@@ -263,7 +282,8 @@ func (r *MirrorRead) FirstRecord(ctx context.Context, tagUID string) (Record, bo
 func (r *MirrorRead) record(ctx context.Context, where string, args ...any) (Record, bool, error) {
 	var rec Record
 	var t string
-	err := r.queryRow(ctx, `SELECT seq, update_time, digest FROM tag_history `+where+` LIMIT 1`, args...).Scan(&rec.Seq, &t, &rec.Digest)
+	err := r.queryRow(ctx, `SELECT seq, update_time, digest FROM tag_history `+where+` LIMIT 1`, args...).
+		Scan(&rec.Seq, &t, &rec.Digest)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, false, nil
 	}
@@ -277,7 +297,13 @@ func (r *MirrorRead) record(ctx context.Context, where string, args ...any) (Rec
 // History returns the tag's records after position afterSeq (-1: from the
 // first) whose time lies in [from, to) (a zero bound is open), oldest
 // first, at most limit of them.
-func (r *MirrorRead) History(ctx context.Context, tagUID string, from, to time.Time, afterSeq int64, limit int) ([]Record, error) {
+func (r *MirrorRead) History(
+	ctx context.Context,
+	tagUID string,
+	from, to time.Time,
+	afterSeq int64,
+	limit int,
+) ([]Record, error) {
 	q, args := `SELECT seq, update_time, digest FROM tag_history WHERE tag_uid = ? AND seq > ?`, []any{tagUID, afterSeq}
 	if !from.IsZero() {
 		q, args = q+` AND update_time >= ?`, append(args, FormatTime(from))
@@ -343,7 +369,8 @@ func (r *MirrorRead) DigestIntervals(ctx context.Context, digest string, limit i
 	var out []Interval
 	err := queryRows(ctx, r, `SELECT path, repo, tag, tag_uid, seq, from_time, until_time, deprecated FROM (
 			SELECT r.path, r.name AS repo, t.name AS tag, t.uid AS tag_uid, h.seq, h.update_time AS from_time,
-			       COALESCE((SELECT n.update_time FROM tag_history n WHERE n.tag_uid = h.tag_uid AND n.seq > h.seq ORDER BY n.seq LIMIT 1),
+			       COALESCE((SELECT n.update_time FROM tag_history n
+			                 WHERE n.tag_uid = h.tag_uid AND n.seq > h.seq ORDER BY n.seq LIMIT 1),
 			                t.deleted_time, r.deleted_time) AS until_time,
 			       t.deprecated
 			FROM tag_history h JOIN tags t ON t.uid = h.tag_uid JOIN repos r ON r.uid = t.repo_uid
@@ -399,7 +426,13 @@ var advisoryWhere = map[AdvisoryKey]string{
 
 // AdvisoriesBy returns the advisories whose key is value, standing ones
 // only unless withdrawn, by artifact and advisory id, at most limit.
-func (r *MirrorRead) AdvisoriesBy(ctx context.Context, key AdvisoryKey, value string, withdrawn bool, limit int) ([]AdvisoryState, error) {
+func (r *MirrorRead) AdvisoriesBy(
+	ctx context.Context,
+	key AdvisoryKey,
+	value string,
+	withdrawn bool,
+	limit int,
+) ([]AdvisoryState, error) {
 	where, ok := advisoryWhere[key]
 	if !ok {
 		return nil, fmt.Errorf("unknown advisory key %d", key)
@@ -408,9 +441,14 @@ func (r *MirrorRead) AdvisoriesBy(ctx context.Context, key AdvisoryKey, value st
 		where += ` AND deleted_time IS NULL`
 	}
 	var out []AdvisoryState
-	err := queryRows(ctx, r, `SELECT uid, advisory_id, artifact_name, COALESCE(artifact_type, ''), COALESCE(artifact_architecture, ''),
-			COALESCE(component_name, ''), COALESCE(aliases, ''), COALESCE(state, ''), state_time, COALESCE(fixed_version, ''), deleted_time
-		FROM advisory_states WHERE `+where+` ORDER BY artifact_name, advisory_id, uid LIMIT ?`, []any{value, limit},
+	err := queryRows(
+		ctx,
+		r,
+		`SELECT uid, advisory_id, artifact_name, COALESCE(artifact_type, ''), COALESCE(artifact_architecture, ''),
+			COALESCE(component_name, ''), COALESCE(aliases, ''), COALESCE(state, ''), state_time, COALESCE(fixed_version, ''),
+				deleted_time
+		FROM advisory_states WHERE `+where+` ORDER BY artifact_name, advisory_id, uid LIMIT ?`,
+		[]any{value, limit},
 		func(rows *sql.Rows) error {
 			var a AdvisoryState
 			var aliases string
@@ -421,7 +459,8 @@ func (r *MirrorRead) AdvisoriesBy(ctx context.Context, key AdvisoryKey, value st
 			a.StateTime, a.Withdrawn = parseStored(stateTime.String), parseStored(deleted.String)
 			out = append(out, a)
 			return err
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("find advisories: %w", err)
 	}

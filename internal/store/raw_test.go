@@ -59,8 +59,15 @@ func TestRawJSON(t *testing.T) {
 		"syncConfig": {"source": "cgr.dev/chainguard/nginx"} }`)
 	tg := tag("g1/r1/t1", "latest", 1)
 	tg.Raw = json.RawMessage(`{"name": "latest", "digest": "` + digest(1) + `", "bundles": []}`)
-	adv := store.Advisory{UID: "g1/a1", AdvisoryID: "CGA-1", ArtifactName: "openssl", UpdateTime: ts("2025-01-01T00:00:00Z"),
-		Raw: json.RawMessage(`{"advisoryId": "CGA-1", "aliases": ["CVE-2025-1"], "severities": [{"type": "CVSS_V3", "score": "7.5"}]}`)}
+	adv := store.Advisory{
+		UID:          "g1/a1",
+		AdvisoryID:   "CGA-1",
+		ArtifactName: "openssl",
+		UpdateTime:   ts("2025-01-01T00:00:00Z"),
+		Raw: json.RawMessage(
+			`{"advisoryId": "CGA-1", "aliases": ["CVE-2025-1"], "severities": [{"type": "CVSS_V3", "score": "7.5"}]}`,
+		),
+	}
 	apply := func(r store.Repo, tg store.Tag, a store.Advisory) int {
 		t.Helper()
 		n := mustApplyRepos(t, st, r)
@@ -84,13 +91,21 @@ func TestRawJSON(t *testing.T) {
 			`{"uid":"g1/r1","name":"nginx","syncConfig":{"source":"cgr.dev/chainguard/nginx"}}`; got != want {
 			t.Fatalf("repos.raw=%s, want %s", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT json_extract(raw, '$.syncConfig.source') FROM repos`), "cgr.dev/chainguard/nginx"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT json_extract(raw, '$.syncConfig.source') FROM repos`,
+		), "cgr.dev/chainguard/nginx"; got != want {
 			t.Fatalf("json_extract on repos.raw=%q, want %q", got, want)
 		}
 		if got, want := queryString(t, db, `SELECT json_extract(raw, '$.name') FROM tags`), "latest"; got != want {
 			t.Fatalf("json_extract on tags.raw=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT a.value FROM advisories, json_each(advisories.raw, '$.aliases') a`), "CVE-2025-1"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT a.value FROM advisories, json_each(advisories.raw, '$.aliases') a`,
+		), "CVE-2025-1"; got != want {
 			t.Fatalf("alias from advisories.raw=%q, want %q", got, want)
 		}
 		r, ok, err := st.RepoByPath(ctx, "nginx")
@@ -100,7 +115,8 @@ func TestRawJSON(t *testing.T) {
 	})
 	t.Run("NeverInEvents", func(t *testing.T) {
 		for _, e := range allEvents(t, st) {
-			if strings.Contains(string(e.Data), "syncConfig") || strings.Contains(string(e.Data), "severities") || strings.Contains(string(e.Data), `"bundles":[]`) {
+			if strings.Contains(string(e.Data), "syncConfig") || strings.Contains(string(e.Data), "severities") ||
+				strings.Contains(string(e.Data), `"bundles":[]`) {
 				t.Fatalf("%s event data carries raw JSON: %s", e.Type, e.Data)
 			}
 		}
@@ -126,14 +142,20 @@ func TestRawJSON(t *testing.T) {
 		if w.wrote() {
 			t.Fatal("resources without raw JSON were rewritten")
 		}
-		if got := queryInt(t, db, `SELECT (SELECT COUNT(*) FROM repos WHERE raw IS NULL) + (SELECT COUNT(*) FROM tags WHERE raw IS NULL) +
-			(SELECT COUNT(*) FROM advisories WHERE raw IS NULL)`); got != 0 {
+		if got := queryInt(
+			t,
+			db,
+			`SELECT (SELECT COUNT(*) FROM repos WHERE raw IS NULL) + (SELECT COUNT(*) FROM tags WHERE raw IS NULL) +
+			(SELECT COUNT(*) FROM advisories WHERE raw IS NULL)`,
+		); got != 0 {
 			t.Fatalf("rows that lost their raw JSON=%d, want 0", got)
 		}
 	})
 	t.Run("RawAloneChangedIsWrittenWithoutEvent", func(t *testing.T) {
 		r2, t2, a2 := repo, tg, adv
-		r2.Raw = json.RawMessage(`{"uid": "g1/r1", "name": "nginx", "syncConfig": {"source": "cgr.dev/chainguard/nginx-fips"}}`)
+		r2.Raw = json.RawMessage(
+			`{"uid": "g1/r1", "name": "nginx", "syncConfig": {"source": "cgr.dev/chainguard/nginx-fips"}}`,
+		)
 		t2.Raw = json.RawMessage(`{"name": "latest", "newField": true}`)
 		a2.Raw = json.RawMessage(`{"advisoryId": "CGA-1", "aliases": ["CVE-2025-1", "GHSA-x"]}`)
 		before := len(allEvents(t, st))

@@ -65,7 +65,9 @@ func TestOpenReadOnly(t *testing.T) {
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(`INSERT INTO schema_migrations (version, name, applied_time) VALUES (999, 'future', '')`); err != nil {
+	if _, err := db.Exec(
+		`INSERT INTO schema_migrations (version, name, applied_time) VALUES (999, 'future', '')`,
+	); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := store.OpenReadOnly(ctx, path); err == nil || !strings.Contains(err.Error(), "newer than this syncd") {

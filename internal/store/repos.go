@@ -55,8 +55,20 @@ const repoColumns = 12
 
 // repoRow is the values of r's row for bulkRepos.
 func repoRow(r Repo, raw any, now string) []any {
-	return []any{r.UID, r.Name, repoPath(r), r.Description, r.CatalogTier, jsonList(r.Aliases), jsonList(r.ActiveTags), jsonList(r.Bundles),
-		nullTime(r.CreateTime), nullTime(r.UpdateTime), now, raw}
+	return []any{
+		r.UID,
+		r.Name,
+		repoPath(r),
+		r.Description,
+		r.CatalogTier,
+		jsonList(r.Aliases),
+		jsonList(r.ActiveTags),
+		jsonList(r.Bundles),
+		nullTime(r.CreateTime),
+		nullTime(r.UpdateTime),
+		now,
+		raw,
+	}
 }
 
 // ApplyRepos upserts one page of repos and records repo.created (also for a
@@ -93,8 +105,17 @@ func (s *Store) ApplyRepos(ctx context.Context, repos []Repo) (int, error) {
 			switch {
 			case !seen || o.deleted:
 				if s.announce(baseline) {
-					cs = append(cs, change{typ: RepoCreated, scope: r.Path, subject: r.UID, disc: createdDisc(r.CreateTime, r.UpdateTime, o.deletions),
-						time: eventTime(r.CreateTime, s.now()), after: r})
+					cs = append(
+						cs,
+						change{
+							typ:     RepoCreated,
+							scope:   r.Path,
+							subject: r.UID,
+							disc:    createdDisc(r.CreateTime, r.UpdateTime, o.deletions),
+							time:    eventTime(r.CreateTime, s.now()),
+							after:   r,
+						},
+					)
 				}
 			case pathLearnt(o.Repo, r) && sameRepo(withPath(o.Repo, r.Path), r):
 				// Schema 6 filled in every path with the name; the nested
@@ -104,7 +125,18 @@ func (s *Store) ApplyRepos(ctx context.Context, repos []Repo) (int, error) {
 				if err != nil {
 					return 0, err
 				}
-				cs = append(cs, change{typ: RepoUpdated, scope: r.Path, subject: r.UID, disc: disc, time: eventTime(r.UpdateTime, s.now()), before: o.Repo, after: r})
+				cs = append(
+					cs,
+					change{
+						typ:     RepoUpdated,
+						scope:   r.Path,
+						subject: r.UID,
+						disc:    disc,
+						time:    eventTime(r.UpdateTime, s.now()),
+						before:  o.Repo,
+						after:   r,
+					},
+				)
 			case rawChanged(o.raw, raw):
 			default:
 				continue
@@ -130,8 +162,21 @@ const repoSelect = `r.uid, r.name, r.path, r.description, r.catalog_tier, r.alia
 func scanRepo(rows *sql.Rows) (storedRepo, error) {
 	var r storedRepo
 	var aliases, active, bundles, ct, ut string
-	if err := rows.Scan(&r.UID, &r.Name, &r.Path, &r.Description, &r.CatalogTier, &aliases, &active, &bundles, &ct, &ut, &r.raw,
-		&r.deleted, &r.deletions); err != nil {
+	if err := rows.Scan(
+		&r.UID,
+		&r.Name,
+		&r.Path,
+		&r.Description,
+		&r.CatalogTier,
+		&aliases,
+		&active,
+		&bundles,
+		&ct,
+		&ut,
+		&r.raw,
+		&r.deleted,
+		&r.deletions,
+	); err != nil {
 		return r, err
 	}
 	r.Path = repoPath(r.Repo)
@@ -177,12 +222,17 @@ func loadRepos(ctx context.Context, tx *sql.Tx, where string, uids []string) (ma
 // without asking the platform.
 func (s *Store) RepoByPath(ctx context.Context, path string) (Repo, bool, error) {
 	var found *storedRepo
-	err := queryRows(ctx, s.r, `SELECT `+repoSelect+` FROM repos r WHERE r.path = ? AND r.deleted_time IS NULL ORDER BY r.uid LIMIT 1`,
-		[]any{path}, func(rows *sql.Rows) error {
+	err := queryRows(
+		ctx,
+		s.r,
+		`SELECT `+repoSelect+` FROM repos r WHERE r.path = ? AND r.deleted_time IS NULL ORDER BY r.uid LIMIT 1`,
+		[]any{path},
+		func(rows *sql.Rows) error {
 			r, err := scanRepo(rows)
 			found = &r
 			return err
-		})
+		},
+	)
 	if err != nil {
 		return Repo{}, false, fmt.Errorf("find repo at path %q: %w", path, err)
 	}
@@ -210,9 +260,14 @@ func withPath(r Repo, path string) Repo {
 }
 
 func sameRepo(a, b Repo) bool {
-	return a.Name == b.Name && repoPath(a) == repoPath(b) && a.Description == b.Description && a.CatalogTier == b.CatalogTier &&
-		slices.Equal(a.Aliases, b.Aliases) && slices.Equal(a.ActiveTags, b.ActiveTags) && slices.Equal(a.Bundles, b.Bundles) &&
-		sameTime(a.CreateTime, b.CreateTime) && sameTime(a.UpdateTime, b.UpdateTime)
+	return a.Name == b.Name &&
+		repoPath(a) == repoPath(b) &&
+		a.Description == b.Description &&
+		a.CatalogTier == b.CatalogTier &&
+		slices.Equal(a.Aliases, b.Aliases) && slices.Equal(a.ActiveTags, b.ActiveTags) &&
+		slices.Equal(a.Bundles, b.Bundles) &&
+		sameTime(a.CreateTime, b.CreateTime) &&
+		sameTime(a.UpdateTime, b.UpdateTime)
 }
 
 // sameTime compares times as the mirror stores them, to the millisecond, so

@@ -57,9 +57,18 @@ func (s *Store) FinishRun(ctx context.Context, r *Run, runErr error) error {
 		outcome = OutcomePartial
 	}
 	// The run's context may be canceled already; the record must still land.
-	_, err := s.w.ExecContext(context.WithoutCancel(ctx), `UPDATE crawl_runs SET finished_time = ?, outcome = ?, requests = ?, changes = ?,
+	_, err := s.w.ExecContext(
+		context.WithoutCancel(ctx),
+		`UPDATE crawl_runs SET finished_time = ?, outcome = ?, requests = ?, changes = ?,
 		failures = ?, error = ? WHERE id = ?`,
-		FormatTime(s.now()), outcome, r.Requests, r.Changes, r.Failures, msg, r.ID)
+		FormatTime(s.now()),
+		outcome,
+		r.Requests,
+		r.Changes,
+		r.Failures,
+		msg,
+		r.ID,
+	)
 	if err != nil {
 		return fmt.Errorf("record end of crawl run %d: %w", r.ID, err)
 	}
@@ -85,14 +94,28 @@ type JobRun struct {
 // LastRuns returns the latest run of each job, by job name.
 func (s *Store) LastRuns(ctx context.Context) ([]JobRun, error) {
 	var out []JobRun
-	err := queryRows(ctx, s.r, `SELECT r.job, r.started_time, COALESCE(r.finished_time,''), r.outcome, r.requests, r.changes, r.failures,
+	err := queryRows(
+		ctx,
+		s.r,
+		`SELECT r.job, r.started_time, COALESCE(r.finished_time,''), r.outcome, r.requests, r.changes, r.failures,
 			COALESCE(r.error,''),
 			COALESCE((SELECT MAX(c.finished_time) FROM crawl_runs c WHERE c.job = r.job AND c.outcome IN (?, ?)), '')
 		FROM crawl_runs r WHERE r.id IN (SELECT MAX(id) FROM crawl_runs GROUP BY job) ORDER BY r.job`,
-		[]any{OutcomeOK, OutcomePartial}, func(rows *sql.Rows) error {
+		[]any{OutcomeOK, OutcomePartial},
+		func(rows *sql.Rows) error {
 			var j JobRun
 			var started, finished, completed string
-			if err := rows.Scan(&j.Job, &started, &finished, &j.Outcome, &j.Requests, &j.Changes, &j.Failures, &j.Error, &completed); err != nil {
+			if err := rows.Scan(
+				&j.Job,
+				&started,
+				&finished,
+				&j.Outcome,
+				&j.Requests,
+				&j.Changes,
+				&j.Failures,
+				&j.Error,
+				&completed,
+			); err != nil {
 				return err
 			}
 			var err error
@@ -105,7 +128,8 @@ func (s *Store) LastRuns(ctx context.Context) ([]JobRun, error) {
 			j.LastCompleted, err = ParseTime(completed)
 			out = append(out, j)
 			return err
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read last crawl runs: %w", err)
 	}

@@ -56,7 +56,12 @@ func populate(t *testing.T) *store.Store {
 	}
 	mustApplyRepos(t, st, nginx, redis, gone, certManager)
 	at := func(d, digest string) store.Tag {
-		return store.Tag{Name: d, Digest: digest, CreateTime: ts("2025-06-01T00:00:00Z"), UpdateTime: ts("2025-12-20T00:00:00Z")}
+		return store.Tag{
+			Name:       d,
+			Digest:     digest,
+			CreateTime: ts("2025-06-01T00:00:00Z"),
+			UpdateTime: ts("2025-12-20T00:00:00Z"),
+		}
 	}
 	nginxTags := []store.Tag{at("latest", hex("1")), at("1.27", hex("1")), at("1.25", hex("5")), at("stable", hex("6"))}
 	for i := range nginxTags {
@@ -71,7 +76,11 @@ func populate(t *testing.T) *store.Store {
 		history[tg.UID] = []store.HistoryRecord{{Time: ts("2025-12-20T00:00:00Z"), Digest: tg.Digest}}
 	}
 	mustApplyTags(t, st, gone, store.Tag{UID: gone.UID + "/tlatest", Name: "latest", Digest: hex("9")})
-	for repo, tags := range map[*store.Repo][]store.Tag{&nginx: nginxTags, &redis: {redisLatest}, &certManager: {cmLatest}} {
+	for repo, tags := range map[*store.Repo][]store.Tag{
+		&nginx:       nginxTags,
+		&redis:       {redisLatest},
+		&certManager: {cmLatest},
+	} {
 		for _, ref := range mustApplyTags(t, st, *repo, tags...) {
 			if _, err := st.ApplyHistory(ctx, ref, history[ref.UID], true); err != nil {
 				t.Fatal(err)
@@ -117,33 +126,88 @@ func populate(t *testing.T) *store.Store {
 	ago := func(d time.Duration) time.Time { return time.Now().UTC().Add(-d).Truncate(time.Second) }
 	approved := "REVIEW_STATE_APPROVED"
 	detected := func(uid, how, details string) store.AdvisoryEvent {
-		return store.AdvisoryEvent{UID: uid + "/e1", Type: store.StepDetected, CreateTime: ts("2026-01-03T00:00:00Z"), Author: "scanner@example.dev",
-			ReviewState: approved, DetectionType: how, Details: json.RawMessage(details)}
+		return store.AdvisoryEvent{
+			UID:           uid + "/e1",
+			Type:          store.StepDetected,
+			CreateTime:    ts("2026-01-03T00:00:00Z"),
+			Author:        "scanner@example.dev",
+			ReviewState:   approved,
+			DetectionType: how,
+			Details:       json.RawMessage(details),
+		}
 	}
 	v3 := func(vector string) store.AdvisorySeverity {
 		return store.AdvisorySeverity{Type: "TYPE_CVSS_V3", Score: vector}
 	}
 	advs := []store.Advisory{
-		{UID: "g1/a1", AdvisoryID: "CGA-1111", ArtifactName: "openssl", CreateTime: ts("2026-01-03T00:00:00Z"), UpdateTime: ts("2026-01-03T00:00:00Z"),
-			ArtifactType: "apk", ComponentName: "libssl3", Aliases: []string{"CVE-2026-0001", "GHSA-aaaa-bbbb-cccc"},
-			Severities: []store.AdvisorySeverity{v3("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H")},
-			Events:     []store.AdvisoryEvent{detected("g1/a1", "scanv1", `{"scanv1":{"scanner":"grype","componentVersion":"3.0.1"}}`)},
-			Raw:        json.RawMessage(`{"advisoryId": "CGA-1111", "aliases": ["CVE-2026-0001", "GHSA-aaaa-bbbb-cccc"]}`)},
-		{UID: "g1/a2", AdvisoryID: "CGA-2222", ArtifactName: "openssl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z")},
-		{UID: "g1/a3", AdvisoryID: "CGA-3333", ArtifactName: "curl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z"),
-			ComponentName: "libcurl", Aliases: []string{"CVE-2026-0001"},
+		{
+			UID:           "g1/a1",
+			AdvisoryID:    "CGA-1111",
+			ArtifactName:  "openssl",
+			CreateTime:    ts("2026-01-03T00:00:00Z"),
+			UpdateTime:    ts("2026-01-03T00:00:00Z"),
+			ArtifactType:  "apk",
+			ComponentName: "libssl3",
+			Aliases:       []string{"CVE-2026-0001", "GHSA-aaaa-bbbb-cccc"},
+			Severities:    []store.AdvisorySeverity{v3("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H")},
+			Events: []store.AdvisoryEvent{
+				detected("g1/a1", "scanv1", `{"scanv1":{"scanner":"grype","componentVersion":"3.0.1"}}`),
+			},
+			Raw: json.RawMessage(`{"advisoryId": "CGA-1111", "aliases": ["CVE-2026-0001", "GHSA-aaaa-bbbb-cccc"]}`),
+		},
+		{
+			UID:          "g1/a2",
+			AdvisoryID:   "CGA-2222",
+			ArtifactName: "openssl",
+			CreateTime:   ts("2026-01-04T00:00:00Z"),
+			UpdateTime:   ts("2026-01-04T00:00:00Z"),
+		},
+		{
+			UID:           "g1/a3",
+			AdvisoryID:    "CGA-3333",
+			ArtifactName:  "curl",
+			CreateTime:    ts("2026-01-04T00:00:00Z"),
+			UpdateTime:    ts("2026-01-04T00:00:00Z"),
+			ComponentName: "libcurl",
+			Aliases:       []string{"CVE-2026-0001"},
 			Severities: []store.AdvisorySeverity{v3("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:N/I:N/A:H"),
 				{Type: "TYPE_CVSS_V4", Score: "CVSS:4.0/AV:N/AC:L/AT:N/PR:N/UI:N/VC:H/VI:H/VA:H/SC:N/SI:N/SA:N"}},
 			Events: []store.AdvisoryEvent{detected("g1/a3", "nvdapi", `{"nvdapi":{"cpeSearched":"curl"}}`),
-				{UID: "g1/a3/e2", Type: store.StepTruePositive, CreateTime: ago(20 * 24 * time.Hour), ReviewState: approved, Note: "reachable",
-					Details: json.RawMessage(`{"note":"reachable"}`)}}},
-		{UID: "g1/a4", AdvisoryID: "CGA-4444", ArtifactName: "curl", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z")},
-		{UID: "g1/a5", AdvisoryID: "CGA-5555", ArtifactName: "nginx", CreateTime: ts("2026-01-04T00:00:00Z"), UpdateTime: ts("2026-01-04T00:00:00Z"),
-			ComponentName: "nginx", Aliases: []string{"CVE-2026-0002"},
-			Severities: []store.AdvisorySeverity{{Type: "TYPE_CVSS_V2", Score: "AV:N/AC:M/Au:N/C:N/I:P/A:N"}},
+				{
+					UID:         "g1/a3/e2",
+					Type:        store.StepTruePositive,
+					CreateTime:  ago(20 * 24 * time.Hour),
+					ReviewState: approved,
+					Note:        "reachable",
+					Details:     json.RawMessage(`{"note":"reachable"}`),
+				}},
+		},
+		{
+			UID:          "g1/a4",
+			AdvisoryID:   "CGA-4444",
+			ArtifactName: "curl",
+			CreateTime:   ts("2026-01-04T00:00:00Z"),
+			UpdateTime:   ts("2026-01-04T00:00:00Z"),
+		},
+		{
+			UID:           "g1/a5",
+			AdvisoryID:    "CGA-5555",
+			ArtifactName:  "nginx",
+			CreateTime:    ts("2026-01-04T00:00:00Z"),
+			UpdateTime:    ts("2026-01-04T00:00:00Z"),
+			ComponentName: "nginx",
+			Aliases:       []string{"CVE-2026-0002"},
+			Severities:    []store.AdvisorySeverity{{Type: "TYPE_CVSS_V2", Score: "AV:N/AC:M/Au:N/C:N/I:P/A:N"}},
 			Events: []store.AdvisoryEvent{detected("g1/a5", "manual", `{"manual":{}}`),
-				{UID: "g1/a5/e2", Type: store.StepFixed, CreateTime: ago(24 * time.Hour), ReviewState: "REVIEW_STATE_PENDING", FixedVersion: "1.27.4-r0",
-					Details: json.RawMessage(`{"fixedVersion":"1.27.4-r0"}`)}}},
+				{
+					UID:          "g1/a5/e2",
+					Type:         store.StepFixed,
+					CreateTime:   ago(24 * time.Hour),
+					ReviewState:  "REVIEW_STATE_PENDING",
+					FixedVersion: "1.27.4-r0",
+					Details:      json.RawMessage(`{"fixedVersion":"1.27.4-r0"}`),
+				}},
+		},
 	}
 	if _, err := st.ApplyAdvisories(ctx, advs); err != nil {
 		t.Fatal(err)
@@ -151,9 +215,12 @@ func populate(t *testing.T) *store.Store {
 	// CGA-1111 is found fixed two days ago.
 	fixed := advs[0]
 	fixed.UpdateTime = ago(48 * time.Hour)
-	fixed.Events = append(fixed.Events, store.AdvisoryEvent{UID: "g1/a1/e2", Type: store.StepFixed, CreateTime: ago(48 * time.Hour),
-		Author: "analyst@example.dev", ReviewState: approved, FixedVersion: "3.0.2-r0", Note: "fixed upstream",
-		Details: json.RawMessage(`{"fixedVersion":"3.0.2-r0","note":"fixed upstream"}`)})
+	fixed.Events = append(
+		fixed.Events,
+		store.AdvisoryEvent{UID: "g1/a1/e2", Type: store.StepFixed, CreateTime: ago(48 * time.Hour),
+			Author: "analyst@example.dev", ReviewState: approved, FixedVersion: "3.0.2-r0", Note: "fixed upstream",
+			Details: json.RawMessage(`{"fixedVersion":"3.0.2-r0","note":"fixed upstream"}`)},
+	)
 	if _, err := st.ApplyAdvisories(ctx, []store.Advisory{fixed}); err != nil {
 		t.Fatal(err)
 	}
@@ -236,45 +303,85 @@ func TestSchemaDoc_ExamplesRun(t *testing.T) {
 	}
 	t.Run("AnswersAreRight", func(t *testing.T) {
 		db := st.Reader()
-		if got, want := queryInt(t, db, `SELECT COUNT(*) FROM tag_moves WHERE moved_time >= '2026-01-01T00:00:00.000Z'`), 3; got != want {
+		if got, want := queryInt(
+			t,
+			db,
+			`SELECT COUNT(*) FROM tag_moves WHERE moved_time >= '2026-01-01T00:00:00.000Z'`,
+		), 3; got != want {
 			t.Fatalf("moves in January=%d, want %d", got, want)
 		}
 		if got, want := queryString(t, db, `SELECT repo FROM repo_moves ORDER BY moves DESC LIMIT 1`), "nginx"; got != want {
 			t.Fatalf("repo with most moves=%s, want %s", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT open_advisory_ids FROM advisories_by_artifact WHERE artifact_name = 'openssl'`), "CGA-1111"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT open_advisory_ids FROM advisories_by_artifact WHERE artifact_name = 'openssl'`,
+		), "CGA-1111"; got != want {
 			t.Fatalf("open openssl advisories=%q, want %q", got, want)
 		}
 		if got, want := queryInt(t, db, `SELECT COUNT(*) FROM events WHERE type = 'tag.moved'`), 3; got != want {
 			t.Fatalf("tag.moved events=%d, want %d", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT tag FROM current_tags WHERE path = 'charts/cert-manager'`), "v1.16"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT tag FROM current_tags WHERE path = 'charts/cert-manager'`,
+		), "v1.16"; got != want {
 			t.Fatalf("tag of charts/cert-manager=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT json_extract(raw, '$.syncConfig.source') FROM repos WHERE path = 'nginx'`), "cgr.dev/chainguard/nginx"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT json_extract(raw, '$.syncConfig.source') FROM repos WHERE path = 'nginx'`,
+		), "cgr.dev/chainguard/nginx"; got != want {
 			t.Fatalf("nginx sync source from raw=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT group_concat(artifact_name || ':' || fixed_version, ' ') FROM fixed_versions WHERE alias = 'CVE-2026-0001'`),
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT group_concat(artifact_name || ':' || fixed_version, ' ') FROM fixed_versions WHERE alias = 'CVE-2026-0001'`,
+		),
 			"openssl:3.0.2-r0"; got != want {
 			t.Fatalf("where CVE-2026-0001 is fixed=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT group_concat(artifact_name || ':' || COALESCE(state, '-'), ' ') FROM (SELECT * FROM advisories_by_alias WHERE alias = 'CVE-2026-0001' ORDER BY artifact_name)`),
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT group_concat(artifact_name || ':' || COALESCE(state, '-'), ' ') FROM (SELECT * FROM advisories_by_alias WHERE alias = 'CVE-2026-0001' ORDER BY artifact_name)`,
+		),
 			"curl:true_positive openssl:fixed"; got != want {
 			t.Fatalf("advisories of CVE-2026-0001=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT group_concat(advisory_id || ':' || state || ':' || rating || ':' || base_score, ' ') FROM (SELECT * FROM open_advisories ORDER BY advisory_id)`),
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT group_concat(advisory_id || ':' || state || ':' || rating || ':' || base_score, ' ') FROM (SELECT * FROM open_advisories ORDER BY advisory_id)`,
+		),
 			"CGA-3333:true_positive:high:7.5 CGA-5555:detected:medium:4.3"; got != want {
 			t.Fatalf("open advisories=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT group_concat(json_extract(data, '$.event.fixedVersion') || '@' || scope, ' ') FROM events WHERE type = 'advisory.fixed'`),
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT group_concat(json_extract(data, '$.event.fixedVersion') || '@' || scope, ' ') FROM events WHERE type = 'advisory.fixed'`,
+		),
 			"1.27.4-r0@nginx 3.0.2-r0@openssl"; got != want {
 			t.Fatalf("advisory.fixed events=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT group_concat(advisory_id || '@' || deleted_time, ' ') FROM advisories WHERE deleted_time IS NOT NULL AND raw IS NOT NULL`),
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT group_concat(advisory_id || '@' || deleted_time, ' ') FROM advisories WHERE deleted_time IS NOT NULL AND raw IS NOT NULL`,
+		),
 			"CGA-4444@2026-01-06T00:00:00.000Z"; got != want {
 			t.Fatalf("withdrawn by deleteTime=%q, want %q", got, want)
 		}
-		if got, want := queryString(t, db, `SELECT outcome || '/' || failures FROM crawl_runs ORDER BY id DESC LIMIT 1`), "partial/1"; got != want {
+		if got, want := queryString(
+			t,
+			db,
+			`SELECT outcome || '/' || failures FROM crawl_runs ORDER BY id DESC LIMIT 1`,
+		), "partial/1"; got != want {
 			t.Fatalf("last run=%q, want %q", got, want)
 		}
 	})
@@ -290,7 +397,9 @@ func TestSchemaDoc_DocumentsEverything(t *testing.T) {
 	}
 	doc := string(b)
 	db := st.Reader()
-	rows, err := db.Query(`SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name`)
+	rows, err := db.Query(
+		`SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name`,
+	)
 	if err != nil {
 		t.Fatal(err)
 	}

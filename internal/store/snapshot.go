@@ -32,7 +32,17 @@ var snapshotTables = []string{"repos", "tags", "tag_history", "advisories", "adv
 
 // SnapshotSkippedTables are the tables a restore leaves alone (see
 // snapshotTables).
-var SnapshotSkippedTables = []string{"meta", "schema_migrations", "outbox", "replica_digest", "crawl_runs", "crawl_failures", "subscriptions", "webhook_deliveries", "backfill"}
+var SnapshotSkippedTables = []string{
+	"meta",
+	"schema_migrations",
+	"outbox",
+	"replica_digest",
+	"crawl_runs",
+	"crawl_failures",
+	"subscriptions",
+	"webhook_deliveries",
+	"backfill",
+}
 
 // SnapshotTables returns the tables a restore copies.
 func SnapshotTables() []string { return append([]string(nil), snapshotTables...) }
@@ -66,8 +76,13 @@ func (s *Store) Backup(ctx context.Context, path string) error {
 // mirror a follower may fill from a snapshot.
 func (s *Store) Empty(ctx context.Context) (bool, error) {
 	var n int
-	err := s.w.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM repos LIMIT 1)) + (SELECT COUNT(*) FROM (SELECT 1 FROM advisories LIMIT 1))
-		+ (SELECT COUNT(*) FROM (SELECT 1 FROM event_log LIMIT 1))`).Scan(&n)
+	err := s.w.QueryRowContext(
+		ctx,
+		`SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM repos LIMIT 1))
+		+ (SELECT COUNT(*) FROM (SELECT 1 FROM advisories LIMIT 1))
+		+ (SELECT COUNT(*) FROM (SELECT 1 FROM event_log LIMIT 1))`,
+	).
+		Scan(&n)
 	if err != nil {
 		return false, fmt.Errorf("check whether the mirror is empty: %w", err)
 	}
@@ -187,15 +202,26 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 		return err
 	}
 	var snapBaseline string
-	if err := tx.QueryRowContext(ctx, `SELECT value FROM snap.meta WHERE key = 'baseline_time'`).Scan(&snapBaseline); err != nil && !errors.Is(err, sql.ErrNoRows) {
+	if err := tx.QueryRowContext(ctx, `SELECT value FROM snap.meta WHERE key = 'baseline_time'`).Scan(
+		&snapBaseline,
+	); err != nil &&
+		!errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("read the snapshot's baseline: %w", err)
 	}
-	for k, v := range map[string]string{SnapshotSeqKey: strconv.FormatUint(seq, 10), StreamSeqKey: strconv.FormatUint(seq, 10),
-		"baseline_time": snapBaseline} {
+	for k, v := range map[string]string{
+		SnapshotSeqKey:  strconv.FormatUint(seq, 10),
+		StreamSeqKey:    strconv.FormatUint(seq, 10),
+		"baseline_time": snapBaseline,
+	} {
 		if v == "" || k == "baseline_time" && baseline != "" {
 			continue
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO main.meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`, k, v); err != nil {
+		if _, err := tx.ExecContext(
+			ctx,
+			`INSERT INTO main.meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
+			k,
+			v,
+		); err != nil {
 			return fmt.Errorf("record %s: %w", k, err)
 		}
 	}
@@ -210,8 +236,12 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 // statement created (not those of their UNIQUE and PRIMARY KEY
 // constraints), and returns them with the statements that build them.
 func dropIndexes(ctx context.Context, tx *sql.Tx, tables []string) ([]struct{ name, create string }, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT name, sql FROM main.sqlite_schema
-		WHERE type = 'index' AND sql IS NOT NULL AND tbl_name IN (SELECT value FROM json_each(?)) ORDER BY name`, jsonList(tables))
+	rows, err := tx.QueryContext(
+		ctx,
+		`SELECT name, sql FROM main.sqlite_schema
+		WHERE type = 'index' AND sql IS NOT NULL AND tbl_name IN (SELECT value FROM json_each(?)) ORDER BY name`,
+		jsonList(tables),
+	)
 	if err != nil {
 		return nil, fmt.Errorf("list indexes: %w", err)
 	}

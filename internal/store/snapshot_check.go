@@ -56,7 +56,11 @@ func CheckSnapshot(ctx context.Context, path string) error {
 		}
 	}
 	latest := refs[len(refs)-1]
-	return fmt.Errorf("%w: its schema is not one this syncd creates: %s", ErrBadSnapshot, schemaDiff(withoutDeferred(have, latest), withoutDeferred(latest, latest)))
+	return fmt.Errorf(
+		"%w: its schema is not one this syncd creates: %s",
+		ErrBadSnapshot,
+		schemaDiff(withoutDeferred(have, latest), withoutDeferred(latest, latest)),
+	)
 }
 
 // withoutDeferred returns objs without the indexes a mirror goes without
@@ -100,12 +104,18 @@ func schemaOf(ctx context.Context, db interface {
 	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
 }) ([]schemaObject, error) {
 	var out []schemaObject
-	err := queryRows(ctx, db, `SELECT type, name, tbl_name, COALESCE(sql, '') FROM sqlite_schema ORDER BY type, name`, nil, func(r *sql.Rows) error {
-		var o schemaObject
-		err := r.Scan(&o.typ, &o.name, &o.table, &o.sql)
-		out = append(out, o)
-		return err
-	})
+	err := queryRows(
+		ctx,
+		db,
+		`SELECT type, name, tbl_name, COALESCE(sql, '') FROM sqlite_schema ORDER BY type, name`,
+		nil,
+		func(r *sql.Rows) error {
+			var o schemaObject
+			err := r.Scan(&o.typ, &o.name, &o.table, &o.sql)
+			out = append(out, o)
+			return err
+		},
+	)
 	return out, err
 }
 
@@ -161,11 +171,22 @@ func buildReferenceSchemas(ctx context.Context) ([][]schemaObject, error) {
 			if _, err := tx.ExecContext(ctx, m.sql); err != nil {
 				return fmt.Errorf("%s: %w", m.name, err)
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, ?, '')`, m.version, m.name); err != nil {
+			if _, err := tx.ExecContext(
+				ctx,
+				`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, ?, '')`,
+				m.version,
+				m.name,
+			); err != nil {
 				return err
 			}
 			var digest int
-			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'replica_digest'`).Scan(&digest); err != nil || digest == 0 {
+			if err := tx.QueryRowContext(
+				ctx,
+				`SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'replica_digest'`,
+			).Scan(
+				&digest,
+			); err != nil ||
+				digest == 0 {
 				return err
 			}
 			return createDigest(ctx, tx)

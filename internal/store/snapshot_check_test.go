@@ -34,7 +34,10 @@ func TestCheckSnapshot(t *testing.T) {
 		t.Fatalf("a mirror's own backup: %v", err)
 	}
 	for _, c := range []struct{ name, sql string }{
-		{"recursive view", `CREATE VIEW boom AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c`},
+		{
+			"recursive view",
+			`CREATE VIEW boom AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c`,
+		},
 		{"trigger", `CREATE TRIGGER evil AFTER INSERT ON repos BEGIN DELETE FROM tags; END`},
 		{"changed index", `DROP INDEX tag_history_time; CREATE INDEX tag_history_time ON tag_history(digest)`},
 	} {
@@ -91,7 +94,11 @@ func TestCheckSnapshot_DuringTheFirstSync(t *testing.T) {
 	if err := st.DeferIndexes(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := queryInt(t, st.Reader(), `SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`); n != 0 {
+	if n := queryInt(
+		t,
+		st.Reader(),
+		`SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`,
+	); n != 0 {
 		t.Fatalf("the mirror in its first sync has %d of the 2 history indexes, want none", n)
 	}
 	path := filepath.Join(t.TempDir(), "snap.db")
@@ -108,7 +115,11 @@ func TestCheckSnapshot_DuringTheFirstSync(t *testing.T) {
 	if err := follower.Restore(ctx, path, 3); err != nil {
 		t.Fatal(err)
 	}
-	if n := queryInt(t, follower.Reader(), `SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`); n != 2 {
+	if n := queryInt(
+		t,
+		follower.Reader(),
+		`SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`,
+	); n != 2 {
 		t.Errorf("the restored mirror has %d of the 2 history indexes", n)
 	}
 }

@@ -23,11 +23,19 @@ func TestSnapshot_BackupRestore(t *testing.T) {
 	mustApplyRepos(t, leader, repo)
 	need := mustApplyTags(t, leader, repo, tag("g1/r1/t1", "latest", 1), tag("g1/r1/t2", "1.0", 2))
 	for _, ref := range need {
-		if _, err := leader.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)}}, true); err != nil {
+		if _, err := leader.ApplyHistory(
+			ctx,
+			ref,
+			[]store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)}},
+			true,
+		); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := leader.ApplyAdvisories(ctx, []store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: clk.Now()}}); err != nil {
+	if _, err := leader.ApplyAdvisories(
+		ctx,
+		[]store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: clk.Now()}},
+	); err != nil {
 		t.Fatal(err)
 	}
 	evs, err := leader.Unpublished(ctx, 0, 1000)
@@ -72,7 +80,8 @@ func TestSnapshot_BackupRestore(t *testing.T) {
 	// The restore drops the tables' indexes while it copies and builds them
 	// again: the schema is the leader's, every index included.
 	schema := `SELECT group_concat(type || ' ' || name || ': ' || COALESCE(sql, ''), char(10)) FROM (SELECT * FROM sqlite_schema ORDER BY type, name)`
-	if l, f := queryString(t, leader.Reader(), schema), queryString(t, follower.Reader(), schema); l != f || !strings.Contains(f, "index tag_history_digest") {
+	if l, f := queryString(t, leader.Reader(), schema), queryString(t, follower.Reader(), schema); l != f ||
+		!strings.Contains(f, "index tag_history_digest") {
 		t.Errorf("restored schema differs from the leader's:\n leader:   %s\n follower: %s", l, f)
 	}
 	for _, table := range store.SnapshotTables() {
@@ -98,7 +107,15 @@ func TestSnapshot_BackupRestore(t *testing.T) {
 	moved := tag("g1/r1/t1", "latest", 3)
 	moved.UpdateTime = ts("2025-03-01T00:00:00Z")
 	need = mustApplyTags(t, leader, repo, moved)
-	if _, err := leader.ApplyHistory(ctx, need[0], []store.HistoryRecord{{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)}, {Time: moved.UpdateTime, Digest: digest(3)}}, true); err != nil {
+	if _, err := leader.ApplyHistory(
+		ctx,
+		need[0],
+		[]store.HistoryRecord{
+			{Time: ts("2025-02-01T00:00:00Z"), Digest: digest(1)},
+			{Time: moved.UpdateTime, Digest: digest(3)},
+		},
+		true,
+	); err != nil {
 		t.Fatal(err)
 	}
 	later, err := leader.Unpublished(ctx, evs[len(evs)-1].Seq, 1000)

@@ -88,8 +88,15 @@ func (s *Store) Status(ctx context.Context) (Status, error) {
 	if st.BackfillRemaining, err = s.BackfillRemaining(ctx); err != nil {
 		return st, err
 	}
-	for key, v := range map[string]*string{"role": &st.Role, "lease_holder": &st.LeaseHolder, "follow_lag": &st.FollowLag, ProgressKey: &st.Progress,
-		"checkpoint_seq": &st.CheckpointSeq, "checkpoint_result": &st.CheckpointResult, "checkpoint_time": &st.CheckpointTime} {
+	for key, v := range map[string]*string{
+		"role":              &st.Role,
+		"lease_holder":      &st.LeaseHolder,
+		"follow_lag":        &st.FollowLag,
+		ProgressKey:         &st.Progress,
+		"checkpoint_seq":    &st.CheckpointSeq,
+		"checkpoint_result": &st.CheckpointResult,
+		"checkpoint_time":   &st.CheckpointTime,
+	} {
 		if *v, err = s.Meta(ctx, key); err != nil {
 			return st, fmt.Errorf("read meta %s: %w", key, err)
 		}
@@ -100,7 +107,11 @@ func (s *Store) Status(ctx context.Context) (Status, error) {
 // subscriptionStatus reads every recorded subscription, by uid.
 func (s *Store) subscriptionStatus(ctx context.Context) ([]SubscriptionStatus, error) {
 	var out []SubscriptionStatus
-	err := queryRows(ctx, s.r, `SELECT uid, group_uid, sink, synced_time, COALESCE(deleted_time, '') FROM subscriptions ORDER BY uid`, nil,
+	err := queryRows(
+		ctx,
+		s.r,
+		`SELECT uid, group_uid, sink, synced_time, COALESCE(deleted_time, '') FROM subscriptions ORDER BY uid`,
+		nil,
 		func(rows *sql.Rows) error {
 			var sub SubscriptionStatus
 			var synced, deleted string
@@ -114,7 +125,8 @@ func (s *Store) subscriptionStatus(ctx context.Context) ([]SubscriptionStatus, e
 			sub.Deleted, err = ParseTime(deleted)
 			out = append(out, sub)
 			return err
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read subscriptions: %w", err)
 	}

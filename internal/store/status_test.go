@@ -40,13 +40,17 @@ func TestStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Tables["repos"] != 1 || s.Tables["tags"] != 1 || s.Tables["crawl_runs"] != 1 || len(s.Tables) != len(store.StatusTables) {
+	if s.Tables["repos"] != 1 || s.Tables["tags"] != 1 || s.Tables["crawl_runs"] != 1 ||
+		len(s.Tables) != len(store.StatusTables) {
 		t.Errorf("tables = %v", s.Tables)
 	}
-	if len(s.Runs) != 1 || s.Runs[0].Job != "crawl" || s.Runs[0].Outcome != store.OutcomeFailed || s.Runs[0].Requests != 7 || s.Runs[0].Error != "upstream said no" {
+	if len(s.Runs) != 1 || s.Runs[0].Job != "crawl" || s.Runs[0].Outcome != store.OutcomeFailed ||
+		s.Runs[0].Requests != 7 ||
+		s.Runs[0].Error != "upstream said no" {
 		t.Errorf("runs = %+v", s.Runs)
 	}
-	if len(s.Subscriptions) != 1 || s.Subscriptions[0].Sink != "https://sink.example.com" || s.Subscriptions[0].Deleted.IsZero() {
+	if len(s.Subscriptions) != 1 || s.Subscriptions[0].Sink != "https://sink.example.com" ||
+		s.Subscriptions[0].Deleted.IsZero() {
 		t.Errorf("subscriptions = %+v, want the removed one", s.Subscriptions)
 	}
 	if s.Unpublished == 0 || !s.OldestUnpublished.Equal(clk.Now().Truncate(time.Millisecond)) {

@@ -132,7 +132,10 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	w.SetMaxOpenConns(1)
 	w.SetConnMaxIdleTime(0)
 	s := &Store{w: w, cacheKiB: opts.CacheKiB, now: opts.Now, log: opts.Logger, snapshot: opts.InitialEvents == "snapshot",
-		notify: make(chan struct{}, 1), history: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit, onEvents: opts.OnEvents}
+		notify: make(
+			chan struct{},
+			1,
+		), history: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit, onEvents: opts.OnEvents}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, explain(path, err))
@@ -195,7 +198,12 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("read mirror %s: %w", path, explain(path, err))
 	case cur > latest:
 		r.Close()
-		return nil, fmt.Errorf("mirror %s has schema version %d, newer than this syncd knows (%d): upgrade syncd", path, cur, latest)
+		return nil, fmt.Errorf(
+			"mirror %s has schema version %d, newer than this syncd knows (%d): upgrade syncd",
+			path,
+			cur,
+			latest,
+		)
 	}
 	return s, nil
 }
@@ -393,6 +401,11 @@ func (s *Store) Meta(ctx context.Context, key string) (string, error) {
 
 // SetMeta sets key in the meta table.
 func (s *Store) SetMeta(ctx context.Context, key, value string) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`, key, value)
+	_, err := s.w.ExecContext(
+		ctx,
+		`INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
+		key,
+		value,
+	)
 	return err
 }

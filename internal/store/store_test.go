@@ -77,7 +77,10 @@ func TestOpen(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := db.Exec(`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, 'future.sql', '')`, v+1); err != nil {
+		if _, err := db.Exec(
+			`INSERT INTO schema_migrations (version, name, applied_time) VALUES (?, 'future.sql', '')`,
+			v+1,
+		); err != nil {
 			t.Fatal(err)
 		}
 		db.Close()
@@ -163,7 +166,14 @@ func TestOutbox_PublishRuns(t *testing.T) {
 	if got, want := queryInt(t, db, `SELECT COUNT(*) FROM event_publishes`), 3; got != want {
 		t.Fatalf("publication runs=%d, want %d", got, want)
 	}
-	want := []string{store.FormatTime(first), store.FormatTime(first), "", store.FormatTime(first), store.FormatTime(first), store.FormatTime(clk.Now())}
+	want := []string{
+		store.FormatTime(first),
+		store.FormatTime(first),
+		"",
+		store.FormatTime(first),
+		store.FormatTime(first),
+		store.FormatTime(clk.Now()),
+	}
 	for i, w := range want {
 		if got := queryString(t, db, `SELECT COALESCE(published_time, '') FROM events WHERE seq = ?`, seq(i)); got != w {
 			t.Errorf("event %d published_time=%q, want %q", i, got, w)
@@ -189,8 +199,18 @@ func TestOutbox_PublishRuns(t *testing.T) {
 func TestSubscriptions(t *testing.T) {
 	ctx := context.Background()
 	st, _ := openTemp(t, newClock(), false, store.Options{})
-	a := store.Subscription{UID: "g1/s1", GroupUID: "g1", Sink: "https://syncd.example/hook", CreateTime: ts("2026-01-01T00:00:00Z")}
-	b := store.Subscription{UID: "g1/s2", GroupUID: "g1", Sink: "https://other.example/hook", CreateTime: ts("2026-01-02T00:00:00Z")}
+	a := store.Subscription{
+		UID:        "g1/s1",
+		GroupUID:   "g1",
+		Sink:       "https://syncd.example/hook",
+		CreateTime: ts("2026-01-01T00:00:00Z"),
+	}
+	b := store.Subscription{
+		UID:        "g1/s2",
+		GroupUID:   "g1",
+		Sink:       "https://other.example/hook",
+		CreateTime: ts("2026-01-02T00:00:00Z"),
+	}
 	for _, s := range []store.Subscription{b, a, a} {
 		if err := st.UpsertSubscription(ctx, s); err != nil {
 			t.Fatal(err)
@@ -200,7 +220,8 @@ func TestSubscriptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(subs) != 2 || subs[0].UID != a.UID || subs[1].UID != b.UID || subs[0].Sink != a.Sink || !subs[0].CreateTime.Equal(a.CreateTime) {
+	if len(subs) != 2 || subs[0].UID != a.UID || subs[1].UID != b.UID || subs[0].Sink != a.Sink ||
+		!subs[0].CreateTime.Equal(a.CreateTime) {
 		t.Fatalf("subscriptions=%+v, want a then b", subs)
 	}
 	if err := st.DeleteSubscription(ctx, a.UID); err != nil {
@@ -209,7 +230,11 @@ func TestSubscriptions(t *testing.T) {
 	if subs, err = st.Subscriptions(ctx); err != nil || len(subs) != 1 || subs[0].UID != b.UID {
 		t.Fatalf("after delete: %+v err=%v, want only b", subs, err)
 	}
-	if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM subscriptions WHERE deleted_time IS NOT NULL`), 1; got != want {
+	if got, want := queryInt(
+		t,
+		st.Reader(),
+		`SELECT COUNT(*) FROM subscriptions WHERE deleted_time IS NOT NULL`,
+	), 1; got != want {
 		t.Fatalf("tombstoned subscriptions=%d, want %d", got, want)
 	}
 	if err := st.UpsertSubscription(ctx, a); err != nil {

@@ -19,10 +19,17 @@ type Subscription struct {
 // UpsertSubscription records a subscription syncd registered or found on
 // the platform, reviving it if it was deleted.
 func (s *Store) UpsertSubscription(ctx context.Context, sub Subscription) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO subscriptions (uid, group_uid, sink, create_time, synced_time) VALUES (?, ?, ?, ?, ?)
+	_, err := s.w.ExecContext(
+		ctx,
+		`INSERT INTO subscriptions (uid, group_uid, sink, create_time, synced_time) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT(uid) DO UPDATE SET group_uid=excluded.group_uid, sink=excluded.sink, create_time=excluded.create_time,
 			synced_time=excluded.synced_time, deleted_time=NULL`,
-		sub.UID, sub.GroupUID, sub.Sink, nullTime(sub.CreateTime), FormatTime(s.now()))
+		sub.UID,
+		sub.GroupUID,
+		sub.Sink,
+		nullTime(sub.CreateTime),
+		FormatTime(s.now()),
+	)
 	if err != nil {
 		return fmt.Errorf("record subscription %s: %w", sub.UID, err)
 	}
@@ -57,7 +64,12 @@ func (s *Store) Subscriptions(ctx context.Context) ([]Subscription, error) {
 // events were once delivered; deleting an unknown or deleted uid does
 // nothing.
 func (s *Store) DeleteSubscription(ctx context.Context, uid string) error {
-	_, err := s.w.ExecContext(ctx, `UPDATE subscriptions SET deleted_time = ? WHERE uid = ? AND deleted_time IS NULL`, FormatTime(s.now()), uid)
+	_, err := s.w.ExecContext(
+		ctx,
+		`UPDATE subscriptions SET deleted_time = ? WHERE uid = ? AND deleted_time IS NULL`,
+		FormatTime(s.now()),
+		uid,
+	)
 	if err != nil {
 		return fmt.Errorf("delete subscription %s: %w", uid, err)
 	}

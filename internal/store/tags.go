@@ -123,8 +123,11 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 			switch {
 			case !seen || o.deleted:
 				if s.announce(baseline) {
-					cs = append(cs, change{typ: TagCreated, scope: path, subject: t.UID, disc: createdDisc(t.CreateTime, t.UpdateTime, o.deletions),
-						time: eventTime(t.CreateTime, s.now()), after: t})
+					cs = append(
+						cs,
+						change{typ: TagCreated, scope: path, subject: t.UID, disc: createdDisc(t.CreateTime, t.UpdateTime, o.deletions),
+							time: eventTime(t.CreateTime, s.now()), after: t},
+					)
 				}
 			case t.Deprecated && !o.Deprecated:
 				before := o.Tag
@@ -139,7 +142,18 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 					nullTime(t.CreateTime), nullTime(t.UpdateTime), now, baseline, raw)
 			}
 			if !backfill && (!seen || o.historyUpdateTime != FormatTime(t.UpdateTime) || o.historyLastDigest != listed) {
-				need = append(need, TagRef{UID: t.UID, RepoUID: repo.UID, Repo: repo.Name, Path: path, Name: t.Name, UpdateTime: t.UpdateTime, Bookmark: o.bookmark})
+				need = append(
+					need,
+					TagRef{
+						UID:        t.UID,
+						RepoUID:    repo.UID,
+						Repo:       repo.Name,
+						Path:       path,
+						Name:       t.Name,
+						UpdateTime: t.UpdateTime,
+						Bookmark:   o.bookmark,
+					},
+				)
 			}
 		}
 		if _, err := s.insertRows(ctx, tx, bulkTags, args); err != nil {
@@ -161,7 +175,8 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 // repo's baseline is pending.
 func repoState(ctx context.Context, tx *sql.Tx, repo Repo) (path string, pending bool, err error) {
 	var stored string
-	err = tx.QueryRowContext(ctx, `SELECT path, baseline_pending FROM repos WHERE uid = ?`, repo.UID).Scan(&stored, &pending)
+	err = tx.QueryRowContext(ctx, `SELECT path, baseline_pending FROM repos WHERE uid = ?`, repo.UID).
+		Scan(&stored, &pending)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return "", false, fmt.Errorf("read repo %s: %w", repo.UID, err)
 	}
@@ -169,31 +184,64 @@ func repoState(ctx context.Context, tx *sql.Tx, repo Repo) (path string, pending
 }
 
 func sameTag(a, b Tag) bool {
-	return a.Name == b.Name && a.Digest == b.Digest && a.Deprecated == b.Deprecated && slices.Equal(a.Bundles, b.Bundles) &&
-		sameTime(a.CreateTime, b.CreateTime) && sameTime(a.UpdateTime, b.UpdateTime)
+	return a.Name == b.Name && a.Digest == b.Digest && a.Deprecated == b.Deprecated &&
+		slices.Equal(a.Bundles, b.Bundles) &&
+		sameTime(a.CreateTime, b.CreateTime) &&
+		sameTime(a.UpdateTime, b.UpdateTime)
 }
 
 // loadTags reads the tags matching where (on alias t, "%s" standing for the
 // list of uids), deleted ones included, with their repo's name and path,
 // and their raw JSON if withRaw: the history's writes, which are most of
 // ingest, have no use for it.
-func loadTags(ctx context.Context, tx *sql.Tx, where string, uids []string, withRaw bool) (map[string]storedTag, error) {
+func loadTags(
+	ctx context.Context,
+	tx *sql.Tx,
+	where string,
+	uids []string,
+	withRaw bool,
+) (map[string]storedTag, error) {
 	old := make(map[string]storedTag, len(uids))
 	raw := `''`
 	if withRaw {
 		raw = `COALESCE(t.raw,'')`
 	}
-	err := queryByUIDs(ctx, tx, `SELECT t.uid, t.repo_uid, COALESCE(r.name,''), COALESCE(r.path,''), t.name, t.digest, t.deprecated, t.bundles,
+	err := queryByUIDs(
+		ctx,
+		tx,
+		`SELECT t.uid, t.repo_uid, COALESCE(r.name,''), COALESCE(r.path,''), t.name, t.digest, t.deprecated, t.bundles,
 		COALESCE(t.create_time,''), COALESCE(t.update_time,''), t.deleted_time IS NOT NULL, t.deletions,
-		COALESCE(t.history_update_time,''), t.history_last_digest, COALESCE(t.history_last_time,''), t.history_last_count, t.history_count, t.baseline,
+		COALESCE(t.history_update_time,''), t.history_last_digest, COALESCE(t.history_last_time,''), t.history_last_count,
+			t.history_count, t.baseline,
 		b.tag_uid IS NOT NULL, COALESCE(b.listed_time,''),
-		`+raw+` FROM tags t LEFT JOIN repos r ON r.uid = t.repo_uid LEFT JOIN backfill b ON b.tag_uid = t.uid WHERE `+where, uids,
+		`+raw+` FROM tags t LEFT JOIN repos r ON r.uid = t.repo_uid LEFT JOIN backfill b ON b.tag_uid = t.uid WHERE `+where,
+		uids,
 		func(rows *sql.Rows) error {
 			var t storedTag
 			var bundles, ct, ut, lt, listed string
-			if err := rows.Scan(&t.UID, &t.RepoUID, &t.Repo, &t.Path, &t.Name, &t.Digest, &t.Deprecated, &bundles, &ct, &ut, &t.deleted, &t.deletions,
-				&t.historyUpdateTime, &t.historyLastDigest, &lt, &t.bookmark.LastCount, &t.bookmark.Count, &t.baseline,
-				&t.backfill, &listed, &t.raw); err != nil {
+			if err := rows.Scan(
+				&t.UID,
+				&t.RepoUID,
+				&t.Repo,
+				&t.Path,
+				&t.Name,
+				&t.Digest,
+				&t.Deprecated,
+				&bundles,
+				&ct,
+				&ut,
+				&t.deleted,
+				&t.deletions,
+				&t.historyUpdateTime,
+				&t.historyLastDigest,
+				&lt,
+				&t.bookmark.LastCount,
+				&t.bookmark.Count,
+				&t.baseline,
+				&t.backfill,
+				&listed,
+				&t.raw,
+			); err != nil {
 				return err
 			}
 			t.Path = scopeOf(t.Path, t.Repo)
@@ -209,7 +257,8 @@ func loadTags(ctx context.Context, tx *sql.Tx, where string, uids []string, with
 			}
 			old[t.UID] = t
 			return nil
-		})
+		},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("read stored tags: %w", err)
 	}

@@ -43,7 +43,17 @@ func (s *Store) MarkReposDeleted(ctx context.Context, uids []string) (int, error
 		}
 		for _, uid := range live {
 			r := repos[uid]
-			cs = append(cs, change{typ: RepoDeleted, scope: r.Path, subject: uid, disc: deletedDisc(r.deletions + 1), time: now, before: r.Repo})
+			cs = append(
+				cs,
+				change{
+					typ:     RepoDeleted,
+					scope:   r.Path,
+					subject: uid,
+					disc:    deletedDisc(r.deletions + 1),
+					time:    now,
+					before:  r.Repo,
+				},
+			)
 		}
 		if err := s.tombstone(ctx, tx, "tags", FormatTime(now), tagUIDs); err != nil {
 			return 0, err
@@ -114,8 +124,11 @@ func (s *Store) MarkAdvisoriesWithdrawn(ctx context.Context, uids []string) (int
 		var cs []change
 		for _, uid := range live {
 			a := advs[uid]
-			cs = append(cs, change{typ: AdvisoryWithdrawn, scope: a.ArtifactName, subject: uid, disc: deletedDisc(a.deletions + 1), time: now,
-				before: a.Advisory.forEvent()})
+			cs = append(
+				cs,
+				change{typ: AdvisoryWithdrawn, scope: a.ArtifactName, subject: uid, disc: deletedDisc(a.deletions + 1), time: now,
+					before: a.Advisory.forEvent()},
+			)
 		}
 		if err := s.tombstone(ctx, tx, "advisories", FormatTime(now), live); err != nil {
 			return 0, err
@@ -132,13 +145,25 @@ func (s *Store) MarkAdvisoriesWithdrawn(ctx context.Context, uids []string) (int
 }
 
 func tagDeleted(t storedTag, now time.Time) change {
-	return change{typ: TagDeleted, scope: t.Path, subject: t.UID, disc: deletedDisc(t.deletions + 1), time: now, before: t.Tag}
+	return change{
+		typ:     TagDeleted,
+		scope:   t.Path,
+		subject: t.UID,
+		disc:    deletedDisc(t.deletions + 1),
+		time:    now,
+		before:  t.Tag,
+	}
 }
 
 // tombstone sets deleted_time on the live rows of table with these uids.
 func (s *Store) tombstone(ctx context.Context, tx *sql.Tx, table, now string, uids []string) error {
-	err := s.execByUIDs(ctx, tx, `UPDATE `+table+` SET deleted_time = ?, deletions = deletions + 1 WHERE deleted_time IS NULL AND uid IN (%s)`,
-		[]any{now}, uids)
+	err := s.execByUIDs(
+		ctx,
+		tx,
+		`UPDATE `+table+` SET deleted_time = ?, deletions = deletions + 1 WHERE deleted_time IS NULL AND uid IN (%s)`,
+		[]any{now},
+		uids,
+	)
 	if err != nil {
 		return fmt.Errorf("tombstone %s: %w", table, err)
 	}
@@ -178,7 +203,10 @@ func (s *Store) LiveRepoUIDs(ctx context.Context, groupUID string) ([]string, er
 	if groupUID != "" {
 		// uids are hierarchical: everything below g sorts between "g/" and
 		// "g0" ('0' follows '/'), a range the uid index answers.
-		q, args = `SELECT uid FROM repos WHERE uid > ? AND uid < ? AND deleted_time IS NULL ORDER BY uid`, []any{groupUID + "/", groupUID + "0"}
+		q, args = `SELECT uid FROM repos WHERE uid > ? AND uid < ? AND deleted_time IS NULL ORDER BY uid`, []any{
+			groupUID + "/",
+			groupUID + "0",
+		}
 	}
 	uids, err := s.readUIDs(ctx, q, args)
 	if err != nil {
@@ -190,7 +218,11 @@ func (s *Store) LiveRepoUIDs(ctx context.Context, groupUID string) ([]string, er
 // LiveTagUIDs returns, sorted, the uids of the live tags the mirror holds
 // for the repo repoUID.
 func (s *Store) LiveTagUIDs(ctx context.Context, repoUID string) ([]string, error) {
-	uids, err := s.readUIDs(ctx, `SELECT uid FROM tags WHERE repo_uid = ? AND deleted_time IS NULL ORDER BY uid`, []any{repoUID})
+	uids, err := s.readUIDs(
+		ctx,
+		`SELECT uid FROM tags WHERE repo_uid = ? AND deleted_time IS NULL ORDER BY uid`,
+		[]any{repoUID},
+	)
 	if err != nil {
 		return nil, fmt.Errorf("list live tags of repo %s: %w", repoUID, err)
 	}

@@ -47,7 +47,12 @@ func TestMarkTagsDeleted(t *testing.T) {
 		if after != nil || before == nil || before.Digest != digest(1) || before.Repo != "nginx" {
 			t.Fatalf("before=%+v after=%+v, want the last known tag and null", before, after)
 		}
-		if got, want := queryString(t, st.Reader(), `SELECT deleted_time FROM tags WHERE uid = ?`, latest.UID), store.FormatTime(clk.Now()); got != want {
+		if got, want := queryString(
+			t,
+			st.Reader(),
+			`SELECT deleted_time FROM tags WHERE uid = ?`,
+			latest.UID,
+		), store.FormatTime(clk.Now()); got != want {
 			t.Fatalf("deleted_time=%q, want %q", got, want)
 		}
 		if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM current_tags WHERE repo = 'nginx'`), 1; got != want {
@@ -102,7 +107,12 @@ func TestMarkTagsDeleted(t *testing.T) {
 		if err != nil || n != 1 {
 			t.Fatalf("events=%d err=%v, want 1 and nil", n, err)
 		}
-		if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM events WHERE type = 'tag.deleted' AND subject = ?`, latest.UID), 2; got != want {
+		if got, want := queryInt(
+			t,
+			st.Reader(),
+			`SELECT COUNT(*) FROM events WHERE type = 'tag.deleted' AND subject = ?`,
+			latest.UID,
+		), 2; got != want {
 			t.Fatalf("tag.deleted events=%d, want %d", got, want)
 		}
 		if got, want := queryInt(t, st.Reader(), `SELECT deletions FROM tags WHERE uid = ?`, latest.UID), 2; got != want {
@@ -165,7 +175,12 @@ func TestMarkReposDeleted(t *testing.T) {
 		if got, want := e[len(e)-1].Type, store.RepoCreated; got != want {
 			t.Fatalf("type=%s, want %s", got, want)
 		}
-		if got, want := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM repos WHERE uid = ? AND deleted_time IS NULL`, repo.UID), 1; got != want {
+		if got, want := queryInt(
+			t,
+			st.Reader(),
+			`SELECT COUNT(*) FROM repos WHERE uid = ? AND deleted_time IS NULL`,
+			repo.UID,
+		), 1; got != want {
 			t.Fatalf("live rows=%d, want %d", got, want)
 		}
 	})
@@ -198,7 +213,11 @@ func TestMarkAdvisoriesWithdrawn(t *testing.T) {
 	if len(live) != 0 {
 		t.Fatalf("live advisories=%v, want none", live)
 	}
-	if got, want := queryInt(t, st.Reader(), `SELECT withdrawn_advisories FROM advisories_by_artifact WHERE artifact_name = 'openssl'`), 1; got != want {
+	if got, want := queryInt(
+		t,
+		st.Reader(),
+		`SELECT withdrawn_advisories FROM advisories_by_artifact WHERE artifact_name = 'openssl'`,
+	), 1; got != want {
 		t.Fatalf("withdrawn=%d, want %d", got, want)
 	}
 	if n, err := st.ApplyAdvisories(ctx, []store.Advisory{a}); err != nil || n != 1 {

@@ -51,7 +51,10 @@ func HistoryCarried(follower, leader *sql.DB) error {
 			return err
 		}
 		n++
-		if err := leader.QueryRow(`SELECT digest FROM tag_history WHERE tag_uid = ? AND seq = ?`, uid, seq).Scan(&want); err != nil || want != digest {
+		if err := leader.QueryRow(`SELECT digest FROM tag_history WHERE tag_uid = ? AND seq = ?`, uid, seq).Scan(
+			&want,
+		); err != nil ||
+			want != digest {
 			return fmt.Errorf("tag %s history seq %d: follower %s, leader %q (%v)", uid, seq, digest, want, err)
 		}
 	}

@@ -73,10 +73,13 @@ func natsCluster(tb testing.TB, n int, proxied bool) *NATSCluster {
 			}
 			routes = append(routes, "nats://"+addr)
 		}
-		s := &NATSServer{tb: tb, opts: server.Options{ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: server.RANDOM_PORT,
-			JetStream: true, StoreDir: tb.TempDir(), NoLog: true, NoSigs: true,
-			Cluster: server.ClusterOpts{Name: "syncd-test", Host: "127.0.0.1", Port: ports[i]},
-			Routes:  server.RoutesFromStr(strings.Join(routes, ","))}}
+		s := &NATSServer{
+			tb: tb,
+			opts: server.Options{ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: server.RANDOM_PORT,
+				JetStream: true, StoreDir: tb.TempDir(), NoLog: true, NoSigs: true,
+				Cluster: server.ClusterOpts{Name: "syncd-test", Host: "127.0.0.1", Port: ports[i]},
+				Routes:  server.RoutesFromStr(strings.Join(routes, ","))},
+		}
 		if proxied {
 			// Port 1 refuses: an implicit route is tried once and dropped.
 			s.opts.Cluster.NoAdvertise, s.opts.Cluster.Advertise = true, "127.0.0.1:1"
@@ -166,7 +169,13 @@ func (c *NATSCluster) RoutesProxied() error {
 		}
 		for _, r := range rz.Routes {
 			if r.DidSolicit && slices.Contains(c.clusterPorts, r.Port) {
-				return fmt.Errorf("node %s has a route to %s at %s:%d, around the fault proxies", s.Name(), r.RemoteName, r.IP, r.Port)
+				return fmt.Errorf(
+					"node %s has a route to %s at %s:%d, around the fault proxies",
+					s.Name(),
+					r.RemoteName,
+					r.IP,
+					r.Port,
+				)
 			}
 		}
 	}

@@ -61,7 +61,12 @@ func Listen(tb testing.TB) net.Listener {
 // the test ends; wrap, when given, wraps its handler (to count or break
 // requests). It returns the simulator and its URL, which is also the
 // simulator's own base URL.
-func Sim(tb testing.TB, opts platformsim.Options, sc platformsim.Scale, wrap ...func(http.Handler) http.Handler) (*platformsim.Sim, string) {
+func Sim(
+	tb testing.TB,
+	opts platformsim.Options,
+	sc platformsim.Scale,
+	wrap ...func(http.Handler) http.Handler,
+) (*platformsim.Sim, string) {
 	tb.Helper()
 	sim := platformsim.New(opts)
 	sim.Populate(sc)
