@@ -49,7 +49,8 @@ func measureAdvisories(ctx context.Context, o *org, m *mirror) (advisoryResult, 
 		if a.DeleteTime != nil {
 			continue
 		}
-		if _, err := o.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID, Event: platformsim.EventFixed}); err != nil {
+		if _, err := o.sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryEventAdded, UID: a.UID,
+			Event: platformsim.EventFixed}); err != nil {
 			return r, fmt.Errorf("advance advisory %s: %w", a.UID, err)
 		}
 		r.Steps++
@@ -63,7 +64,8 @@ func measureAdvisories(ctx context.Context, o *org, m *mirror) (advisoryResult, 
 	r.Wall = time.Since(start)
 	r.WallSeconds = r.Wall.Seconds()
 	st := o.sim.Stats()
-	r.ListRequests, r.GetRequests, r.Requests = st.ByEndpoint[advisoryListEndpoint], st.ByEndpoint[advisoryGetEndpoint], st.Total
+	r.ListRequests, r.GetRequests = st.ByEndpoint[advisoryListEndpoint], st.ByEndpoint[advisoryGetEndpoint]
+	r.Requests = st.Total
 	r.Ratio = float64(r.Requests) / float64(r.Minimum)
 	r.Events = sum.Events
 	return r, nil

@@ -209,7 +209,11 @@ func BenchmarkSyncd(b *testing.B) {
 	}
 	r.Advisories.FullSyncRequests = r.FullSync.AdvisoryRequests
 
-	progress("query service on the mirror: each endpoint at %d req/s, then %d clients against a plain loop of the same reads", queryRate, queryClients)
+	progress(
+		"query service on the mirror: each endpoint at %d req/s, then %d clients against a plain loop of the same reads",
+		queryRate,
+		queryClients,
+	)
 	if r.Query, err = measureQuery(ctx, a.store, o.sim.Truth()); err != nil {
 		b.Fatal(err)
 	}
@@ -263,14 +267,18 @@ func BenchmarkSyncd(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	progress("checkpoints and the stream audit against the plain relay, %d events each; the writer with and without the replica digest's triggers", verifyPass*max(40, int(80*p.Scale)))
+	progress(
+		"checkpoints and the stream audit against the plain relay, %d events each; the writer with and without the replica digest's triggers",
+		verifyPass*max(40, int(80*p.Scale)),
+	)
 	if r.Verify, err = measureVerify(ctx, conn, filepath.Join(dir, "verify"), p.Scale); err != nil {
 		b.Fatal(err)
 	}
 
 	if p.Follow {
 		progress("a follower joining after the baseline; a snapshot of the full mirror written and restored")
-		if r.Follow, err = measureFollow(ctx, conn, a.store, pcfg, filepath.Join(dir, "follow"), r.CeilingRowsPerSec); err != nil {
+		if r.Follow, err = measureFollow(ctx, conn, a.store, pcfg, filepath.Join(dir, "follow"),
+			r.CeilingRowsPerSec); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -378,7 +386,12 @@ func targets(r results) []target {
 		{"peak memory at 1x (MB)", r.Memory[0].PeakMB, "<= 200", r.Memory[0].PeakMB <= 200},
 		{"peak memory growth 1x -> 4x", r.MemoryGrowth, "< 0.15", r.MemoryGrowth < 0.15},
 		{"realistic: requests / minimum", r.Realistic.RequestRatio, "<= 1.01", r.Realistic.RequestRatio <= 1.01},
-		{"realistic: idle requests", float64(r.Realistic.Idle.Requests), fmt.Sprintf("<= %d", r.Realistic.IdleLimit), r.Realistic.Idle.Requests <= r.Realistic.IdleLimit},
+		{
+			"realistic: idle requests",
+			float64(r.Realistic.Idle.Requests),
+			fmt.Sprintf("<= %d", r.Realistic.IdleLimit),
+			r.Realistic.Idle.Requests <= r.Realistic.IdleLimit,
+		},
 		{"realistic: incremental / minimum", r.Realistic.IncrementalRatio, "<= 1.02", r.Realistic.IncrementalRatio <= 1.02},
 		{"realistic: latency-bound / floor", r.Realistic.LatencyRatio, "<= 1.05", r.Realistic.LatencyRatio <= 1.05},
 		{"realistic: peak memory (MB)", r.Realistic.Memory.PeakMB, "<= 200", r.Realistic.Memory.PeakMB <= 200},
@@ -400,73 +413,258 @@ func printTable(w io.Writer, r results) {
 	}
 	fmt.Fprintf(w, "\nsyncd benchmarks: %d repos, %d tags, %d history records, %d advisories (scale %g); concurrency %d\n",
 		r.Org.Repos, r.Org.Tags, r.Org.HistoryRecords, r.Org.Advisories, r.Params.Scale, r.Params.Concurrency)
-	fmt.Fprintf(w, "machine: %d CPUs, %s, %s, load at start %s\n\n", r.Machine.CPUs, r.Machine.CPU, r.Machine.Go, r.Machine.LoadStart)
+	fmt.Fprintf(
+		w,
+		"machine: %d CPUs, %s, %s, load at start %s\n\n",
+		r.Machine.CPUs,
+		r.Machine.CPU,
+		r.Machine.Go,
+		r.Machine.LoadStart,
+	)
 	row("measure", "value", "ceiling / reference", "ratio", "target")
 	row("full sync: wall", f("%.1f s", r.FullSync.WallSeconds), "", "", "")
-	row("full sync: history rows/s", f("%.0f", r.RowsPerSec), f("SQLite loop %.0f", r.CeilingRowsPerSec), f("%.2f", r.IngestRatio), status["ingest / SQLite ceiling"])
-	row("  (SQLite loop, 1 tx per tag)", f("%.0f", r.PerTagTxRowsPerSec), "", f("%.2f", r.PerTagTxRowsPerSec/r.CeilingRowsPerSec), "")
-	row("full sync: requests", f("%d", r.FullSync.Requests), f("minimum %d", r.MinimumTotal), f("%.3f", r.RequestRatio), status["requests / minimum"])
-	row("  (minimum repo by repo, a token per image)", "", f("%d", r.Minimum.PerRepoTotal()), f("%.3f", float64(r.FullSync.Requests)/float64(r.Minimum.PerRepoTotal())), "")
-	row(f("latency sync (%s/req): wall", r.Params.Latency), f("%.1f s", r.LatencySync.WallSeconds), f("floor %.1f s", r.LatencyFloor), f("%.2f", r.LatencyRatio), status["latency-bound sync / floor"])
+	row(
+		"full sync: history rows/s",
+		f("%.0f", r.RowsPerSec),
+		f("SQLite loop %.0f", r.CeilingRowsPerSec),
+		f("%.2f", r.IngestRatio),
+		status["ingest / SQLite ceiling"],
+	)
+	row(
+		"  (SQLite loop, 1 tx per tag)",
+		f("%.0f", r.PerTagTxRowsPerSec),
+		"",
+		f("%.2f", r.PerTagTxRowsPerSec/r.CeilingRowsPerSec),
+		"",
+	)
+	row(
+		"full sync: requests",
+		f("%d", r.FullSync.Requests),
+		f("minimum %d", r.MinimumTotal),
+		f("%.3f", r.RequestRatio),
+		status["requests / minimum"],
+	)
+	row(
+		"  (minimum repo by repo, a token per image)",
+		"",
+		f("%d", r.Minimum.PerRepoTotal()),
+		f("%.3f", float64(r.FullSync.Requests)/float64(r.Minimum.PerRepoTotal())),
+		"",
+	)
+	row(
+		f("latency sync (%s/req): wall", r.Params.Latency),
+		f("%.1f s", r.LatencySync.WallSeconds),
+		f("floor %.1f s", r.LatencyFloor),
+		f("%.2f", r.LatencyRatio),
+		status["latency-bound sync / floor"],
+	)
 	phaseRows(row, "  ", r.LatencySync, r.Minimum, r.LatencyFloor, r.Params.Latency)
-	row("  against its requests in a plain loop", f("%.2f ms a request", r.LatencyCeiling.PerRequestMs), f("ceiling %.1f s", r.LatencyCeiling.CeilingSeconds), f("%.2f", r.LatencyCeiling.Ratio), "")
+	row(
+		"  against its requests in a plain loop",
+		f("%.2f ms a request", r.LatencyCeiling.PerRequestMs),
+		f("ceiling %.1f s", r.LatencyCeiling.CeilingSeconds),
+		f("%.2f", r.LatencyCeiling.Ratio),
+		"",
+	)
 	row("  a bare net/http pair's own ratio", "", "", f("%.3f", r.MachineLatencyRatio), "")
-	row("idle resync: crawl requests", f("%d (history %d)", r.Idle.Requests, r.Idle.HistoryRequests), f("limit %d", r.IdleLimit), "", status["idle resync requests"]+"; history "+status["idle resync history requests"])
+	row(
+		"idle resync: crawl requests",
+		f("%d (history %d)", r.Idle.Requests, r.Idle.HistoryRequests),
+		f("limit %d", r.IdleLimit),
+		"",
+		status["idle resync requests"]+"; history "+status["idle resync history requests"],
+	)
 	row("idle resync: wall", f("%.2f s", r.Idle.WallSeconds), "", "", "")
-	row("  advisories job beside it: requests", f("%d", r.Idle.AdvisoryRequests), f("minimum %d", r.Minimum.AdvisoryPages), "", "")
-	row(f("incremental (%d moved): crawl requests", r.Moved), f("%d (history %d)", r.Incremental.Requests, r.Incremental.HistoryRequests), f("minimum %d", r.IncrementalMinimum), f("%.3f", r.IncrementalRatio), status["incremental requests / minimum"])
+	row(
+		"  advisories job beside it: requests",
+		f("%d", r.Idle.AdvisoryRequests),
+		f("minimum %d", r.Minimum.AdvisoryPages),
+		"",
+		"",
+	)
+	row(
+		f("incremental (%d moved): crawl requests", r.Moved),
+		f("%d (history %d)", r.Incremental.Requests, r.Incremental.HistoryRequests),
+		f("minimum %d", r.IncrementalMinimum),
+		f("%.3f", r.IncrementalRatio),
+		status["incremental requests / minimum"],
+	)
 	row("incremental: wall", f("%.2f s", r.Incremental.WallSeconds), "", "", "")
-	row("full sync: advisory requests", f("%d", r.Advisories.FullSyncRequests), f("minimum %d", r.Advisories.Minimum), "", "")
-	row(f("advisories job (%d stepped): requests", r.Advisories.Steps), f("%d (list %d, get %d)", r.Advisories.Requests, r.Advisories.ListRequests, r.Advisories.GetRequests),
-		f("minimum %d", r.Advisories.Minimum), f("%.3f", r.Advisories.Ratio), status["advisories job requests / minimum"])
+	row(
+		"full sync: advisory requests",
+		f("%d", r.Advisories.FullSyncRequests),
+		f("minimum %d", r.Advisories.Minimum),
+		"",
+		"",
+	)
+	row(
+		f("advisories job (%d stepped): requests", r.Advisories.Steps),
+		f("%d (list %d, get %d)", r.Advisories.Requests, r.Advisories.ListRequests, r.Advisories.GetRequests),
+		f("minimum %d", r.Advisories.Minimum),
+		f("%.3f", r.Advisories.Ratio),
+		status["advisories job requests / minimum"],
+	)
 	row("advisories job: wall / events", f("%.2f s / %d", r.Advisories.WallSeconds, r.Advisories.Events), "", "", "")
 	queryRows(row, status, r.Query)
-	row("relay: events/s", f("%.0f", r.Relay.RelayPerSec), f("JetStream loop %.0f", r.Relay.CeilingPerSec), f("%.2f", r.Relay.RatioToCeiling), status["relay / JetStream ceiling"])
+	row(
+		"relay: events/s",
+		f("%.0f", r.Relay.RelayPerSec),
+		f("JetStream loop %.0f", r.Relay.CeilingPerSec),
+		f("%.2f", r.Relay.RatioToCeiling),
+		status["relay / JetStream ceiling"],
+	)
 	fo := r.Follow
 	if !r.Params.Follow {
 		row("follower joining late, snapshots", "not run", "BENCH_FOLLOW=0", "", "")
 	} else {
-		row("follower joining late: events/s applied", f("%.0f", fo.ApplyPerSec), f("SQLite loop %.0f", r.CeilingRowsPerSec), f("%.2f", fo.Ratio), "")
+		row("follower joining late: events/s applied", f("%.0f", fo.ApplyPerSec), f("SQLite loop %.0f",
+			r.CeilingRowsPerSec), f("%.2f", fo.Ratio), "")
 		row("  catch-up after the whole baseline", f("%.1f s", fo.CatchUpSeconds), f("%d events", fo.Events), "", "")
 		row("snapshot of the full mirror: write / restore", f("%.1f s / %.1f s", fo.SnapshotWriteSec, fo.SnapshotRestoreSec),
 			f("%.0f MB, zstd %.0f MB", float64(fo.SnapshotRawBytes)/1e6, float64(fo.SnapshotBytes)/1e6), "", "")
 	}
-	row("push to NATS: p50 / p99", f("%.1f / %.1f ms", r.Push.P50ms, r.Push.P99ms), f("%d pushes (first %.0f ms)", r.Push.Pushes, r.Push.FirstMs), "", status["push-to-NATS p99 (ms)"])
-	row("relay keeping KV buckets: events/s", f("%.0f", r.KV.RelayPerSec), f("plain relay %.0f", r.Relay.RelayPerSec), f("%.2f", r.KV.RatioToPlain), "")
+	row(
+		"push to NATS: p50 / p99",
+		f("%.1f / %.1f ms", r.Push.P50ms, r.Push.P99ms),
+		f("%d pushes (first %.0f ms)", r.Push.Pushes, r.Push.FirstMs),
+		"",
+		status["push-to-NATS p99 (ms)"],
+	)
+	row(
+		"relay keeping KV buckets: events/s",
+		f("%.0f", r.KV.RelayPerSec),
+		f("plain relay %.0f", r.Relay.RelayPerSec),
+		f("%.2f", r.KV.RatioToPlain),
+		"",
+	)
 	row("  KV reconciled at a start (up to date)", f("%.2f s", r.KV.ReconcileSeconds), f("%d keys", r.KV.Keys), "", "")
 	row("push to KV value: p50 / p99", f("%.1f / %.1f ms", r.KV.PushP50ms, r.KV.PushP99ms), "", "", "")
 	si := r.SyncInterval
-	row("relay, embedded sync_interval 1s (default): events/s", f("%.0f", si.DefaultPerSec), f("2m (JetStream's) %.0f", si.LazyPerSec), f("%.2f", si.DefaultRatio), "")
-	row("relay, embedded sync_interval always: events/s", f("%.0f", si.AlwaysPerSec), f("2m (JetStream's) %.0f", si.LazyPerSec), f("%.2f", si.AlwaysRatio), f("%d events each, in %s", si.Events, si.Dir))
+	row(
+		"relay, embedded sync_interval 1s (default): events/s",
+		f("%.0f", si.DefaultPerSec),
+		f("2m (JetStream's) %.0f", si.LazyPerSec),
+		f("%.2f", si.DefaultRatio),
+		"",
+	)
+	row(
+		"relay, embedded sync_interval always: events/s",
+		f("%.0f", si.AlwaysPerSec),
+		f("2m (JetStream's) %.0f", si.LazyPerSec),
+		f("%.2f", si.AlwaysRatio),
+		f("%d events each, in %s", si.Events, si.Dir),
+	)
 	v := r.Verify
-	row(f("relay, a checkpoint every %s: events/s", verifyCheckpointEvery), f("%.0f", v.CheckpointPerSec), f("without %.0f", v.RelayPerSec), f("%.3f", v.CheckpointRatio), status["relay with checkpoints / without"])
-	row("  checkpoints: count, mean time", f("%d, %.2f ms", v.Checkpoints, v.CheckpointMs), f("%d events a side, %d a pass", v.Events, v.PassEvents), "", "")
-	row("relay, an audit running beside it: events/s", f("%.0f", v.AuditPerSec), f("without %.0f", v.RelayPerSec), f("%.3f", v.AuditRatio), status["relay with an audit beside / without"])
-	row("  audits beside it: count, events checked", f("%d, %d in %.1f s", v.Audits, v.AuditChecked, v.AuditSeconds), f("a whole audit alone %.0f events/s", v.WholeAuditPerSec), "", "")
+	row(
+		f("relay, a checkpoint every %s: events/s", verifyCheckpointEvery),
+		f("%.0f", v.CheckpointPerSec),
+		f("without %.0f", v.RelayPerSec),
+		f("%.3f", v.CheckpointRatio),
+		status["relay with checkpoints / without"],
+	)
+	row(
+		"  checkpoints: count, mean time",
+		f("%d, %.2f ms", v.Checkpoints, v.CheckpointMs),
+		f("%d events a side, %d a pass", v.Events, v.PassEvents),
+		"",
+		"",
+	)
+	row(
+		"relay, an audit running beside it: events/s",
+		f("%.0f", v.AuditPerSec),
+		f("without %.0f", v.RelayPerSec),
+		f("%.3f", v.AuditRatio),
+		status["relay with an audit beside / without"],
+	)
+	row(
+		"  audits beside it: count, events checked",
+		f("%d, %d in %.1f s", v.Audits, v.AuditChecked, v.AuditSeconds),
+		f("a whole audit alone %.0f events/s", v.WholeAuditPerSec),
+		"",
+		"",
+	)
 	dw := v.Writer
-	row("writer with the digest's triggers: time", f("%.2f s", dw.WithSeconds), f("without %.2f s", dw.WithoutSeconds), f("%.3f", dw.Ratio), status["writer time with digest triggers / without"])
-	row("  (its baseline and moves)", f("%d tags, %d history rows, %d moves", dw.Tags, dw.HistoryRows, dw.Moves), "", "", "")
+	row(
+		"writer with the digest's triggers: time",
+		f("%.2f s", dw.WithSeconds),
+		f("without %.2f s", dw.WithoutSeconds),
+		f("%.3f", dw.Ratio),
+		status["writer time with digest triggers / without"],
+	)
+	row(
+		"  (its baseline and moves)",
+		f("%d tags, %d history rows, %d moves", dw.Tags, dw.HistoryRows, dw.Moves),
+		"",
+		"",
+		"",
+	)
 	for i, m := range r.Memory {
 		st := ""
 		switch i {
 		case 0:
 			st = status["peak memory at 1x (MB)"]
 		case 2:
-			st = f("growth %+.0f%%; < 15%% %s", 100*r.MemoryGrowth, strings.TrimPrefix(status["peak memory growth 1x -> 4x"], "< 0.15 "))
+			st = f(
+				"growth %+.0f%%; < 15%% %s",
+				100*r.MemoryGrowth,
+				strings.TrimPrefix(status["peak memory growth 1x -> 4x"], "< 0.15 "),
+			)
 		}
-		row(f("peak RSS at %gx (%d history rows)", m.Factor, m.HistoryRows), f("%.0f MB", m.PeakMB), f("sync %.0f s", m.WallSeconds), "", st)
+		row(
+			f("peak RSS at %gx (%d history rows)", m.Factor, m.HistoryRows),
+			f("%.0f MB", m.PeakMB),
+			f("sync %.0f s", m.WallSeconds),
+			"",
+			st,
+		)
 	}
 	rr := r.Realistic
 	row("", "", "", "", "")
 	row(f("realistic org: %d repos, %d tags, %d history records", rr.Repos, rr.Tags, rr.HistoryRecords), "", "", "", "")
-	row("  full sync: requests", f("%d", rr.FullSync.Requests), f("minimum %d", rr.MinimumTotal), f("%.3f", rr.RequestRatio), status["realistic: requests / minimum"])
-	row("  full sync: wall, peak RSS", f("%.1f s, %.0f MB", rr.FullSync.WallSeconds, rr.Memory.PeakMB), "", "", status["realistic: peak memory (MB)"])
-	row(f("  latency sync (%s/req): wall", r.Params.Latency), f("%.1f s", rr.LatencySync.WallSeconds), f("floor %.1f s", rr.LatencyFloor), f("%.2f", rr.LatencyRatio), status["realistic: latency-bound / floor"])
+	row(
+		"  full sync: requests",
+		f("%d", rr.FullSync.Requests),
+		f("minimum %d", rr.MinimumTotal),
+		f("%.3f", rr.RequestRatio),
+		status["realistic: requests / minimum"],
+	)
+	row(
+		"  full sync: wall, peak RSS",
+		f("%.1f s, %.0f MB", rr.FullSync.WallSeconds, rr.Memory.PeakMB),
+		"",
+		"",
+		status["realistic: peak memory (MB)"],
+	)
+	row(
+		f("  latency sync (%s/req): wall", r.Params.Latency),
+		f("%.1f s", rr.LatencySync.WallSeconds),
+		f("floor %.1f s", rr.LatencyFloor),
+		f("%.2f", rr.LatencyRatio),
+		status["realistic: latency-bound / floor"],
+	)
 	phaseRows(row, "    ", rr.LatencySync, rr.Minimum, rr.LatencyFloor, r.Params.Latency)
-	row("    against its requests in a plain loop", f("%.2f ms a request", rr.LatencyCeiling.PerRequestMs), f("ceiling %.1f s", rr.LatencyCeiling.CeilingSeconds), f("%.2f", rr.LatencyCeiling.Ratio), "")
+	row(
+		"    against its requests in a plain loop",
+		f("%.2f ms a request", rr.LatencyCeiling.PerRequestMs),
+		f("ceiling %.1f s", rr.LatencyCeiling.CeilingSeconds),
+		f("%.2f", rr.LatencyCeiling.Ratio),
+		"",
+	)
 	row(f("  at requests_per_second %g", rr.RequestsPerSecond), f("%.1f h", rr.RateBoundHours), "minimum / rate", "", "")
-	row("  idle resync: crawl requests", f("%d (history %d)", rr.Idle.Requests, rr.Idle.HistoryRequests), f("limit %d", rr.IdleLimit), "", status["realistic: idle requests"])
-	row(f("  incremental (%d moved): crawl requests", rr.Moved), f("%d (history %d)", rr.Incremental.Requests, rr.Incremental.HistoryRequests), f("minimum %d", rr.IncrementalMinimum), f("%.3f", rr.IncrementalRatio), status["realistic: incremental / minimum"])
+	row(
+		"  idle resync: crawl requests",
+		f("%d (history %d)", rr.Idle.Requests, rr.Idle.HistoryRequests),
+		f("limit %d", rr.IdleLimit),
+		"",
+		status["realistic: idle requests"],
+	)
+	row(
+		f("  incremental (%d moved): crawl requests", rr.Moved),
+		f("%d (history %d)", rr.Incremental.Requests, rr.Incremental.HistoryRequests),
+		f("minimum %d", rr.IncrementalMinimum),
+		f("%.3f", rr.IncrementalRatio),
+		status["realistic: incremental / minimum"],
+	)
 	tw.Flush()
 	fmt.Fprintf(w, "\ntotal %.0f s\n", r.Total)
 }
@@ -486,12 +684,36 @@ const defaultRate = 20.0
 // state against its latency floor (the listings' pages one after another),
 // and to the history complete against the sync's floor; and the floors of
 // both at the default request rate (pages ÷ rate).
-func phaseRows(row func(...string), indent string, sr syncResult, m minimum, historyFloor float64, latency time.Duration) {
+func phaseRows(
+	row func(...string),
+	indent string,
+	sr syncResult,
+	m minimum,
+	historyFloor float64,
+	latency time.Duration,
+) {
 	f := fmt.Sprintf
 	lf := listingFloor(m, latency)
-	row(indent+"  time to current ready", f("%.1f s", sr.CurrentSeconds), f("floor %.1f s", lf), f("%.2f", sr.CurrentSeconds/lf), "")
-	row(indent+"  time to history complete", f("%.1f s", sr.WallSeconds), f("floor %.1f s", historyFloor), f("%.2f", sr.WallSeconds/historyFloor), "")
+	row(
+		indent+"  time to current ready",
+		f("%.1f s", sr.CurrentSeconds),
+		f("floor %.1f s", lf),
+		f("%.2f", sr.CurrentSeconds/lf),
+		"",
+	)
+	row(
+		indent+"  time to history complete",
+		f("%.1f s", sr.WallSeconds),
+		f("floor %.1f s", historyFloor),
+		f("%.2f", sr.WallSeconds/historyFloor),
+		"",
+	)
 	pages := m.RepoPages + m.TagPages + m.AdvisoryPages
-	row(indent+f("  floors at %g requests/s", defaultRate), f("current %.0f s, history %.0f s", float64(pages)/defaultRate, float64(m.Total())/defaultRate),
-		f("%d listing pages, %d requests", pages, m.Total()), "", "")
+	row(
+		indent+f("  floors at %g requests/s", defaultRate),
+		f("current %.0f s, history %.0f s", float64(pages)/defaultRate, float64(m.Total())/defaultRate),
+		f("%d listing pages, %d requests", pages, m.Total()),
+		"",
+		"",
+	)
 }

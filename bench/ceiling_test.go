@@ -43,7 +43,8 @@ func sqliteCeiling(ctx context.Context, dir string, rows, tags, rowsPerTx int) (
 	}
 	q := url.Values{}
 	// The writer's pragmas in store.Open, page cache size included.
-	for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "foreign_keys(1)", "synchronous(NORMAL)", "temp_store(MEMORY)", "cache_size(-65536)"} {
+	for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "foreign_keys(1)", "synchronous(NORMAL)",
+		"temp_store(MEMORY)", "cache_size(-65536)"} {
 		q.Add("_pragma", p)
 	}
 	q.Set("_txlock", "immediate")
@@ -60,11 +61,14 @@ func sqliteCeiling(ctx context.Context, dir string, rows, tags, rowsPerTx int) (
 		uids[i] = fmt.Sprintf("org1/%016x/%016x", hash64("repo", i/50), hash64("tag", i))
 	}
 	if err := inTx(ctx, db, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO repos (uid, name, first_seen_time) VALUES ('org1/r', 'r', '2026-01-01T00:00:00.000Z')`); err != nil {
+		if _, err := tx.ExecContext(ctx,
+			`INSERT INTO repos (uid, name, first_seen_time) VALUES ('org1/r', 'r', '2026-01-01T00:00:00.000Z')`); err != nil {
 			return err
 		}
 		for i, uid := range uids {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO tags (uid, repo_uid, name, first_seen_time) VALUES (?, 'org1/r', ?, '2026-01-01T00:00:00.000Z')`, uid, strconv.Itoa(i)); err != nil {
+			if _, err := tx.ExecContext(ctx,
+				`INSERT INTO tags (uid, repo_uid, name, first_seen_time) VALUES (?, 'org1/r', ?, '2026-01-01T00:00:00.000Z')`,
+				uid, strconv.Itoa(i)); err != nil {
 				return err
 			}
 		}
@@ -93,7 +97,10 @@ func sqliteCeiling(ctx context.Context, dir string, rows, tags, rowsPerTx int) (
 				k := min(ceilingRowsPerStatement, n-off)
 				s := stmt
 				if k != ceilingRowsPerStatement {
-					s = "INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES " + strings.TrimSuffix(strings.Repeat("(?,?,?,?),", k), ",")
+					s = "INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES " + strings.TrimSuffix(
+						strings.Repeat("(?,?,?,?),", k),
+						",",
+					)
 				}
 				if _, err := tx.ExecContext(ctx, s, args[4*off:4*(off+k)]...); err != nil {
 					return err
@@ -141,7 +148,13 @@ func digest(i int) []byte {
 // publishes in flight (the relay's default), and returns messages per
 // second. The messages are the relay's own, headers and all, on another
 // subject prefix.
-func jetstreamCeiling(ctx context.Context, js jetstream.JetStream, stream string, msgs []*nats.Msg, window int) (float64, error) {
+func jetstreamCeiling(
+	ctx context.Context,
+	js jetstream.JetStream,
+	stream string,
+	msgs []*nats.Msg,
+	window int,
+) (float64, error) {
 	subject, _, _ := strings.Cut(msgs[0].Subject, ".")
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"},
 		Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute}); err != nil {

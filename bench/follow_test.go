@@ -33,7 +33,14 @@ type followResult struct {
 // measureFollow runs a follower of the stream into an empty mirror, then
 // writes a snapshot of src (the full-size mirror) and restores it into
 // another empty mirror, as a follower does when it joins.
-func measureFollow(ctx context.Context, conn *publish.Conn, src *store.Store, pcfg publish.Config, dir string, ceiling float64) (followResult, error) {
+func measureFollow(
+	ctx context.Context,
+	conn *publish.Conn,
+	src *store.Store,
+	pcfg publish.Config,
+	dir string,
+	ceiling float64,
+) (followResult, error) {
 	var r followResult
 	open := func(name string) (*store.Store, error) {
 		return store.Open(ctx, filepath.Join(dir, name, "syncd.db"), store.Options{})
@@ -43,8 +50,12 @@ func measureFollow(ctx context.Context, conn *publish.Conn, src *store.Store, pc
 		return r, err
 	}
 	defer f.Close()
-	fol := cluster.NewFollower(conn.JS, f, cluster.FollowerConfig{Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Consumer: "bench-follower",
-		MaxWait: 200 * time.Millisecond, OnBatch: func(applied int, _ uint64) { r.Events += applied }})
+	fol := cluster.NewFollower(
+		conn.JS,
+		f,
+		cluster.FollowerConfig{Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Consumer: "bench-follower",
+			MaxWait: 200 * time.Millisecond, OnBatch: func(applied int, _ uint64) { r.Events += applied }},
+	)
 	start := time.Now()
 	if err := fol.CatchUp(ctx); err != nil {
 		return r, fmt.Errorf("follow the stream: %w", err)
@@ -53,7 +64,11 @@ func measureFollow(ctx context.Context, conn *publish.Conn, src *store.Store, pc
 	r.ApplyPerSec = float64(r.Events) / r.CatchUpSeconds
 	r.Ratio = r.ApplyPerSec / ceiling
 
-	snaps := cluster.NewSnapshotter(conn.JS, src, cluster.SnapshotConfig{Bucket: "bench_snapshots", Stream: pcfg.Stream, Every: time.Hour, Keep: 1, Dir: dir})
+	snaps := cluster.NewSnapshotter(
+		conn.JS,
+		src,
+		cluster.SnapshotConfig{Bucket: "bench_snapshots", Stream: pcfg.Stream, Every: time.Hour, Keep: 1, Dir: dir},
+	)
 	info, err := snaps.Write(ctx, nil)
 	if err != nil {
 		return r, err
@@ -64,8 +79,12 @@ func measureFollow(ctx context.Context, conn *publish.Conn, src *store.Store, pc
 		return r, err
 	}
 	defer g.Close()
-	restorer := cluster.NewFollower(conn.JS, g, cluster.FollowerConfig{Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Consumer: "bench-restored",
-		MaxWait: 200 * time.Millisecond, SnapshotBucket: "bench_snapshots", SnapshotDir: dir})
+	restorer := cluster.NewFollower(
+		conn.JS,
+		g,
+		cluster.FollowerConfig{Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Consumer: "bench-restored",
+			MaxWait: 200 * time.Millisecond, SnapshotBucket: "bench_snapshots", SnapshotDir: dir},
+	)
 	if err := restorer.CatchUp(ctx); err != nil {
 		return r, fmt.Errorf("restore the snapshot: %w", err)
 	}

@@ -45,8 +45,21 @@ func BenchmarkIngest(b *testing.B) {
 		b.Fatal(err)
 	}
 	rate := float64(full.HistoryRows) / full.WallSeconds
-	fmt.Fprintf(os.Stderr, "ingest: %d rows in %.1f s = %.0f rows/s; SQLite loop %.0f rows/s; ratio %.2f; requests %d; child CPU %.1f s, simulator CPU %.1f s; peak RSS %.0f MB at %.1f s (Go heap peak %.0f MB)\n",
-		full.HistoryRows, full.WallSeconds, rate, ceiling, rate/ceiling, full.Requests, m.CPUSeconds, sim.Seconds(), m.PeakMB, m.RSSPeakAtSeconds, m.GoHeapPeakMB)
+	fmt.Fprintf(
+		os.Stderr,
+		"ingest: %d rows in %.1f s = %.0f rows/s; SQLite loop %.0f rows/s; ratio %.2f; requests %d; child CPU %.1f s, simulator CPU %.1f s; peak RSS %.0f MB at %.1f s (Go heap peak %.0f MB)\n",
+		full.HistoryRows,
+		full.WallSeconds,
+		rate,
+		ceiling,
+		rate/ceiling,
+		full.Requests,
+		m.CPUSeconds,
+		sim.Seconds(),
+		m.PeakMB,
+		m.RSSPeakAtSeconds,
+		m.GoHeapPeakMB,
+	)
 	b.ReportMetric(rate/ceiling, "ingest/ceiling")
 	b.ReportMetric(full.WallSeconds, "sync-s")
 	b.ReportMetric(m.CPUSeconds, "child-cpu-s")

@@ -56,7 +56,13 @@ func copyMirror(ctx context.Context, from, path string) error {
 // measureRelayKV relays the outbox of the mirror copied at path, which
 // holds the events plain relayed, to another stream with the KV buckets
 // kept, then times the reconciliation of a relay's next start.
-func measureRelayKV(ctx context.Context, conn *publish.Conn, path string, pcfg publish.Config, plain relayResult) (kvResult, error) {
+func measureRelayKV(
+	ctx context.Context,
+	conn *publish.Conn,
+	path string,
+	pcfg publish.Config,
+	plain relayResult,
+) (kvResult, error) {
 	st, err := store.Open(ctx, path, store.Options{})
 	if err != nil {
 		return kvResult{}, err
@@ -96,7 +102,11 @@ func measureRelayKV(ctx context.Context, conn *publish.Conn, path string, pcfg p
 		return kvResult{}, err
 	}
 	if rs.Put+rs.Deleted != 0 {
-		return kvResult{}, fmt.Errorf("the relay left the buckets behind the mirror: reconciling put %d and deleted %d keys", rs.Put, rs.Deleted)
+		return kvResult{}, fmt.Errorf(
+			"the relay left the buckets behind the mirror: reconciling put %d and deleted %d keys",
+			rs.Put,
+			rs.Deleted,
+		)
 	}
 	res.ReconcileSeconds, res.Keys = time.Since(start).Seconds(), rs.Unchanged
 	return res, nil

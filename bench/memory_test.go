@@ -109,7 +109,11 @@ func sampleMemory() func() memPeaks {
 		var p memPeaks
 		var rssMax int64
 		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-		parts := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+		parts := []metrics.Sample{
+			{Name: "/memory/classes/total:bytes"},
+			{Name: "/memory/classes/heap/objects:bytes"},
+			{Name: "/memory/classes/heap/released:bytes"},
+		}
 		t := time.NewTicker(20 * time.Millisecond)
 		defer t.Stop()
 		trace, lastTrace := os.Getenv("BENCH_MEMTRACE") != "", time.Time{}
@@ -135,8 +139,19 @@ func sampleMemory() func() memPeaks {
 				// BENCH_MEMTRACE: the resident set's parts every second.
 				lastTrace = time.Now()
 				pt := rssNow(parts)
-				fmt.Fprintf(os.Stderr, "mem %6.1f s  rss %6.1f MB  anon %6.1f (Go %5.1f, heap objects %5.1f)  file %5.1f  shmem %5.1f%s\n",
-					time.Since(start).Seconds(), float64(residentBytes())/(1<<20), pt.AnonMB, pt.GoMB, pt.GoHeapMB, pt.FileMB, pt.ShmemMB, extraMemTrace())
+				fmt.Fprintf(
+					os.Stderr,
+					"mem %6.1f s  rss %6.1f MB  anon %6.1f (Go %5.1f, heap objects %5.1f)  file %5.1f  shmem %5.1f%s\n",
+					time.Since(start).
+						Seconds(),
+					float64(residentBytes())/(1<<20),
+					pt.AnonMB,
+					pt.GoMB,
+					pt.GoHeapMB,
+					pt.FileMB,
+					pt.ShmemMB,
+					extraMemTrace(),
+				)
 			}
 			if rss := residentBytes(); rss > rssMax {
 				rssMax, p.rssAt = rss, time.Since(start)
@@ -244,7 +259,12 @@ func childSync(ctx context.Context, p params, o *org, factor float64, dir string
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestMemoryChild$", "-test.count=1", "-test.timeout=10m")
-	cmd.Env = append(os.Environ(), memSimEnv+"="+o.URL(), memConcurrencyEnv+"="+strconv.Itoa(p.Concurrency), memDirEnv+"="+dir)
+	cmd.Env = append(
+		os.Environ(),
+		memSimEnv+"="+o.URL(),
+		memConcurrencyEnv+"="+strconv.Itoa(p.Concurrency),
+		memDirEnv+"="+dir,
+	)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if os.Getenv("BENCH_MEMTRACE") != "" || os.Getenv("BENCH_LOG") != "" {
@@ -308,7 +328,15 @@ func BenchmarkMemory(b *testing.B) {
 			b.Fatal(err)
 		}
 		out, _ := json.Marshal(m)
-		fmt.Fprintf(os.Stderr, "memory at %gx: peak RSS %.0f MB at %.1f s of %.1f s; %s\n", f, m.PeakMB, m.RSSPeakAtSeconds, m.WallSeconds, out)
+		fmt.Fprintf(
+			os.Stderr,
+			"memory at %gx: peak RSS %.0f MB at %.1f s of %.1f s; %s\n",
+			f,
+			m.PeakMB,
+			m.RSSPeakAtSeconds,
+			m.WallSeconds,
+			out,
+		)
 	}
 }
 

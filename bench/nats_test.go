@@ -23,7 +23,13 @@ import (
 
 // publishConfig is syncd's default stream, on the embedded server.
 func publishConfig(dir, source string) publish.Config {
-	return publish.Config{DataDir: dir, SubjectPrefix: "syncd", Stream: "SYNCD", DuplicateWindow: 2 * time.Minute, Source: source}
+	return publish.Config{
+		DataDir:         dir,
+		SubjectPrefix:   "syncd",
+		Stream:          "SYNCD",
+		DuplicateWindow: 2 * time.Minute,
+		Source:          source,
+	}
 }
 
 // relayResult compares the relay with a plain publish loop.
@@ -124,7 +130,14 @@ type pushResult struct {
 //
 // The relay keeps the benchmark's KV buckets, and each push is also timed
 // to the tag's new value reaching a watcher of the tags bucket.
-func measurePush(ctx context.Context, o *org, m *mirror, conn *publish.Conn, pcfg publish.Config, n int) (pushResult, error) {
+func measurePush(
+	ctx context.Context,
+	o *org,
+	m *mirror,
+	conn *publish.Conn,
+	pcfg publish.Config,
+	n int,
+) (pushResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	kv, err := publish.OpenKV(ctx, conn.JS, benchKV(), m.store)
@@ -143,14 +156,23 @@ func measurePush(ctx context.Context, o *org, m *mirror, conn *publish.Conn, pcf
 	if err != nil {
 		return pushResult{}, err
 	}
-	rcv := events.NewReceiver(events.Config{Issuer: o.URL(), Groups: []string{"org1"}, TypePrefix: "dev.chainguard."}, m.crawler, m.store)
+	rcv := events.NewReceiver(
+		events.Config{Issuer: o.URL(), Groups: []string{"org1"}, TypePrefix: "dev.chainguard."},
+		m.crawler,
+		m.store,
+	)
 	srv := &http.Server{Handler: rcv, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	defer srv.Close()
 	rcvDone := make(chan error, 1)
 	go func() { rcvDone <- rcv.Run(ctx) }()
 	defer func() { cancel(); <-rcvDone }()
-	reg := &events.Registrar{Client: m.client, Store: m.store, Groups: []string{"org1"}, Sink: "http://" + ln.Addr().String() + "/events"}
+	reg := &events.Registrar{
+		Client: m.client,
+		Store:  m.store,
+		Groups: []string{"org1"},
+		Sink:   "http://" + ln.Addr().String() + "/events",
+	}
 	if err := reg.Ensure(ctx); err != nil {
 		return pushResult{}, err
 	}
@@ -205,7 +227,8 @@ func measurePush(ctx context.Context, o *org, m *mirror, conn *publish.Conn, pcf
 					break wait
 				}
 			case <-timeout.C:
-				return pushResult{}, fmt.Errorf("push %d: no tag.moved event for %s within 10s (receiver stats: accepted %d, failed %d)",
+				return pushResult{}, fmt.Errorf(
+					"push %d: no tag.moved event for %s within 10s (receiver stats: accepted %d, failed %d)",
 					i, tag.UID, rcv.Stats.Accepted.Load(), rcv.Stats.Failed.Load())
 			}
 		}
@@ -236,6 +259,13 @@ func measurePush(ctx context.Context, o *org, m *mirror, conn *publish.Conn, pcf
 	q := func(p float64) float64 {
 		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
 	}
-	return pushResult{Pushes: n, P50ms: q(0.50), P99ms: q(0.99), Maxms: q(1), MaxAt: maxAt, FirstMs: float64(first.Microseconds()) / 1000,
-		kv: kvLat[1:]}, nil
+	return pushResult{
+		Pushes:  n,
+		P50ms:   q(0.50),
+		P99ms:   q(0.99),
+		Maxms:   q(1),
+		MaxAt:   maxAt,
+		FirstMs: float64(first.Microseconds()) / 1000,
+		kv:      kvLat[1:],
+	}, nil
 }

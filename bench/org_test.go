@@ -91,7 +91,9 @@ type org struct {
 }
 
 func startOrg(sc platformsim.Scale, wrap ...func(http.Handler) http.Handler) *org {
-	sim := platformsim.New(platformsim.Options{Seed: 1, Tokens: []string{token}, RegistryTokens: []string{registryToken}, AllowHTTPSinks: true})
+	sim := platformsim.New(
+		platformsim.Options{Seed: 1, Tokens: []string{token}, RegistryTokens: []string{registryToken}, AllowHTTPSinks: true},
+	)
 	sim.Populate(sc)
 	h := sim.Handler()
 	for _, w := range wrap {
@@ -140,8 +142,12 @@ func minimumRequests(t platformsim.Truth) minimum {
 	for _, tg := range t.Tags {
 		tagsPerRepo[tg.RepoUID]++
 	}
-	m := minimum{RepoPages: pages(len(t.Repos), 200), TagPages: pages(len(t.Tags), 200), AdvisoryPages: pages(len(t.Advisories), 200),
-		PerImageTokens: len(t.Repos)}
+	m := minimum{
+		RepoPages:      pages(len(t.Repos), 200),
+		TagPages:       pages(len(t.Tags), 200),
+		AdvisoryPages:  pages(len(t.Advisories), 200),
+		PerImageTokens: len(t.Repos),
+	}
 	for _, r := range t.Repos {
 		m.PerRepoTagPages += pages(tagsPerRepo[r.UID], 200)
 	}
@@ -161,8 +167,19 @@ func newClient(url string, conns int, wrap ...func(http.RoundTripper) http.Round
 	for _, w := range wrap {
 		rt = w(rt)
 	}
-	return platform.New(platform.Config{BaseURL: url, RegistryURL: url, Token: platform.StaticToken(token), PullToken: platform.StaticToken(registryToken),
-		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", HTTPClient: &http.Client{Transport: rt}, MaxInFlight: conns})
+	return platform.New(
+		platform.Config{
+			BaseURL:      url,
+			RegistryURL:  url,
+			Token:        platform.StaticToken(token),
+			PullToken:    platform.StaticToken(registryToken),
+			Organization: "acme",
+			PublicOrg:    "chainguard",
+			Vendor:       "chainguard",
+			HTTPClient:   &http.Client{Transport: rt},
+			MaxInFlight:  conns,
+		},
+	)
 }
 
 // mirror is one syncd mirror: store, client and crawler.
@@ -173,7 +190,13 @@ type mirror struct {
 	path    string
 }
 
-func openMirror(ctx context.Context, dir, url string, concurrency int, initialEvents string, wrap ...func(http.RoundTripper) http.RoundTripper) (*mirror, error) {
+func openMirror(
+	ctx context.Context,
+	dir, url string,
+	concurrency int,
+	initialEvents string,
+	wrap ...func(http.RoundTripper) http.RoundTripper,
+) (*mirror, error) {
 	path := filepath.Join(dir, "syncd.db")
 	var log *slog.Logger
 	if os.Getenv("BENCH_LOG") != "" {
@@ -263,9 +286,16 @@ func syncOnce(ctx context.Context, o *org, m *mirror) (syncResult, error) {
 	if err != nil {
 		return syncResult{}, err
 	}
-	return syncResult{Wall: wall, WallSeconds: wall.Seconds(), Requests: crawled.Total, HistoryRequests: st.ByEndpoint[historyEndpoint],
-		HistoryRows: after - before, Events: crawl.Events + adv.Events, CurrentSeconds: current,
-		AdvisoryRequests: st.ByEndpoint[advisoryListEndpoint] + st.ByEndpoint[advisoryGetEndpoint]}, nil
+	return syncResult{
+		Wall:             wall,
+		WallSeconds:      wall.Seconds(),
+		Requests:         crawled.Total,
+		HistoryRequests:  st.ByEndpoint[historyEndpoint],
+		HistoryRows:      after - before,
+		Events:           crawl.Events + adv.Events,
+		CurrentSeconds:   current,
+		AdvisoryRequests: st.ByEndpoint[advisoryListEndpoint] + st.ByEndpoint[advisoryGetEndpoint],
+	}, nil
 }
 
 // currentAfter is how long after start the mirror's baseline ended, when

@@ -94,14 +94,25 @@ func queryTargets(q queryResult) []target {
 	return []target{
 		{"query throughput / plain SQLite loop", q.Ratio, ">= 0.7", q.Ratio >= 0.7 && q.Failed == 0},
 		{"query tag.at p99 (ms)", at.P99ms, "<= 5", at.P99ms <= queryLatencyTarget && at.Failed == 0 && at.Requests > 0},
-		{"query digest.where p99 (ms)", where.P99ms, "<= 5", where.P99ms <= queryLatencyTarget && where.Failed == 0 && where.Requests > 0},
+		{
+			"query digest.where p99 (ms)",
+			where.P99ms,
+			"<= 5",
+			where.P99ms <= queryLatencyTarget && where.Failed == 0 && where.Requests > 0,
+		},
 	}
 }
 
 // queryRows prints the query service's rows of the table.
 func queryRows(row func(...string), status map[string]string, q queryResult) {
 	f := fmt.Sprintf
-	row(f("query service (%d history rows), at %d req/s", q.HistoryRows, q.RatePerSec), "p50 / p99", "requests (failed), max", "", "")
+	row(
+		f("query service (%d history rows), at %d req/s", q.HistoryRows, q.RatePerSec),
+		"p50 / p99",
+		"requests (failed), max",
+		"",
+		"",
+	)
 	for _, l := range q.Endpoints {
 		st := ""
 		switch l.Endpoint {
@@ -110,10 +121,25 @@ func queryRows(row func(...string), status map[string]string, q queryResult) {
 		case query.DigestWhere:
 			st = status["query digest.where p99 (ms)"]
 		}
-		row("  "+l.Endpoint, f("%.2f / %.2f ms", l.P50ms, l.P99ms), f("%d (%d), %.1f ms", l.Requests, l.Failed, l.MaxMs), "", st)
+		row(
+			"  "+l.Endpoint,
+			f("%.2f / %.2f ms", l.P50ms, l.P99ms),
+			f("%d (%d), %.1f ms", l.Requests, l.Failed, l.MaxMs),
+			"",
+			st,
+		)
 	}
-	row(f("query service: req/s, %d clients, 5 endpoints", q.Clients), f("%.0f", q.ServedPerSec),
-		f("plain SQLite loop %.0f (%d goroutines)", q.PlainPerSec, q.Workers), f("%.2f", q.Ratio), status["query throughput / plain SQLite loop"])
+	row(
+		f("query service: req/s, %d clients, 5 endpoints", q.Clients),
+		f("%.0f", q.ServedPerSec),
+		f(
+			"plain SQLite loop %.0f (%d goroutines)",
+			q.PlainPerSec,
+			q.Workers,
+		),
+		f("%.2f", q.Ratio),
+		status["query throughput / plain SQLite loop"],
+	)
 	row("  bare NATS request/reply, same clients: req/s", f("%.0f", q.EchoPerSec), "", "", "")
 }
 
@@ -473,7 +499,12 @@ func BenchmarkQuery(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	progress("query service: %d history rows synced in %.1f s; each endpoint at %d req/s, then throughput", full.HistoryRows, full.WallSeconds, queryRate)
+	progress(
+		"query service: %d history rows synced in %.1f s; each endpoint at %d req/s, then throughput",
+		full.HistoryRows,
+		full.WallSeconds,
+		queryRate,
+	)
 	q, err := measureQuery(ctx, m.store, o.sim.Truth())
 	if err != nil {
 		b.Fatal(err)
@@ -488,7 +519,14 @@ func BenchmarkQuery(b *testing.B) {
 		status[t.Name] = t.Want + " " + s
 	}
 	mc := thisMachine()
-	fmt.Printf("\nsyncd query service: scale %g; machine: %d CPUs, %s, %s, load at start %s\n\n", p.Scale, mc.CPUs, mc.CPU, mc.Go, mc.LoadStart)
+	fmt.Printf(
+		"\nsyncd query service: scale %g; machine: %d CPUs, %s, %s, load at start %s\n\n",
+		p.Scale,
+		mc.CPUs,
+		mc.CPU,
+		mc.Go,
+		mc.LoadStart,
+	)
 	printRows(os.Stdout, func(row func(...string)) {
 		row("measure", "value", "ceiling / reference", "ratio", "target")
 		queryRows(row, status, q)

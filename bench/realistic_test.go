@@ -46,7 +46,12 @@ func realisticScale(f float64) platformsim.Scale {
 	return sc
 }
 
-func measureRealistic(ctx context.Context, p params, dir string, progress func(string, ...any)) (realisticResult, error) {
+func measureRealistic(
+	ctx context.Context,
+	p params,
+	dir string,
+	progress func(string, ...any),
+) (realisticResult, error) {
 	var r realisticResult
 	sc := realisticScale(p.Scale)
 	progress("realistic organization: generating %d repos with about %d tags each", sc.Repos, sc.TagsPerRepo)

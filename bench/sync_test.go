@@ -83,7 +83,15 @@ func relayWithSync(ctx context.Context, dir string, sync publish.EmbeddedSync, e
 	for start := 0; start < events; start += 500 {
 		var repos []store.Repo
 		for i := start; i < min(start+500, events); i++ {
-			repos = append(repos, store.Repo{UID: fmt.Sprintf("org1/sync%06d", i), Name: fmt.Sprintf("sync-%06d", i), CreateTime: now, UpdateTime: now})
+			repos = append(
+				repos,
+				store.Repo{
+					UID:        fmt.Sprintf("org1/sync%06d", i),
+					Name:       fmt.Sprintf("sync-%06d", i),
+					CreateTime: now,
+					UpdateTime: now,
+				},
+			)
 		}
 		if _, err := st.ApplyRepos(ctx, repos); err != nil {
 			return 0, err

@@ -145,9 +145,23 @@ func (t *tracer) report(w io.Writer, wall, latency time.Duration, conns int) {
 		a.first, a.last = min(a.first, r.sent), max(a.last, r.end)
 		busy += r.end - r.conn
 	}
-	fmt.Fprintf(w, "requests %d in %.2f s; connection-seconds busy %.1f of %.1f (%.1f%%); floor of these requests %.2f s, ratio %.3f\n",
-		len(reqs), wall.Seconds(), busy.Seconds(), wall.Seconds()*float64(conns), 100*busy.Seconds()/(wall.Seconds()*float64(conns)),
-		float64(len(reqs))*latency.Seconds()/float64(conns), wall.Seconds()/(float64(len(reqs))*latency.Seconds()/float64(conns)))
+	fmt.Fprintf(
+		w,
+		"requests %d in %.2f s; connection-seconds busy %.1f of %.1f (%.1f%%); floor of these requests %.2f s, ratio %.3f\n",
+		len(
+			reqs,
+		),
+		wall.Seconds(),
+		busy.Seconds(),
+		wall.Seconds()*float64(conns),
+		100*busy.Seconds()/(wall.Seconds()*float64(conns)),
+		float64(
+			len(reqs),
+		)*latency.Seconds()/float64(
+			conns,
+		),
+		wall.Seconds()/(float64(len(reqs))*latency.Seconds()/float64(conns)),
+	)
 	kinds := make([]string, 0, len(byKind))
 	for k := range byKind {
 		kinds = append(kinds, k)
@@ -155,8 +169,18 @@ func (t *tracer) report(w io.Writer, wall, latency time.Duration, conns int) {
 	slices.Sort(kinds)
 	for _, k := range kinds {
 		a := byKind[k]
-		fmt.Fprintf(w, "  %-10s %7d  held %.2f ms each (latency %.0f ms, in the simulator's handler %.2f), waited for a connection %.2f ms each; from %.2f s to %.2f s\n",
-			k, a.n, ms(a.busy)/float64(a.n), ms(latency), ms(t.handled[k])/float64(a.n), ms(a.wait)/float64(a.n), a.first.Seconds(), a.last.Seconds())
+		fmt.Fprintf(
+			w,
+			"  %-10s %7d  held %.2f ms each (latency %.0f ms, in the simulator's handler %.2f), waited for a connection %.2f ms each; from %.2f s to %.2f s\n",
+			k,
+			a.n,
+			ms(a.busy)/float64(a.n),
+			ms(latency),
+			ms(t.handled[k])/float64(a.n),
+			ms(a.wait)/float64(a.n),
+			a.first.Seconds(),
+			a.last.Seconds(),
+		)
 	}
 	// Busy connections per slice of the wall time, by kind.
 	slices := 40
@@ -187,7 +211,14 @@ func (t *tracer) report(w io.Writer, wall, latency time.Duration, conns int) {
 			}
 		}
 		idle += time.Duration(conns)*step - total
-		fmt.Fprintf(w, "  %6.2f s  busy %5.2f of %d  %s\n", (time.Duration(i) * step).Seconds(), float64(total)/float64(step), conns, strings.Join(parts, ", "))
+		fmt.Fprintf(
+			w,
+			"  %6.2f s  busy %5.2f of %d  %s\n",
+			(time.Duration(i) * step).Seconds(),
+			float64(total)/float64(step),
+			conns,
+			strings.Join(parts, ", "),
+		)
 	}
 	fmt.Fprintf(w, "idle connection-seconds %.1f\n", idle.Seconds())
 }
@@ -224,8 +255,17 @@ func BenchmarkLatency(b *testing.B) {
 	}
 	cpu := selfCPU() - cpu0
 	floor := float64(minimum) * p.Latency.Seconds() / float64(p.Concurrency)
-	fmt.Fprintf(os.Stderr, "latency-bound sync: %.2f s, %d requests (minimum %d), floor %.2f s, ratio %.3f; CPU %.1f s (simulator and syncd), %.0f us a request\n",
-		res.WallSeconds, res.Requests, minimum, floor, res.WallSeconds/floor, cpu.Seconds(), float64(cpu.Microseconds())/float64(res.Requests))
+	fmt.Fprintf(
+		os.Stderr,
+		"latency-bound sync: %.2f s, %d requests (minimum %d), floor %.2f s, ratio %.3f; CPU %.1f s (simulator and syncd), %.0f us a request\n",
+		res.WallSeconds,
+		res.Requests,
+		minimum,
+		floor,
+		res.WallSeconds/floor,
+		cpu.Seconds(),
+		float64(cpu.Microseconds())/float64(res.Requests),
+	)
 	tr.report(os.Stderr, res.Wall, p.Latency, p.Concurrency)
 	b.ReportMetric(res.WallSeconds/floor, "latency/floor")
 
@@ -233,13 +273,29 @@ func BenchmarkLatency(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	fmt.Fprintf(os.Stderr, "plain loop: %d history requests in %.2f s (CPU %.0f us a request), %.2f ms a request and place (latency %.0f ms): the floor at that pace %.2f s, the sync's ratio to it %.3f\n",
-		ceil.Requests, ceil.Seconds, ceil.CPUPerRequestUs, ceil.PerRequestMs, ms(p.Latency), ceil.CeilingSeconds, ceil.Ratio)
+	fmt.Fprintf(
+		os.Stderr,
+		"plain loop: %d history requests in %.2f s (CPU %.0f us a request), %.2f ms a request and place (latency %.0f ms): the floor at that pace %.2f s, the sync's ratio to it %.3f\n",
+		ceil.Requests,
+		ceil.Seconds,
+		ceil.CPUPerRequestUs,
+		ceil.PerRequestMs,
+		ms(p.Latency),
+		ceil.CeilingSeconds,
+		ceil.Ratio,
+	)
 	machine, err := measureMachineLatency(ctx, p.Concurrency, p.Latency, machineRequests)
 	if err != nil {
 		b.Fatal(err)
 	}
-	fmt.Fprintf(os.Stderr, "bare net/http pair on this machine: %d requests, %d at once, %.0f ms each: %.3f of their floor\n", machineRequests, p.Concurrency, ms(p.Latency), machine)
+	fmt.Fprintf(
+		os.Stderr,
+		"bare net/http pair on this machine: %d requests, %d at once, %.0f ms each: %.3f of their floor\n",
+		machineRequests,
+		p.Concurrency,
+		ms(p.Latency),
+		machine,
+	)
 }
 
 // ceilingRequests and machineRequests are how many requests the plain loop
@@ -275,8 +331,13 @@ func measureLatencyCeiling(ctx context.Context, o *org, p params, minimum int, w
 	}
 	cpu := selfCPU() - cpu0
 	per := loop * time.Duration(p.Concurrency) / time.Duration(n)
-	c := latencyCeiling{Requests: n, Seconds: loop.Seconds(), CPUPerRequestUs: float64(cpu.Microseconds()) / float64(n), PerRequestMs: ms(per),
-		CeilingSeconds: float64(minimum) * per.Seconds() / float64(p.Concurrency)}
+	c := latencyCeiling{
+		Requests:        n,
+		Seconds:         loop.Seconds(),
+		CPUPerRequestUs: float64(cpu.Microseconds()) / float64(n),
+		PerRequestMs:    ms(per),
+		CeilingSeconds:  float64(minimum) * per.Seconds() / float64(p.Concurrency),
+	}
 	c.Ratio = wall / c.CeilingSeconds
 	return c, nil
 }
@@ -354,7 +415,8 @@ func requestLoop(ctx context.Context, o *org, conc, n int) (time.Duration, int, 
 	for range conc {
 		g.Go(func() error {
 			for t := range next {
-				if _, err := client.TagHistory(gctx, client.PrivateImage(paths[t.RepoUID]), t.Name, time.Time{}, time.Time{}); err != nil {
+				if _, err := client.TagHistory(gctx, client.PrivateImage(paths[t.RepoUID]), t.Name, time.Time{},
+					time.Time{}); err != nil {
 					return err
 				}
 			}

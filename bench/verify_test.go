@@ -106,10 +106,27 @@ func BenchmarkVerify(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		fmt.Fprintf(os.Stderr, "relay %.0f events/s (%d events, passes of %d); with checkpoints %.0f (%.3f; %d, %.2f ms each); "+
-			"with an audit beside %.0f (%.3f; %d audits, %d checked in %.2f s; a whole audit %.0f events/s); writer %.2f s with the digest's triggers, %.2f s without (%.3f)\n",
-			v.RelayPerSec, v.Events, v.PassEvents, v.CheckpointPerSec, v.CheckpointRatio, v.Checkpoints, v.CheckpointMs,
-			v.AuditPerSec, v.AuditRatio, v.Audits, v.AuditChecked, v.AuditSeconds, v.WholeAuditPerSec, v.Writer.WithSeconds, v.Writer.WithoutSeconds, v.Writer.Ratio)
+		fmt.Fprintf(
+			os.Stderr,
+			"relay %.0f events/s (%d events, passes of %d); with checkpoints %.0f (%.3f; %d, %.2f ms each); "+
+				"with an audit beside %.0f (%.3f; %d audits, %d checked in %.2f s; a whole audit %.0f events/s); writer %.2f s with the digest's triggers, %.2f s without (%.3f)\n",
+			v.RelayPerSec,
+			v.Events,
+			v.PassEvents,
+			v.CheckpointPerSec,
+			v.CheckpointRatio,
+			v.Checkpoints,
+			v.CheckpointMs,
+			v.AuditPerSec,
+			v.AuditRatio,
+			v.Audits,
+			v.AuditChecked,
+			v.AuditSeconds,
+			v.WholeAuditPerSec,
+			v.Writer.WithSeconds,
+			v.Writer.WithoutSeconds,
+			v.Writer.Ratio,
+		)
 		b.ReportMetric(v.CheckpointRatio, "checkpoints/plain")
 		b.ReportMetric(v.AuditRatio, "audit/plain")
 		b.ReportMetric(v.Writer.Ratio, "writer-with/without")
@@ -301,7 +318,12 @@ func writeRepoPage(ctx context.Context, s *verifySide, n int) error {
 	repos := make([]store.Repo, n)
 	for i := range repos {
 		id := s.written + i
-		repos[i] = store.Repo{UID: fmt.Sprintf("org1/%s%08d", s.name, id), Name: fmt.Sprintf("%s-%08d", s.name, id), CreateTime: now, UpdateTime: now}
+		repos[i] = store.Repo{
+			UID:        fmt.Sprintf("org1/%s%08d", s.name, id),
+			Name:       fmt.Sprintf("%s-%08d", s.name, id),
+			CreateTime: now,
+			UpdateTime: now,
+		}
 	}
 	events, err := s.st.ApplyRepos(ctx, repos)
 	if err != nil {
@@ -331,7 +353,11 @@ const (
 // each spent in the store's calls.
 func measureDigestWriter(ctx context.Context, dir string, tags int) (digestWriterResult, error) {
 	repos := max(1, tags/writerTagsPerRepo)
-	res := digestWriterResult{Tags: repos * writerTagsPerRepo, HistoryRows: repos * writerTagsPerRepo * writerRecordsPerTag, Moves: repos * writerMovesPerRepo}
+	res := digestWriterResult{
+		Tags:        repos * writerTagsPerRepo,
+		HistoryRows: repos * writerTagsPerRepo * writerRecordsPerTag,
+		Moves:       repos * writerMovesPerRepo,
+	}
 	var sts [2]*store.Store // with the triggers, without
 	for i, name := range []string{"digest-with.db", "digest-without.db"} {
 		st, err := store.Open(ctx, filepath.Join(dir, name), store.Options{})
@@ -367,7 +393,12 @@ func measureDigestWriter(ctx context.Context, dir string, tags int) (digestWrite
 
 	base := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
 	repoOf := func(r int) store.Repo {
-		return store.Repo{UID: fmt.Sprintf("org1/%016x", hash64("wrepo", r)), Name: fmt.Sprintf("writer-%05d", r), CreateTime: base, UpdateTime: base}
+		return store.Repo{
+			UID:        fmt.Sprintf("org1/%016x", hash64("wrepo", r)),
+			Name:       fmt.Sprintf("writer-%05d", r),
+			CreateTime: base,
+			UpdateTime: base,
+		}
 	}
 	// history is tag t's records, oldest first, the last moves after it.
 	history := func(t, moves int) []store.HistoryRecord {
@@ -443,7 +474,11 @@ func measureDigestWriter(ctx context.Context, dir string, tags int) (digestWrite
 		if err != nil {
 			return res, err
 		}
-		if err := both(func(side int, st *store.Store) error { _, err := histories(st, r, need[side], 0); return err }); err != nil {
+		if err := both(func(side int, st *store.Store) error {
+			_, err := histories(st, r, need[side],
+				0)
+			return err
+		}); err != nil {
 			return res, err
 		}
 	}
@@ -491,7 +526,12 @@ func measureDigestWriter(ctx context.Context, dir string, tags int) (digestWrite
 		}
 	}
 	if tagDigest[0] != int64(res.Tags) || tagDigest[1] != 0 {
-		return res, fmt.Errorf("the replica digest counts %d tags with the triggers (want %d) and %d without (want 0)", tagDigest[0], res.Tags, tagDigest[1])
+		return res, fmt.Errorf(
+			"the replica digest counts %d tags with the triggers (want %d) and %d without (want 0)",
+			tagDigest[0],
+			res.Tags,
+			tagDigest[1],
+		)
 	}
 	res.WithSeconds, res.WithoutSeconds = took[0].Seconds(), took[1].Seconds()
 	res.Ratio = res.WithSeconds / res.WithoutSeconds
@@ -513,7 +553,10 @@ func dropDigestTriggers(ctx context.Context, path string) (int, error) {
 		return 0, err
 	}
 	defer db.Close()
-	rows, err := db.QueryContext(ctx, `SELECT name FROM sqlite_schema WHERE type = 'trigger' AND name LIKE 'replica_digest_%'`)
+	rows, err := db.QueryContext(
+		ctx,
+		`SELECT name FROM sqlite_schema WHERE type = 'trigger' AND name LIKE 'replica_digest_%'`,
+	)
 	if err != nil {
 		return 0, err
 	}

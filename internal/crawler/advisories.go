@@ -62,10 +62,13 @@ func mirrorAdvisory(a platform.Advisory) store.Advisory {
 		m.Severities = append(m.Severities, store.AdvisorySeverity{Type: s.Type, Score: s.Score})
 	}
 	for _, e := range a.Events {
-		m.Events = append(m.Events, store.AdvisoryEvent{UID: e.UID, Type: stepKind(e.Kind), CreateTime: e.CreateTime, Author: e.Author,
-			Reviewer: e.Reviewer, ReviewState: e.ReviewState, Issue: e.Issue, Note: e.Note, FixedVersion: e.FixedVersion,
-			PatchedVersions: e.PatchedVersions, FalsePositiveType: e.FalsePositiveType, DetectionType: e.DetectionType,
-			Findings: e.Findings, Details: e.Details})
+		m.Events = append(
+			m.Events,
+			store.AdvisoryEvent{UID: e.UID, Type: stepKind(e.Kind), CreateTime: e.CreateTime, Author: e.Author,
+				Reviewer: e.Reviewer, ReviewState: e.ReviewState, Issue: e.Issue, Note: e.Note, FixedVersion: e.FixedVersion,
+				PatchedVersions: e.PatchedVersions, FalsePositiveType: e.FalsePositiveType, DetectionType: e.DetectionType,
+				Findings: e.Findings, Details: e.Details},
+		)
 	}
 	return m
 }

@@ -63,7 +63,13 @@ func newAdvisoryRig(t *testing.T, sc platformsim.Scale) *advisoryRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &advisoryRig{sim: sim, store: h.store, crawler: h.crawler, relay: publish.NewRelay(conn.JS, h.store, cfg), cons: cons}
+	return &advisoryRig{
+		sim:     sim,
+		store:   h.store,
+		crawler: h.crawler,
+		relay:   publish.NewRelay(conn.JS, h.store, cfg),
+		cons:    cons,
+	}
 }
 
 // message is one event as the consumer received it.
@@ -143,8 +149,15 @@ func TestAdvisories_EveryLifecycleStepOnJetStream(t *testing.T) {
 		{{live[0], platformsim.EventTruePositive, ""}, {live[0], platformsim.EventPendingUpstreamFix, ""},
 			{live[1], platformsim.EventFalsePositive, ""}, {live[2], platformsim.EventAnalysisNotPlanned, ""},
 			{live[3], platformsim.EventPatched, ""}, {live[4], platformsim.EventFixed, platformsim.ReviewPending}},
-		{{live[0], platformsim.EventFixed, ""}, {live[2], platformsim.EventFixNotPlanned, ""}, {live[5], platformsim.EventDetection, ""},
-			{live[4], "review", ""}, {live[6], platformsim.EventFixed, ""}, {live[6], "withdraw", ""}, {"", "create", ""}},
+		{
+			{live[0], platformsim.EventFixed, ""},
+			{live[2], platformsim.EventFixNotPlanned, ""},
+			{live[5], platformsim.EventDetection, ""},
+			{live[4], "review", ""},
+			{live[6], platformsim.EventFixed, ""},
+			{live[6], "withdraw", ""},
+			{"", "create", ""},
+		},
 		{{live[7], "delete", ""}},
 	}
 	kindsSeen := map[string]bool{}
@@ -265,7 +278,16 @@ func checkStepMessages(t *testing.T, round string, msgs []message, want []stepMs
 		}
 		for _, e := range a.Events {
 			if e.UID == d.Event.UID && (e.FixedVersion != d.Event.FixedVersion || !e.CreateTime.Equal(mustTime(t, ce.Time))) {
-				t.Errorf("%s: %s of %s: fixed version %q at %s, truth %q at %s", round, ce.Type, e.UID, d.Event.FixedVersion, ce.Time, e.FixedVersion, e.CreateTime)
+				t.Errorf(
+					"%s: %s of %s: fixed version %q at %s, truth %q at %s",
+					round,
+					ce.Type,
+					e.UID,
+					d.Event.FixedVersion,
+					ce.Time,
+					e.FixedVersion,
+					e.CreateTime,
+				)
 			}
 		}
 		g.steps = append(g.steps, stepMsg{ce.Subject, action, d.Event.UID})
@@ -334,10 +356,32 @@ func checkAdvisoryMirror(t *testing.T, st *store.Store, truth []platformsim.Trut
 			ID, Artifact, Author, Type, Arch, Component, Location, CompType, Legacy string
 			Created, Updated                                                        time.Time
 		}
-		gs := scalars{a.AdvisoryID, a.ArtifactName, a.Author, a.ArtifactType, a.ArtifactArchitecture, a.ComponentName, a.ComponentLocation,
-			a.ComponentType, a.LegacyAdvisoryID, a.CreateTime.UTC(), a.UpdateTime.UTC()}
-		ws := scalars{w.AdvisoryID, w.ArtifactName, w.Author, w.ArtifactType, w.ArtifactArchitecture, w.ComponentName, w.ComponentLocation,
-			w.ComponentType, w.LegacyAdvisoryID, w.CreateTime, w.UpdateTime}
+		gs := scalars{
+			a.AdvisoryID,
+			a.ArtifactName,
+			a.Author,
+			a.ArtifactType,
+			a.ArtifactArchitecture,
+			a.ComponentName,
+			a.ComponentLocation,
+			a.ComponentType,
+			a.LegacyAdvisoryID,
+			a.CreateTime.UTC(),
+			a.UpdateTime.UTC(),
+		}
+		ws := scalars{
+			w.AdvisoryID,
+			w.ArtifactName,
+			w.Author,
+			w.ArtifactType,
+			w.ArtifactArchitecture,
+			w.ComponentName,
+			w.ComponentLocation,
+			w.ComponentType,
+			w.LegacyAdvisoryID,
+			w.CreateTime,
+			w.UpdateTime,
+		}
 		if gs != ws {
 			t.Errorf("%s: %+v, truth %+v", w.UID, gs, ws)
 		}
@@ -368,10 +412,34 @@ func checkStep(t *testing.T, adv string, e store.AdvisoryEvent, w platformsim.Tr
 		UID, Type, Author, Reviewer, Review, Issue, Note, Fixed, FP, Detection, Findings string
 		Created                                                                          time.Time
 	}
-	g := fields{e.UID, e.Type, e.Author, e.Reviewer, e.ReviewState, e.Issue, e.Note, e.FixedVersion, e.FalsePositiveType, e.DetectionType,
-		e.Findings, e.CreateTime.UTC()}
-	x := fields{w.UID, stepOf[w.Kind], w.Author, w.Reviewer, w.ReviewState, w.Issue, w.Note, w.FixedVersion, w.FalsePositiveType,
-		w.DetectionType, base64.StdEncoding.EncodeToString(w.Findings), w.CreateTime}
+	g := fields{
+		e.UID,
+		e.Type,
+		e.Author,
+		e.Reviewer,
+		e.ReviewState,
+		e.Issue,
+		e.Note,
+		e.FixedVersion,
+		e.FalsePositiveType,
+		e.DetectionType,
+		e.Findings,
+		e.CreateTime.UTC(),
+	}
+	x := fields{
+		w.UID,
+		stepOf[w.Kind],
+		w.Author,
+		w.Reviewer,
+		w.ReviewState,
+		w.Issue,
+		w.Note,
+		w.FixedVersion,
+		w.FalsePositiveType,
+		w.DetectionType,
+		base64.StdEncoding.EncodeToString(w.Findings),
+		w.CreateTime,
+	}
 	if g != x {
 		t.Errorf("%s: step %+v, truth %+v", adv, g, x)
 	}
@@ -525,9 +593,22 @@ func TestAdvisories_AnalystViewsAgainstTheTruth(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d advisories: %d fixed rows, %d open, %d recent steps, ratings %v", len(truth), len(fixed), len(open), len(recent), ratingCount)
+	t.Logf(
+		"%d advisories: %d fixed rows, %d open, %d recent steps, ratings %v",
+		len(truth),
+		len(fixed),
+		len(open),
+		len(recent),
+		ratingCount,
+	)
 	if len(fixed) == 0 || len(open) == 0 || len(recent) < 10 || len(ratingCount) < 3 {
-		t.Fatalf("the scenario gave %d fixed rows, %d open advisories, %d recent steps, ratings %v: too few to test", len(fixed), len(open), len(recent), ratingCount)
+		t.Fatalf(
+			"the scenario gave %d fixed rows, %d open advisories, %d recent steps, ratings %v: too few to test",
+			len(fixed),
+			len(open),
+			len(recent),
+			ratingCount,
+		)
 	}
 	for _, c := range []struct {
 		name string
@@ -552,7 +633,9 @@ func TestAdvisories_AnalystViewsAgainstTheTruth(t *testing.T) {
 	// Open advisories by severity, as the example in docs/schema.md asks.
 	for rating, n := range ratingCount {
 		var got int
-		if err := h.store.Reader().QueryRow(`SELECT COUNT(*) FROM open_advisories WHERE rating = ?`, rating).Scan(&got); err != nil || got != n {
+		if err := h.store.Reader().QueryRow(`SELECT COUNT(*) FROM open_advisories WHERE rating = ?`,
+			rating).Scan(&got); err != nil ||
+			got != n {
 			t.Errorf("open %s advisories=%d (%v), want %d", rating, got, err, n)
 		}
 	}
@@ -599,17 +682,27 @@ func TestAdvisories_UnknownKindKept(t *testing.T) {
 	if err := st.EndBaseline(ctx); err != nil {
 		t.Fatal(err)
 	}
-	client, err := platform.New(platform.Config{BaseURL: srv.URL, RegistryURL: srv.URL, Token: platform.StaticToken(token)})
+	client, err := platform.New(
+		platform.Config{BaseURL: srv.URL, RegistryURL: srv.URL, Token: platform.StaticToken(token)},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := crawler.New(client, st, crawler.Config{Group: "org1"}).SyncAdvisories(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := queryRows(t, st, `SELECT type, details FROM advisory_events`), []string{`detected|{"manual":{}}`, `risk_accepted|{"until":"2027-01-01"}`}; !slices.Equal(got, want) {
+	if got, want := queryRows(t, st, `SELECT type, details FROM advisory_events`), []string{`detected|{"manual":{}}`,
+		`risk_accepted|{"until":"2027-01-01"}`}; !slices.Equal(
+		got,
+		want,
+	) {
 		t.Fatalf("advisory_events=%v, want %v", got, want)
 	}
-	if got, want := queryRows(t, st, `SELECT type FROM events`), []string{"advisory.created", "advisory.detected", "advisory.risk_accepted"}; !slices.Equal(got, want) {
+	if got, want := queryRows(t, st, `SELECT type FROM events`), []string{"advisory.created", "advisory.detected",
+		"advisory.risk_accepted"}; !slices.Equal(
+		got,
+		want,
+	) {
 		t.Fatalf("events=%v, want %v", got, want)
 	}
 }

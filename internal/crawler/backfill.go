@@ -70,7 +70,13 @@ func (c *Crawler) backfillPass(ctx context.Context, s *summary) error {
 		return err
 	}
 	if left > 0 {
-		c.log.Warn("backfill pass ended with histories left to read; the next crawl goes on with them", "left", left, "failures", s.failures.Load())
+		c.log.Warn(
+			"backfill pass ended with histories left to read; the next crawl goes on with them",
+			"left",
+			left,
+			"failures",
+			s.failures.Load(),
+		)
 		return nil
 	}
 	if err := c.store.EndBackfill(ctx); err != nil {

@@ -62,7 +62,8 @@ func TestBackfill_CurrentStateFirstThenHistoriesInOrder(t *testing.T) {
 		t.Fatalf("the listings read %d histories, want none: %v", len(reads), reads)
 	}
 	for _, tag := range truth.Tags {
-		if n := h.count(t, `SELECT count(*) FROM tags WHERE uid = ? AND digest = ? AND deleted_time IS NULL`, tag.UID, tag.Digest); n != 1 {
+		if n := h.count(t, `SELECT count(*) FROM tags WHERE uid = ? AND digest = ? AND deleted_time IS NULL`, tag.UID,
+			tag.Digest); n != 1 {
 			t.Errorf("tag %s: not in the mirror with digest %s after the listings", tag.UID, tag.Digest)
 		}
 	}
@@ -119,7 +120,10 @@ func TestBackfill_CurrentStateFirstThenHistoriesInOrder(t *testing.T) {
 	for _, tag := range truth.Tags {
 		keyOf[tag.UID] = paths[tag.RepoUID] + ":" + tag.Name
 	}
-	rest := slices.DeleteFunc(slices.Clone(truth.Tags), func(tag platformsim.TruthTag) bool { return tag.UID == moving.UID })
+	rest := slices.DeleteFunc(
+		slices.Clone(truth.Tags),
+		func(tag platformsim.TruthTag) bool { return tag.UID == moving.UID },
+	)
 	slices.SortStableFunc(rest, func(a, b platformsim.TruthTag) int {
 		if c := b.UpdateTime.Compare(a.UpdateTime); c != 0 {
 			return c
@@ -144,7 +148,8 @@ func TestBackfill_CurrentStateFirstThenHistoriesInOrder(t *testing.T) {
 			t.Errorf("tag %s: %d history records, want %d", uid, n, len(recs))
 		}
 	}
-	rows, err := h.store.Reader().Query(`SELECT subject, json_extract(data, '$.after.digest'), json_extract(data, '$.before.digest') FROM events
+	rows, err := h.store.Reader().
+		Query(`SELECT subject, json_extract(data, '$.after.digest'), json_extract(data, '$.before.digest') FROM events
 		WHERE type != 'history.recorded' ORDER BY seq`)
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +163,10 @@ func TestBackfill_CurrentStateFirstThenHistoriesInOrder(t *testing.T) {
 		}
 		got = append(got, fmt.Sprintf("%s %s->%s", subject, before, after))
 	}
-	wantEvents := []string{fmt.Sprintf("%s %s->%s", moving.UID, moving.Digest, moves[0]), fmt.Sprintf("%s %s->%s", moving.UID, moves[0], moves[1])}
+	wantEvents := []string{
+		fmt.Sprintf("%s %s->%s", moving.UID, moving.Digest, moves[0]),
+		fmt.Sprintf("%s %s->%s", moving.UID, moves[0], moves[1]),
+	}
 	if !slices.Equal(got, wantEvents) {
 		t.Fatalf("events after the backfill:\n got %v\nwant %v", got, wantEvents)
 	}
@@ -167,7 +175,9 @@ func TestBackfill_CurrentStateFirstThenHistoriesInOrder(t *testing.T) {
 	}
 	// Followers get the silent records as replication records: every
 	// record of every tag is on the stream once, as a move or recorded.
-	if n := h.count(t, `SELECT count(DISTINCT subject) FROM events WHERE type = 'history.recorded'`); n != len(truth.Tags) {
+	if n := h.count(t, `SELECT count(DISTINCT subject) FROM events WHERE type = 'history.recorded'`); n != len(
+		truth.Tags,
+	) {
 		t.Errorf("history.recorded for %d tags, want %d", n, len(truth.Tags))
 	}
 	if n := h.count(t, `SELECT count(*) FROM tags WHERE uid = ? AND digest = ?`, moving.UID, moves[1]); n != 1 {

@@ -235,7 +235,8 @@ func (s *summary) fail(err error) {
 
 func (s *summary) snapshot() Summary {
 	return Summary{Repos: s.repos.Load(), Tags: s.tags.Load(), HistoryReads: s.historyReads.Load(),
-		HistoryRecords: s.historyRecords.Load(), Events: s.events.Load(), Advisories: s.advisories.Load(), Deleted: s.deleted.Load(),
+		HistoryRecords: s.historyRecords.Load(), Events: s.events.Load(), Advisories: s.advisories.Load(),
+		Deleted:  s.deleted.Load(),
 		Failures: s.failures.Load()}
 }
 
@@ -311,7 +312,9 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep, backfill bool) e
 		return err
 	}
 	if baseline {
-		c.log.Info("baseline listings complete: the mirror holds the current state, and from now on every change is an event; the histories follow in the backfill")
+		c.log.Info(
+			"baseline listings complete: the mirror holds the current state, and from now on every change is an event; the histories follow in the backfill",
+		)
 		if err := c.store.EndBaseline(ctx); err != nil {
 			return err
 		}
@@ -388,7 +391,15 @@ func (c *Crawler) crawlTags(ctx context.Context, repos []store.Repo, baseline, s
 func (c *Crawler) crawlScope(ctx context.Context, r store.Repo, s *summary) (map[string]bool, error) {
 	if f, held := c.failed.heldBack(r.UID, c.cfg.Now()); held {
 		c.log.Debug("repo held back after failing", "repo", r.Path, "attempts", f.Attempts, "next_attempt", f.NextAttempt)
-		s.fail(fmt.Errorf("repo %s: held back until %s after %d failed attempts: %s", r.Path, f.NextAttempt.UTC().Format(time.RFC3339), f.Attempts, f.Error))
+		s.fail(
+			fmt.Errorf(
+				"repo %s: held back until %s after %d failed attempts: %s",
+				r.Path,
+				f.NextAttempt.UTC().Format(time.RFC3339),
+				f.Attempts,
+				f.Error,
+			),
+		)
 		return nil, nil
 	}
 	seen, err := c.crawlRepo(ctx, r, s)
@@ -401,7 +412,17 @@ func (c *Crawler) crawlScope(ctx context.Context, r store.Repo, s *summary) (map
 		if rerr != nil {
 			return nil, rerr
 		}
-		c.log.Warn("repo failed; the rest of the crawl goes on", "repo", r.Path, "attempts", f.Attempts, "next_attempt", f.NextAttempt, "err", err)
+		c.log.Warn(
+			"repo failed; the rest of the crawl goes on",
+			"repo",
+			r.Path,
+			"attempts",
+			f.Attempts,
+			"next_attempt",
+			f.NextAttempt,
+			"err",
+			err,
+		)
 		return nil, nil
 	}
 	if err != nil {
@@ -500,7 +521,13 @@ func (c *Crawler) progressNow(s *summary, start time.Time, req0 int64) Progress 
 	p.RequestsPerSecond = float64(p.Requests) / elapsed
 	p.HeldByRateLimit = p.RateLimit > 0 && p.RequestsPerSecond >= 0.9*p.RateLimit
 	if r := c.client.Retrying(); r != nil {
-		p.Retrying = fmt.Sprintf("%s failed %d times, next try at %s: %s", r.Endpoint, r.Attempt, store.FormatTime(r.NextTry), r.Err)
+		p.Retrying = fmt.Sprintf(
+			"%s failed %d times, next try at %s: %s",
+			r.Endpoint,
+			r.Attempt,
+			store.FormatTime(r.NextTry),
+			r.Err,
+		)
 	}
 	if p.HistoryRead > 0 {
 		// The histories still to read: those queued, and as many again
@@ -540,7 +567,8 @@ func (c *Crawler) listRepos(ctx context.Context, s *summary) ([]store.Repo, erro
 						s.reposFailed.Add(1)
 					}
 					s.fail(err)
-					if _, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "repo", UID: r.UID, RepoUID: r.UID, Path: r.UID}, err); rerr != nil {
+					if _, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "repo", UID: r.UID, RepoUID: r.UID, Path: r.UID},
+						err); rerr != nil {
 						return rerr
 					}
 					continue
@@ -704,7 +732,16 @@ func (c *Crawler) listTags(ctx context.Context, repo store.Repo, seen map[string
 func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary, read func()) error {
 	if f, held := c.failed.heldBack(ref.UID, c.cfg.Now()); held {
 		read()
-		s.fail(fmt.Errorf("tag %s:%s: held back until %s after %d failed attempts: %s", ref.Path, ref.Name, f.NextAttempt.UTC().Format(time.RFC3339), f.Attempts, f.Error))
+		s.fail(
+			fmt.Errorf(
+				"tag %s:%s: held back until %s after %d failed attempts: %s",
+				ref.Path,
+				ref.Name,
+				f.NextAttempt.UTC().Format(time.RFC3339),
+				f.Attempts,
+				f.Error,
+			),
+		)
 		return nil
 	}
 	// Reads waiting for their commit are bounded before the request, not
@@ -735,15 +772,39 @@ func (c *Crawler) syncHistory(ctx context.Context, ref store.TagRef, s *summary,
 			s.historiesFailed.Add(1)
 		}
 		s.fail(err)
-		f, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "tag", UID: ref.UID, RepoUID: ref.RepoUID, Path: ref.Path, Tag: ref.Name}, err)
+		f, rerr := c.failed.record(
+			finish(ctx),
+			store.Failure{Kind: "tag", UID: ref.UID, RepoUID: ref.RepoUID, Path: ref.Path, Tag: ref.Name},
+			err,
+		)
 		if rerr != nil {
 			return rerr
 		}
-		c.log.Warn("tag history failed; the rest of the crawl goes on", "repo", ref.Path, "tag", ref.Name, "attempts", f.Attempts, "next_attempt", f.NextAttempt, "err", err)
+		c.log.Warn(
+			"tag history failed; the rest of the crawl goes on",
+			"repo",
+			ref.Path,
+			"tag",
+			ref.Name,
+			"attempts",
+			f.Attempts,
+			"next_attempt",
+			f.NextAttempt,
+			"err",
+			err,
+		)
 		return nil
 	}
 	if unwalkable != nil {
-		c.log.Warn("tag history cannot be read whole; keeping what was read", "repo", ref.Path, "tag", ref.Name, "err", unwalkable)
+		c.log.Warn(
+			"tag history cannot be read whole; keeping what was read",
+			"repo",
+			ref.Path,
+			"tag",
+			ref.Name,
+			"err",
+			unwalkable,
+		)
 	}
 	out := make([]store.HistoryRecord, len(recs))
 	for i, r := range recs {
@@ -774,7 +835,8 @@ func (c *Crawler) storeRepo(ctx context.Context, r platform.Repo) (store.Repo, e
 		return store.Repo{}, err
 	}
 	return store.Repo{UID: r.UID, Name: r.Name, Path: p, Description: r.Description, CatalogTier: r.CatalogTier,
-		Aliases: r.Aliases, ActiveTags: r.ActiveTags, Bundles: r.Bundles, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime, Raw: r.Raw}, nil
+		Aliases: r.Aliases, ActiveTags: r.ActiveTags, Bundles: r.Bundles, CreateTime: r.CreateTime,
+		UpdateTime: r.UpdateTime, Raw: r.Raw}, nil
 }
 
 func storeTag(t platform.Tag) store.Tag {

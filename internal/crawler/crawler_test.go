@@ -395,14 +395,18 @@ func TestRun_FirstStartListsAdvisoriesOnce(t *testing.T) {
 	hourly := cron.Every(time.Hour)
 	var mu sync.Mutex
 	runs := map[string]string{}
-	h := newHarnessWith(t, platformsim.Scale{Repos: 3, TagsPerRepo: 2, HistoryPerTag: 2, Advisories: 450, PublicImages: -1}, func(cfg *crawler.Config) {
-		cfg.Schedule, cfg.SweepSchedule, cfg.AdvisoriesSchedule = hourly, hourly, hourly
-		cfg.OnRun = func(job, outcome string, _ crawler.Summary, _ time.Time) {
-			mu.Lock()
-			defer mu.Unlock()
-			runs[job] = outcome
-		}
-	})
+	h := newHarnessWith(
+		t,
+		platformsim.Scale{Repos: 3, TagsPerRepo: 2, HistoryPerTag: 2, Advisories: 450, PublicImages: -1},
+		func(cfg *crawler.Config) {
+			cfg.Schedule, cfg.SweepSchedule, cfg.AdvisoriesSchedule = hourly, hourly, hourly
+			cfg.OnRun = func(job, outcome string, _ crawler.Summary, _ time.Time) {
+				mu.Lock()
+				defer mu.Unlock()
+				runs[job] = outcome
+			}
+		},
+	)
 	c, sim, st := h.crawler, h.sim, h.store
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -430,7 +434,9 @@ func TestRun_FirstStartListsAdvisoriesOnce(t *testing.T) {
 	if err := st.Reader().QueryRow(`SELECT count(*) FROM advisories`).Scan(&n); err != nil || n != 450 {
 		t.Errorf("advisories in the mirror=%d (%v), want 450", n, err)
 	}
-	if err := st.Reader().QueryRow(`SELECT count(*) FROM crawl_runs WHERE job = 'advisories' AND outcome = 'ok'`).Scan(&n); err != nil || n != 1 {
+	if err := st.Reader().QueryRow(
+		`SELECT count(*) FROM crawl_runs WHERE job = 'advisories' AND outcome = 'ok'`).Scan(&n); err != nil ||
+		n != 1 {
 		t.Errorf("advisories runs recorded=%d (%v), want 1", n, err)
 	}
 }
@@ -460,11 +466,14 @@ func TestSync_BaselineDefersHistoryIndexes(t *testing.T) {
 	truth := h.sim.Truth()
 	for uid, recs := range truth.History {
 		last := recs[len(recs)-1]
-		if n := h.count(t, `SELECT count(*) FROM tag_history INDEXED BY tag_history_digest WHERE digest = ? AND tag_uid = ?`, last.Digest, uid); n != 1 {
+		if n := h.count(t,
+			`SELECT count(*) FROM tag_history INDEXED BY tag_history_digest WHERE digest = ? AND tag_uid = ?`,
+			last.Digest, uid); n != 1 {
 			t.Fatalf("tag %s: newest record found through the digest index %d times, want 1", uid, n)
 		}
 	}
-	if got, want := h.count(t, `SELECT count(*) FROM tag_history INDEXED BY tag_history_time WHERE update_time > ''`), 3*4*5; got != want {
+	if got, want := h.count(t,
+		`SELECT count(*) FROM tag_history INDEXED BY tag_history_time WHERE update_time > ''`), 3*4*5; got != want {
 		t.Fatalf("rows through the time index = %d, want %d", got, want)
 	}
 }

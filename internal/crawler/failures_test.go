@@ -22,7 +22,11 @@ import (
 // history taken as the baseline it is.
 func TestCrawl_FailingReposFailAlone(t *testing.T) {
 	clock := testutil.NewClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
-	h := newHarnessWith(t, platformsim.Scale{Repos: 5, TagsPerRepo: 3, HistoryPerTag: 4, Advisories: 2}, func(c *crawler.Config) { c.Now = clock.Now })
+	h := newHarnessWith(
+		t,
+		platformsim.Scale{Repos: 5, TagsPerRepo: 3, HistoryPerTag: 4, Advisories: 2},
+		func(c *crawler.Config) { c.Now = clock.Now },
+	)
 	ctx := context.Background()
 	truth := h.sim.Truth()
 	gone, denied, healthy := truth.Repos[0], truth.Repos[1], truth.Repos[2]
@@ -69,7 +73,8 @@ func TestCrawl_FailingReposFailAlone(t *testing.T) {
 		}
 	}
 	// Every other repo's history is mirrored.
-	if n := h.count(t, `SELECT count(*) FROM tags WHERE repo_uid NOT IN (?, ?) AND history_count = 0`, gone.UID, denied.UID); n != 0 {
+	if n := h.count(t, `SELECT count(*) FROM tags WHERE repo_uid NOT IN (?, ?) AND history_count = 0`, gone.UID,
+		denied.UID); n != 0 {
 		t.Errorf("%d tags of healthy repos have no history", n)
 	}
 
@@ -95,7 +100,12 @@ func TestCrawl_FailingReposFailAlone(t *testing.T) {
 	}
 	for uid, f := range failures() {
 		if f.Attempts != 3 || !f.NextAttempt.After(clock.Now()) {
-			t.Errorf("failure of %s after three runs: attempts %d, next attempt %s; want 3 and held back", uid, f.Attempts, f.NextAttempt)
+			t.Errorf(
+				"failure of %s after three runs: attempts %d, next attempt %s; want 3 and held back",
+				uid,
+				f.Attempts,
+				f.NextAttempt,
+			)
 		}
 	}
 	// Held back: the next run does not ask, so the attempts stay.
@@ -120,13 +130,21 @@ func TestCrawl_FailingReposFailAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	if sum.Failures != 0 || len(failures()) != 0 || runs("ok") != 1 {
-		t.Errorf("after recovery: %d failures, %d recorded, %d ok runs; want 0, 0, 1", sum.Failures, len(failures()), runs("ok"))
+		t.Errorf(
+			"after recovery: %d failures, %d recorded, %d ok runs; want 0, 0, 1",
+			sum.Failures,
+			len(failures()),
+			runs("ok"),
+		)
 	}
-	if n := h.count(t, `SELECT count(*) FROM tags WHERE repo_uid IN (?, ?) AND history_count = 4`, gone.UID, denied.UID); n != 6 {
+	if n := h.count(t, `SELECT count(*) FROM tags WHERE repo_uid IN (?, ?) AND history_count = 4`, gone.UID,
+		denied.UID); n != 6 {
 		t.Errorf("%d of the recovered repos' 6 tags have their history", n)
 	}
 	// Their history was the starting point, not news; nothing was deleted.
-	if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'tag.moved' AND (subject LIKE ? || '/%' OR subject LIKE ? || '/%')`, gone.UID, denied.UID); n != 0 {
+	if n := h.count(t,
+		`SELECT count(*) FROM events WHERE type = 'tag.moved' AND (subject LIKE ? || '/%' OR subject LIKE ? || '/%')`,
+		gone.UID, denied.UID); n != 0 {
 		t.Errorf("%d tag.moved events for the recovered repos' baseline history", n)
 	}
 	if n := h.count(t, `SELECT count(*) FROM events WHERE action = 'deleted'`); n != 0 {
@@ -187,7 +205,9 @@ func TestRefreshTag_ByRegistryPath(t *testing.T) {
 	if err := h.crawler.RefreshTag(ctx, "acme/"+path, plain.Name); err != nil {
 		t.Fatal(err)
 	}
-	if n := h.count(t, `SELECT count(*) FROM tags t JOIN repos r ON r.uid = t.repo_uid WHERE t.uid = ? AND r.path = ? AND t.history_count = 2`, plain.UID, path); n != 1 {
+	if n := h.count(t,
+		`SELECT count(*) FROM tags t JOIN repos r ON r.uid = t.repo_uid WHERE t.uid = ? AND r.path = ? AND t.history_count = 2`,
+		plain.UID, path); n != 1 {
 		t.Fatalf("the tag pushed by path %s is not mirrored with its history", path)
 	}
 	// Mirrored: found by its path in the store.
@@ -215,9 +235,23 @@ func TestRefreshTag_ByRegistryPath(t *testing.T) {
 func TestCrawl_CredentialFailureIsNotAScopeFailure(t *testing.T) {
 	h := newHarness(t, platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2})
 	ctx := context.Background()
-	client, err := platform.New(platform.Config{BaseURL: h.client.RegistryURL(), RegistryURL: h.client.RegistryURL(), Token: platform.StaticToken(token),
-		PullToken:    &platform.ExchangeToken{STSURL: "http://127.0.0.1:1", Identity: "org1/x", Audience: "registry", ExternalToken: platform.StaticToken("ext")},
-		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", MaxRetryTime: time.Second})
+	client, err := platform.New(
+		platform.Config{
+			BaseURL:     h.client.RegistryURL(),
+			RegistryURL: h.client.RegistryURL(),
+			Token:       platform.StaticToken(token),
+			PullToken: &platform.ExchangeToken{
+				STSURL:        "http://127.0.0.1:1",
+				Identity:      "org1/x",
+				Audience:      "registry",
+				ExternalToken: platform.StaticToken("ext"),
+			},
+			Organization: "acme",
+			PublicOrg:    "chainguard",
+			Vendor:       "chainguard",
+			MaxRetryTime: time.Second,
+		},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}

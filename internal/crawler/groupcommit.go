@@ -43,7 +43,14 @@ type historyCommitter struct {
 }
 
 func newHistoryCommitter(st *store.Store, reading *atomic.Int64) *historyCommitter {
-	return &historyCommitter{store: st, maxBatch: 256, reading: reading, linger: commitLinger, minBatch: 64, more: make(chan struct{}, 1)}
+	return &historyCommitter{
+		store:    st,
+		maxBatch: 256,
+		reading:  reading,
+		linger:   commitLinger,
+		minBatch: 64,
+		more:     make(chan struct{}, 1),
+	}
 }
 
 // commitLinger is how long the first read of a batch waits for the reads

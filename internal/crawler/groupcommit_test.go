@@ -45,7 +45,15 @@ func TestHistoryCommitter_ConcurrentReadsShareCommits(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var list []store.Tag
 	for i := range tags {
-		list = append(list, store.Tag{UID: fmt.Sprintf("org1/r/t%02d", i), Name: fmt.Sprintf("t%02d", i), Digest: "sha256:c", UpdateTime: t0.Add(2 * time.Second)})
+		list = append(
+			list,
+			store.Tag{
+				UID:        fmt.Sprintf("org1/r/t%02d", i),
+				Name:       fmt.Sprintf("t%02d", i),
+				Digest:     "sha256:c",
+				UpdateTime: t0.Add(2 * time.Second),
+			},
+		)
 	}
 	need, _, err := st.ApplyTags(ctx, repo, list)
 	if err != nil {
@@ -57,7 +65,11 @@ func TestHistoryCommitter_ConcurrentReadsShareCommits(t *testing.T) {
 	var events atomic.Int64
 	for _, ref := range need {
 		wg.Go(func() {
-			recs := []store.HistoryRecord{{Time: t0, Digest: "sha256:a"}, {Time: t0.Add(time.Second), Digest: "sha256:b"}, {Time: t0.Add(2 * time.Second), Digest: "sha256:c"}}
+			recs := []store.HistoryRecord{
+				{Time: t0, Digest: "sha256:a"},
+				{Time: t0.Add(time.Second), Digest: "sha256:b"},
+				{Time: t0.Add(2 * time.Second), Digest: "sha256:c"},
+			}
 			n, err := hc.apply(ctx, store.HistoryUpdate{Ref: ref, Records: recs, Complete: true})
 			if err != nil {
 				t.Error(err)
@@ -70,7 +82,15 @@ func TestHistoryCommitter_ConcurrentReadsShareCommits(t *testing.T) {
 	st.Reader().QueryRow(`SELECT count(*) FROM tag_history`).Scan(&rows)
 	st.Reader().QueryRow(`SELECT count(*) FROM events WHERE type = 'tag.moved'`).Scan(&moved)
 	if rows != 3*tags || moved != 2*tags || events.Load() != 2*tags {
-		t.Fatalf("history rows=%d moved events=%d counted=%d, want %d, %d, %d", rows, moved, events.Load(), 3*tags, 2*tags, 2*tags)
+		t.Fatalf(
+			"history rows=%d moved events=%d counted=%d, want %d, %d, %d",
+			rows,
+			moved,
+			events.Load(),
+			3*tags,
+			2*tags,
+			2*tags,
+		)
 	}
 	if n := commits.Load() - before; n > tags {
 		t.Fatalf("%d commits for %d reads", n, tags)
@@ -89,7 +109,15 @@ func TestHistoryCommitter_WaitsForReadsOnTheWire(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var list []store.Tag
 	for i := range 4 {
-		list = append(list, store.Tag{UID: fmt.Sprintf("org1/r/t%d", i), Name: fmt.Sprintf("t%d", i), Digest: "sha256:b", UpdateTime: t0.Add(time.Second)})
+		list = append(
+			list,
+			store.Tag{
+				UID:        fmt.Sprintf("org1/r/t%d", i),
+				Name:       fmt.Sprintf("t%d", i),
+				Digest:     "sha256:b",
+				UpdateTime: t0.Add(time.Second),
+			},
+		)
 	}
 	need, _, err := st.ApplyTags(ctx, repo, list)
 	if err != nil {

@@ -22,7 +22,9 @@ import (
 // history count per uid.
 func liveTags(t *testing.T, db *sql.DB) map[string]string {
 	t.Helper()
-	rows, err := db.Query(`SELECT uid, digest, deprecated, history_count FROM tags WHERE deleted_time IS NULL AND uid LIKE 'org1/%'`)
+	rows, err := db.Query(
+		`SELECT uid, digest, deprecated, history_count FROM tags WHERE deleted_time IS NULL AND uid LIKE 'org1/%'`,
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +56,11 @@ func TestSync_UpdatedSinceMissesNothingTheSweepFinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer full.Close()
-	sweeper := crawler.New(h.client, full, crawler.Config{Group: "org1", Concurrency: 4, Logger: slog.New(slog.DiscardHandler)})
+	sweeper := crawler.New(
+		h.client,
+		full,
+		crawler.Config{Group: "org1", Concurrency: 4, Logger: slog.New(slog.DiscardHandler)},
+	)
 	if _, err := h.crawler.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +79,11 @@ func TestSync_UpdatedSinceMissesNothingTheSweepFinds(t *testing.T) {
 			t.Fatal(err)
 		}
 		if st := h.sim.Stats(); st.ByEndpoint["GET /registry/v2/tags"] != 1 {
-			t.Errorf("round %d: the incremental crawl made %d tag list requests, want 1", round, st.ByEndpoint["GET /registry/v2/tags"])
+			t.Errorf(
+				"round %d: the incremental crawl made %d tag list requests, want 1",
+				round,
+				st.ByEndpoint["GET /registry/v2/tags"],
+			)
 		}
 		if _, err := sweeper.Sweep(ctx); err != nil {
 			t.Fatal(err)
@@ -91,7 +101,8 @@ func TestSync_UpdatedSinceMissesNothingTheSweepFinds(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []platformsim.MutationKind{platformsim.TagMoved, platformsim.TagDeprecated, platformsim.TagCreated, platformsim.TagDeleted} {
+	for _, k := range []platformsim.MutationKind{platformsim.TagMoved, platformsim.TagDeprecated, platformsim.TagCreated,
+		platformsim.TagDeleted} {
 		if kinds[k] == 0 {
 			t.Errorf("the scenario made no %s: the test proves less than it says (made %v)", k, kinds)
 		}
@@ -135,12 +146,25 @@ func TestSync_ProgressForStatus(t *testing.T) {
 	// still reaches it (held means at least 90% of it): at 40 a second the
 	// client fell short now and then, and the crawl ended unheld.
 	const limit = 20
-	client, err := platform.New(platform.Config{BaseURL: h.client.RegistryURL(), RegistryURL: h.client.RegistryURL(), Token: platform.StaticToken(token),
-		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", RequestsPerSecond: limit})
+	client, err := platform.New(
+		platform.Config{
+			BaseURL:           h.client.RegistryURL(),
+			RegistryURL:       h.client.RegistryURL(),
+			Token:             platform.StaticToken(token),
+			Organization:      "acme",
+			PublicOrg:         "chainguard",
+			Vendor:            "chainguard",
+			RequestsPerSecond: limit,
+		},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := crawler.New(client, h.store, crawler.Config{Group: "org1", ProgressEvery: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	c := crawler.New(
+		client,
+		h.store,
+		crawler.Config{Group: "org1", ProgressEvery: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)},
+	)
 	done := make(chan error, 1)
 	go func() { _, err := c.Sync(context.Background()); done <- err }()
 	var p crawler.Progress

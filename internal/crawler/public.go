@@ -36,11 +36,25 @@ func (c *Crawler) publicImages(ctx context.Context, s *summary) error {
 			}
 			// One public image failing fails only itself.
 			s.fail(err)
-			f, rerr := c.failed.record(finish(ctx), store.Failure{Kind: "tag", UID: repo.UID + "/" + tag, RepoUID: repo.UID, Path: repo.Name, Tag: tag}, err)
+			f, rerr := c.failed.record(
+				finish(ctx),
+				store.Failure{Kind: "tag", UID: repo.UID + "/" + tag, RepoUID: repo.UID, Path: repo.Name, Tag: tag},
+				err,
+			)
 			if rerr != nil {
 				return rerr
 			}
-			c.log.Warn("public image failed; the rest of the crawl goes on", "image", repo.Name, "tag", tag, "attempts", f.Attempts, "err", err)
+			c.log.Warn(
+				"public image failed; the rest of the crawl goes on",
+				"image",
+				repo.Name,
+				"tag",
+				tag,
+				"attempts",
+				f.Attempts,
+				"err",
+				err,
+			)
 		}
 	}
 	return nil

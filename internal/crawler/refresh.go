@@ -98,7 +98,17 @@ func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
 			return err
 		}
 	}
-	c.log.Debug("refreshed tag", "repo", sr.Path, "tag", tag, "history_reads", s.historyReads.Load(), "events", s.events.Load())
+	c.log.Debug(
+		"refreshed tag",
+		"repo",
+		sr.Path,
+		"tag",
+		tag,
+		"history_reads",
+		s.historyReads.Load(),
+		"events",
+		s.events.Load(),
+	)
 	return nil
 }
 

@@ -41,7 +41,15 @@ func (c *Crawler) ResolveFollowed(ctx context.Context) error {
 	if err = g.Wait(); err == nil {
 		err = ctx.Err()
 	}
-	c.log.Info("readied the followed mirror for crawling", "tags", len(refs), "resolved", resolved, "took", c.cfg.Now().Sub(start).Round(time.Millisecond).String())
+	c.log.Info(
+		"readied the followed mirror for crawling",
+		"tags",
+		len(refs),
+		"resolved",
+		resolved,
+		"took",
+		c.cfg.Now().Sub(start).Round(time.Millisecond).String(),
+	)
 	return err
 }
 
@@ -54,7 +62,15 @@ func (c *Crawler) resolveHistory(ctx context.Context, ref store.TagRef) (bool, e
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		c.log.Warn("read history to ready a tag for crawling; its history is read silently", "repo", ref.Path, "tag", ref.Name, "err", err)
+		c.log.Warn(
+			"read history to ready a tag for crawling; its history is read silently",
+			"repo",
+			ref.Path,
+			"tag",
+			ref.Name,
+			"err",
+			err,
+		)
 		return false, nil
 	}
 	out := make([]store.HistoryRecord, len(recs))

@@ -12,7 +12,11 @@ import (
 // unconfirmed deletion is never recorded. A candidate whose Get fails
 // otherwise (403, 5xx) stays as it is until a later sweep; any other error
 // (the network, a credential) stops the sweep.
-func (c *Crawler) confirmGone(ctx context.Context, candidates []string, get func(context.Context, string) error) ([]string, error) {
+func (c *Crawler) confirmGone(
+	ctx context.Context,
+	candidates []string,
+	get func(context.Context, string) error,
+) ([]string, error) {
 	var gone []string
 	for _, uid := range candidates {
 		err := get(ctx, uid)
@@ -31,8 +35,13 @@ func (c *Crawler) confirmGone(ctx context.Context, candidates []string, get func
 // recordGone records as deleted (with mark) the candidates confirmGone
 // confirms are gone, and counts them and their events. It returns the uids
 // it recorded.
-func (c *Crawler) recordGone(ctx context.Context, s *summary, candidates []string, get func(context.Context, string) error,
-	mark func(context.Context, []string) (int, error)) ([]string, error) {
+func (c *Crawler) recordGone(
+	ctx context.Context,
+	s *summary,
+	candidates []string,
+	get func(context.Context, string) error,
+	mark func(context.Context, []string) (int, error),
+) ([]string, error) {
 	gone, err := c.confirmGone(ctx, candidates, get)
 	if err != nil || len(gone) == 0 {
 		return nil, err

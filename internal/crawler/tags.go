@@ -108,7 +108,13 @@ const tagPageSize = 200
 
 // applyTagPage applies one page of the listing, repo by repo, and queues
 // the history reads the store asks for.
-func (c *Crawler) applyTagPage(ctx context.Context, l *tagListing, page []platform.Tag, refs chan<- store.TagRef, s *summary) error {
+func (c *Crawler) applyTagPage(
+	ctx context.Context,
+	l *tagListing,
+	page []platform.Tag,
+	refs chan<- store.TagRef,
+	s *summary,
+) error {
 	for repoUID, tags := range byRepo(page) {
 		repo, ok := l.repos[repoUID]
 		if !ok {
@@ -147,7 +153,13 @@ func (c *Crawler) applyTagPage(ctx context.Context, l *tagListing, page []platfo
 }
 
 // readHistories starts a history read of each ref in g.
-func (c *Crawler) readHistories(ctx context.Context, g *errgroup.Group, l *tagListing, refs []store.TagRef, s *summary) error {
+func (c *Crawler) readHistories(
+	ctx context.Context,
+	g *errgroup.Group,
+	l *tagListing,
+	refs []store.TagRef,
+	s *summary,
+) error {
 	for _, ref := range refs {
 		if err := c.readHistory(ctx, g, l, ref, s); err != nil {
 			return err
@@ -158,7 +170,13 @@ func (c *Crawler) readHistories(ctx context.Context, g *errgroup.Group, l *tagLi
 
 // readHistory starts a history read of ref in g once a slot of the
 // crawler's pool of history reads is free.
-func (c *Crawler) readHistory(ctx context.Context, g *errgroup.Group, l *tagListing, ref store.TagRef, s *summary) error {
+func (c *Crawler) readHistory(
+	ctx context.Context,
+	g *errgroup.Group,
+	l *tagListing,
+	ref store.TagRef,
+	s *summary,
+) error {
 	if l.track {
 		if _, dup := l.read.LoadOrStore(ref.UID, true); dup {
 			return nil
