@@ -23,21 +23,7 @@ import (
 func TestFollower_DeliveryLostOnTheWay(t *testing.T) {
 	ctx := context.Background()
 	js, leader := newStreamLeader(t)
-	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { follower.Close() })
-	f := cluster.NewFollower(
-		js,
-		follower,
-		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond},
-	)
-	leader.change(3)
-	leader.publish()
-	if err := f.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f, follower := caughtUpFollower(t, js, leader)
 	cons, err := js.Consumer(ctx, "EV", "f1")
 	if err != nil {
 		t.Fatal(err)
@@ -103,21 +89,7 @@ func TestFollower_TailLostWhileFollowing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	js, leader := newStreamLeader(t)
-	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { follower.Close() })
-	f := cluster.NewFollower(
-		js,
-		follower,
-		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond},
-	)
-	leader.change(3)
-	leader.publish()
-	if err := f.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f, follower := caughtUpFollower(t, js, leader)
 	// Lost while the follower is not fetching, so that nothing but the
 	// other client can take them.
 	leader.change(2)
@@ -139,11 +111,7 @@ func TestFollower_TailLostWhileFollowing(t *testing.T) {
 	}
 	// A restarted process: a new follower of the same mirror and consumer,
 	// which learns from the mirror where it stands.
-	f = cluster.NewFollower(
-		js,
-		follower,
-		cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond},
-	)
+	f = cluster.NewFollower(js, follower, gapFollowerConfig)
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -152,4 +120,25 @@ func TestFollower_TailLostWhileFollowing(t *testing.T) {
 		return mirrorRows(t, leader.st) == mirrorRows(t, follower)
 	})
 	t.Logf("the lost tail applied after %s (AckWait 30s)", time.Since(start).Round(time.Millisecond))
+}
+
+// gapFollowerConfig is the follower of the gap tests: consumer f1 of EV.
+var gapFollowerConfig = cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond}
+
+// caughtUpFollower returns a follower of gapFollowerConfig into a new
+// mirror, caught up with three changes of leader's.
+func caughtUpFollower(t *testing.T, js jetstream.JetStream, leader *leaderMirror) (*cluster.Follower, *store.Store) {
+	t.Helper()
+	follower, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { follower.Close() })
+	f := cluster.NewFollower(js, follower, gapFollowerConfig)
+	leader.change(3)
+	leader.publish()
+	if err := f.CatchUp(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return f, follower
 }

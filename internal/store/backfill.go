@@ -98,18 +98,7 @@ func (s *Store) BackfillNext(ctx context.Context, n int, skip func(uid string) b
 	refs := make([]TagRef, 0, len(uids))
 	for _, uid := range uids {
 		if t, ok := tags[uid]; ok {
-			refs = append(
-				refs,
-				TagRef{
-					UID:        t.UID,
-					RepoUID:    t.RepoUID,
-					Repo:       t.Repo,
-					Path:       t.Path,
-					Name:       t.Name,
-					UpdateTime: t.UpdateTime,
-					Bookmark:   t.bookmark,
-				},
-			)
+			refs = append(refs, t.ref())
 		}
 	}
 	return refs, nil
@@ -130,18 +119,7 @@ func (s *Store) BackfillRefs(ctx context.Context, uids []string) ([]TagRef, erro
 	var refs []TagRef
 	for _, uid := range uids {
 		if t, ok := tags[uid]; ok && t.backfill && !t.deleted {
-			refs = append(
-				refs,
-				TagRef{
-					UID:        t.UID,
-					RepoUID:    t.RepoUID,
-					Repo:       t.Repo,
-					Path:       t.Path,
-					Name:       t.Name,
-					UpdateTime: t.UpdateTime,
-					Bookmark:   t.bookmark,
-				},
-			)
+			refs = append(refs, t.ref())
 		}
 	}
 	return refs, nil

@@ -63,18 +63,7 @@ func (s *Store) PendingHistories(ctx context.Context, group string) ([]TagRef, e
 	refs := make([]TagRef, 0, len(old))
 	for _, uid := range uids {
 		t := old[uid]
-		refs = append(
-			refs,
-			TagRef{
-				UID:        t.UID,
-				RepoUID:    t.RepoUID,
-				Repo:       t.Repo,
-				Path:       t.Path,
-				Name:       t.Name,
-				UpdateTime: t.UpdateTime,
-				Bookmark:   t.bookmark,
-			},
-		)
+		refs = append(refs, t.ref())
 	}
 	return refs, nil
 }

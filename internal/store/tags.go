@@ -56,6 +56,12 @@ type storedTag struct {
 	listedTime time.Time
 }
 
+// ref is t as a tag whose history needs reading, from its bookmark.
+func (t storedTag) ref() TagRef {
+	return TagRef{UID: t.UID, RepoUID: t.RepoUID, Repo: t.Repo, Path: t.Path, Name: t.Name, UpdateTime: t.UpdateTime,
+		Bookmark: t.bookmark}
+}
+
 // tagColumns is how many values one tags row takes in ApplyTags.
 const tagColumns = 11
 
