@@ -123,7 +123,12 @@ func TestFollower_TailLostWhileFollowing(t *testing.T) {
 }
 
 // gapFollowerConfig is the follower of the gap tests: consumer f1 of EV.
-var gapFollowerConfig = cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond}
+var gapFollowerConfig = cluster.FollowerConfig{
+	Stream:        "EV",
+	SubjectPrefix: "ev",
+	Consumer:      "f1",
+	MaxWait:       200 * time.Millisecond,
+}
 
 // caughtUpFollower returns a follower of gapFollowerConfig into a new
 // mirror, caught up with three changes of leader's.
