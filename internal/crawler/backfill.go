@@ -94,16 +94,31 @@ func (c *Crawler) backfill(ctx context.Context, s *summary) error {
 	g, gctx := errgroup.WithContext(ctx)
 	var mu sync.Mutex
 	// reading are the tags whose read is under way, failed those whose
-	// read failed in this pass: BackfillNext leaves both out.
-	reading, failed := map[string]bool{}, map[string]bool{}
+	// read failed in this pass: BackfillNext leaves both out. It also
+	// leaves out justRead, the tags read since it began: its snapshot of
+	// the mirror may be older than their commit, and without them a tag
+	// read while the store was asked came back for a second read.
+	reading, failed, justRead := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	finished := make(chan struct{}, 1)
-	skip := func(uid string) bool {
+	underWay := func(uid string) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return reading[uid] || failed[uid]
+		return reading[uid]
+	}
+	skip := func(uid string) bool {
+		if c.beforeSkip != nil {
+			c.beforeSkip(uid, underWay)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return reading[uid] || failed[uid] || justRead[uid]
 	}
 	err := func() error {
 		for {
+			// A tag read before this call is out of the snapshot it reads.
+			mu.Lock()
+			clear(justRead)
+			mu.Unlock()
 			refs, err := c.store.BackfillNext(gctx, c.backfillBatch(), skip)
 			if err != nil {
 				return err
@@ -141,6 +156,7 @@ func (c *Crawler) backfill(ctx context.Context, s *summary) error {
 					err := c.syncHistory(gctx, ref, s, release)
 					mu.Lock()
 					delete(reading, ref.UID)
+					justRead[ref.UID] = true
 					if c.failed.has(ref.UID) {
 						failed[ref.UID] = true
 					}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -190,5 +191,39 @@ func TestBackfill_CurrentStateFirstThenHistoriesInOrder(t *testing.T) {
 	}
 	if reads := log.all()[before:]; len(reads) != 0 {
 		t.Errorf("a crawl after the backfill read %v again", reads)
+	}
+}
+
+// TestBackfill_ATagReadWhileTheStoreIsAskedIsNotReadAgain: the backfill
+// asks the store for the next tags while reads are under way, and the
+// store answers from a snapshot of the mirror taken as it began. A tag
+// whose read ends after that snapshot and before the backfill looks at
+// it is still in the answer; it must not be read a second time. The
+// hook holds the backfill at such a tag until its read has ended (CI saw
+// 241 reads of 240 tags, one run in eight).
+func TestBackfill_ATagReadWhileTheStoreIsAskedIsNotReadAgain(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 2, TagsPerRepo: 100, HistoryPerTag: 1, PublicImages: -1})
+	var waited atomic.Int32
+	crawler.SetBeforeSkip(h.crawler, func(uid string, underWay func(string) bool) {
+		if !underWay(uid) {
+			return
+		}
+		waited.Add(1)
+		for deadline := time.Now().Add(10 * time.Second); underWay(uid); {
+			if time.Now().After(deadline) {
+				t.Errorf("the read of tag %s never ended", uid)
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	if _, err := h.crawler.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if waited.Load() == 0 {
+		t.Fatal("the backfill never met a tag whose read was under way: the test proved nothing")
+	}
+	if got, want := h.sim.Stats().ByEndpoint["GET /v2/{image}/_chainguard/history/{tag}"], 200; got != want {
+		t.Errorf("history requests=%d, want %d (one per tag; %d tags met while read)", got, want, waited.Load())
 	}
 }

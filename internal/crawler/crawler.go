@@ -87,6 +87,9 @@ type Crawler struct {
 	// Run's backfill loop for one.
 	backfilling sync.Mutex
 	backfillDue chan struct{}
+	// beforeSkip, set by tests only, runs as the backfill asks whether
+	// to leave out a tag of the store's answer.
+	beforeSkip func(uid string, underWay func(uid string) bool)
 }
 
 // New returns a Crawler.
