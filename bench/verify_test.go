@@ -41,9 +41,10 @@ type verifyResult struct {
 	Checkpoints      int     `json:"checkpoints"`
 	CheckpointMs     float64 `json:"checkpoint_mean_ms"`
 	// AuditPerSec is the rate with an audit (Auditor.Audit) started beside
-	// every pass, and the next pass waiting for it: Audits of them, which
-	// checked AuditChecked events in all (each event once) in AuditSeconds.
-	// AuditRatio is AuditPerSec / RelayPerSec.
+	// every verifyAuditPasses-th pass, and the next pass waiting for it:
+	// Audits of them, which checked AuditChecked events in all (each event
+	// once) in AuditSeconds. AuditRatio is AuditPerSec / RelayPerSec: the
+	// audit's cost at its default proportions (see verifyAuditSlack).
 	AuditPerSec  float64 `json:"audit_relay_per_s"`
 	AuditRatio   float64 `json:"audit_ratio"`
 	Audits       int     `json:"audits"`
@@ -88,6 +89,24 @@ const verifyCheckpointEvery = 100 * time.Millisecond
 // an audit begins are left to the next.
 const verifyRecent = 100 * time.Millisecond
 
+// verifyAuditPasses is how many of its passes the audit side relays per
+// audit, and verifyAuditSlack how far before the first event it checks an
+// audit reads the stream back. By default an audit runs every 5 minutes
+// and reads back a minute more: a fifth of what it checks. Here an audit
+// checks 8 passes (4,000 events, some 0.5 s of relaying with the other
+// sides' turns between) and reads a fifth of a second more, so that it
+// reads about as much of the stream per event checked as by default, and
+// pays its start (stream info, a consumer) over fewer events: the cost of
+// audits at the default audit_every, at the relay's full rate.
+const (
+	verifyAuditPasses = 8
+	verifyAuditSlack  = 200 * time.Millisecond
+)
+
+// verifyGivesWay is the longest the audits wait for a relay pass under way
+// before each of their reads, as the daemon's do (daemon.auditGivesWay).
+const verifyGivesWay = 50 * time.Millisecond
+
 // BenchmarkVerify is the verification rows of BenchmarkSyncd alone, on an
 // embedded server of its own:
 //
@@ -109,7 +128,7 @@ func BenchmarkVerify(b *testing.B) {
 		fmt.Fprintf(
 			os.Stderr,
 			"relay %.0f events/s (%d events, passes of %d); with checkpoints %.0f (%.3f; %d, %.2f ms each); "+
-				"with an audit beside %.0f (%.3f; %d audits, %d checked in %.2f s; a whole audit %.0f events/s); writer %.2f s with the digest's triggers, %.2f s without (%.3f)\n",
+				"with an audit every %d passes %.0f (%.3f; %d audits, %d checked in %.2f s; a whole audit %.0f events/s); writer %.2f s with the digest's triggers, %.2f s without (%.3f)\n",
 			v.RelayPerSec,
 			v.Events,
 			v.PassEvents,
@@ -117,6 +136,7 @@ func BenchmarkVerify(b *testing.B) {
 			v.CheckpointRatio,
 			v.Checkpoints,
 			v.CheckpointMs,
+			verifyAuditPasses,
 			v.AuditPerSec,
 			v.AuditRatio,
 			v.Audits,
@@ -163,17 +183,15 @@ type verifySide struct {
 // a page of verifyPass written to each mirror and flushed at a time, the
 // three taking turns: one plain, one publishing a checkpoint after the
 // pass in which one fell due (every verifyCheckpointEvery of its own
-// relaying), one with an audit started beside every pass. Only the
-// relay's passes (and the checkpoints) are timed, not the writes.
+// relaying), one with an audit started beside every verifyAuditPasses-th
+// pass. Only the relay's passes (and the checkpoints) are timed, not the
+// writes.
 //
 // The audit's clock is set a duplicate window ahead, so that it audits
 // the events published until a moment before it began rather than none (it
-// leaves those younger than the window, whose loss JetStream would hide).
-// Each audit then reads the stream from its start: it reads from a minute
-// (its slack for the clocks) before the oldest event it checks, and the
-// whole run is younger than that. So every pass has an audit beside it that
-// reads more of the stream than one at audit_every would: the relay's rate
-// while audits run all the time, an upper bound of their cost.
+// leaves those younger than the window, whose loss JetStream would hide),
+// and its slack is verifyAuditSlack: each audit reads the stream from a
+// little before the events it checks, as one at audit_every does.
 func measureVerifyRelay(ctx context.Context, conn *publish.Conn, dir string, events int) (verifyResult, error) {
 	events = max(2, events/verifyPass/2*2) * verifyPass // whole turns of order
 	res := verifyResult{Events: events, PassEvents: verifyPass}
@@ -209,7 +227,19 @@ func measureVerifyRelay(ctx context.Context, conn *publish.Conn, dir string, eve
 			const margin = time.Second
 			s.auditor = publish.NewAuditor(conn.JS, st, s.relay.Message, publish.AuditConfig{
 				Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Every: time.Hour, Margin: margin,
-				Now: func() time.Time { return time.Now().Add(pcfg.DuplicateWindow + margin - verifyRecent) }})
+				Slack: verifyAuditSlack,
+				Now:   func() time.Time { return time.Now().Add(pcfg.DuplicateWindow + margin - verifyRecent) },
+				// As the daemon's audit gives way to its relay, this one
+				// gives way to the three: the machine's relaying.
+				Yield: func(ctx context.Context) error {
+					for _, s := range sides {
+						if err := s.relay.Idle(ctx, verifyGivesWay); err != nil {
+							return err
+						}
+					}
+					return nil
+				},
+			})
 		}
 	}
 	// The sides take turns in an order in which each follows each other
@@ -223,7 +253,7 @@ func measureVerifyRelay(ctx context.Context, conn *publish.Conn, dir string, eve
 			return res, err
 		}
 		var audit chan auditResult
-		if s.auditor != nil {
+		if s.auditor != nil && s.written%(verifyAuditPasses*verifyPass) == 0 {
 			audit = make(chan auditResult, 1)
 			go func() {
 				start := time.Now()

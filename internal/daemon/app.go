@@ -101,6 +101,11 @@ type Options struct {
 	GiveUpAfter time.Duration
 }
 
+// auditGivesWay is the longest the stream audit waits, before each of its
+// reads, for the relay's pass under way to end: the audit takes the time
+// the relay does not use, and goes on under a relay that never rests.
+const auditGivesWay = 50 * time.Millisecond
+
 // Open opens the parts.
 func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options) (*App, error) {
 	a := &App{
@@ -164,7 +169,8 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	a.Relay = publish.NewRelay(a.NATS.JS, a.Store, pcfg, relayOpts...)
 	a.Auditor = publish.NewAuditor(a.NATS.JS, a.Store, a.Relay.Message, publish.AuditConfig{Stream: cfg.NATS.Stream,
 		SubjectPrefix: cfg.NATS.SubjectPrefix, Every: cfg.Verify.AuditEvery.Duration, Logger: log.With("part", "audit"),
-		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }, Fence: a.Fence, MsgID: a.Relay.MsgID})
+		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }, Fence: a.Fence, MsgID: a.Relay.MsgID,
+		Yield: func(ctx context.Context) error { return a.Relay.Idle(ctx, auditGivesWay) }})
 	a.Crawler = newCrawler(cfg, a.Client, a.Store, a.Jobs, a.observeRun, log)
 	a.Receiver = newReceiver(cfg, a.Crawler, a.Store, log)
 	a.Registrar = NewRegistrar(cfg, a.Client, a.Store, log)

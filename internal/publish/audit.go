@@ -56,6 +56,15 @@ type AuditConfig struct {
 	Margin time.Duration
 	// Batch is how many events one read of the stream checks; zero: 20,000.
 	Batch int
+	// Yield, when set, is called before each read of the event log and
+	// of the stream, so that the audit gives way to what matters more
+	// (Relay.Idle): an error from it ends the audit.
+	Yield func(ctx context.Context) error
+	// Slack is how long before the publication of the first event it
+	// looks for a read of the stream begins, for the clocks of syncd and
+	// the server and the time between a message's acknowledgement and its
+	// marking; zero: readSlack. Benchmarks shorten it with Every.
+	Slack time.Duration
 	// Now is the audit's clock; nil: time.Now.
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -118,6 +127,9 @@ func NewAuditor(js jetstream.JetStream, st AuditStore, message func(store.Event)
 	if cfg.Batch <= 0 {
 		cfg.Batch = 20000
 	}
+	if cfg.Slack <= 0 {
+		cfg.Slack = readSlack
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -174,6 +186,9 @@ func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
 		return AuditReport{}, err
 	}
 	for {
+		if err := a.yield(ctx); err != nil {
+			return au.rep, err
+		}
 		evs, err := a.st.AuditEvents(ctx, au.rep.Position, a.cfg.Batch)
 		if err != nil {
 			return au.rep, err
@@ -296,7 +311,7 @@ func (au *audit) check(ctx context.Context, evs []store.AuditEvent) (int64, erro
 	if len(want) == 0 {
 		return end, nil
 	}
-	found, err := au.scan(ctx, byTime(from.Add(-readSlack)), au.rep.StreamSeq, want)
+	found, err := au.scan(ctx, byTime(from.Add(-au.a.cfg.Slack)), au.rep.StreamSeq, want)
 	if err != nil {
 		return 0, err
 	}
@@ -339,7 +354,7 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent, end int64
 			from = f.Published
 		}
 	}
-	found, err := au.scan(ctx, byTime(from.Add(-au.window-readSlack)), au.rep.StreamSeq, want)
+	found, err := au.scan(ctx, byTime(from.Add(-au.window-au.a.cfg.Slack)), au.rep.StreamSeq, want)
 	if err != nil {
 		return 0, err
 	}
@@ -494,6 +509,14 @@ func (au *audit) behindCopies(ctx context.Context, last store.AuditEvent, lastCo
 	return nil
 }
 
+// yield gives way to what the audit's Yield names, if anything.
+func (a *Auditor) yield(ctx context.Context) error {
+	if a.cfg.Yield == nil {
+		return nil
+	}
+	return a.cfg.Yield(ctx)
+}
+
 // msgID is the Nats-Msg-Id of the event whose id is id.
 func (a *Auditor) msgID(id string) string {
 	if a.cfg.MsgID == nil {
@@ -570,6 +593,9 @@ func (au *audit) scan(
 	}
 	var next uint64 = 1 // the consumer sequence expected
 	for empty := 0; ; {
+		if err := a.yield(ctx); err != nil {
+			return nil, err
+		}
 		// What is stored is there to take: no waiting for a full batch.
 		batch, err := cons.FetchNoWait(scanBatch)
 		if err != nil {

@@ -301,3 +301,40 @@ func TestAuditor_SignedEvents(t *testing.T) {
 		t.Errorf("re-published under Nats-Msg-Id %q, want %q", id, want)
 	}
 }
+
+// TestAuditor_GivesWay: the audit asks its Yield before each read of the
+// event log and of the stream, and an error from it ends the audit where
+// it stands, with nothing checked past what it had read.
+func TestAuditor_GivesWay(t *testing.T) {
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "audit", 30, 0)
+	w.flush(t)
+	later := func() time.Time { return time.Now().Add(3 * time.Second) } // every event past the window
+	cfg := func(yield func(context.Context) error) publish.AuditConfig {
+		return publish.AuditConfig{Stream: testStream, SubjectPrefix: testPrefix, Every: time.Hour, Now: later,
+			Batch: 7, MsgID: w.relay.MsgID, Yield: yield}
+	}
+
+	stop := errors.New("the relay needs the machine")
+	rep, err := publish.NewAuditor(w.conn.JS, w.st, w.relay.Message, cfg(func(context.Context) error {
+		return stop
+	})).Audit(ctx)
+	if !errors.Is(err, stop) || rep.Checked != 0 || rep.Position != 0 {
+		t.Fatalf("audit whose Yield fails = %+v, %v; want %v and nothing checked", rep, err, stop)
+	}
+
+	var asked atomic.Int64
+	rep, err = publish.NewAuditor(w.conn.JS, w.st, w.relay.Message, cfg(func(context.Context) error {
+		asked.Add(1)
+		return nil
+	})).Audit(ctx)
+	if err != nil || rep.Checked != 30 {
+		t.Fatalf("audit = %+v, %v; want the 30 events checked", rep, err)
+	}
+	// 30 events in reads of 7: five reads of the log (the last empty),
+	// four with events, each looking for them on the stream.
+	if n := asked.Load(); n < 5+4 {
+		t.Errorf("Yield asked %d times, want at least once before each of the 9 reads", n)
+	}
+}

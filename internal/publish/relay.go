@@ -82,6 +82,8 @@ type Relay struct {
 	// signer, when set, signs every message the relay publishes and
 	// derives its Nats-Msg-Id (see internal/signing).
 	signer *signing.Signer
+	// busy tells the passes under way (Idle).
+	busy passGate
 }
 
 // StreamPosition is a mirror that records the stream sequence it reflects
@@ -325,6 +327,8 @@ func (r *Relay) committedSince() bool {
 // not answer), in which case the pass stops reading and only waits for what
 // is in flight.
 func (r *Relay) pass(ctx context.Context) (int, error) {
+	r.busy.begin()
+	defer r.busy.end()
 	// What is committed from here on, the pass may not see.
 	r.committedSince()
 	kvErr := r.syncKV(ctx)
