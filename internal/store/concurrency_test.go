@@ -48,7 +48,7 @@ func TestReaders_DuringIngest(t *testing.T) {
 		name string
 		rows int
 		long bool
-	}{{"200k", 200_000, false}, {"1M", 1_000_000, true}} {
+	}{{"50k", 50_000, false}, {"1M", 1_000_000, true}} {
 		t.Run(size.name, func(t *testing.T) {
 			if size.long && (testing.Short() || os.Getenv("LONG_TESTS") != "1") {
 				t.Skip("ingesting 1,000,000 rows takes minutes under -race: set LONG_TESTS=1 (without -short) to run it")
