@@ -14,6 +14,7 @@ import (
 	"github.com/mattn/go-isatty"
 
 	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/daemon"
 )
 
 func version() string {
@@ -79,12 +80,12 @@ func (m *Main) loadConfigWith(
 ) (config.Config, error) {
 	cfg, err := load(f.configPath, m.Environ)
 	if err != nil {
-		return cfg, usageError{err}
+		return cfg, daemon.ConfigError{Err: err}
 	}
 	if f.logLevel != "" {
 		cfg.Log.Level = f.logLevel
 		if err := cfg.Validate(); err != nil {
-			return cfg, usageError{fmt.Errorf("--log-level: %w", err)}
+			return cfg, daemon.ConfigError{Err: fmt.Errorf("--log-level: %w", err)}
 		}
 	}
 	return cfg, nil

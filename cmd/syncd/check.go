@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/config"
+	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/preflight"
 )
 
@@ -44,7 +45,7 @@ func (c *checkCommand) Run(ctx context.Context) error {
 
 	checks, err := preflight.Checks(cfg, log)
 	if err != nil {
-		return usageError{err}
+		return daemon.ConfigError{Err: err}
 	}
 	failed := 0
 	for _, ch := range checks {

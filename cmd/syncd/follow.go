@@ -33,8 +33,8 @@ func (c *followCommand) Run(ctx context.Context) error {
 		return err
 	}
 	if cfg.NATS.URL == "" {
-		return usageError{
-			&config.Error{Key: "nats.url", Msg: "required: syncd follow reads the stream of a leader's NATS server"},
+		return daemon.ConfigError{
+			Err: &config.Error{Key: "nats.url", Msg: "required: syncd follow reads the stream of a leader's NATS server"},
 		}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)

@@ -99,14 +99,14 @@ func (c *identityCommand) Run(ctx context.Context) error {
 		group = cfg.Platform.Group
 	}
 	if err := cfg.RequireIdentityAdmin(group, c.group != ""); err != nil {
-		return usageError{err}
+		return daemon.ConfigError{Err: err}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
 	// Identity and role binding calls never reach the registry, so a
 	// config without registry_url (not needed until syncd runs) is fine.
 	client, err := daemon.NewClient(cfg, log, nil)
 	if err != nil {
-		return usageError{err}
+		return daemon.ConfigError{Err: err}
 	}
 
 	id, binding, err := client.ProvisionIdentity(ctx, group, platform.Identity{Name: c.name, Description: c.description,

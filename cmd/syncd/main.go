@@ -31,13 +31,6 @@ const (
 	exitUsage   = 2 // bad flags or configuration
 )
 
-// usageError is a problem with the command line or the configuration: it
-// exits 2.
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
 // Main is the program: it parses the subcommand and runs it.
 type Main struct {
 	Stdout, Stderr io.Writer
@@ -105,9 +98,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	}
 	if err := cmd.Run(ctx); err != nil {
 		fmt.Fprintf(m.Stderr, "syncd %s: %v\n", args[0], err)
-		var ue usageError
-		var ce daemon.ConfigError
-		if errors.As(err, &ue) || errors.As(err, &ce) {
+		// A problem with the command line or the configuration.
+		if errors.As(err, new(daemon.ConfigError)) {
 			return exitUsage
 		}
 		return exitFailure

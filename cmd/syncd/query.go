@@ -148,15 +148,15 @@ func (c *queryCommand) request() (any, error) {
 func (c *queryCommand) Run(ctx context.Context) error {
 	req, err := c.request()
 	if err != nil {
-		return usageError{err}
+		return daemon.ConfigError{Err: err}
 	}
 	cfg, err := c.m.loadConfig(c.flags)
 	if err != nil {
 		return err
 	}
 	if !cfg.Query.Enabled {
-		return usageError{
-			&config.Error{Key: "query.enabled", Msg: "false: the replicas of this configuration answer no queries"},
+		return daemon.ConfigError{
+			Err: &config.Error{Key: "query.enabled", Msg: "false: the replicas of this configuration answer no queries"},
 		}
 	}
 	nc, err := c.dial(ctx, cfg)

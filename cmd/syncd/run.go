@@ -53,7 +53,7 @@ func (c *runCommand) Run(ctx context.Context) error {
 	// taken before the demo replaces an earlier demo's mirror.
 	if !c.demo {
 		if err := cfg.RequirePlatform(); err != nil {
-			return usageError{err}
+			return daemon.ConfigError{Err: err}
 		}
 	}
 	command := "syncd run"
@@ -108,7 +108,7 @@ func (c *runCommand) serve(
 	}
 	log.Info("syncd running", "version", version(), "platform", cfg.Platform.BaseURL, "mirror", cfg.Store.Path,
 		"schedule", cfg.Crawl.Schedule, "subjects", cfg.NATS.SubjectPrefix+".>", "cluster", cfg.Cluster.Enabled)
-	r, err := a.Role(ctx, c.grace)
+	r, err := a.Leadership(ctx, c.grace)
 	if err != nil {
 		return err
 	}

@@ -34,10 +34,10 @@ func (c *subscriptionsCommand) Run(ctx context.Context) error {
 		return err
 	}
 	if err := cfg.RequirePlatform(); err != nil {
-		return usageError{err}
+		return daemon.ConfigError{Err: err}
 	}
 	if cfg.Events.SinkURL == "" {
-		return usageError{fmt.Errorf("events.sink_url: not set, so syncd has no subscriptions to show")}
+		return daemon.ConfigError{Err: fmt.Errorf("events.sink_url: not set, so syncd has no subscriptions to show")}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
 	st, err := daemon.OpenStore(ctx, cfg, log, store.Options{})
@@ -47,7 +47,7 @@ func (c *subscriptionsCommand) Run(ctx context.Context) error {
 	defer daemon.CloseStore(st, log)
 	client, err := daemon.NewClient(cfg, log, nil)
 	if err != nil {
-		return usageError{err}
+		return daemon.ConfigError{Err: err}
 	}
 	reg := daemon.NewRegistrar(cfg, client, st, log)
 	if c.remove {

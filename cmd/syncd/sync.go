@@ -48,7 +48,7 @@ func (c *syncCommand) Run(ctx context.Context) error {
 		return err
 	}
 	if err := cfg.RequirePlatform(); err != nil {
-		return usageError{err}
+		return daemon.ConfigError{Err: err}
 	}
 	log := newLogger(c.m.Stderr, cfg.Log)
 	release, err := daemon.LockMirror(cfg, "syncd sync --once", log)

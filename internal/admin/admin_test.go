@@ -45,7 +45,7 @@ func TestHandler_ReadyzReportsFailedChecks(t *testing.T) {
 	m.ObserveRequest("GET /registry/v2/repos", 200, false)
 	m.ObserveRequest("GET /registry/v2/repos", 503, true)
 	fail := true
-	srv := httptest.NewServer(admin.Handler(m, []admin.Check{
+	srv := httptest.NewServer(admin.Handler(m, []admin.ReadinessCheck{
 		{Name: "ok", Run: func(context.Context) error { return nil }},
 		{Name: "nats", Run: func(context.Context) error {
 			if fail {

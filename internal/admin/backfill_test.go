@@ -29,7 +29,7 @@ func TestReadyz_CurrentBeforeHistory(t *testing.T) {
 	m := admin.NewMetrics("test")
 	m.WatchBackfill(st, 20)
 	srv := httptest.NewServer(
-		admin.Handler(m, []admin.Check{admin.BaselineCheck(st, nil), admin.HistoryCheck(st, 20, nil)}),
+		admin.Handler(m, []admin.ReadinessCheck{admin.BaselineCheck(st, nil), admin.HistoryCheck(st, 20, nil)}),
 	)
 	defer srv.Close()
 	type readyz struct {

@@ -5,7 +5,7 @@
 // series and checks of watch.go read them through small interfaces.
 //
 // Its main types: Metrics (every series, on its own registry), Freshness
-// (when each scheduled job last succeeded), Check (one readiness
+// (when each scheduled job last succeeded), ReadinessCheck (one readiness
 // condition; NATSCheck, FreshnessCheck, BaselineCheck, CredentialsCheck
 // and RoleCheck build them) and StatusReport (what "syncd status" prints,
 // read from the mirror). Handler serves /metrics, /healthz and /readyz.

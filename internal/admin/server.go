@@ -11,8 +11,8 @@ import (
 	"github.com/robfig/cron/v3"
 )
 
-// Check is one readiness condition; nil means fine.
-type Check struct {
+// ReadinessCheck is one readiness condition; nil means fine.
+type ReadinessCheck struct {
 	Name string
 	Run  func(ctx context.Context) error
 	// Phase, when set, names the readiness phase the check stands for in
@@ -80,7 +80,7 @@ func (f *Freshness) Stale() map[string]time.Duration {
 }
 
 // Handler serves /metrics, /healthz and /readyz.
-func Handler(m *Metrics, checks []Check) http.Handler {
+func Handler(m *Metrics, checks []ReadinessCheck) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(
 		"GET /metrics",

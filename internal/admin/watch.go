@@ -21,8 +21,8 @@ import (
 // The series and checks here read the other parts at scrape time, through
 // the small interfaces below: the parts know nothing of Prometheus.
 
-// Outbox is what the outbox series read.
-type Outbox interface {
+// UnpublishedCounter is what the outbox series read: the store.
+type UnpublishedCounter interface {
 	UnpublishedCount(ctx context.Context) (int, time.Time, error)
 }
 
@@ -34,7 +34,7 @@ type FailureLister interface {
 
 // WatchOutbox exports the outbox's backlog: how many events wait for
 // JetStream, and how old the oldest is.
-func (m *Metrics) WatchOutbox(o Outbox) {
+func (m *Metrics) WatchOutbox(o UnpublishedCounter) {
 	m.GaugeFunc(
 		"syncd_outbox_unpublished_events",
 		"Events committed but not yet acknowledged by JetStream.",
@@ -111,15 +111,16 @@ func (m *Metrics) WatchReceiver(s *events.Stats) {
 	}
 }
 
-// Replica is what the cluster series read of a replica in cluster mode.
-type Replica interface {
+// RoleSource is what the cluster series read of a replica in cluster mode
+// (a cluster.Replica).
+type RoleSource interface {
 	Role() string
 	IsLeader() bool
 }
 
 // WatchReplica exports the replica's role among roles, and whether it
 // holds the leader lease.
-func (m *Metrics) WatchReplica(r Replica, roles ...string) {
+func (m *Metrics) WatchReplica(r RoleSource, roles ...string) {
 	for _, role := range roles {
 		m.GaugeFuncWith("syncd_cluster_role", "1 for the replica's current role.", prometheus.Labels{"role": role},
 			func() float64 { return boolGauge(r.Role() == role) })
@@ -164,8 +165,8 @@ func boolGauge(b bool) float64 {
 }
 
 // NATSCheck is the readiness check of the NATS connection.
-func NATSCheck(nc *nats.Conn) Check {
-	return Check{Name: "nats", Run: func(context.Context) error {
+func NATSCheck(nc *nats.Conn) ReadinessCheck {
+	return ReadinessCheck{Name: "nats", Run: func(context.Context) error {
 		if !nc.IsConnected() {
 			return fmt.Errorf("not connected to NATS (%s)", nc.Status())
 		}
@@ -176,8 +177,8 @@ func NATSCheck(nc *nats.Conn) Check {
 // FreshnessCheck is the readiness check that no job is overdue. It checks
 // only while active says so (nil: always): in cluster mode only the leader
 // crawls, so only the leader can be stale.
-func FreshnessCheck(f *Freshness, active func() bool) Check {
-	return Check{Name: "freshness", Run: func(context.Context) error {
+func FreshnessCheck(f *Freshness, active func() bool) ReadinessCheck {
+	return ReadinessCheck{Name: "freshness", Run: func(context.Context) error {
 		if active != nil && !active() {
 			return nil
 		}
@@ -210,8 +211,8 @@ type Baseliner interface {
 // BaselineCheck is not ready until the first complete listing (the
 // baseline) has ended: before it, the mirror holds part of the
 // organization. It is the readiness of the current state.
-func BaselineCheck(b Baseliner, active func() bool) Check {
-	return Check{Name: "baseline", Phase: PhaseCurrent, Run: func(ctx context.Context) error {
+func BaselineCheck(b Baseliner, active func() bool) ReadinessCheck {
+	return ReadinessCheck{Name: "baseline", Phase: PhaseCurrent, Run: func(ctx context.Context) error {
 		if active != nil && !active() {
 			return nil
 		}
@@ -244,8 +245,8 @@ type Backfiller interface {
 // read, and says how many and how long at rate requests a second (0:
 // unlimited). It is deferred: /readyz answers 503 for it only when asked
 // for ?phase=history, since the current state is served meanwhile.
-func HistoryCheck(b Backfiller, rate float64, active func() bool) Check {
-	return Check{Name: "history", Phase: PhaseHistory, Deferred: true, Run: func(ctx context.Context) error {
+func HistoryCheck(b Backfiller, rate float64, active func() bool) ReadinessCheck {
+	return ReadinessCheck{Name: "history", Phase: PhaseHistory, Deferred: true, Run: func(ctx context.Context) error {
 		if active != nil && !active() {
 			return nil
 		}
@@ -312,8 +313,8 @@ type Refuser interface {
 
 // CredentialsCheck is not ready while the platform or the registry refuses
 // syncd's credential, and says which and what to do.
-func CredentialsCheck(r Refuser, active func() bool) Check {
-	return Check{Name: "credentials", Run: func(context.Context) error {
+func CredentialsCheck(r Refuser, active func() bool) ReadinessCheck {
+	return ReadinessCheck{Name: "credentials", Run: func(context.Context) error {
 		if active != nil && !active() {
 			return nil
 		}
@@ -336,8 +337,8 @@ type Erring interface{ Err() error }
 // RoleCheck is the readiness check name of a part that works only while
 // active says so (nil: always): the relay while this replica leads
 // (publishing), the follower while it stands by (following the stream).
-func RoleCheck(name string, e Erring, active func() bool) Check {
-	return Check{Name: name, Run: func(context.Context) error {
+func RoleCheck(name string, e Erring, active func() bool) ReadinessCheck {
+	return ReadinessCheck{Name: name, Run: func(context.Context) error {
 		if active != nil && !active() {
 			return nil
 		}

@@ -19,8 +19,9 @@ type Relay interface {
 	Flush(ctx context.Context) error
 }
 
-// Outbox counts the events not published yet, for the log at shutdown.
-type Outbox interface {
+// UnpublishedCounter counts the events not published yet, for the log at
+// shutdown: the store.
+type UnpublishedCounter interface {
 	UnpublishedCount(ctx context.Context) (int, time.Time, error)
 }
 
@@ -37,7 +38,7 @@ type Duties struct {
 	// Relay publishes the outbox while the work runs, and what the work
 	// committed until it stopped.
 	Relay  Relay
-	Outbox Outbox
+	Outbox UnpublishedCounter
 	// Grace bounds the shutdown, counted from the end of Run's context.
 	Grace time.Duration
 	// Drain, when set, says at the end of Run's context whether to publish

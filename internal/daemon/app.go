@@ -22,8 +22,8 @@ import (
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
-// ConfigError is a configuration problem found while building a part;
-// commands exit 2 for it.
+// ConfigError is a problem with the command line or the configuration,
+// found by a command or while building a part: commands exit 2 for it.
 type ConfigError struct{ Err error }
 
 func (e ConfigError) Error() string { return e.Err.Error() }
@@ -374,11 +374,20 @@ func NewRegistrar(cfg config.Config, client *platform.Client, st *store.Store, l
 		Sink: cfg.Events.SinkURL, Logger: log.With("part", "events")}
 }
 
-// NewFollower follows the stream into st, recording its lag there,
-// advancing pos, counting in m what it sets aside and applying only what
-// tr verifies; restore says when it starts from a snapshot.
-func NewFollower(nc *publish.Conn, st *store.Store, cfg config.Config, restore cluster.RestoreMode, pos *query.Position,
-	m *admin.Metrics, tr *Trust, log *slog.Logger) *cluster.Follower {
+// NewClusterFollower builds the cluster.Follower that follows the stream
+// into st, recording its lag there, advancing pos, counting in m what it
+// sets aside and applying only what tr verifies; restore says when it
+// starts from a snapshot.
+func NewClusterFollower(
+	nc *publish.Conn,
+	st *store.Store,
+	cfg config.Config,
+	restore cluster.RestoreMode,
+	pos *query.Position,
+	m *admin.Metrics,
+	tr *Trust,
+	log *slog.Logger,
+) *cluster.Follower {
 	var f *cluster.Follower
 	f = cluster.NewFollower(
 		nc.JS,

@@ -77,7 +77,7 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { app.Close() })
-	role, err := app.Role(ctx, 5*time.Second)
+	role, err := app.Leadership(ctx, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,8 +6,8 @@
 // watches them. Commands in cmd/syncd parse flags, call it and print.
 //
 // Its main types: App (the parts of a syncd that crawls and publishes,
-// built by Open), Role (the leader's duties, directly or through a
-// cluster replica), Follower (a mirror kept from a leader's stream,
-// without the platform) and ConfigError (a configuration problem found
-// while building a part: exit 2).
+// built by Open), Leadership (the leader's duties, directly or through a
+// cluster replica), FollowerApp (a mirror kept from a leader's stream,
+// without the platform) and ConfigError (a problem with the command line
+// or the configuration: exit 2).
 package daemon

@@ -17,9 +17,9 @@ import (
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
-// Follower is a mirror kept from a leader's event stream, without any
+// FollowerApp is a mirror kept from a leader's event stream, without any
 // request to the platform: its parts, opened by OpenFollower.
-type Follower struct {
+type FollowerApp struct {
 	Config   config.Config
 	Log      *slog.Logger
 	Store    *store.Store
@@ -47,8 +47,8 @@ func OpenFollower(
 	restore cluster.RestoreMode,
 	version string,
 	log *slog.Logger,
-) (*Follower, error) {
-	f := &Follower{Config: cfg, Log: log, Position: query.NewPosition(), Metrics: admin.NewMetrics(version)}
+) (*FollowerApp, error) {
+	f := &FollowerApp{Config: cfg, Log: log, Position: query.NewPosition(), Metrics: admin.NewMetrics(version)}
 	var err error
 	if f.Trust, err = LoadTrust(cfg, log); err != nil {
 		return nil, err
@@ -72,26 +72,26 @@ func OpenFollower(
 		f.Close()
 		return nil, err
 	}
-	f.Follower = NewFollower(f.NATS, f.Store, cfg, restore, f.Position, f.Metrics, f.Trust, log)
+	f.Follower = NewClusterFollower(f.NATS, f.Store, cfg, restore, f.Position, f.Metrics, f.Trust, log)
 	f.Trust.countTo(f.Metrics)
 	return f, nil
 }
 
 // AdminHandler serves the follower's metrics (lag, NATS) and readiness
 // (the mirror, the stream, NATS).
-func (f *Follower) AdminHandler() http.Handler {
+func (f *FollowerApp) AdminHandler() http.Handler {
 	m := f.Metrics
 	m.WatchLag(f.Follower.Lag)
 	m.WatchVerification(f.Follower)
 	m.WatchNATS(f.NATS.NC)
-	checks := []admin.Check{{Name: "database", Run: f.Store.Writable},
+	checks := []admin.ReadinessCheck{{Name: "database", Run: f.Store.Writable},
 		{Name: "stream", Run: func(context.Context) error { return f.Follower.Err() }}, admin.NATSCheck(f.NATS.NC)}
 	return admin.Handler(m, checks)
 }
 
 // Run follows the stream, and prunes the mirror's old events, until ctx
 // is done.
-func (f *Follower) Run(ctx context.Context) error {
+func (f *FollowerApp) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return f.Follower.Run(gctx) })
 	g.Go(func() error { return Prune(gctx, f.Store, f.Config, f.Log) })
@@ -101,7 +101,7 @@ func (f *Follower) Run(ctx context.Context) error {
 }
 
 // Close closes what OpenFollower opened, in reverse order.
-func (f *Follower) Close() error {
+func (f *FollowerApp) Close() error {
 	if f.NATS != nil {
 		f.NATS.Close()
 	}

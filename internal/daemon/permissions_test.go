@@ -74,7 +74,7 @@ func TestPermissions_LeastPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { app.Close() })
-	role, err := app.Role(ctx, 5*time.Second)
+	role, err := app.Leadership(ctx, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -129,7 +129,7 @@ func followAt(pos *query.Position, f **cluster.Follower) func(applied int, pendi
 // Query is the query service of "syncd run" in role r; nil when [query]
 // enabled is false. A leader's position is the stream's last sequence its
 // relay had acknowledged; a standby's, what it has followed.
-func (a *App) Query(ctx context.Context, r Role) (*query.Service, error) {
+func (a *App) Query(ctx context.Context, r Leadership) (*query.Service, error) {
 	js, stream := a.NATS.JS, a.Config.NATS.Stream
 	rs := replicaState{role: func() string { return cluster.RoleLeader }, refresh: streamLast(js, stream)}
 	if r.Follower != nil {
@@ -154,7 +154,7 @@ func (a *App) Query(ctx context.Context, r Role) (*query.Service, error) {
 
 // Query is the follower's query service; nil when [query] enabled is
 // false.
-func (f *Follower) Query(ctx context.Context, version string) (*query.Service, error) {
+func (f *FollowerApp) Query(ctx context.Context, version string) (*query.Service, error) {
 	c := f.Config
 	rs := replicaState{role: func() string { return cluster.RoleFollower }, lag: f.Follower.Lag,
 		refresh: consumerAcked(f.NATS.JS, f.Store, c.NATS.Stream, c.Cluster.ConsumerName(c.Store.Path))}

@@ -54,9 +54,9 @@ func (a *App) RecordMode(ctx context.Context, demo bool) error {
 	return nil
 }
 
-// Role is how "syncd run" does the leader's duties: directly in single
+// Leadership is how "syncd run" does the leader's duties: directly in single
 // mode, and in cluster mode as a replica, while it holds the lease.
-type Role struct {
+type Leadership struct {
 	Run func(ctx context.Context) error
 	// Leading reports whether this replica leads now; nil: always.
 	Leading func() bool
@@ -68,29 +68,38 @@ type Role struct {
 	Current func() string
 }
 
-// Role builds the leader's duties, shut down within grace, and, in
+// Leadership builds the leader's duties, shut down within grace, and, in
 // cluster mode, the replica that runs them while it holds the lease.
-func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
+func (a *App) Leadership(ctx context.Context, grace time.Duration) (Leadership, error) {
 	if !a.Config.Cluster.Enabled {
-		return Role{Run: a.duties(grace, nil).Run, Receiver: func(h http.Handler) http.Handler { return h },
+		return Leadership{Run: a.duties(grace, nil).Run, Receiver: func(h http.Handler) http.Handler { return h },
 			Current: func() string { return cluster.RoleLeader }}, nil
 	}
 	cl, node := a.Config.Cluster, a.Config.Cluster.Node()
 	lease, err := cluster.NewLease(ctx, a.NATS.JS, cluster.LeaseConfig{Bucket: cl.Bucket, Key: cl.Key, Node: node,
 		TTL: cl.LeaseTTL.Duration, Replicas: a.Config.NATS.Replicas, Logger: a.Log.With("part", "lease")})
 	if err != nil {
-		return Role{}, err
+		return Leadership{}, err
 	}
 	stepDown := lease.StepDown
 	a.stepDown.Store(&stepDown)
 	duties := a.duties(grace, lease.IsLeader)
 	rep := &cluster.Replica{
-		Lease:    lease,
-		Follower: NewFollower(a.NATS, a.Store, a.Config, cluster.RestoreWhenEmpty, a.Position, a.Metrics, a.Trust, a.Log),
-		Promote:  a.Crawler.ResolveFollowed,
-		Mark:     a.Fence.Mark,
-		Meta:     a.Store,
-		Logger:   a.Log.With("part", "cluster"),
+		Lease: lease,
+		Follower: NewClusterFollower(
+			a.NATS,
+			a.Store,
+			a.Config,
+			cluster.RestoreWhenEmpty,
+			a.Position,
+			a.Metrics,
+			a.Trust,
+			a.Log,
+		),
+		Promote: a.Crawler.ResolveFollowed,
+		Mark:    a.Fence.Mark,
+		Meta:    a.Store,
+		Logger:  a.Log.With("part", "cluster"),
 		Lead: func(ctx context.Context) error {
 			defer a.Fence.End() // nothing of this term is sent after it
 			return duties.Run(ctx)
@@ -99,7 +108,7 @@ func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
 	a.Metrics.WatchReplica(rep, cluster.RoleLeader, cluster.RoleStandby)
 	a.Metrics.WatchLag(rep.Follower.Lag)
 	a.Metrics.WatchVerification(rep.Follower)
-	return Role{
+	return Leadership{
 		Run:      rep.Run,
 		Leading:  lease.IsLeader,
 		Receiver: lease.LeaderOnly,
@@ -111,7 +120,7 @@ func (a *App) Role(ctx context.Context, grace time.Duration) (Role, error) {
 // AdminHandler serves the metrics and the readiness checks; r.Leading says
 // whether freshness and publishing are checked (only the leader crawls and
 // publishes), and whether the standby's following is.
-func (a *App) AdminHandler(r Role) http.Handler {
+func (a *App) AdminHandler(r Leadership) http.Handler {
 	leading, m := r.Leading, a.Metrics
 	m.WatchOutbox(a.Store)
 	m.WatchFailures(a.Store)
@@ -119,7 +128,7 @@ func (a *App) AdminHandler(r Role) http.Handler {
 	if a.Receiver != nil {
 		m.WatchReceiver(&a.Receiver.Stats)
 	}
-	checks := []admin.Check{
+	checks := []admin.ReadinessCheck{
 		{Name: "database", Run: a.Store.Writable},
 		admin.NATSCheck(a.NATS.NC),
 		admin.RoleCheck("publish", a.Relay, leading),
