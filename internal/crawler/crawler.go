@@ -649,81 +649,27 @@ func (c *Crawler) wanted(name string) bool {
 }
 
 // crawlRepo lists the tags of one repo into the store and reads the
-// history of each tag the store says changed. It returns the uids of the
-// tags the finished listing showed.
+// history of each tag the store says changed, as a crawl lists the
+// organization's (listTagsOnce), with a query for the repo's tags. It
+// returns the uids of the tags the finished listing showed.
 func (c *Crawler) crawlRepo(ctx context.Context, repo store.Repo, s *summary) (map[string]bool, error) {
-	var seen map[string]bool
+	l := &tagListing{
+		repos:   map[string]store.Repo{repo.UID: repo},
+		seen:    make(map[string]map[string]bool, 1),
+		unknown: make(map[string]bool),
+	}
 	err := c.retryRestarted("tag", func() error {
-		seen = make(map[string]bool)
-		return c.listTags(ctx, repo, seen, s)
+		clear(l.seen)
+		return c.listTagsOnce(ctx, l, platform.ListQuery{ChildrenOf: repo.UID}, s)
 	}, "repo", repo.Path)
 	if err != nil {
-		return nil, fmt.Errorf("crawl repo %s: %w", repo.Path, err)
+		// The repo's own listing answered an error: it fails the repo.
+		return nil, fmt.Errorf("crawl repo %s: %w", repo.Path, readErr(err))
 	}
-	return seen, nil
-}
-
-// listTags makes one pass over a repo's tag listing, recording what it saw
-// in seen, and reads the histories the store asks for while it lists: they
-// go to the crawler's pool of history reads, so that a repo with many
-// changed tags does not wait for them one after another. It returns when
-// the listing and every history read it started are done.
-func (c *Crawler) listTags(ctx context.Context, repo store.Repo, seen map[string]bool, s *summary) error {
-	g, gctx := errgroup.WithContext(ctx)
-	// The repo's first history read goes alone: it fetches the registry
-	// token for the repo's image, which the reads after it find cached,
-	// where reads started together would each fetch one.
-	first := true
-	listErr := func() error {
-		for page, err := range c.client.Tags(c.cfg.Families.tagQuery(platform.ListQuery{ChildrenOf: repo.UID})).Pages(gctx) {
-			if err != nil {
-				return readErr(err)
-			}
-			tags := make([]store.Tag, len(page))
-			for i, t := range page {
-				tags[i] = storeTag(t)
-				seen[t.UID] = true
-			}
-			need, n, err := c.store.ApplyTags(finish(gctx), repo, tags)
-			if err != nil {
-				return err
-			}
-			s.tags.Add(int64(len(page)))
-			s.events.Add(int64(n))
-			if s.listOnly {
-				continue
-			}
-			for _, ref := range need {
-				if err := c.histories.Acquire(gctx, 1); err != nil {
-					return err
-				}
-				// The read's slot is given back as soon as the request is
-				// done, not after its commit: the next request need not
-				// wait for the writer.
-				release := sync.OnceFunc(func() { c.histories.Release(1) })
-				if first {
-					first = false
-					err := c.syncHistory(gctx, ref, s, release)
-					release()
-					if err != nil {
-						return err
-					}
-					continue
-				}
-				g.Go(func() error {
-					defer release()
-					return c.syncHistory(gctx, ref, s, release)
-				})
-			}
-		}
-		return nil
-	}()
-	// A failed history read cancels gctx, which stops the listing with a
-	// context error: report the read's error, the cause.
-	if err := g.Wait(); err != nil {
-		return err
+	if l.seen[repo.UID] == nil {
+		return map[string]bool{}, nil // listed whole, and no tag
 	}
-	return listErr
+	return l.seen[repo.UID], nil
 }
 
 // syncHistory reads a tag's history from its bookmark and hands it to the

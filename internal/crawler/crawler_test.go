@@ -477,3 +477,49 @@ func TestSync_BaselineDefersHistoryIndexes(t *testing.T) {
 		t.Fatalf("rows through the time index = %d, want %d", got, want)
 	}
 }
+
+// TestRefreshRepo_ReadsOnlyWhatMoved: a pushed repo is listed as a crawl
+// lists the organization, with a query for its tags: the store names the
+// tags that moved, and only their histories are read, each once, each
+// move an event.
+func TestRefreshRepo_ReadsOnlyWhatMoved(t *testing.T) {
+	h := newHarness(t, platformsim.Scale{Repos: 2, TagsPerRepo: 40, HistoryPerTag: 3, PublicImages: -1})
+	ctx := context.Background()
+	if _, err := h.crawler.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var repoUID string
+	if err := h.store.Reader().QueryRow(`SELECT uid FROM repos ORDER BY uid LIMIT 1`).Scan(&repoUID); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := h.store.Reader().Query(`SELECT uid FROM tags WHERE repo_uid = ? ORDER BY uid LIMIT 5`, repoUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var moved []string
+	for rows.Next() {
+		var uid string
+		if err := rows.Scan(&uid); err != nil {
+			t.Fatal(err)
+		}
+		moved = append(moved, uid)
+	}
+	rows.Close()
+	for i, uid := range moved {
+		m := platformsim.Mutation{Kind: platformsim.TagMoved, UID: uid, Digest: fmt.Sprintf("sha256:%064x", i+1)}
+		if _, err := h.sim.Apply(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const history = "GET /v2/{image}/_chainguard/history/{tag}"
+	before := h.sim.Stats().ByEndpoint[history]
+	if err := h.crawler.RefreshRepo(ctx, repoUID); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.sim.Stats().ByEndpoint[history] - before; got != len(moved) {
+		t.Errorf("history requests=%d, want %d (the moved tags')", got, len(moved))
+	}
+	if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'tag.moved'`); n != len(moved) {
+		t.Errorf("tag.moved events=%d, want %d", n, len(moved))
+	}
+}

@@ -85,7 +85,9 @@ func (c *Crawler) listTagsOnce(ctx context.Context, l *tagListing, q platform.Li
 			if err != nil {
 				return err
 			}
-			s.tagsTotal.Store(lister.Total())
+			if q.ChildrenOf == "" { // the organization's listing, not one repo's
+				s.tagsTotal.Store(lister.Total())
+			}
 			s.tags.Add(int64(len(page)))
 			select {
 			case pages <- page:
