@@ -17,26 +17,14 @@ func (c *Crawler) advisories(ctx context.Context, s *summary, sweep bool) error 
 	// Only a sweep needs the set of every advisory listed: a set of the
 	// whole organization's would grow the crawl's memory with it.
 	var seen map[string]bool
-	if sweep {
-		seen = make(map[string]bool)
-	}
-	for page, err := range c.client.Advisories(platform.ListQuery{}).Pages(ctx) {
-		if err != nil {
-			return fmt.Errorf("list advisories: %w", err)
+	err := c.retryRestarted("advisory", func() error {
+		if sweep {
+			seen = make(map[string]bool) // what a restarted pass saw is not the whole
 		}
-		batch := make([]store.Advisory, len(page))
-		for i, a := range page {
-			batch[i] = mirrorAdvisory(a)
-			if sweep {
-				seen[a.UID] = true
-			}
-		}
-		n, err := c.store.ApplyAdvisories(finish(ctx), batch)
-		if err != nil {
-			return err
-		}
-		s.advisories.Add(int64(len(page)))
-		s.events.Add(int64(n))
+		return c.listAdvisoriesOnce(ctx, s, seen)
+	})
+	if err != nil {
+		return fmt.Errorf("list advisories: %w", err)
 	}
 	if !sweep {
 		return nil
@@ -50,6 +38,30 @@ func (c *Crawler) advisories(ctx context.Context, s *summary, sweep bool) error 
 		return err
 	}, c.store.MarkAdvisoriesWithdrawn)
 	return err
+}
+
+// listAdvisoriesOnce makes one pass over the advisory listing into the
+// store, recording each uid in seen when it is not nil.
+func (c *Crawler) listAdvisoriesOnce(ctx context.Context, s *summary, seen map[string]bool) error {
+	for page, err := range c.client.Advisories(platform.ListQuery{}).Pages(ctx) {
+		if err != nil {
+			return err
+		}
+		batch := make([]store.Advisory, len(page))
+		for i, a := range page {
+			batch[i] = mirrorAdvisory(a)
+			if seen != nil {
+				seen[a.UID] = true
+			}
+		}
+		n, err := c.store.ApplyAdvisories(finish(ctx), batch)
+		if err != nil {
+			return err
+		}
+		s.advisories.Add(int64(len(page)))
+		s.events.Add(int64(n))
+	}
+	return nil
 }
 
 // mirrorAdvisory is a as the mirror keeps it.

@@ -706,3 +706,45 @@ func TestAdvisories_UnknownKindKept(t *testing.T) {
 		t.Fatalf("events=%v, want %v", got, want)
 	}
 }
+
+// TestSweep_AdvisoryListingRestartsUnderIt: between two pages of the
+// advisory listing the page token expires (the listing restarts) and an
+// advisory is created. The sweep lists again from the start: it fails
+// nothing, withdraws nothing that is live, and the mirror's open
+// advisories are the platform's.
+func TestSweep_AdvisoryListingRestartsUnderIt(t *testing.T) {
+	d := &listingDisturber{path: "/vulnerabilities/v2/advisories", disturb: func(sim *platformsim.Sim) {
+		sim.Apply(platformsim.Mutation{Kind: platformsim.AdvisoryCreated})
+	}}
+	sim, url := testutil.Sim(t, platformsim.Options{Seed: 9, Tokens: []string{token}},
+		platformsim.Scale{Repos: 2, TagsPerRepo: 1, HistoryPerTag: 1, Advisories: 450, PublicImages: -1}, d.wrap)
+	d.sim = sim
+	h := harnessOn(t, sim, url, nil)
+	ctx := context.Background()
+	if _, err := h.crawler.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.arm()
+	sum, err := h.crawler.Sweep(ctx)
+	if err != nil {
+		t.Fatalf("sweep with the advisory listing restarted under it: %v", err)
+	}
+	if n := d.trips(); n != 1 {
+		t.Fatalf("the listing was disturbed %d times, want once", n)
+	}
+	if sum.Failures != 0 {
+		t.Errorf("sweep failures=%d, want 0", sum.Failures)
+	}
+	open := 0
+	for _, a := range sim.Truth().Advisories {
+		if a.DeleteTime == nil {
+			open++
+		}
+	}
+	if got := h.count(t, `SELECT count(*) FROM advisories WHERE deleted_time IS NULL`); got != open {
+		t.Errorf("open advisories in the mirror=%d, want the platform's %d", got, open)
+	}
+	if n := h.count(t, `SELECT count(*) FROM events WHERE type = 'advisory.created'`); n != 1 {
+		t.Errorf("advisory.created events=%d, want 1 (the one created mid-listing)", n)
+	}
+}

@@ -257,50 +257,71 @@ func TestSync_PublicImagesFollowedAnonymously(t *testing.T) {
 	}
 }
 
+// listingDisturber, once armed, lets the page token of the listing at path
+// expire (the simulator's clock moves 73 hours on) right after its first
+// page was served, and then changes the platform with disturb, before the
+// next page is asked for.
+type listingDisturber struct {
+	path    string
+	disturb func(*platformsim.Sim)
+	sim     *platformsim.Sim
+
+	mu      sync.Mutex
+	armed   bool
+	tripped int
+}
+
+func (d *listingDisturber) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.armed && r.URL.Path == d.path && r.URL.Query().Get("page_token") == "" {
+			d.armed = false
+			d.tripped++
+			d.sim.Advance(73 * time.Hour)
+			d.disturb(d.sim)
+		}
+	})
+}
+
+func (d *listingDisturber) arm() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.armed = true
+}
+
+func (d *listingDisturber) trips() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.tripped
+}
+
 // TestSweep_ListingChangesUnderIt: between two pages of the repo listing the
 // page token expires (the listing silently restarts) and repos are created
 // and deleted upstream. The sweep must record no duplicates and no false
 // deletions: afterwards the mirror's live repos equal the ground truth.
 func TestSweep_ListingChangesUnderIt(t *testing.T) {
-	var (
-		mu      sync.Mutex
-		armed   bool
-		tripped int
-		sim     *platformsim.Sim
-	)
-	disturb := func(h http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			h.ServeHTTP(w, r)
-			mu.Lock()
-			defer mu.Unlock()
-			if armed && r.URL.Path == "/registry/v2/repos" && r.URL.Query().Get("page_token") == "" {
-				// Right after the first page: the token expires and the
-				// organization changes before the next page is asked for.
-				armed = false
-				tripped++
-				sim.Advance(73 * time.Hour)
-				truth := sim.Truth()
-				sim.Apply(platformsim.Mutation{Kind: platformsim.RepoDeleted, UID: truth.Repos[len(truth.Repos)-1].UID})
-				sim.Apply(platformsim.Mutation{Kind: platformsim.RepoCreated, Name: "newcomer"})
-			}
-		})
-	}
+	d := &listingDisturber{path: "/registry/v2/repos", disturb: func(sim *platformsim.Sim) {
+		truth := sim.Truth()
+		sim.Apply(platformsim.Mutation{Kind: platformsim.RepoDeleted, UID: truth.Repos[len(truth.Repos)-1].UID})
+		sim.Apply(platformsim.Mutation{Kind: platformsim.RepoCreated, Name: "newcomer"})
+	}}
 	sim, url := testutil.Sim(t, platformsim.Options{Seed: 9, Tokens: []string{token}},
-		platformsim.Scale{Repos: 450, TagsPerRepo: 1, HistoryPerTag: 1, PublicImages: -1}, disturb)
+		platformsim.Scale{Repos: 450, TagsPerRepo: 1, HistoryPerTag: 1, PublicImages: -1}, d.wrap)
+	d.sim = sim
 	h := harnessOn(t, sim, url, func(cfg *crawler.Config) { cfg.Concurrency = 8 })
 	c, st := h.crawler, h.store
 	ctx := context.Background()
 	if _, err := c.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	armed = true
-	mu.Unlock()
+	d.arm()
 	if _, err := c.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if tripped != 1 {
-		t.Fatalf("the listing was disturbed %d times, want 1", tripped)
+	if n := d.trips(); n != 1 {
+		t.Fatalf("the listing was disturbed %d times, want 1", n)
 	}
 	truth := sim.Truth()
 	live := map[string]bool{}

@@ -69,13 +69,21 @@ func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
 		return err
 	}
 	var tags []store.Tag
-	for t, err := range c.client.Tags(c.cfg.Families.tagQuery(platform.ListQuery{ChildrenOf: r.UID, Name: tag})).All(ctx) {
-		if err != nil {
-			return fmt.Errorf("refresh tag %s:%s: %w", sr.Path, tag, err)
+	err = c.retryRestarted("tag", func() error {
+		tags = tags[:0]
+		q := c.cfg.Families.tagQuery(platform.ListQuery{ChildrenOf: r.UID, Name: tag})
+		for t, err := range c.client.Tags(q).All(ctx) {
+			if err != nil {
+				return err
+			}
+			if t.Name == tag {
+				tags = append(tags, storeTag(t))
+			}
 		}
-		if t.Name == tag {
-			tags = append(tags, storeTag(t))
-		}
+		return nil
+	}, "repo", sr.Path, "tag", tag)
+	if err != nil {
+		return fmt.Errorf("refresh tag %s:%s: %w", sr.Path, tag, err)
 	}
 	need, _, err := c.store.ApplyTags(finish(ctx), sr, tags)
 	if err != nil {
@@ -127,20 +135,25 @@ func (c *Crawler) resolveRepo(ctx context.Context, ref string) (*platform.Repo, 
 	}
 	// Not mirrored yet: the repos of that name, one of which has the path.
 	name := p[strings.LastIndexByte(p, '/')+1:]
-	for r, err := range c.client.Repos(platform.ListQuery{DescendantsOf: c.cfg.Group, Name: name}).All(ctx) {
-		if err != nil {
-			return nil, fmt.Errorf("find repo %q: %w", ref, err)
+	var found *platform.Repo
+	err := c.retryRestarted("repo", func() error {
+		for r, err := range c.client.Repos(platform.ListQuery{DescendantsOf: c.cfg.Group, Name: name}).All(ctx) {
+			if err != nil {
+				return fmt.Errorf("find repo %q: %w", ref, err)
+			}
+			if r.Name != name {
+				continue
+			}
+			if rp, err := c.paths.of(ctx, r.UID, r.Name); err != nil {
+				return err
+			} else if rp == p {
+				found = &r
+				return nil
+			}
 		}
-		if r.Name != name {
-			continue
-		}
-		if rp, err := c.paths.of(ctx, r.UID, r.Name); err != nil {
-			return nil, err
-		} else if rp == p {
-			return &r, nil
-		}
-	}
-	return nil, nil
+		return nil
+	}, "name", name)
+	return found, err
 }
 
 // getRepo gets one repo; nil when it does not exist.
