@@ -146,14 +146,7 @@ func (c *Crawler) backfill(ctx context.Context, s *summary) error {
 				mu.Lock()
 				reading[ref.UID] = true
 				mu.Unlock()
-				s.historyQueued.Add(1)
-				if err := c.histories.Acquire(gctx, 1); err != nil {
-					return err
-				}
-				release := sync.OnceFunc(func() { c.histories.Release(1) })
-				g.Go(func() error {
-					defer release()
-					err := c.syncHistory(gctx, ref, s, release)
+				err := c.startHistoryRead(gctx, g, ref, s, func(err error) error {
 					mu.Lock()
 					delete(reading, ref.UID)
 					justRead[ref.UID] = true
@@ -167,6 +160,9 @@ func (c *Crawler) backfill(ctx context.Context, s *summary) error {
 					}
 					return err
 				})
+				if err != nil {
+					return err
+				}
 			}
 		}
 	}()

@@ -184,6 +184,20 @@ func (c *Crawler) readHistory(
 			return nil
 		}
 	}
+	return c.startHistoryRead(ctx, g, ref, s, nil)
+}
+
+// startHistoryRead starts the history read of ref in g once a slot of the
+// crawler's pool of history reads is free, counting it queued in s; then,
+// when set, ended is called with the read's outcome and returns the
+// goroutine's. The one way every crawl and the backfill start a read.
+func (c *Crawler) startHistoryRead(
+	ctx context.Context,
+	g *errgroup.Group,
+	ref store.TagRef,
+	s *summary,
+	ended func(error) error,
+) error {
 	s.historyQueued.Add(1)
 	if err := c.histories.Acquire(ctx, 1); err != nil {
 		return err
@@ -193,7 +207,11 @@ func (c *Crawler) readHistory(
 	release := sync.OnceFunc(func() { c.histories.Release(1) })
 	g.Go(func() error {
 		defer release()
-		return c.syncHistory(ctx, ref, s, release)
+		err := c.syncHistory(ctx, ref, s, release)
+		if ended != nil {
+			return ended(err)
+		}
+		return err
 	})
 	return nil
 }
