@@ -407,7 +407,9 @@ func (b *followBatch) applyMatured(ctx context.Context, e StreamEvent) (string, 
 
 // appendRecorded stores a history.recorded event's records at their
 // positions and, when they continue the tag's history, moves its bookmark
-// and digest after them, as the leader's history read did.
+// and digest after them, as the leader's history read did, and marks the
+// history read as of the tag's update time, as the leader's read marked
+// it: a replica that becomes the leader does not read it again.
 func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) error {
 	if len(d.Records) == 0 || d.Tag == "" {
 		return errors.New("history.recorded event without a tag or records")
@@ -467,7 +469,9 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 		ctx,
 		`UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4,
 			digest = ?4,
-		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END WHERE uid = ?5`,
+		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END,
+		history_update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END
+		WHERE uid = ?5`,
 		FormatTime(nb.LastTime),
 		nb.LastCount,
 		nb.Count,
