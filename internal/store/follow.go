@@ -380,6 +380,8 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 			return "", err
 		}
 		return d.Path, b.appendRecorded(ctx, d)
+	case "crawl":
+		return b.applyCrawl(ctx, e)
 	}
 	return "", fmt.Errorf("unknown resource %q", resource)
 }
