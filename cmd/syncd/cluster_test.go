@@ -67,8 +67,13 @@ type node struct {
 	// dupWindow is [nats] duplicate_window and auditEvery [verify]
 	// audit_every; "": the defaults.
 	dupWindow, auditEvery string
-	cmd                   *exec.Cmd
-	out                   *syncBuffer
+	// noSnapshots: [snapshot] enabled = false.
+	noSnapshots bool
+	// schedule, when set, is every [crawl] job's schedule; "": the crawl
+	// every second, the sweep every 3 s, the advisories every 2 s.
+	schedule string
+	cmd      *exec.Cmd
+	out      *syncBuffer
 }
 
 // clusterNodeConfig writes a cluster-mode configuration for one replica.
@@ -86,9 +91,9 @@ organization = "acme"
 timeout = "2s"
 
 [crawl]
-schedule = "@every 1s"
-sweep_schedule = "@every 3s"
-advisories_schedule = "@every 2s"
+schedule = %[12]q
+sweep_schedule = %[13]q
+advisories_schedule = %[14]q
 jitter = "0s"
 requests_per_second = 0.0
 
@@ -106,6 +111,7 @@ listen = %[8]q
 
 [snapshot]
 every = %[9]q
+enabled = %[15]t
 
 [log]
 level = "debug"
@@ -128,6 +134,10 @@ consumer = "follow-%[5]s"
 		n.snapshotEvery,
 		tomlLine("duplicate_window", n.dupWindow),
 		tomlSection("verify", tomlLine("audit_every", n.auditEvery)),
+		cmp.Or(n.schedule, "@every 1s"),
+		cmp.Or(n.schedule, "@every 3s"),
+		cmp.Or(n.schedule, "@every 2s"),
+		!n.noSnapshots,
 	))
 }
 

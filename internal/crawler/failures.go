@@ -96,6 +96,31 @@ func (f *failures) load(ctx context.Context) error {
 	return nil
 }
 
+// reload loads crawl_failures again, replacing what was known: a replica
+// that follows the stream between its terms as leader finds there the
+// failures another leader recorded and cleared meanwhile.
+func (f *failures) reload(ctx context.Context) error {
+	all, err := f.store.Failures(ctx)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	clear(f.known)
+	for _, x := range all {
+		f.known[x.UID] = x
+	}
+	f.loaded = true
+	return nil
+}
+
+// count is how many failures are known.
+func (f *failures) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.known)
+}
+
 // heldBack returns the failure of uid when its next attempt is still to
 // come at now.
 func (f *failures) heldBack(uid string, now time.Time) (store.Failure, bool) {

@@ -31,6 +31,13 @@ const (
 	// not a change of a resource: consumers of the resources' subjects
 	// never see it.
 	HistoryRecorded = "history.recorded"
+	// CrawlFailed and CrawlRecovered carry the leader's crawl_failures:
+	// a scope failed once more (with its backoff), or read again. They are
+	// replication records, so that a standby that takes over holds back
+	// what the old leader held back rather than trying every failing
+	// scope at once.
+	CrawlFailed    = "crawl.failed"
+	CrawlRecovered = "crawl.recovered"
 )
 
 // RecordedHistory is a history.recorded event's data.

@@ -76,7 +76,7 @@ func (s *Store) RecordFailure(
 	// The caller's time of the failure wins over the store's clock, so that
 	// the caller's schedule and the next attempt are on one clock.
 	now := cmp.Or(f.LastFailed, s.now()).UTC().Truncate(time.Millisecond)
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	_, err := s.commit(ctx, func(tx *sql.Tx) (int, error) {
 		var first string
 		err := tx.QueryRowContext(ctx, `SELECT attempts, first_failed_time FROM crawl_failures WHERE uid = ?`, f.UID).
 			Scan(&f.Attempts, &first)
@@ -84,10 +84,10 @@ func (s *Store) RecordFailure(
 		case errors.Is(err, sql.ErrNoRows):
 			f.Attempts, f.FirstFailed = 0, now
 		case err != nil:
-			return err
+			return 0, err
 		default:
 			if f.FirstFailed, err = ParseTime(first); err != nil {
-				return err
+				return 0, err
 			}
 		}
 		f.Attempts++
@@ -95,14 +95,10 @@ func (s *Store) RecordFailure(
 		if backoff != nil {
 			f.NextAttempt = now.Add(backoff(f.Attempts)).Truncate(time.Millisecond)
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO crawl_failures (uid, kind, repo_uid, path, tag, status, error, attempts,
-				first_failed_time, last_failed_time, next_attempt_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT(uid) DO UPDATE SET kind=excluded.kind, repo_uid=excluded.repo_uid, path=excluded.path, tag=excluded.tag,
-				status=excluded.status, error=excluded.error, attempts=excluded.attempts,
-				last_failed_time=excluded.last_failed_time, next_attempt_time=excluded.next_attempt_time`,
-			f.UID, f.Kind, f.RepoUID, f.Path, f.Tag, f.Status, f.Error, f.Attempts,
-			FormatTime(f.FirstFailed), FormatTime(f.LastFailed), FormatTime(f.NextAttempt))
-		return err
+		if _, err := tx.ExecContext(ctx, upsertFailureSQL, failureArgs(f)...); err != nil {
+			return 0, err
+		}
+		return s.appendEvents(ctx, tx, []change{failedChange(f)})
 	})
 	if err != nil {
 		return f, fmt.Errorf("record failure of %s %s: %w", f.Kind, f.UID, err)
@@ -116,27 +112,47 @@ func (s *Store) RecordFailure(
 // have now been listed, and what changes in it from now on is news.
 func (s *Store) ClearFailure(ctx context.Context, uid string) (bool, error) {
 	var found bool
-	err := s.tx(ctx, func(tx *sql.Tx) error {
-		var kind, repoUID string
-		err := tx.QueryRowContext(ctx, `DELETE FROM crawl_failures WHERE uid = ? RETURNING kind, repo_uid`, uid).
-			Scan(&kind, &repoUID)
+	_, err := s.commit(ctx, func(tx *sql.Tx) (int, error) {
+		var r recovered
+		var first string
+		err := tx.QueryRowContext(ctx, `DELETE FROM crawl_failures WHERE uid = ?
+			RETURNING kind, uid, repo_uid, path, tag, first_failed_time`, uid).
+			Scan(&r.Kind, &r.UID, &r.RepoUID, &r.Path, &r.Tag, &first)
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil
+			return 0, nil
 		}
 		if err != nil {
-			return err
+			return 0, err
+		}
+		if r.FirstFailed, err = ParseTime(first); err != nil {
+			return 0, err
 		}
 		found = true
-		if kind != FailureRepo {
-			return nil
+		if r.Kind == FailureRepo {
+			if _, err := tx.ExecContext(ctx, `UPDATE repos SET baseline_pending = 0 WHERE uid = ? AND baseline_pending = 1`,
+				r.RepoUID); err != nil {
+				return 0, err
+			}
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE repos SET baseline_pending = 0 WHERE uid = ? AND baseline_pending = 1`, repoUID)
-		return err
+		return s.appendEvents(ctx, tx, []change{recoveredChange(r, s.now())})
 	})
 	if err != nil {
 		return false, fmt.Errorf("clear failure of %s: %w", uid, err)
 	}
 	return found, nil
+}
+
+// upsertFailureSQL writes a failure, the values in failureArgs' order.
+const upsertFailureSQL = `INSERT INTO crawl_failures (uid, kind, repo_uid, path, tag, status, error, attempts,
+		first_failed_time, last_failed_time, next_attempt_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	ON CONFLICT(uid) DO UPDATE SET kind=excluded.kind, repo_uid=excluded.repo_uid, path=excluded.path, tag=excluded.tag,
+		status=excluded.status, error=excluded.error, attempts=excluded.attempts,
+		first_failed_time=excluded.first_failed_time, last_failed_time=excluded.last_failed_time,
+		next_attempt_time=excluded.next_attempt_time`
+
+func failureArgs(f Failure) []any {
+	return []any{f.UID, f.Kind, f.RepoUID, f.Path, f.Tag, f.Status, f.Error, f.Attempts,
+		FormatTime(f.FirstFailed), FormatTime(f.LastFailed), FormatTime(f.NextAttempt)}
 }
 
 // Failures returns every recorded failure, by path, tag and uid.

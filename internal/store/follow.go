@@ -380,6 +380,8 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 			return "", err
 		}
 		return d.Path, b.appendRecorded(ctx, d)
+	case "crawl":
+		return b.applyCrawl(ctx, e)
 	}
 	return "", fmt.Errorf("unknown resource %q", resource)
 }
@@ -407,10 +409,17 @@ func (b *followBatch) applyMatured(ctx context.Context, e StreamEvent) (string, 
 
 // appendRecorded stores a history.recorded event's records at their
 // positions and, when they continue the tag's history, moves its bookmark
-// and digest after them, as the leader's history read did.
+// and digest after them, as the leader's history read did, and marks the
+// history read as of the tag's update time, as the leader's read marked
+// it: a replica that becomes the leader does not read it again.
 func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) error {
 	if len(d.Records) == 0 || d.Tag == "" {
 		return errors.New("history.recorded event without a tag or records")
+	}
+	// A replica that led queued the tags it knew only from the stream in
+	// its backfill (BackfillFollowed): the leader has read this one now.
+	if _, err := b.exec(ctx, `DELETE FROM backfill WHERE tag_uid = ?`, d.Tag); err != nil {
+		return fmt.Errorf("take tag %s out of the backfill: %w", d.Tag, err)
 	}
 	var old Bookmark
 	var lastTime string
@@ -467,7 +476,9 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 		ctx,
 		`UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4,
 			digest = ?4,
-		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END WHERE uid = ?5`,
+		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END,
+		history_update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END
+		WHERE uid = ?5`,
 		FormatTime(nb.LastTime),
 		nb.LastCount,
 		nb.Count,
@@ -625,14 +636,18 @@ func movePosition(id, tag, at, digest string, hint int) (int, bool) {
 	return 0, false
 }
 
+// unresolvedTags selects (of tags t and their repos r) the live tags whose
+// history position is unknown: tags a follower learned from the stream (a
+// snapshot, or a creation) with no history record since.
+const unresolvedTags = `t.baseline = 1 AND t.history_count = 0 AND t.deleted_time IS NULL AND r.deleted_time IS NULL`
+
 // UnresolvedTags returns the live tags whose history position is unknown:
 // tags a follower learned from the stream (a snapshot, or a creation) with
-// no move since. ResolveHistory settles them when the replica becomes the
+// no move since. BackfillFollowed queues them when the replica becomes the
 // leader.
 func (s *Store) UnresolvedTags(ctx context.Context) ([]TagRef, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT t.uid, t.repo_uid, r.name, r.path, t.name, COALESCE(t.update_time,'')
-		FROM tags t JOIN repos r ON r.uid = t.repo_uid
-		WHERE t.baseline = 1 AND t.history_count = 0 AND t.deleted_time IS NULL AND r.deleted_time IS NULL ORDER BY t.uid`)
+		FROM tags t JOIN repos r ON r.uid = t.repo_uid WHERE `+unresolvedTags+` ORDER BY t.uid`)
 	if err != nil {
 		return nil, fmt.Errorf("read unresolved tags: %w", err)
 	}
@@ -653,63 +668,30 @@ func (s *Store) UnresolvedTags(ctx context.Context) ([]TagRef, error) {
 	return out, rows.Err()
 }
 
-// ResolveHistory gives a tag from UnresolvedTags the history the old leader
-// had: records (the tag's whole history, oldest first) up to the tag's
-// last known update time are stored silently, as the old leader stored them
-// at its baseline, and the bookmark is set after them. The next crawl then
-// announces only the later records, with the positions, and so the ids, the
-// old leader would have given them. It returns how many records it stored.
-func (s *Store) ResolveHistory(ctx context.Context, ref TagRef, records []HistoryRecord) (int, error) {
-	records = storedPrecision(records)
-	known := records[:0:0]
-	for _, r := range records {
-		if ref.UpdateTime.IsZero() || !r.Time.After(ref.UpdateTime.UTC().Truncate(time.Millisecond)) {
-			known = append(known, r)
-		}
-	}
-	if len(known) == 0 {
-		return 0, nil // nothing to anchor on: the tag stays baseline, read silently
-	}
-	// The records go on the stream as a replication record, so that the
-	// followers hold them too.
-	_, err := s.commit(ctx, func(tx *sql.Tx) (int, error) {
-		// Only a tag with no history yet is resolved: one that a move
-		// already placed, or a second resolution, is left alone.
-		var count int
-		if err := tx.QueryRowContext(ctx, `SELECT history_count FROM tags WHERE uid = ?`, ref.UID).Scan(&count); err != nil ||
-			count > 0 {
-			return 0, err
-		}
-		args := make([]any, 0, historyColumns*len(known))
-		for i, r := range known {
-			args = append(args, ref.UID, i, FormatTime(r.Time), r.Digest)
-		}
-		if _, err := s.insertRows(ctx, tx, bulkHistory, args); err != nil {
-			return 0, fmt.Errorf("insert history: %w", err)
-		}
-		if err := addHistoryDigest(ctx, tx, args); err != nil {
-			return 0, err
-		}
-		nb := bookmarkAfter(Bookmark{}, known)
-		_, err := tx.ExecContext(
-			ctx,
-			`UPDATE tags SET history_last_time = ?, history_last_count = ?, history_count = ?, history_last_digest = ?,
-				baseline = 0
-			WHERE uid = ?`,
-			FormatTime(nb.LastTime),
-			nb.LastCount,
-			nb.Count,
-			known[len(known)-1].Digest,
-			ref.UID,
-		)
+// BackfillFollowed readies a mirror built from the stream for crawling,
+// when its replica becomes the leader, and returns how many tags it
+// queued. The tags it knows only from the stream (UnresolvedTags) are what
+// the old leader's backfill held: tags whose history it had not read, or
+// whose records it had not published. They go into this mirror's backfill
+// with their update time as the old leader's listing showed it, so that
+// the backfill reads them behind the first crawl as the old leader's would
+// have: the records up to that time silently (history.recorded), the later
+// ones as moves, with the positions, and so the ids, the old leader would
+// have given them.
+func (s *Store) BackfillFollowed(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO backfill (tag_uid, listed_time)
+			SELECT t.uid, t.update_time FROM tags t JOIN repos r ON r.uid = t.repo_uid WHERE `+unresolvedTags+`
+			ON CONFLICT(tag_uid) DO NOTHING`)
 		if err != nil {
-			return 0, err
+			return err
 		}
-		return s.appendEvents(ctx, tx, []change{recordedChange(ref.UID, ref.Path, 0, known)})
+		n, err = res.RowsAffected()
+		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("resolve history of tag %s:%s: %w", ref.Repo, ref.Name, err)
+		return 0, fmt.Errorf("queue the followed tags for the backfill: %w", err)
 	}
-	s.signalHistory()
-	return len(known), nil
+	return n, nil
 }

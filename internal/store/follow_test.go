@@ -128,3 +128,48 @@ func TestApplyStreamEvents_FollowerEqualsLeader(t *testing.T) {
 		t.Errorf("follower's digest differs from the leader's in %s:\n leader:   %v\n follower: %v", diff, ld, fd)
 	}
 }
+
+// TestFollow_RecordedHistoryIsRead: the histories the leader's backfill
+// read reach a follower in history.recorded records, and the follower
+// holds them as read, as the leader does: a follower that becomes the
+// leader has no history pending, and its first crawl reads none of them
+// again. Before, the follower left them unread (history_update_time
+// unset), and a promoted standby read every such history once more.
+func TestFollow_RecordedHistoryIsRead(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	leader, _ := openTemp(t, clk, true, store.Options{InitialEvents: "snapshot"})
+	repo := nginx()
+	mustApplyRepos(t, leader, repo)
+	mustApplyTags(t, leader, repo, tag("g1/r1/t1", "latest", 1), tag("g1/r1/t2", "1.0", 2))
+	if err := leader.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	refs, err := leader.BackfillNext(ctx, 10, func(string) bool { return false })
+	if err != nil || len(refs) != 2 {
+		t.Fatalf("backfill: %+v, %v", refs, err)
+	}
+	for i, ref := range refs {
+		recs := []store.HistoryRecord{{Time: ts("2025-01-15T00:00:00Z"), Digest: digest(10 + i)},
+			{Time: ref.UpdateTime, Digest: digest(i + 1)}}
+		if _, err := leader.ApplyHistory(ctx, ref, recs, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(replicationRecords(t, leader)); n != 2 {
+		t.Fatalf("%d history.recorded records, want 2", n)
+	}
+	follower, _ := openTemp(t, clk, false, store.Options{})
+	if _, err := follower.ApplyStreamEvents(ctx, stream(t, leader)); err != nil {
+		t.Fatal(err)
+	}
+	for name, st := range map[string]*store.Store{"leader": leader, "follower": follower} {
+		pending, err := st.PendingHistories(ctx, "g1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pending) != 0 {
+			t.Errorf("%s: histories pending %+v, want none", name, pending)
+		}
+	}
+}

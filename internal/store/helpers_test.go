@@ -64,11 +64,11 @@ func openTemp(tb testing.TB, clk *clock, baseline bool, opts store.Options) (*st
 }
 
 // allEvents returns every change event, published or not, in commit order:
-// the replication records (history.recorded) are left out, see
+// the replication records (history.recorded, crawl.*) are left out, see
 // replicationRecords.
 func allEvents(tb testing.TB, st *store.Store) []store.Event {
 	tb.Helper()
-	return eventRows(tb, st, `type != 'history.recorded'`)
+	return eventRows(tb, st, `resource NOT IN ('history', 'crawl')`)
 }
 
 // replicationRecords returns the history.recorded events in commit order.

@@ -114,14 +114,15 @@ func pendingBefore(ctx context.Context, tx *sql.Tx) (map[string]*pendingEvent, e
 
 // statefulAction reports whether events of this resource and action carry
 // the resource's state before and after: all but an advisory's steps and
-// history.recorded, a replication record that changes no resource (an
-// unpublished one held its tag out of the KV buckets until it was
-// published, which a backfill's records did for every tag).
+// the replication records (history.recorded, crawl.*), which change no
+// resource (an unpublished history.recorded held its tag out of the KV
+// buckets until it was published, which a backfill's records did for
+// every tag).
 func statefulAction(resource, action string) bool {
 	switch resource + "." + action {
 	case TagMatured:
 		return false // its data is the matured digest, not the tag (MaturedDigests)
-	case HistoryRecorded:
+	case HistoryRecorded, CrawlFailed, CrawlRecovered:
 		return false
 	}
 	if resource != "advisory" {

@@ -20,15 +20,15 @@ import (
 const SnapshotSeqKey = "snapshot_stream_seq"
 
 // snapshotTables are the tables a restore copies, parents before children.
-// They are what a follower builds from the stream (the mirror and its
-// change log), plus the history the stream never carried. The others are
-// the leader's own bookkeeping, which a follower does not have:
-// crawl_runs, crawl_failures, subscriptions, webhook_deliveries, backfill; meta
-// gives only baseline_time; outbox is emptied (see Restore);
+// They are what a follower builds from the stream (the mirror, its change
+// log and the leader's crawl_failures), plus the history the stream never
+// carried. The others are the leader's own bookkeeping, which a follower
+// does not have: crawl_runs, subscriptions, webhook_deliveries, backfill;
+// meta gives only baseline_time; outbox is emptied (see Restore);
 // replica_digest is computed from the copied rows.
 // TestSnapshotTables fails when a table is in neither list.
 var snapshotTables = []string{"repos", "tags", "tag_history", "advisories", "advisory_aliases", "advisory_severities",
-	"advisory_events", "tag_matured", "event_log", "event_publishes"}
+	"advisory_events", "tag_matured", "event_log", "event_publishes", "crawl_failures"}
 
 // SnapshotSkippedTables are the tables a restore leaves alone (see
 // snapshotTables).
@@ -38,7 +38,6 @@ var SnapshotSkippedTables = []string{
 	"outbox",
 	"replica_digest",
 	"crawl_runs",
-	"crawl_failures",
 	"subscriptions",
 	"webhook_deliveries",
 	"backfill",
@@ -185,6 +184,13 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 	}
 	if err := createDigest(ctx, tx); err != nil {
 		return err
+	}
+	// The leader's failures hold back no scope longer than a failure read
+	// from the stream would (MaxFailureBackoff).
+	limit := FormatTime(s.now().Add(MaxFailureBackoff))
+	if _, err := tx.ExecContext(ctx, `UPDATE main.crawl_failures SET next_attempt_time = ?1
+		WHERE next_attempt_time > ?1`, limit); err != nil {
+		return fmt.Errorf("bound the snapshot's failures: %w", err)
 	}
 	// event_log's trigger put every copied event in the outbox: none is
 	// to be published from here. Those the snapshot's outbox held get a

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/syncd-dev/syncd/internal/store"
 )
@@ -36,6 +37,16 @@ func TestSnapshot_BackupRestore(t *testing.T) {
 		ctx,
 		[]store.Advisory{{UID: "a1", AdvisoryID: "CVE-1", ArtifactName: "nginx", UpdateTime: clk.Now()}},
 	); err != nil {
+		t.Fatal(err)
+	}
+	// The leader's failures come too, none held back beyond
+	// MaxFailureBackoff.
+	failing := store.Failure{Kind: store.FailureTag, UID: "g1/r1/t2", Path: "nginx", Tag: "1.0", Error: "403"}
+	if _, err := leader.RecordFailure(ctx, failing, doubling); err != nil {
+		t.Fatal(err)
+	}
+	far := store.Failure{Kind: store.FailureRepo, UID: "g1/r9", Path: "far", Error: "404"}
+	if _, err := leader.RecordFailure(ctx, far, func(int) time.Duration { return 1000 * time.Hour }); err != nil {
 		t.Fatal(err)
 	}
 	evs, err := leader.Unpublished(ctx, 0, 1000)
@@ -88,10 +99,18 @@ func TestSnapshot_BackupRestore(t *testing.T) {
 		if table == "event_publishes" {
 			continue
 		}
-		q := `SELECT group_concat(r, char(10)) FROM (SELECT ` + rowText(t, leader, table) + ` AS r FROM ` + table + ` t)`
+		q := `SELECT group_concat(r, char(10)) FROM (SELECT ` + rowText(t, leader, table) + ` AS r FROM ` + table + ` t`
+		if table == "crawl_failures" {
+			q += ` WHERE uid != '` + far.UID + `'`
+		}
+		q += `)`
 		if l, f := queryString(t, leader.Reader(), q), queryString(t, follower.Reader(), q); l != f {
 			t.Errorf("table %s differs:\n leader:   %s\n follower: %s", table, l, f)
 		}
+	}
+	if got, want := queryString(t, follower.Reader(), `SELECT next_attempt_time FROM crawl_failures WHERE uid = ?`,
+		far.UID), store.FormatTime(clk.Now().Add(store.MaxFailureBackoff)); got != want {
+		t.Errorf("a failure held back 1000h came back held until %s, want %s", got, want)
 	}
 	if n := queryInt(t, follower.Reader(), `SELECT count(*) FROM events WHERE published_time IS NULL`); n != 0 {
 		t.Errorf("%d restored events unpublished, want 0", n)
