@@ -2,6 +2,8 @@ package daemon_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -122,20 +124,56 @@ func TestPermissions_LeastPrivilege(t *testing.T) {
 
 	forged := &nats.Msg{Subject: "syncd.tag.created.evil", Data: []byte("{}")}
 	for user, pass := range map[string]string{"syncd-follower": "follower-secret-81c2", "reader": "reader-secret"} {
-		js := testutil.JetStream(t, ns.URL(), nats.UserInfo(user, pass))
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := js.PublishMsg(pctx, forged)
-		cancel()
-		if err == nil {
-			t.Errorf("%s published an event", user)
+		violations := make(chan error, 4)
+		js := testutil.JetStream(t, ns.URL(), nats.UserInfo(user, pass),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				select {
+				case violations <- err:
+				default:
+				}
+			}))
+		if err := refused(ctx, violations, func(ctx context.Context) error {
+			_, err := js.PublishMsg(ctx, forged)
+			return err
+		}); err != nil {
+			t.Errorf("%s publishing an event: %v", user, err)
 		}
 		if user == "reader" {
-			if err := js.DeleteStream(ctx, cfg.NATS.Stream); err == nil {
-				t.Error("reader deleted the stream")
+			if err := refused(ctx, violations, func(ctx context.Context) error {
+				return js.DeleteStream(ctx, cfg.NATS.Stream)
+			}); err != nil {
+				t.Errorf("reader deleting the stream: %v", err)
 			}
 		}
 	}
 	if _, err := app.NATS.JS.Stream(ctx, cfg.NATS.Stream); err != nil {
 		t.Errorf("the stream after the refused clients: %v", err)
+	}
+}
+
+// refused runs request, which the server must refuse: it returns nil once
+// the server reported a permissions violation on the connection (the
+// request, which then gets no answer, is given up at once rather than
+// waited out) or the request failed, and an error when it succeeded.
+func refused(ctx context.Context, violations <-chan error, request func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- request(ctx) }()
+	select {
+	case v := <-violations:
+		cancel()
+		if !strings.Contains(v.Error(), "Permissions Violation") {
+			return fmt.Errorf("the server reported %v, not a permissions violation", v)
+		}
+		if err := <-done; err == nil {
+			return errors.New("the request succeeded after the server reported a permissions violation")
+		}
+		return nil
+	case err := <-done:
+		if err == nil {
+			return errors.New("the request succeeded")
+		}
+		return nil
 	}
 }
