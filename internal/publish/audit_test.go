@@ -93,6 +93,7 @@ func (w *auditWorld) deleteMsgs(t *testing.T, seqs ...uint64) {
 // alone, and the log names them. An audit after it, and one by a new
 // auditor (a restart), find nothing more to do.
 func TestAuditor_RepublishesWhatTheStreamLost(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
 	ctx := context.Background()
 	w := newAuditWorld(t, time.Second)
 	w.p.addRepos(ctx, "audit", 3, 2) // seqs 1-3 repos, then 2 tags each
@@ -172,6 +173,7 @@ func TestAuditor_RepublishesWhatTheStreamLost(t *testing.T) {
 // it as a duplicate, and the audit counts nothing, says so, and stays
 // before the event for the next audit; the stream has not got it twice.
 func TestAuditor_DuplicateIsNotARepair(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
 	ctx := context.Background()
 	w := newAuditWorld(t, time.Minute)
 	w.p.addRepos(ctx, "dup", 2, 0)
@@ -209,6 +211,7 @@ func TestAuditor_DuplicateIsNotARepair(t *testing.T) {
 // audit's to bring back: it checks only what was published after the
 // stream's first message, and publishes nothing.
 func TestAuditor_LeavesWhatTheStreamDropped(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
 	ctx := context.Background()
 	w := newAuditWorld(t, time.Second)
 	w.p.addRepos(ctx, "old", 3, 0)
@@ -247,6 +250,7 @@ func TestAuditor_LeavesWhatTheStreamDropped(t *testing.T) {
 // publishes again signed, under the same Nats-Msg-Id, verifiable with the
 // key.
 func TestAuditor_SignedEvents(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
 	ctx := context.Background()
 	kp, err := nkeys.CreateUser()
 	if err != nil {
@@ -306,6 +310,7 @@ func TestAuditor_SignedEvents(t *testing.T) {
 // event log and of the stream, and an error from it ends the audit where
 // it stands, with nothing checked past what it had read.
 func TestAuditor_GivesWay(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
 	ctx := context.Background()
 	w := newAuditWorld(t, time.Second)
 	w.p.addRepos(ctx, "audit", 30, 0)

@@ -119,6 +119,7 @@ func TestConnect_CheckStreamOnlyNamedAccount(t *testing.T) {
 // wrong secret fails at start, and that no secret ever reaches the log,
 // across a disconnection and reconnection.
 func TestConnect_Auth(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
 	const token, password = "tok-s3cret-4711", "pw-s3cret-0815"
 	seedFile := filepath.Join(t.TempDir(), "user.nk")
 	kp, err := nkeys.CreateUser()

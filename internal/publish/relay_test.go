@@ -427,6 +427,7 @@ func TestRelay_FailedResourceWaits(t *testing.T) {
 // the relay must pass again for what came after, at once rather than at
 // its idle timer (a minute).
 func TestRelay_CommitsDuringAPass(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
 	ctx := context.Background()
 	srv := startServer(t, nil)
 	conn := mustConnect(t, srv.config(nil))
