@@ -93,6 +93,7 @@ func (c *crawlRequests) address(t *testing.T, who string) string {
 // the failing repo's reads at once, the pending histories twice, and the
 // histories the old leader had read once more.
 func TestCluster_NewLeaderInheritsCrawlState(t *testing.T) {
+	t.Parallel() // it counts requests, not time: see "Parallel tests" in harness_test.go
 	natsURL := startNATSProcess(t)
 	// b crawls once when it takes over, and then not for an hour. Without
 	// snapshots, b's mirror holds only what the stream carried: the
