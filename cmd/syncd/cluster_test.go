@@ -67,8 +67,16 @@ type node struct {
 	// dupWindow is [nats] duplicate_window and auditEvery [verify]
 	// audit_every; "": the defaults.
 	dupWindow, auditEvery string
-	cmd                   *exec.Cmd
-	out                   *syncBuffer
+	// natsUser and natsPassword are [nats] user and password; signingKey
+	// and verifyKeys [cluster] signing_key_file and verify_keys; "", nil:
+	// none.
+	natsUser, natsPassword string
+	signingKey             string
+	verifyKeys             []string
+	// extra is appended to the configuration: tables of its own.
+	extra string
+	cmd   *exec.Cmd
+	out   *syncBuffer
 }
 
 // clusterNodeConfig writes a cluster-mode configuration for one replica.
@@ -95,7 +103,7 @@ requests_per_second = 0.0
 [nats]
 url = %[3]q
 replicas = %[7]d
-%[10]s
+%[10]s%[12]s
 
 [store]
 path = %[4]q
@@ -116,7 +124,7 @@ enabled = true
 node_id = %[5]q
 lease_ttl = %[6]q
 consumer = "follow-%[5]s"
-%[11]s`,
+%[13]s%[11]s%[14]s`,
 		simURL,
 		n.token,
 		natsURL,
@@ -128,6 +136,9 @@ consumer = "follow-%[5]s"
 		n.snapshotEvery,
 		tomlLine("duplicate_window", n.dupWindow),
 		tomlSection("verify", tomlLine("audit_every", n.auditEvery)),
+		tomlLine("user", n.natsUser)+tomlLine("password", n.natsPassword),
+		tomlLine("signing_key_file", n.signingKey)+tomlList("verify_keys", n.verifyKeys),
+		n.extra,
 	))
 }
 
@@ -137,6 +148,18 @@ func tomlLine(key, value string) string {
 		return ""
 	}
 	return fmt.Sprintf("%s = %q\n", key, value)
+}
+
+// tomlList is key = ["value", …], or "" when there are no values.
+func tomlList(key string, values []string) string {
+	if len(values) == 0 {
+		return ""
+	}
+	quoted := make([]string, len(values))
+	for i, v := range values {
+		quoted[i] = fmt.Sprintf("%q", v)
+	}
+	return fmt.Sprintf("%s = [%s]\n", key, strings.Join(quoted, ", "))
 }
 
 // tomlSection is a table of body, or "" when body is.
@@ -157,10 +180,30 @@ func (n *node) start(t *testing.T, cmdName string) {
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	cmd := n.cmd
 	t.Cleanup(func() {
-		if n.cmd.ProcessState == nil {
-			n.cmd.Process.Kill()
-			n.cmd.Wait()
+		if cmd.ProcessState != nil {
+			return
+		}
+		if !t.Failed() {
+			cmd.Process.Kill()
+			cmd.Wait()
+			return
+		}
+		// A failed test's replica writes where each of its goroutines
+		// stood into its log (Go's SIGQUIT dump), for the logs kept of
+		// the run; killed if it has not exited in 5s.
+		exited := make(chan struct{})
+		go func() {
+			cmd.Wait()
+			close(exited)
+		}()
+		cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-exited
 		}
 	})
 }
