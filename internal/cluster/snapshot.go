@@ -431,6 +431,15 @@ func streamLastSeq(ctx context.Context, js jetstream.JetStream, stream string) (
 // listSnapshots lists the bucket's snapshots, newest first by the
 // server's time of storing them.
 func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotInfo, error) {
+	// An empty bucket is not listed. A listing learns that a bucket has
+	// no object from a lookup that a just-created replicated bucket may
+	// not answer (no responders yet): it then waited its whole deadline
+	// (listAttempt), and a new leader's first snapshot with it, so that a
+	// standby started meanwhile found none. The bucket's size comes from
+	// its stream's leader.
+	if st, err := obj.Status(ctx); err == nil && st.Size() == 0 {
+		return nil, nil
+	}
 	objs, err := listObjects(ctx, obj)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, nil
