@@ -24,7 +24,7 @@ test:
 	$(GO) vet $(PKGS)
 	$(GO) test $(RACE) -count=1 -timeout 9m $(PKGS)
 
-## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die (about a minute; docs/cluster.md)
+## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die, signing, under the permissions of deploy/nats-permissions.conf (about a minute; docs/cluster.md)
 cluster-test:
 	SYNCD_TEST_CLUSTER=1 $(GO) test $(RACE) -count=1 -timeout 5m -run '^TestCluster_ThreeNodes$$' -v ./cmd/syncd/
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,11 +18,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
@@ -130,6 +134,13 @@ func (c *changer) halt() int {
 // stream dropped every event up to the newest snapshot restores it and ends
 // with the leader's mirror.
 //
+// The NATS servers run with the users and permissions of
+// deploy/nats-permissions.conf (docs/cluster.md, "Least privilege"): the
+// replicas as syncd-replica, the follower as syncd-follower; the replicas
+// sign with one key, the follower verifies it. Every message on the stream
+// is signed, and no log names a permissions violation or a rejected
+// signature.
+//
 // "Kill" and "stop" of a NATS node are the same here: Shutdown of the
 // embedded server, with no lame-duck mode, so it hands no leadership over
 // and the others notice it gone only by missed heartbeats, as after a
@@ -139,8 +150,8 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		t.Skip("make cluster-test runs it (" + clusterTestEnv + "=1)")
 	}
 	start := time.Now()
-	cl := testutil.NATSClusterOf(t, 3)
-	urls := cl.URLs()
+	cl, urls := documentedNATSCluster(t)
+	signingKey, verifyKey := signingKeyFile(t)
 	nodes := []*node{{name: "a", token: "tok-a-51c2"}, {name: "b", token: "tok-b-83d4"}}
 	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 67, Tokens: []string{nodes[0].token, nodes[1].token}},
 		platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 4, Advisories: 4, PublicImages: -1})
@@ -150,17 +161,24 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		// An audit that can publish again what the stream lost within the
 		// test: after the duplicate window and half of it again.
 		n.dupWindow, n.auditEvery = auditWindow.String(), "2s"
-		n.cfg = clusterNodeConfig(t, simURL, urls, n)
+		// The documented permissions of a "syncd run" replica, and the
+		// key every replica that may lead signs with.
+		n.natsUser, n.natsPassword, n.signingKey = replicaUser, replicaPassword, signingKey
+		n.extra = noQueryService
+		n.cfg = clusterNodeConfig(t, simURL, cl.URLs(), n)
 	}
 	w := &world{t: t, sim: sim, simURL: simURL, natsURL: urls}
 	w.takeBaseline()
 	js := testutil.JetStream(t, urls, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 
 	a, b := nodes[0], nodes[1]
-	a.start(t, "run")
+	// The logs kept of a failed run: both replicas' (the killed one's
+	// before its restart too) and the follower's, once each process still
+	// running has ended (registered first, this cleanup runs last).
+	logged := slices.Clone(nodes)
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, n := range nodes {
+			for _, n := range logged {
 				if n.out != nil {
 					t.Logf("%s log tail:\n%s", n.name, tail(n.out.String(), 30))
 					keepLog(t, n)
@@ -168,6 +186,7 @@ func TestCluster_ThreeNodes(t *testing.T) {
 			}
 		}
 	})
+	a.start(t, "run")
 	testutil.WaitFor(t, 60*time.Second, "a to lead and finish its baseline", func() bool {
 		return metaOf(a.dbPath, "role") == "leader" && metaOf(a.dbPath, "baseline_time") != ""
 	})
@@ -260,7 +279,7 @@ func TestCluster_ThreeNodes(t *testing.T) {
 	rcv := consume(ctx, t, urls)
 	w.converge(rcv, 60*time.Second)
 	expected := eventIDs(t, leader.dbPath)
-	onStream, total, described := streamIDs(ctx, t, js)
+	onStream, total, described, unsigned := streamIDs(ctx, t, js)
 	missing, extra := 0, 0
 	streamLost, auditTook := 0, time.Duration(0)
 	for id := range expected {
@@ -291,7 +310,7 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		// the duplicate window and its margin are past.
 		auditStart := time.Now()
 		testutil.WaitFor(t, 3*auditWindow, "the leader's audit to publish again what the stream lacks", func() bool {
-			onStream, total, described = streamIDs(ctx, t, js)
+			onStream, total, described, unsigned = streamIDs(ctx, t, js)
 			for id := range expected {
 				if onStream[id] == 0 {
 					return false
@@ -337,11 +356,15 @@ func TestCluster_ThreeNodes(t *testing.T) {
 			extra,
 		)
 	}
+	if unsigned > 0 {
+		t.Errorf("%d messages on the stream carry no %s header", unsigned, signing.Header)
+	}
 
 	// The replica that was killed restarts as a standby and catches up.
 	// Its history has rows the leader lacks (those of tags it crawled
 	// before the leader learned of them from the stream: docs/cluster.md),
 	// so the resources are compared, not the history.
+	logged = append(logged, &node{name: old.name + "-killed", out: old.out})
 	old.start(t, "run")
 	waitSameState(t, 30*time.Second, old.dbPath, leader.dbPath)
 
@@ -373,9 +396,11 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		info, err := stream.Info(ctx)
 		return err == nil && info.State.LastSeq > seq
 	})
-	late := &node{name: "late", token: "no-platform-access", dbPath: filepath.Join(dir, "late.db"), replicas: 3}
-	late.cfg = clusterNodeConfig(t, simURL, urls, late)
+	late := &node{name: "late", token: "no-platform-access", dbPath: filepath.Join(dir, "late.db"), replicas: 3,
+		natsUser: followerUser, natsPassword: followerPassword, verifyKeys: []string{verifyKey}, extra: noQueryService}
+	late.cfg = clusterNodeConfig(t, simURL, cl.URLs(), late)
 	joined := time.Now()
+	logged = append(logged, late)
 	late.start(t, "follow")
 	waitSameMirror(t, 30*time.Second, late.dbPath, leader.dbPath)
 	catchUp := time.Since(joined)
@@ -441,11 +466,44 @@ func TestCluster_ThreeNodes(t *testing.T) {
 			t.Errorf("%s after SIGTERM: %v; log tail:\n%s", n.name, err, tail(n.out.String(), 20))
 		}
 	}
+	// Signed, verified, and nothing refused under the documented
+	// permissions, in every log of the run.
+	for _, n := range logged {
+		want := "signing published messages"
+		if n == late {
+			want = "accepting only signed messages"
+		}
+		checkTrustLog(t, n, want)
+	}
+}
+
+// checkTrustLog fails the test unless n's log says want (how it signs or
+// verifies), and reports every line of it that names a permissions
+// violation, a message rejected for its signature, or unsigned operation.
+func checkTrustLog(t *testing.T, n *node, want string) {
+	t.Helper()
+	log := n.out.String()
+	if !strings.Contains(log, want) {
+		t.Errorf("%s never logged %q", n.name, want)
+	}
+	for _, line := range strings.Split(log, "\n") {
+		l := strings.ToLower(line)
+		if strings.Contains(l, "permissions violation") || strings.Contains(l, `"reason":"unsigned"`) ||
+			strings.Contains(l, `"reason":"bad_signature"`) || strings.Contains(l, "no [cluster] signing_key_file") {
+			t.Errorf("%s: %s", n.name, line)
+		}
+	}
 }
 
 // streamIDs reads the SYNCD stream message by message and returns how
-// many messages carry each event id, and how many messages there are.
-func streamIDs(ctx context.Context, t *testing.T, js jetstream.JetStream) (map[string]int, int, map[string]string) {
+// many messages carry each event id, how many messages there are, each
+// event described, and how many messages (checkpoints included) carry no
+// signature.
+func streamIDs(
+	ctx context.Context,
+	t *testing.T,
+	js jetstream.JetStream,
+) (ids map[string]int, total int, described map[string]string, unsigned int) {
 	t.Helper()
 	s, err := js.Stream(ctx, "SYNCD")
 	if err != nil {
@@ -455,7 +513,7 @@ func streamIDs(ctx context.Context, t *testing.T, js jetstream.JetStream) (map[s
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, total, described := map[string]int{}, 0, map[string]string{}
+	ids, described = map[string]int{}, map[string]string{}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -467,6 +525,9 @@ func streamIDs(ctx context.Context, t *testing.T, js jetstream.JetStream) (map[s
 		var ev cloudEvent
 		if err := json.Unmarshal(m.Data, &ev); err != nil {
 			t.Fatalf("stream message %d: %v", seq, err)
+		}
+		if m.Header.Get(signing.Header) == "" {
+			unsigned++
 		}
 		if ev.Type == publish.CheckpointType {
 			continue // the leader's checkpoints: no events
@@ -482,7 +543,7 @@ func streamIDs(ctx context.Context, t *testing.T, js jetstream.JetStream) (map[s
 			m.Time.UTC().Format(time.RFC3339Nano),
 		)
 	}
-	return ids, total, described
+	return ids, total, described, unsigned
 }
 
 // eventIDs is the set of event ids in a mirror.
@@ -519,4 +580,76 @@ func keepLog(t *testing.T, n *node) {
 		return
 	}
 	t.Logf("%s log: %s", n.name, path)
+}
+
+// The users of deploy/nats-permissions.conf, with the passwords the test
+// gives nats-server's environment, and the test's own user, which may do
+// anything (read the stream message by message, purge it).
+const (
+	replicaUser      = "syncd-replica"
+	replicaPassword  = "replica-secret-6d1e"
+	followerUser     = "syncd-follower"
+	followerPassword = "follower-secret-0b7a"
+	adminUser        = "test-admin"
+	adminPassword    = "admin-secret-92fc"
+)
+
+// noQueryService turns the query service off: deploy/nats-permissions.conf
+// does not cover it (docs/cluster.md, "Least privilege").
+const noQueryService = "\n[query]\nenabled = false\n"
+
+// documentedNATSCluster starts three NATS nodes as one JetStream cluster
+// whose users and permissions are deploy/nats-permissions.conf's, as
+// docs/cluster.md has a server configuration include it, plus the test's
+// own unrestricted user; it returns the cluster and the nodes' client URLs
+// with that user's credentials.
+func documentedNATSCluster(t *testing.T) (*testutil.NATSCluster, string) {
+	t.Helper()
+	t.Setenv("SYNCD_REPLICA_PASSWORD", replicaPassword)
+	t.Setenv("SYNCD_FOLLOWER_PASSWORD", followerPassword)
+	documented := func(o *server.Options) {
+		// Parsed for each node: a server keeps and changes what it is given.
+		conf, err := server.ProcessConfigFile(filepath.Join("..", "..", "deploy", "nats-permissions.conf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(conf.Users) == 0 || len(conf.Nkeys) > 0 || conf.NoAuthUser != "" {
+			t.Fatalf("deploy/nats-permissions.conf: want users only, got %d users, %d nkeys, no-auth user %q",
+				len(conf.Users), len(conf.Nkeys), conf.NoAuthUser)
+		}
+		o.Users = append(conf.Users, &server.User{Username: adminUser, Password: adminPassword})
+	}
+	cl := testutil.NATSClusterWith(t, 3, documented, nats.UserInfo(adminUser, adminPassword))
+	// nats-server's environment, not syncd's: syncd refuses a SYNCD_*
+	// variable that names none of its keys, and its processes inherit the
+	// test's environment. The nodes keep the parsed passwords.
+	os.Unsetenv("SYNCD_REPLICA_PASSWORD")
+	os.Unsetenv("SYNCD_FOLLOWER_PASSWORD")
+	urls := strings.Split(cl.URLs(), ",")
+	for i, u := range urls {
+		urls[i] = strings.Replace(u, "nats://", "nats://"+adminUser+":"+adminPassword+"@", 1)
+	}
+	return cl, strings.Join(urls, ",")
+}
+
+// signingKeyFile writes a new nkey seed, mode 0600, for [cluster]
+// signing_key_file, and returns the file and the key's public key.
+func signingKeyFile(t *testing.T) (path, public string) {
+	t.Helper()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if public, err = kp.PublicKey(); err != nil {
+		t.Fatal(err)
+	}
+	path = filepath.Join(t.TempDir(), "signing.nk")
+	if err := os.WriteFile(path, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, public
 }

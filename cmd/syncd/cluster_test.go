@@ -72,8 +72,16 @@ type node struct {
 	// schedule, when set, is every [crawl] job's schedule; "": the crawl
 	// every second, the sweep every 3 s, the advisories every 2 s.
 	schedule string
-	cmd      *exec.Cmd
-	out      *syncBuffer
+	// natsUser and natsPassword are [nats] user and password; signingKey
+	// and verifyKeys [cluster] signing_key_file and verify_keys; "", nil:
+	// none.
+	natsUser, natsPassword string
+	signingKey             string
+	verifyKeys             []string
+	// extra is appended to the configuration: tables of its own.
+	extra string
+	cmd   *exec.Cmd
+	out   *syncBuffer
 }
 
 // clusterNodeConfig writes a cluster-mode configuration for one replica.
@@ -100,7 +108,7 @@ requests_per_second = 0.0
 [nats]
 url = %[3]q
 replicas = %[7]d
-%[10]s
+%[10]s%[16]s
 
 [store]
 path = %[4]q
@@ -122,7 +130,7 @@ enabled = true
 node_id = %[5]q
 lease_ttl = %[6]q
 consumer = "follow-%[5]s"
-%[11]s`,
+%[17]s%[11]s%[18]s`,
 		simURL,
 		n.token,
 		natsURL,
@@ -138,6 +146,9 @@ consumer = "follow-%[5]s"
 		cmp.Or(n.schedule, "@every 3s"),
 		cmp.Or(n.schedule, "@every 2s"),
 		!n.noSnapshots,
+		tomlLine("user", n.natsUser)+tomlLine("password", n.natsPassword),
+		tomlLine("signing_key_file", n.signingKey)+tomlList("verify_keys", n.verifyKeys),
+		n.extra,
 	))
 }
 
@@ -147,6 +158,18 @@ func tomlLine(key, value string) string {
 		return ""
 	}
 	return fmt.Sprintf("%s = %q\n", key, value)
+}
+
+// tomlList is key = ["value", …], or "" when there are no values.
+func tomlList(key string, values []string) string {
+	if len(values) == 0 {
+		return ""
+	}
+	quoted := make([]string, len(values))
+	for i, v := range values {
+		quoted[i] = fmt.Sprintf("%q", v)
+	}
+	return fmt.Sprintf("%s = [%s]\n", key, strings.Join(quoted, ", "))
 }
 
 // tomlSection is a table of body, or "" when body is.
@@ -167,10 +190,30 @@ func (n *node) start(t *testing.T, cmdName string) {
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	cmd := n.cmd
 	t.Cleanup(func() {
-		if n.cmd.ProcessState == nil {
-			n.cmd.Process.Kill()
-			n.cmd.Wait()
+		if cmd.ProcessState != nil {
+			return
+		}
+		if !t.Failed() {
+			cmd.Process.Kill()
+			cmd.Wait()
+			return
+		}
+		// A failed test's replica writes where each of its goroutines
+		// stood into its log (Go's SIGQUIT dump), for the logs kept of
+		// the run; killed if it has not exited in 5s.
+		exited := make(chan struct{})
+		go func() {
+			cmd.Wait()
+			close(exited)
+		}()
+		cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-exited
 		}
 	})
 }

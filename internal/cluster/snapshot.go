@@ -64,7 +64,8 @@ type SnapshotConfig struct {
 	Stream string
 	// Every is the time between two snapshots.
 	Every time.Duration
-	// Keep is how many snapshots the bucket keeps.
+	// Keep is how many snapshots the bucket keeps: it never holds more
+	// (but for Keep 1, while the one snapshot's successor is written).
 	Keep int
 	// Dir holds the temporary copy of the mirror: beside it, so that the
 	// copy is on the same disk and as private.
@@ -147,7 +148,7 @@ func (s *Snapshotter) Run(ctx context.Context) error {
 				s.log.Warn("snapshot bucket unavailable; retrying", "bucket", s.cfg.Bucket, "err", err, "in", poll.String())
 				continue
 			}
-			if err := s.prune(ctx, obj); err != nil {
+			if err := s.prune(ctx, obj, s.cfg.Keep); err != nil {
 				s.log.Warn("delete old snapshots", "err", err)
 			}
 			if newest, ok, err := s.newest(ctx, obj); err != nil {
@@ -165,6 +166,18 @@ func (s *Snapshotter) Run(ctx context.Context) error {
 			next = time.Now().Add(min(poll, time.Second))
 			continue
 		}
+		if s.cfg.Keep > 1 && s.cfg.Fence.InTerm() {
+			// Room for the new snapshot first, so that the bucket never
+			// holds more than Keep. Deleted after the write, the oldest
+			// stayed beside its successor for as long as the listing took
+			// (a listing that misses its last entry waits listAttempt),
+			// and a bucket sized for Keep snapshots could refuse the
+			// write. With Keep 1 the only snapshot stays until its
+			// successor is written: a follower starting meanwhile finds it.
+			if err := s.prune(ctx, obj, s.cfg.Keep-1); err != nil {
+				s.log.Warn("delete old snapshots before writing one", "err", err)
+			}
+		}
 		info, err := s.Write(ctx, obj)
 		if ctx.Err() != nil {
 			return nil
@@ -175,7 +188,7 @@ func (s *Snapshotter) Run(ctx context.Context) error {
 		}
 		s.log.Info("wrote a snapshot of the mirror", "bucket", s.cfg.Bucket, "name", info.Name, "stream_seq", info.Seq,
 			"bytes", info.Bytes, "raw_bytes", info.RawBytes, "took", info.Took.Round(time.Millisecond).String())
-		if err := s.prune(ctx, obj); err != nil {
+		if err := s.prune(ctx, obj, s.cfg.Keep); err != nil {
 			s.log.Warn("delete old snapshots", "err", err)
 		}
 		next = time.Now().Add(s.cfg.Every)
@@ -308,17 +321,17 @@ func compress(w io.Writer, f io.Reader) error {
 	return enc.Close()
 }
 
-// prune deletes the snapshots beyond the newest Keep. Only plausible
+// prune deletes the snapshots beyond the newest keep. Only plausible
 // snapshots count (see plausible): a planted object that claims to be
 // newer than all never pushes a genuine one out. The implausible are left
 // alone, and logged.
-func (s *Snapshotter) prune(ctx context.Context, obj jetstream.ObjectStore) error {
+func (s *Snapshotter) prune(ctx context.Context, obj jetstream.ObjectStore, keep int) error {
 	all, err := s.plausible(ctx, obj)
 	if err != nil {
 		return err
 	}
 	var errs []error
-	for _, old := range all[min(s.cfg.Keep, len(all)):] {
+	for _, old := range all[min(keep, len(all)):] {
 		if err := obj.Delete(ctx, old.Name); err != nil {
 			errs = append(errs, fmt.Errorf("delete snapshot %s: %w", old.Name, err))
 		}
@@ -418,6 +431,15 @@ func streamLastSeq(ctx context.Context, js jetstream.JetStream, stream string) (
 // listSnapshots lists the bucket's snapshots, newest first by the
 // server's time of storing them.
 func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotInfo, error) {
+	// An empty bucket is not listed. A listing learns that a bucket has
+	// no object from a lookup that a just-created replicated bucket may
+	// not answer (no responders yet): it then waited its whole deadline
+	// (listAttempt), and a new leader's first snapshot with it, so that a
+	// standby started meanwhile found none. The bucket's size comes from
+	// its stream's leader.
+	if st, err := obj.Status(ctx); err == nil && st.Size() == 0 {
+		return nil, nil
+	}
 	objs, err := listObjects(ctx, obj)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, nil

@@ -18,6 +18,23 @@ type stuckLister struct {
 	jetstream.ObjectStore
 	stuck int32
 	calls atomic.Int32
+	// empty makes the bucket's status say it holds nothing.
+	empty bool
+}
+
+// sizedStatus is a bucket status that knows its size only.
+type sizedStatus struct {
+	jetstream.ObjectStoreStatus
+	size uint64
+}
+
+func (s sizedStatus) Size() uint64 { return s.size }
+
+func (s *stuckLister) Status(context.Context) (jetstream.ObjectStoreStatus, error) {
+	if s.empty {
+		return sizedStatus{}, nil
+	}
+	return sizedStatus{size: 1 << 10}, nil
 }
 
 func (s *stuckLister) List(ctx context.Context, _ ...jetstream.ListObjectsOpt) ([]*jetstream.ObjectInfo, error) {
@@ -58,5 +75,21 @@ func TestListSnapshots_AListingThatNeverAnswers(t *testing.T) {
 	obj = &stuckLister{stuck: listAttempts}
 	if _, err := listSnapshots(cancelled, obj); !errors.Is(err, context.Canceled) || obj.calls.Load() != 1 {
 		t.Fatalf("cancelled caller: %v after %d calls; want context.Canceled after 1", err, obj.calls.Load())
+	}
+}
+
+// TestListSnapshots_EmptyBucketNotListed: a bucket whose status says it
+// holds nothing is not listed. Its listing would wait for an entry that
+// never comes when the lookup telling it the bucket is empty goes
+// unanswered, as on a just-created R3 bucket: a new leader's first
+// listing took its whole 10 s deadline there, and its first snapshot came
+// that much later (TestCluster_ThreeNodes).
+func TestListSnapshots_EmptyBucketNotListed(t *testing.T) {
+	defer func(d time.Duration) { listAttempt = d }(listAttempt)
+	listAttempt = 20 * time.Millisecond
+	obj := &stuckLister{stuck: listAttempts, empty: true}
+	got, err := listSnapshots(context.Background(), obj)
+	if err != nil || len(got) != 0 || obj.calls.Load() != 0 {
+		t.Fatalf("an empty bucket: %+v, %v after %d listings; want none, no error, not listed", got, err, obj.calls.Load())
 	}
 }

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -257,5 +258,59 @@ func TestSnapshot_WriteStoppedEarly(t *testing.T) {
 		if left, err := os.ReadDir(dir); err != nil || len(left) != 0 {
 			t.Fatalf("left behind in the snapshot directory: %v (%v)", left, err)
 		}
+	}
+}
+
+// TestSnapshotter_NeverHoldsMoreThanKeep: a leader's snapshotter writing
+// every few milliseconds with keep 2 makes room before each write, so
+// the bucket never holds more than two snapshots. A subscriber to the
+// bucket's object records sees every put and delete in the order the
+// leader made them, and counts the snapshots live after each. Deleting
+// the oldest only after the write, the bucket held three for as long as
+// that deletion's listing took (up to its 10 s deadline, when the listing
+// missed its last entry), and TestCluster_ThreeNodes, counting at one
+// instant, found three.
+func TestSnapshotter_NeverHoldsMoreThanKeep(t *testing.T) {
+	js, leader := newStreamLeader(t)
+	records, err := js.Conn().SubscribeSync("$O.snaps.M.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	snaps := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: 10 * time.Millisecond, Keep: 2, Dir: t.TempDir()},
+	)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- snaps.Run(ctx) }()
+	live, written, most := map[string]bool{}, 0, 0
+	deadline := time.Now().Add(30 * time.Second)
+	for written < 6 {
+		m, err := records.NextMsg(time.Until(deadline))
+		if err != nil {
+			t.Fatalf("%d snapshots written, then: %v", written, err)
+		}
+		var rec jetstream.ObjectInfo
+		if err := json.Unmarshal(m.Data, &rec); err != nil {
+			t.Fatalf("object record %s: %v", m.Subject, err)
+		}
+		if rec.Deleted {
+			delete(live, rec.Name)
+		} else {
+			live[rec.Name] = true
+			written++
+		}
+		most = max(most, len(live))
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if most > 2 {
+		t.Errorf("the bucket held %d snapshots at once, want at most 2 ([snapshot] keep)", most)
 	}
 }

@@ -24,13 +24,24 @@ type NATSCluster struct {
 	// which the first node dials the second's routes (ProxiedNATSClusterOf).
 	routeProxies map[string]*FaultProxy
 	clusterPorts []int
+	// client is the options WaitJetStream connects with.
+	client []nats.Option
 }
 
 // NATSClusterOf starts n servers named n1…nN as one JetStream cluster and
 // waits until JetStream answers, until the test ends.
 func NATSClusterOf(tb testing.TB, n int) *NATSCluster {
 	tb.Helper()
-	return natsCluster(tb, n, false)
+	return natsCluster(tb, n, false, nil)
+}
+
+// NATSClusterWith is NATSClusterOf with mutate applied to each node's
+// options before it first starts (users and their permissions, say), and
+// client the options (credentials the nodes accept) of the client that
+// waits for JetStream to answer.
+func NATSClusterWith(tb testing.TB, n int, mutate func(*server.Options), client ...nats.Option) *NATSCluster {
+	tb.Helper()
+	return natsCluster(tb, n, false, mutate, client...)
 }
 
 // ProxiedNATSClusterOf is NATSClusterOf with every route through a
@@ -42,10 +53,16 @@ func NATSClusterOf(tb testing.TB, n int) *NATSCluster {
 // proxy).
 func ProxiedNATSClusterOf(tb testing.TB, n int) *NATSCluster {
 	tb.Helper()
-	return natsCluster(tb, n, true)
+	return natsCluster(tb, n, true, nil)
 }
 
-func natsCluster(tb testing.TB, n int, proxied bool) *NATSCluster {
+func natsCluster(
+	tb testing.TB,
+	n int,
+	proxied bool,
+	mutate func(*server.Options),
+	client ...nats.Option,
+) *NATSCluster {
 	tb.Helper()
 	// Routes name every node's cluster port before any starts: take free
 	// ports from the system and give them back.
@@ -58,7 +75,7 @@ func natsCluster(tb testing.TB, n int, proxied bool) *NATSCluster {
 		ports[i] = ln.Addr().(*net.TCPAddr).Port
 		ln.Close()
 	}
-	c := &NATSCluster{routeProxies: map[string]*FaultProxy{}, clusterPorts: ports}
+	c := &NATSCluster{routeProxies: map[string]*FaultProxy{}, clusterPorts: ports, client: client}
 	for i := range n {
 		var routes []string
 		for j, p := range ports {
@@ -83,6 +100,9 @@ func natsCluster(tb testing.TB, n int, proxied bool) *NATSCluster {
 		if proxied {
 			// Port 1 refuses: an implicit route is tried once and dropped.
 			s.opts.Cluster.NoAdvertise, s.opts.Cluster.Advertise = true, "127.0.0.1:1"
+		}
+		if mutate != nil {
+			mutate(&s.opts)
 		}
 		c.Nodes = append(c.Nodes, s)
 	}
@@ -121,7 +141,8 @@ func (s *NATSServer) Name() string { return s.opts.ServerName }
 // the cluster has elected its meta leader.
 func (c *NATSCluster) WaitJetStream(tb testing.TB, within time.Duration) {
 	tb.Helper()
-	nc, err := nats.Connect(c.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	opts := append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, c.client...)
+	nc, err := nats.Connect(c.URLs(), opts...)
 	if err != nil {
 		tb.Fatal(err)
 	}
