@@ -25,6 +25,7 @@ import (
 
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/query"
 	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
@@ -164,7 +165,6 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		// The documented permissions of a "syncd run" replica, and the
 		// key every replica that may lead signs with.
 		n.natsUser, n.natsPassword, n.signingKey = replicaUser, replicaPassword, signingKey
-		n.extra = noQueryService
 		n.cfg = clusterNodeConfig(t, simURL, cl.URLs(), n)
 	}
 	w := &world{t: t, sim: sim, simURL: simURL, natsURL: urls}
@@ -397,7 +397,7 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		return err == nil && info.State.LastSeq > seq
 	})
 	late := &node{name: "late", token: "no-platform-access", dbPath: filepath.Join(dir, "late.db"), replicas: 3,
-		natsUser: followerUser, natsPassword: followerPassword, verifyKeys: []string{verifyKey}, extra: noQueryService}
+		natsUser: followerUser, natsPassword: followerPassword, verifyKeys: []string{verifyKey}}
 	late.cfg = clusterNodeConfig(t, simURL, cl.URLs(), late)
 	joined := time.Now()
 	logged = append(logged, late)
@@ -421,6 +421,14 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		return cpSeq != "" && cpSeq == metaOf(late.dbPath, "checkpoint_seq") &&
 			metaOf(old.dbPath, "checkpoint_result") == "match" && metaOf(late.dbPath, "checkpoint_result") == "match"
 	})
+	// The query service answers under the documented permissions: each
+	// replica subscribed to its subjects and replies to what it receives.
+	qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
+	var pos map[string]any
+	if err := (&query.Client{NC: js.Conn(), Prefix: "syncd-query"}).Do(qctx, "position", nil, &pos); err != nil {
+		t.Errorf("the query service under the documented permissions: %v", err)
+	}
+	qcancel()
 	t.Logf(
 		"three-node figures: standby %s and follower %s matched the leader's checkpoint at stream sequence %s",
 		old.name,
@@ -594,10 +602,6 @@ const (
 	adminPassword    = "admin-secret-92fc"
 )
 
-// noQueryService turns the query service off: deploy/nats-permissions.conf
-// does not cover it (docs/cluster.md, "Least privilege").
-const noQueryService = "\n[query]\nenabled = false\n"
-
 // documentedNATSCluster starts three NATS nodes as one JetStream cluster
 // whose users and permissions are deploy/nats-permissions.conf's, as
 // docs/cluster.md has a server configuration include it, plus the test's
@@ -605,8 +609,8 @@ const noQueryService = "\n[query]\nenabled = false\n"
 // with that user's credentials.
 func documentedNATSCluster(t *testing.T) (*testutil.NATSCluster, string) {
 	t.Helper()
-	t.Setenv("SYNCD_REPLICA_PASSWORD", replicaPassword)
-	t.Setenv("SYNCD_FOLLOWER_PASSWORD", followerPassword)
+	t.Setenv("NATS_SYNCD_REPLICA_PASSWORD", replicaPassword)
+	t.Setenv("NATS_SYNCD_FOLLOWER_PASSWORD", followerPassword)
 	documented := func(o *server.Options) {
 		// Parsed for each node: a server keeps and changes what it is given.
 		conf, err := server.ProcessConfigFile(filepath.Join("..", "..", "deploy", "nats-permissions.conf"))
@@ -620,11 +624,6 @@ func documentedNATSCluster(t *testing.T) (*testutil.NATSCluster, string) {
 		o.Users = append(conf.Users, &server.User{Username: adminUser, Password: adminPassword})
 	}
 	cl := testutil.NATSClusterWith(t, 3, documented, nats.UserInfo(adminUser, adminPassword))
-	// nats-server's environment, not syncd's: syncd refuses a SYNCD_*
-	// variable that names none of its keys, and its processes inherit the
-	// test's environment. The nodes keep the parsed passwords.
-	os.Unsetenv("SYNCD_REPLICA_PASSWORD")
-	os.Unsetenv("SYNCD_FOLLOWER_PASSWORD")
 	urls := strings.Split(cl.URLs(), ",")
 	for i, u := range urls {
 		urls[i] = strings.Replace(u, "nats://", "nats://"+adminUser+":"+adminPassword+"@", 1)

@@ -92,8 +92,9 @@ type Follower struct {
 	cons jetstream.Consumer
 	// recorded is the lag last recorded in Meta; -1: none yet.
 	recorded int64
-	// restored is the snapshot this follower restored; zero: none.
-	restored SnapshotInfo
+	// restored is the snapshot this follower restored; nil: none. Run
+	// sets it, Restored reads it from other goroutines.
+	restored atomic.Pointer[SnapshotInfo]
 	// ahead is the batch fetched while the last one was applied; nil:
 	// none. Like cons, only Run or CatchUp touches it.
 	ahead *pulled
@@ -217,7 +218,12 @@ func (f *Follower) Lag() uint64 { return f.lag.Load() }
 
 // Restored is the snapshot this follower started its mirror from; zero
 // when it did not restore one.
-func (f *Follower) Restored() SnapshotInfo { return f.restored }
+func (f *Follower) Restored() SnapshotInfo {
+	if info := f.restored.Load(); info != nil {
+		return *info
+	}
+	return SnapshotInfo{}
+}
 
 // consumer creates the durable consumer, or finds it, once the mirror was
 // restored from a snapshot if it is due.
@@ -281,7 +287,7 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 	if !ok || f.cfg.SnapshotBucket == "" {
 		return 0, nil
 	}
-	due := f.cfg.Restore == RestoreAlways && f.restored.Name == "" || f.repair
+	due := f.cfg.Restore == RestoreAlways && f.restored.Load() == nil || f.repair
 	if f.cfg.Restore == RestoreWhenEmpty && !f.repair {
 		empty, err := m.Empty(ctx)
 		if err != nil {
@@ -323,7 +329,7 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 				!errors.Is(err, jetstream.ErrConsumerNotFound) {
 				return 0, fmt.Errorf("delete consumer %s before following from the snapshot: %w", f.cfg.Consumer, err)
 			}
-			f.restored = info
+			f.restored.Store(&info)
 			// The mirror is at the snapshot's sequence now, wherever it
 			// was before (a repair goes back).
 			f.next = info.Seq + 1
@@ -428,8 +434,15 @@ func (f *Follower) Run(ctx context.Context) error {
 // not carry (the history the old leader's baseline read): a mirror built
 // from the stream alone that no checkpoint has proved yet, and that was
 // never restored from a snapshot, restores the newest snapshot now. Left
-// as it was, the new leader would never read that history again.
+// as it was, the new leader would never read that history again. So does
+// a mirror a checkpoint found diverged (RepairDue), whose repair was still
+// to come: a leader crawls only what changes, and would keep what it
+// lacks.
 func (f *Follower) Complete(ctx context.Context) error {
+	if f.repair {
+		f.log.Warn("the mirror diverged from the leader's: restoring the newest snapshot before leading")
+		return f.restart(ctx)
+	}
 	m, ok := f.mirror.(Restorable)
 	if !ok || f.cfg.SnapshotBucket == "" || f.complete.Load() {
 		return nil
@@ -445,11 +458,21 @@ func (f *Follower) Complete(ctx context.Context) error {
 		"the mirror was built from the stream alone and no checkpoint proved it: restoring the newest snapshot before leading",
 	)
 	f.repair = true
+	return f.restart(ctx)
+}
+
+// restart drops what was fetched ahead and makes the consumer again, which
+// restores the newest snapshot first when a repair is due.
+func (f *Follower) restart(ctx context.Context) error {
 	f.dropAhead()
 	f.cons = nil
 	_, err := f.consumer(ctx)
 	return err
 }
+
+// RepairDue reports whether a checkpoint found the mirror diverged and its
+// repair from the newest snapshot has not been made yet.
+func (f *Follower) RepairDue() bool { return f.repair }
 
 // Forfeiting is a mirror that can give up the events it recorded while
 // its replica led and never published.

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/cluster"
-	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
@@ -23,19 +22,7 @@ import (
 func TestReplica_ExLeaderForfeitsItsUnpublishedEvents(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	js, leader := newStreamLeader(t)
-	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
-	relay := publish.NewRelay(js, leader.st, pcfg, publish.WithCheckpoints(leader.st, time.Hour, "b"))
-	snaps := cluster.NewSnapshotter(
-		js,
-		leader.st,
-		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()},
-	)
-	leader.change(3)
-	leader.publish()
-	if _, err := snaps.Write(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
+	js, leader, relay, _ := newSnapshottingLeader(t, "b")
 	leaseB, _ := runLease(t, js, "b")
 	testutil.WaitFor(t, 5*ttl, "b to lead", leaseB.IsLeader)
 

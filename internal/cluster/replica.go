@@ -217,6 +217,9 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 	return err
 }
 
+// errRepairDue: the catch-up found the mirror diverged from the leader's.
+var errRepairDue = errors.New("the mirror diverged from the leader's checkpoint; repairing it first")
+
 // catchUp completes the mirror and applies what the stream holds, trying
 // again until both succeed or ctx ends. Events the old leader published are
 // in the stream: applying them first means the crawl that follows finds
@@ -240,6 +243,11 @@ func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
 			cctx, cancel := context.WithTimeout(ctx, r.Lease.cfg.TTL)
 			err = r.Follower.CatchUp(cctx)
 			cancel()
+		}
+		if err == nil && r.Follower.RepairDue() {
+			// A checkpoint of the catch-up found the mirror diverged: the
+			// next attempt repairs it (Complete) before leading.
+			err = errRepairDue
 		}
 		if err == nil || ctx.Err() != nil {
 			return ctx.Err()

@@ -90,3 +90,71 @@ func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
 }
 func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestReplica_RepairsADivergenceBeforeLeading: a standby whose mirror was
+// changed behind its back takes the lease, and the checkpoint its catch-up
+// reads finds the divergence. It repairs its mirror from the newest
+// snapshot before it leads: a leader crawls only what changes upstream,
+// and would keep what it lacks for good (make cluster-test saw a new
+// leader lead with four history rows fewer than the old one's, found by
+// the checkpoint of its catch-up, the repair never made).
+func TestReplica_RepairsADivergenceBeforeLeading(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	js, leader, relay, _ := newSnapshottingLeader(t, "leader")
+	leader.change(2)
+	first := publishCheckpoint(t, relay)
+
+	// The standby follows up to a checkpoint it matches, and stops.
+	path := filepath.Join(t.TempDir(), "standby.db")
+	standby, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { standby.Close() })
+	fcfg := cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "b", MaxWait: 100 * time.Millisecond,
+		Meta: standby, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: t.TempDir()}
+	f := cluster.NewFollower(js, standby, fcfg)
+	fctx, stopFollowing := context.WithCancel(ctx)
+	followed := make(chan error, 1)
+	go func() { followed <- f.Run(fctx) }()
+	testutil.WaitFor(t, 10*time.Second, "the standby to match a checkpoint", func() bool {
+		r, ok := f.LastCheckpoint()
+		return ok && r.Seq >= first && r.Diff == ""
+	})
+	stopFollowing()
+	<-followed
+
+	// Behind its back; then the leader changes on and checkpoints.
+	forgeTag(t, path)
+	leader.change(1)
+	publishCheckpoint(t, relay)
+
+	lease, err := cluster.NewLease(ctx, js, cluster.LeaseConfig{Bucket: "lease", Key: "leader", Node: "b", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ledWith atomic.Pointer[string]
+	f = cluster.NewFollower(js, standby, fcfg)
+	r := &cluster.Replica{
+		Lease:    lease,
+		Follower: f,
+		Lead: func(ctx context.Context) error {
+			rows := mirrorRows(t, standby)
+			ledWith.Store(&rows)
+			<-ctx.Done()
+			return nil
+		},
+		Logger: slog.New(slog.DiscardHandler),
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.WaitFor(t, 10*ttl, "the standby to lead", func() bool { return ledWith.Load() != nil })
+	if got, want := *ledWith.Load(), mirrorRows(t, leader.st); got != want {
+		t.Fatalf("led with the mirror:\n%s\nthe old leader's:\n%s", got, want)
+	}
+	if f.Repairs() != 1 {
+		t.Errorf("repairs before leading = %d, want 1", f.Repairs())
+	}
+}

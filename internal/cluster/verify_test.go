@@ -22,20 +22,8 @@ import (
 // leader's checkpoints again, with the leader's rows.
 func TestFollower_RepairsADivergence(t *testing.T) {
 	ctx := context.Background()
-	js, leader := newStreamLeader(t)
-	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
-	relay := publish.NewRelay(js, leader.st, pcfg, publish.WithCheckpoints(leader.st, time.Hour, "leader"))
+	js, leader, relay, _ := newSnapshottingLeader(t, "leader")
 	checkpoint := func() uint64 { return publishCheckpoint(t, relay) }
-	snaps := cluster.NewSnapshotter(
-		js,
-		leader.st,
-		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()},
-	)
-	leader.change(3)
-	leader.publish()
-	if _, err := snaps.Write(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
 	leader.change(2)
 	first := checkpoint()
 
@@ -54,14 +42,7 @@ func TestFollower_RepairsADivergence(t *testing.T) {
 	}
 
 	// Behind the follower's back.
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Exec(`UPDATE tags SET digest = 'sha256:forged' WHERE uid = 'g/r1/t1'`); err != nil {
-		t.Fatal(err)
-	}
+	forgeTag(t, path)
 	leader.change(1)
 	second := checkpoint()
 	testutil.WaitFor(
@@ -254,4 +235,43 @@ func publishCheckpoint(t *testing.T, relay *publish.Relay) uint64 {
 		t.Fatalf("checkpoint: %v %s", err, why)
 	}
 	return seq
+}
+
+// newSnapshottingLeader is newStreamLeader's stream and leader, with a
+// relay that publishes checkpoints naming leaderName and a snapshotter
+// keeping two snapshots in the bucket "snaps"; the leader has recorded
+// three tags, published them and written a snapshot of them.
+func newSnapshottingLeader(
+	t *testing.T,
+	leaderName string,
+) (jetstream.JetStream, *leaderMirror, *publish.Relay, *cluster.Snapshotter) {
+	t.Helper()
+	js, leader := newStreamLeader(t)
+	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
+	relay := publish.NewRelay(js, leader.st, pcfg, publish.WithCheckpoints(leader.st, time.Hour, leaderName))
+	snaps := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()},
+	)
+	leader.change(3)
+	leader.publish()
+	if _, err := snaps.Write(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	return js, leader, relay, snaps
+}
+
+// forgeTag changes a tag of the mirror at path behind its store's back, as
+// a damaged file or a careless analyst would.
+func forgeTag(t *testing.T, path string) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`UPDATE tags SET digest = 'sha256:forged' WHERE uid = 'g/r1/t1'`); err != nil {
+		t.Fatal(err)
+	}
 }

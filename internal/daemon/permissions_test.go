@@ -32,8 +32,8 @@ import (
 // nor delete the stream.
 func TestPermissions_LeastPrivilege(t *testing.T) {
 	ctx := context.Background()
-	t.Setenv("SYNCD_REPLICA_PASSWORD", "replica-secret-3f9a")
-	t.Setenv("SYNCD_FOLLOWER_PASSWORD", "follower-secret-81c2")
+	t.Setenv("NATS_SYNCD_REPLICA_PASSWORD", "replica-secret-3f9a")
+	t.Setenv("NATS_SYNCD_FOLLOWER_PASSWORD", "follower-secret-81c2")
 	conf, err := server.ProcessConfigFile(filepath.Join("..", "..", "deploy", "nats-permissions.conf"))
 	if err != nil {
 		t.Fatal(err)
