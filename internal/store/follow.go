@@ -77,23 +77,51 @@ var ErrUnknownPosition = errors.New(
 // but an event that cannot be applied (data that does not decode or breaks
 // a constraint: what the stream carries is untrusted) is set aside and
 // returned in Rejected, while the events before and after it are applied.
-// Each attempt runs in a SAVEPOINT, so a rejected event leaves nothing
-// behind. The batch is tried whole first, the usual case staying one
-// multi-row write; after a failure the events up to the one that failed are
-// applied one at a time, and the rest whole again, so a batch costs at most
-// one extra attempt per rejected event and one single-event write per
-// event. An error of the database itself (a full disk, a busy or damaged
-// file, a cancelled context) fails the whole batch, which is then retried:
-// it says nothing about the event.
+//
+// The batch is tried whole first, in a transaction of its own without a
+// savepoint: a savepoint around a batch made every statement in it pay for
+// the pages the savepoint had journaled (SQLite's in-memory statement
+// journal is cut back from its start at the end of each statement), most
+// of a follower's time. Only when an event fails is that transaction
+// rolled back and the batch applied again in another (applyApart), with
+// the failed attempt's error, so a poison message costs one more pass over
+// its batch. An error of the database itself (a full disk, a busy or
+// damaged file, a cancelled context) fails the whole batch, which is then
+// retried: it says nothing about the event.
 func (s *Store) ApplyStream(ctx context.Context, evs []StreamEvent) (StreamResult, error) {
+	var applied int
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var err error
+		applied, err = s.applyStreamTx(ctx, tx, evs)
+		return err
+	})
+	if err == nil {
+		return StreamResult{Applied: applied}, nil
+	}
+	if !eventFault(ctx, err) {
+		return StreamResult{}, err
+	}
+	return s.applyApart(ctx, evs, err)
+}
+
+// applyApart applies evs, a batch whose whole attempt failed with failed,
+// setting aside the events that cannot be applied. Each attempt runs in a
+// SAVEPOINT, so a rejected event leaves nothing behind: the events up to
+// the one that failed are applied one at a time, and the rest whole again,
+// so a batch costs at most one extra attempt per rejected event and one
+// single-event write per event.
+func (s *Store) applyApart(ctx context.Context, evs []StreamEvent, failed error) (StreamResult, error) {
 	var res StreamResult
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		res = StreamResult{}
+		err := failed
 		for rest := evs; len(rest) > 0; {
-			n, err := s.applySavepoint(ctx, tx, rest)
 			if err == nil {
-				res.Applied += n
-				break
+				var n int
+				if n, err = s.applySavepoint(ctx, tx, rest); err == nil {
+					res.Applied += n
+					break
+				}
 			}
 			if !eventFault(ctx, err) {
 				return err
@@ -121,7 +149,7 @@ func (s *Store) ApplyStream(ctx context.Context, evs []StreamEvent) (StreamResul
 					return err
 				}
 			}
-			rest = rest[k+1:]
+			rest, err = rest[k+1:], nil
 		}
 		// The rejected events are behind the mirror too: its position
 		// covers them.
