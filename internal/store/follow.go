@@ -404,8 +404,12 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 		if err := json.Unmarshal(e.Data, &d); err != nil {
 			return "", fmt.Errorf("decode data: %w", err)
 		}
-		if err := b.flush(ctx); err != nil {
-			return "", err
+		// The tag's row and history as the events before left them; the
+		// other pending upserts can wait.
+		if b.pending[followKey{"tags", d.Tag}] || b.pending[followKey{"history", d.Tag}] {
+			if err := b.flush(ctx); err != nil {
+				return "", err
+			}
 		}
 		return d.Path, b.appendRecorded(ctx, d)
 	}
@@ -436,6 +440,13 @@ func (b *followBatch) applyMatured(ctx context.Context, e StreamEvent) (string, 
 // appendRecorded stores a history.recorded event's records at their
 // positions and, when they continue the tag's history, moves its bookmark
 // and digest after them, as the leader's history read did.
+//
+// The records new to the mirror are queued (recordHistory) and written
+// with the batch's other upserts: a row at a time, they were most of a
+// follower's time, a baseline's event carrying a tag's whole history. The
+// tag's rows are read once, with those after the records: which of them
+// the mirror holds already (kept, as an insert that conflicts keeps them),
+// and the ones that continue the history past them.
 func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) error {
 	if len(d.Records) == 0 || d.Tag == "" {
 		return errors.New("history.recorded event without a tag or records")
@@ -456,24 +467,21 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	if old.LastTime, err = ParseTime(lastTime); err != nil {
 		return err
 	}
+	first := d.Records[0].Seq
+	for _, r := range d.Records {
+		first = min(first, r.Seq)
+	}
+	stored, err := b.historyFrom(ctx, d.Tag, first)
+	if err != nil {
+		return err
+	}
 	var fresh []HistoryRecord
 	for _, r := range d.Records {
 		at := FormatTime(r.Time)
-		res, err := b.exec(
-			ctx,
-			`INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
-			d.Tag,
-			r.Seq,
-			at,
-			r.Digest,
-		)
-		if err != nil {
-			return fmt.Errorf("insert history of tag %s: %w", d.Tag, err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n > 0 {
-			b.history = append(b.history, d.Tag, r.Seq, at, r.Digest)
+		if _, ok := stored[r.Seq]; !ok {
+			rec := HistoryRecord{Time: r.Time.UTC().Truncate(time.Millisecond), Digest: r.Digest}
+			stored[r.Seq] = rec
+			b.recordHistory(d.Tag, r.Seq, at, r.Digest)
 		}
 		if r.Seq == old.Count+len(fresh) {
 			fresh = append(fresh, HistoryRecord{Time: r.Time.UTC().Truncate(time.Millisecond), Digest: r.Digest})
@@ -485,11 +493,13 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	// Moves after these records that came first (a lost message published
 	// again by the leader's audit arrives after the later ones) are in
 	// tag_history already: the bookmark and digest go on over them.
-	later, err := b.historyFrom(ctx, d.Tag, old.Count+len(fresh))
-	if err != nil {
-		return err
+	for seq := old.Count + len(fresh); ; seq++ {
+		r, ok := stored[seq]
+		if !ok {
+			break
+		}
+		fresh = append(fresh, r)
 	}
-	fresh = append(fresh, later...)
 	nb, last := bookmarkAfter(old, fresh), fresh[len(fresh)-1]
 	_, err = b.exec(
 		ctx,
@@ -508,10 +518,10 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	return nil
 }
 
-// historyFrom returns the records of tag stored at positions from on
-// without a gap, oldest first.
-func (b *followBatch) historyFrom(ctx context.Context, tag string, from int) ([]HistoryRecord, error) {
-	st, err := b.stmt(ctx, `SELECT seq, update_time, digest FROM tag_history WHERE tag_uid = ? AND seq >= ? ORDER BY seq`)
+// historyFrom returns the records of tag stored at positions from on, by
+// position.
+func (b *followBatch) historyFrom(ctx context.Context, tag string, from int) (map[int]HistoryRecord, error) {
+	st, err := b.stmt(ctx, `SELECT seq, update_time, digest FROM tag_history WHERE tag_uid = ? AND seq >= ?`)
 	if err != nil {
 		return nil, err
 	}
@@ -520,21 +530,18 @@ func (b *followBatch) historyFrom(ctx context.Context, tag string, from int) ([]
 		return nil, fmt.Errorf("read history of tag %s: %w", tag, err)
 	}
 	defer rows.Close()
-	var out []HistoryRecord
+	out := map[int]HistoryRecord{}
 	for rows.Next() {
 		var seq int
 		var at, digest string
 		if err := rows.Scan(&seq, &at, &digest); err != nil {
 			return nil, err
 		}
-		if seq != from+len(out) {
-			break
-		}
 		t, err := ParseTime(at)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, HistoryRecord{Time: t, Digest: digest})
+		out[seq] = HistoryRecord{Time: t, Digest: digest}
 	}
 	return out, rows.Err()
 }
