@@ -3,10 +3,14 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"runtime"
+	"testing"
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
 )
@@ -23,6 +27,14 @@ type followResult struct {
 	// Ratio is ApplyPerSec over the same run's SQLite ceiling (rows/s):
 	// an event applied is one row upserted and one logged.
 	Ratio float64 `json:"ratio_to_sqlite_ceiling"`
+	// HistoryRows are the tag_history rows the follower wrote: the stream
+	// carries the baseline's history too (a history.recorded event per
+	// tag, one row each of its records), which the ceiling's rows are.
+	// RowsPerSec is Events plus HistoryRows over the catch-up, and
+	// RowsRatio its ratio to the ceiling: the issue's target (#31).
+	HistoryRows int64   `json:"history_rows"`
+	RowsPerSec  float64 `json:"rows_per_s"`
+	RowsRatio   float64 `json:"rows_ratio_to_sqlite_ceiling"`
 
 	SnapshotRawBytes   int64   `json:"snapshot_raw_bytes"`
 	SnapshotBytes      int64   `json:"snapshot_bytes"`
@@ -41,28 +53,13 @@ func measureFollow(
 	dir string,
 	ceiling float64,
 ) (followResult, error) {
-	var r followResult
 	open := func(name string) (*store.Store, error) {
 		return store.Open(ctx, filepath.Join(dir, name, "syncd.db"), store.Options{})
 	}
-	f, err := open("follower")
+	r, err := measureFollowApply(ctx, conn, pcfg, filepath.Join(dir, "follower"), "bench-follower", ceiling)
 	if err != nil {
 		return r, err
 	}
-	defer f.Close()
-	fol := cluster.NewFollower(
-		conn.JS,
-		f,
-		cluster.FollowerConfig{Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Consumer: "bench-follower",
-			MaxWait: 200 * time.Millisecond, OnBatch: func(applied int, _ uint64) { r.Events += applied }},
-	)
-	start := time.Now()
-	if err := fol.CatchUp(ctx); err != nil {
-		return r, fmt.Errorf("follow the stream: %w", err)
-	}
-	r.CatchUpSeconds = time.Since(start).Seconds()
-	r.ApplyPerSec = float64(r.Events) / r.CatchUpSeconds
-	r.Ratio = r.ApplyPerSec / ceiling
 
 	snaps := cluster.NewSnapshotter(
 		conn.JS,
@@ -93,4 +90,108 @@ func measureFollow(
 	}
 	r.SnapshotRestoreSec = restorer.Restored().Took.Seconds()
 	return r, nil
+}
+
+// measureFollowApply runs a follower with a new durable consumer of the
+// stream into an empty mirror under dir until nothing is pending.
+func measureFollowApply(
+	ctx context.Context,
+	conn *publish.Conn,
+	pcfg publish.Config,
+	dir, consumer string,
+	ceiling float64,
+) (followResult, error) {
+	var r followResult
+	f, err := store.Open(ctx, filepath.Join(dir, "syncd.db"), store.Options{})
+	if err != nil {
+		return r, err
+	}
+	defer f.Close()
+	fol := cluster.NewFollower(
+		conn.JS,
+		f,
+		cluster.FollowerConfig{Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Consumer: consumer,
+			MaxWait: 200 * time.Millisecond, OnBatch: func(applied int, _ uint64) { r.Events += applied }},
+	)
+	stop, err := startProfile(os.Getenv("BENCH_FOLLOWPROFILE"))
+	if err != nil {
+		return r, err
+	}
+	start := time.Now()
+	err = fol.CatchUp(ctx)
+	r.CatchUpSeconds = time.Since(start).Seconds()
+	stop()
+	if err != nil {
+		return r, fmt.Errorf("follow the stream: %w", err)
+	}
+	if err := f.Reader().QueryRowContext(ctx, `SELECT count(*) FROM tag_history`).Scan(&r.HistoryRows); err != nil {
+		return r, err
+	}
+	r.ApplyPerSec = float64(r.Events) / r.CatchUpSeconds
+	r.Ratio = r.ApplyPerSec / ceiling
+	r.RowsPerSec = float64(int64(r.Events)+r.HistoryRows) / r.CatchUpSeconds
+	r.RowsRatio = r.RowsPerSec / ceiling
+	return r, nil
+}
+
+// BenchmarkFollow is the follower row of BenchmarkSyncd alone: a mirror
+// syncs the organization (its baseline's events in its outbox), the relay
+// publishes them, and then, b.N times, the SQLite ceiling is measured and
+// a follower with a new consumer applies the stream into an empty mirror
+// (BENCH_FOLLOWPROFILE: a CPU profile of the last catch-up):
+//
+//	BENCH_SCALE=0.1 go test -run '^$' -bench '^BenchmarkFollow$' -benchtime 3x ./bench/
+func BenchmarkFollow(b *testing.B) {
+	p, dir := setUp(b)
+	ctx := context.Background()
+	o := startOrg(orgScale(p.Scale))
+	defer o.Close()
+	truth := o.sim.Truth()
+	rows := 0
+	for _, h := range truth.History {
+		rows += len(h)
+	}
+	tags := len(truth.Tags)
+	truth = platformsim.Truth{}
+	l, err := openMirror(ctx, filepath.Join(dir, "l"), o.URL(), p.Concurrency, "snapshot")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := syncOnce(ctx, o, l); err != nil {
+		b.Fatal(err)
+	}
+	pcfg := publishConfig(filepath.Join(dir, "nats"), o.URL()+"/org1")
+	conn, err := publish.Connect(ctx, pcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	if err := publish.NewRelay(conn.JS, l.store, pcfg).Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	for i := range b.N {
+		cdir := filepath.Join(dir, fmt.Sprintf("ceiling-%d", i))
+		if err := os.MkdirAll(cdir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		runtime.GC()
+		ceiling, err := sqliteCeiling(ctx, cdir, rows, tags, ceilingRowsPerTx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		runtime.GC()
+		cpu := selfCPU()
+		r, err := measureFollowApply(ctx, conn, pcfg, filepath.Join(dir, fmt.Sprintf("follower-%d", i)),
+			fmt.Sprintf("bench-follower-%d", i), ceiling)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cpu = selfCPU() - cpu
+		fmt.Fprintf(os.Stderr, "follow: %d events and %d history rows in %.2f s (CPU %.2f s) = %.0f events/s, "+
+			"%.0f rows/s; SQLite loop %.0f rows/s; ratio %.3f (events), %.3f (rows)\n",
+			r.Events, r.HistoryRows, r.CatchUpSeconds, cpu.Seconds(), r.ApplyPerSec, r.RowsPerSec, ceiling, r.Ratio,
+			r.RowsRatio)
+		b.ReportMetric(r.RowsRatio, "follow-rows/ceiling")
+	}
 }

@@ -77,23 +77,51 @@ var ErrUnknownPosition = errors.New(
 // but an event that cannot be applied (data that does not decode or breaks
 // a constraint: what the stream carries is untrusted) is set aside and
 // returned in Rejected, while the events before and after it are applied.
-// Each attempt runs in a SAVEPOINT, so a rejected event leaves nothing
-// behind. The batch is tried whole first, the usual case staying one
-// multi-row write; after a failure the events up to the one that failed are
-// applied one at a time, and the rest whole again, so a batch costs at most
-// one extra attempt per rejected event and one single-event write per
-// event. An error of the database itself (a full disk, a busy or damaged
-// file, a cancelled context) fails the whole batch, which is then retried:
-// it says nothing about the event.
+//
+// The batch is tried whole first, in a transaction of its own without a
+// savepoint: a savepoint around a batch made every statement in it pay for
+// the pages the savepoint had journaled (SQLite's in-memory statement
+// journal is cut back from its start at the end of each statement), most
+// of a follower's time. Only when an event fails is that transaction
+// rolled back and the batch applied again in another (applyApart), with
+// the failed attempt's error, so a poison message costs one more pass over
+// its batch. An error of the database itself (a full disk, a busy or
+// damaged file, a cancelled context) fails the whole batch, which is then
+// retried: it says nothing about the event.
 func (s *Store) ApplyStream(ctx context.Context, evs []StreamEvent) (StreamResult, error) {
+	var applied int
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var err error
+		applied, err = s.applyStreamTx(ctx, tx, evs)
+		return err
+	})
+	if err == nil {
+		return StreamResult{Applied: applied}, nil
+	}
+	if !eventFault(ctx, err) {
+		return StreamResult{}, err
+	}
+	return s.applyApart(ctx, evs, err)
+}
+
+// applyApart applies evs, a batch whose whole attempt failed with failed,
+// setting aside the events that cannot be applied. Each attempt runs in a
+// SAVEPOINT, so a rejected event leaves nothing behind: the events up to
+// the one that failed are applied one at a time, and the rest whole again,
+// so a batch costs at most one extra attempt per rejected event and one
+// single-event write per event.
+func (s *Store) applyApart(ctx context.Context, evs []StreamEvent, failed error) (StreamResult, error) {
 	var res StreamResult
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		res = StreamResult{}
+		err := failed
 		for rest := evs; len(rest) > 0; {
-			n, err := s.applySavepoint(ctx, tx, rest)
 			if err == nil {
-				res.Applied += n
-				break
+				var n int
+				if n, err = s.applySavepoint(ctx, tx, rest); err == nil {
+					res.Applied += n
+					break
+				}
 			}
 			if !eventFault(ctx, err) {
 				return err
@@ -121,7 +149,7 @@ func (s *Store) ApplyStream(ctx context.Context, evs []StreamEvent) (StreamResul
 					return err
 				}
 			}
-			rest = rest[k+1:]
+			rest, err = rest[k+1:], nil
 		}
 		// The rejected events are behind the mirror too: its position
 		// covers them.
@@ -376,8 +404,12 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 		if err := json.Unmarshal(e.Data, &d); err != nil {
 			return "", fmt.Errorf("decode data: %w", err)
 		}
-		if err := b.flush(ctx); err != nil {
-			return "", err
+		// The tag's row and history as the events before left them; the
+		// other pending upserts can wait.
+		if b.pending[followKey{"tags", d.Tag}] || b.pending[followKey{"history", d.Tag}] {
+			if err := b.flush(ctx); err != nil {
+				return "", err
+			}
 		}
 		return d.Path, b.appendRecorded(ctx, d)
 	case "crawl":
@@ -412,6 +444,13 @@ func (b *followBatch) applyMatured(ctx context.Context, e StreamEvent) (string, 
 // and digest after them, as the leader's history read did, and marks the
 // history read as of the tag's update time, as the leader's read marked
 // it: a replica that becomes the leader does not read it again.
+//
+// The records new to the mirror are queued (recordHistory) and written
+// with the batch's other upserts: a row at a time, they were most of a
+// follower's time, a baseline's event carrying a tag's whole history. The
+// tag's rows are read once, with those after the records: which of them
+// the mirror holds already (kept, as an insert that conflicts keeps them),
+// and the ones that continue the history past them.
 func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) error {
 	if len(d.Records) == 0 || d.Tag == "" {
 		return errors.New("history.recorded event without a tag or records")
@@ -437,24 +476,21 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	if old.LastTime, err = ParseTime(lastTime); err != nil {
 		return err
 	}
+	first := d.Records[0].Seq
+	for _, r := range d.Records {
+		first = min(first, r.Seq)
+	}
+	stored, err := b.historyFrom(ctx, d.Tag, first)
+	if err != nil {
+		return err
+	}
 	var fresh []HistoryRecord
 	for _, r := range d.Records {
 		at := FormatTime(r.Time)
-		res, err := b.exec(
-			ctx,
-			`INSERT INTO tag_history (tag_uid, seq, update_time, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
-			d.Tag,
-			r.Seq,
-			at,
-			r.Digest,
-		)
-		if err != nil {
-			return fmt.Errorf("insert history of tag %s: %w", d.Tag, err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n > 0 {
-			b.history = append(b.history, d.Tag, r.Seq, at, r.Digest)
+		if _, ok := stored[r.Seq]; !ok {
+			rec := HistoryRecord{Time: r.Time.UTC().Truncate(time.Millisecond), Digest: r.Digest}
+			stored[r.Seq] = rec
+			b.recordHistory(d.Tag, r.Seq, at, r.Digest)
 		}
 		if r.Seq == old.Count+len(fresh) {
 			fresh = append(fresh, HistoryRecord{Time: r.Time.UTC().Truncate(time.Millisecond), Digest: r.Digest})
@@ -466,11 +502,13 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	// Moves after these records that came first (a lost message published
 	// again by the leader's audit arrives after the later ones) are in
 	// tag_history already: the bookmark and digest go on over them.
-	later, err := b.historyFrom(ctx, d.Tag, old.Count+len(fresh))
-	if err != nil {
-		return err
+	for seq := old.Count + len(fresh); ; seq++ {
+		r, ok := stored[seq]
+		if !ok {
+			break
+		}
+		fresh = append(fresh, r)
 	}
-	fresh = append(fresh, later...)
 	nb, last := bookmarkAfter(old, fresh), fresh[len(fresh)-1]
 	_, err = b.exec(
 		ctx,
@@ -491,10 +529,10 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	return nil
 }
 
-// historyFrom returns the records of tag stored at positions from on
-// without a gap, oldest first.
-func (b *followBatch) historyFrom(ctx context.Context, tag string, from int) ([]HistoryRecord, error) {
-	st, err := b.stmt(ctx, `SELECT seq, update_time, digest FROM tag_history WHERE tag_uid = ? AND seq >= ? ORDER BY seq`)
+// historyFrom returns the records of tag stored at positions from on, by
+// position.
+func (b *followBatch) historyFrom(ctx context.Context, tag string, from int) (map[int]HistoryRecord, error) {
+	st, err := b.stmt(ctx, `SELECT seq, update_time, digest FROM tag_history WHERE tag_uid = ? AND seq >= ?`)
 	if err != nil {
 		return nil, err
 	}
@@ -503,21 +541,18 @@ func (b *followBatch) historyFrom(ctx context.Context, tag string, from int) ([]
 		return nil, fmt.Errorf("read history of tag %s: %w", tag, err)
 	}
 	defer rows.Close()
-	var out []HistoryRecord
+	out := map[int]HistoryRecord{}
 	for rows.Next() {
 		var seq int
 		var at, digest string
 		if err := rows.Scan(&seq, &at, &digest); err != nil {
 			return nil, err
 		}
-		if seq != from+len(out) {
-			break
-		}
 		t, err := ParseTime(at)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, HistoryRecord{Time: t, Digest: digest})
+		out[seq] = HistoryRecord{Time: t, Digest: digest}
 	}
 	return out, rows.Err()
 }

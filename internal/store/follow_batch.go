@@ -32,9 +32,9 @@ type followBatch struct {
 	details, detailsKeep []Advisory
 	// pending holds the resources with a pending row, by table and uid.
 	pending map[followKey]bool
-	// history holds the tag_history rows the batch inserted, as
-	// bulkHistory's values, for the replica digest.
-	history []any
+	// records are the pending tag_history rows, as bulkHistory's values;
+	// history holds those the batch inserted, for the replica digest.
+	records, history []any
 }
 
 type followKey struct{ table, uid string }
@@ -140,6 +140,15 @@ func (b *followBatch) upsertAdvisory(ctx context.Context, a Advisory, complete, 
 	return nil
 }
 
+// recordHistory queues a tag_history row the mirror does not hold, which
+// the replica digest then counts; a later event that reads the tag's
+// history flushes it first.
+func (b *followBatch) recordHistory(tag string, seq int, at, digest string) {
+	b.pending[followKey{"history", tag}] = true
+	b.records = append(b.records, tag, seq, at, digest)
+	b.history = append(b.history, tag, seq, at, digest)
+}
+
 // insert writes rows as Store.insertRows does.
 func (b *followBatch) insert(ctx context.Context, bk bulk, args []any) (int64, error) {
 	return b.s.insertRows(ctx, b.tx, bk, args)
@@ -172,6 +181,9 @@ func (b *followBatch) flush(ctx context.Context) error {
 	if _, err := b.insert(ctx, bulkAdvisories, b.advisories); err != nil {
 		return fmt.Errorf("upsert advisories: %w", err)
 	}
+	if _, err := b.insert(ctx, bulkHistory, b.records); err != nil {
+		return fmt.Errorf("insert history: %w", err)
+	}
 	if err := b.s.writeAdvisoryDetails(ctx, b.tx, b.details, false); err != nil {
 		return fmt.Errorf("upsert advisories: %w", err)
 	}
@@ -179,6 +191,7 @@ func (b *followBatch) flush(ctx context.Context) error {
 		return fmt.Errorf("upsert advisories: %w", err)
 	}
 	b.repos, b.placeholders, b.tags, b.advisories = b.repos[:0], b.placeholders[:0], b.tags[:0], b.advisories[:0]
+	b.records = b.records[:0]
 	b.details, b.detailsKeep = b.details[:0], b.detailsKeep[:0]
 	clear(b.pending)
 	return nil
