@@ -583,7 +583,11 @@ func keepLog(t *testing.T, n *node) {
 		return
 	}
 	path := filepath.Join(dir, t.Name()+"-"+n.name+".log")
-	if err := os.WriteFile(path, []byte(n.out.String()), 0o600); err != nil {
+	err := os.MkdirAll(dir, 0o700)
+	if err == nil {
+		err = os.WriteFile(path, []byte(n.out.String()), 0o600)
+	}
+	if err != nil {
 		t.Logf("keep the log of %s: %v", n.name, err)
 		return
 	}

@@ -205,6 +205,19 @@ func (pw *partitionWorld) finish(leader, standby *node) string {
 	if missing > 0 || extra > 0 || total != delivered {
 		t.Errorf("events: %d in the leader's mirror, %d distinct on the stream (%d messages): %d missing, %d extra",
 			len(expected), delivered, total, missing, extra)
+		// Whether the stream lost a message it stored (a sequence deleted
+		// from its middle) or never stored one.
+		if s, err := pw.js.Stream(pw.ctx, "SYNCD"); err == nil {
+			if info, err := s.Info(pw.ctx, jetstream.WithDeletedDetails(true)); err == nil {
+				t.Logf("the stream: seqs %d to %d, %d messages, deleted from its middle: %v",
+					info.State.FirstSeq, info.State.LastSeq, info.State.Msgs, info.State.Deleted)
+				for seq := max(info.State.FirstSeq, info.State.LastSeq-12); seq <= info.State.LastSeq; seq++ {
+					if m, err := s.GetMsg(pw.ctx, seq); err == nil {
+						t.Logf("  seq %d: %s %s", seq, m.Subject, m.Header.Get(jetstream.MsgIDHeader))
+					}
+				}
+			}
+		}
 	}
 	// A consumer's view: an ordered consumer that read the stream from the
 	// start while the faults happened.

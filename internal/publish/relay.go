@@ -560,6 +560,11 @@ func (p *relayPass) publish(e store.Event) {
 func (p *relayPass) acknowledged(e store.Event, ack *jetstream.PubAck) {
 	if ack != nil {
 		p.streamSeq = max(p.streamSeq, ack.Sequence)
+		if p.r.log.Enabled(context.Background(), slog.LevelDebug) {
+			// Where the stream says it holds the event: a duplicate's
+			// sequence is its first copy's.
+			p.r.log.Debug("acknowledged", "id", e.ID, "stream_seq", ack.Sequence, "duplicate", ack.Duplicate)
+		}
 	}
 	p.acked = append(p.acked, e.Seq)
 	switch {
