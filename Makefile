@@ -24,9 +24,10 @@ test:
 	$(GO) vet $(PKGS)
 	$(GO) test $(RACE) -count=1 -timeout 9m $(PKGS)
 
-## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die, signing, under the permissions of deploy/nats-permissions.conf (about a minute; docs/cluster.md)
+## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die, signing, under the permissions of deploy/nats-permissions.conf; then the leader paused, black-holed, and 200 ms of latency (about three minutes; docs/cluster.md)
 cluster-test:
-	SYNCD_TEST_CLUSTER=1 $(GO) test $(RACE) -count=1 -timeout 5m -run '^TestCluster_ThreeNodes$$' -v ./cmd/syncd/
+	SYNCD_TEST_CLUSTER=1 $(GO) test $(RACE) -count=1 -timeout 12m \
+		-run '^TestCluster_(ThreeNodes|LeaderPaused|LeaderBlackHoled|SlowNetworkNoTakeover)$$' -v ./cmd/syncd/
 
 ## bench: syncd against the limits of the machine and the API, at full size; one table, and bench/results.json (docs/performance.md)
 bench:

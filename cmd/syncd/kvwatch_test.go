@@ -104,7 +104,7 @@ func (h *kvHistory) regressions(order func(uid string) []string) ([]string, int)
 	var out []string
 	checked := 0
 	for key, vals := range h.values {
-		if key == publish.TermKey {
+		if publish.IsTermKey(key) {
 			continue
 		}
 		prev := -1

@@ -958,14 +958,14 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 			break
 		}
 		seq = m.Sequence + 1
+		if publish.Reserved(m.Subject) {
+			continue // checkpoints, term markers and snapshot records apply nothing
+		}
 		if err := f.verify(m.Subject, m.Header, m.Data); err != nil {
 			// Counted now: the consumer's delivery of it was lost, and
 			// comes again only after the AckWait (it terminates it then).
 			f.rejectUnsigned(m.Sequence, m.Subject, err)
 			continue
-		}
-		if publish.Reserved(m.Subject) {
-			continue // checkpoints and term markers apply nothing
 		}
 		ev, err := publish.Decode(m.Data)
 		if err != nil {
@@ -1031,6 +1031,13 @@ func (b *pulled) collect(batch jetstream.MessageBatch, f *Follower) error {
 		if md, err := m.Metadata(); err == nil {
 			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream
 		}
+		if !strings.HasSuffix(m.Subject(), "."+publish.CheckpointToken) && publish.Reserved(m.Subject()) {
+			// A lease term's marker or a snapshot's record: nothing to
+			// apply, so nothing to verify (the leader does not sign
+			// them); acknowledged with the batch.
+			b.msgs, b.seqs = append(b.msgs, m), append(b.seqs, seq)
+			continue
+		}
 		if err := f.verify(m.Subject(), m.Headers(), m.Data()); err != nil {
 			f.rejectUnsigned(seq, m.Subject(), err)
 			b.maxSeq = max(b.maxSeq, seq)
@@ -1051,12 +1058,6 @@ func (b *pulled) collect(batch jetstream.MessageBatch, f *Follower) error {
 				continue
 			}
 			b.checks = append(b.checks, pendingCheck{at: len(b.evs), seq: seq, cp: cp})
-			b.msgs, b.seqs = append(b.msgs, m), append(b.seqs, seq)
-			continue
-		}
-		if publish.Reserved(m.Subject()) {
-			// A lease term's marker or a snapshot's record: no event to
-			// apply, acknowledged with the batch.
 			b.msgs, b.seqs = append(b.msgs, m), append(b.seqs, seq)
 			continue
 		}

@@ -150,13 +150,8 @@ func forgeries(t *testing.T) []*nats.Msg {
 	if _, err := st.ApplyRepos(ctx, []store.Repo{real, evil}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.ApplyTags(
-		ctx,
-		evil,
-		[]store.Tag{{UID: "g/evil/t", Name: "t", Digest: "sha256:attacker", CreateTime: t0, UpdateTime: t0}},
-	); err != nil {
-		t.Fatal(err)
-	}
+	testutil.AnnounceTags(t, st, evil,
+		[]store.Tag{{UID: "g/evil/t", Name: "t", Digest: "sha256:attacker", CreateTime: t0, UpdateTime: t0}})
 	if _, err := st.MarkTagsDeleted(ctx, []string{"g/r1/t1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -235,6 +230,17 @@ func TestFollower_RejectsForgedMessages(t *testing.T) {
 		if _, err := attacker.PublishMsg(ctx, other.Seal(c)); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A lease term's markers (one per lane) and a snapshot's record,
+	// which the leader does not sign and no follower acts on: passed over,
+	// not rejected.
+	fence := publish.NewFence(js, publish.FenceConfig{Node: "leader", Lanes: 2,
+		Format: publish.Config{SubjectPrefix: "ev", Source: "test"}.Format()})
+	if err := fence.Mark(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := fence.RecordSnapshot(ctx, "mirror-1", 1); err != nil {
+		t.Fatal(err)
 	}
 	leader.change(1)
 	last := publishCheckpoint(t, leader.relay)

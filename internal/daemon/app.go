@@ -197,9 +197,9 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	return a, nil
 }
 
-// newFence returns the fence of a cluster replica's writes, or nil, with a
-// warning, when the stream or the KV buckets are replicated, where
-// JetStream cannot fence pipelined writes (publish.FenceSupported).
+// newFence returns the fence of a cluster replica's writes, with as many
+// lanes as the replica counts of the stream and the KV buckets need
+// (publish.LanesFor).
 func (a *App) newFence(ctx context.Context, pcfg publish.Config, log *slog.Logger) (*publish.Fence, error) {
 	s, err := a.NATS.JS.Stream(ctx, pcfg.Stream)
 	if err != nil {
@@ -209,16 +209,8 @@ func (a *App) newFence(ctx context.Context, pcfg publish.Config, log *slog.Logge
 	if a.Config.KV.Enabled {
 		replicas = append(replicas, a.Config.BucketReplicas())
 	}
-	if !publish.FenceSupported(replicas...) {
-		log.Warn(
-			"leader writes are not fenced: the stream or the KV buckets are replicated, where JetStream refuses concurrent writes conditional on one subject (docs/cluster.md, \"Fencing\")",
-			"stream_replicas",
-			replicas[0],
-		)
-		return nil, nil
-	}
 	return publish.NewFence(a.NATS.JS, publish.FenceConfig{Node: a.Config.Cluster.Node(), Format: pcfg.Format(),
-		OnFenced: a.fenced, Logger: log.With("part", "fence")}), nil
+		Lanes: publish.LanesFor(replicas...), OnFenced: a.fenced, Logger: log.With("part", "fence")}), nil
 }
 
 // fenced steps the replica down after JetStream refused one of its writes.

@@ -434,10 +434,7 @@ func (au *audit) repairResource(
 			}
 		}
 		m := a.message(e.Event)
-		if err := a.cfg.Fence.StampEvent(m); err != nil {
-			return 0, fmt.Errorf("audit: publish %s %s again: %w", e.Type, e.ID, err)
-		}
-		ack, err := a.js.PublishMsg(ctx, m, jetstream.WithExpectStream(a.cfg.Stream))
+		ack, err := a.republish(ctx, m)
 		if err != nil {
 			a.cfg.Fence.Check(err)
 			return 0, fmt.Errorf("audit: publish %s %s again: %w", e.Type, e.ID, err)
@@ -646,4 +643,13 @@ func (au *audit) scan(
 			return nil, fmt.Errorf("audit: read stream %s: no message came with %d pending", a.cfg.Stream, info.NumPending)
 		}
 	}
+}
+
+// republish publishes m again as a single write of the fence's term.
+func (a *Auditor) republish(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) {
+	defer a.cfg.Fence.Hold()()
+	if err := a.cfg.Fence.StampEvent(m); err != nil {
+		return nil, err
+	}
+	return a.js.PublishMsg(ctx, m, jetstream.WithExpectStream(a.cfg.Stream))
 }

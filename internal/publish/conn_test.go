@@ -78,7 +78,8 @@ func TestConnect_CheckStreamOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := info.CachedInfo().State.Msgs, uint64(4); got != want {
+	// Two repo.created, two tag.created and their history.recorded.
+	if got, want := info.CachedInfo().State.Msgs, uint64(6); got != want {
 		t.Errorf("stream holds %d messages, want %d", got, want)
 	}
 	if got := info.CachedInfo().Config.MaxMsgs; got != 1000 {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,14 +29,48 @@ import (
 // newer leader's marker moves that last sequence, and the server refuses
 // every write of the older term ("wrong last sequence"): the deposed
 // leader counts it, stops writing, and steps down.
+//
+// Lanes. On a replicated stream (R>1) nats-server refuses a write
+// conditional on a subject while another write conditional on the same
+// subject awaits its quorum (10164, "wrong last sequence" without a
+// sequence; checkMsgHeadersPreClusteredProposal in nats-server 2.15). So a
+// term there has several markers per stream, one per lane: lane 0 on the
+// marker subject itself, lane i on the marker subject followed by "_i".
+// Each write is conditional on one lane's marker, and no two writes in
+// flight share a lane: the pipelined writers (the relay, the KV writer)
+// take lanes 1 to n-1 in turn with at most n-1 writes in flight, and the
+// occasional single writes (checkpoints, snapshot records, the audit's
+// re-publishes) share lane 0, one at a time. A new term's markers move
+// every lane, so every write of the older term is refused on whichever
+// lane it was sent. An unreplicated stream has one lane and no limit.
 
 // TermToken is the subject token of term markers on the event stream.
 const TermToken = "_term"
 
-// TermKey is the key of the term marker in every KV bucket: '=' followed
-// by anything but two hex digits is no key EscapeKeyToken makes, so no
-// resource's key can be it.
+// TermKey is the key of the term marker in every KV bucket (lane 0's; the
+// other lanes' are TermKey followed by "_i"): '=' followed by anything but
+// two hex digits is no key EscapeKeyToken makes, so no resource's key can
+// be one.
 const TermKey = "=term"
+
+// IsTermKey reports whether key is one of the term markers' keys.
+func IsTermKey(key string) bool {
+	rest, ok := strings.CutPrefix(key, TermKey)
+	return ok && (rest == "" || rest[0] == '_')
+}
+
+// ReplicatedLanes is the number of lanes of a term on replicated streams:
+// the relay and the KV writer keep at most one fewer writes in flight.
+const ReplicatedLanes = 32
+
+// laneSubject is the marker subject of lane i of the stream whose lane 0
+// marker subject is base.
+func laneSubject(base string, i int) string {
+	if i == 0 {
+		return base
+	}
+	return base + "_" + strconv.Itoa(i)
+}
 
 // TermType is a term marker's CloudEvents type on the event stream.
 const TermType = TypePrefix + "term"
@@ -61,6 +96,10 @@ type FenceConfig struct {
 	// Node names the replica in its markers.
 	Node   string
 	Format Format
+	// Lanes is the number of markers a term has on each stream (see
+	// "Lanes" above): 1 (the default) for unreplicated streams,
+	// ReplicatedLanes when any is replicated.
+	Lanes int
 	// OnFenced is called once a term, from the writer's goroutine, when the
 	// server refused a write of the term: the replica steps down.
 	OnFenced func()
@@ -81,7 +120,14 @@ type Fence struct {
 	// outside a term, when every write is refused before it is sent.
 	seqs    map[string]uint64
 	tripped bool // a write of this term was refused
-	refused atomic.Int64
+	// remark marks the term again after its marker vanished (SetRemark);
+	// remarking is set while it runs.
+	remark    func(ctx context.Context) error
+	remarking atomic.Bool
+	refused   atomic.Int64
+	// single is lane 0's: held by a single write from its stamp to its
+	// answer.
+	single sync.Mutex
 }
 
 // fenceTarget is one stream's marker: pub is the subject it is published
@@ -95,6 +141,7 @@ func NewFence(js jetstream.JetStream, cfg FenceConfig) *Fence {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.Lanes = max(cfg.Lanes, 1)
 	f := &Fence{js: js, cfg: cfg, log: cfg.Logger}
 	subj := TermSubject(cfg.Format.SubjectPrefix)
 	f.targets = []fenceTarget{{pub: subj, check: subj}}
@@ -118,9 +165,10 @@ type termMarker struct {
 	Time time.Time `json:"time"`
 }
 
-// Mark begins a term: it publishes a marker on every guarded stream and
-// records their sequences. It must run once the lease is gained and before
-// the term's first write; until it succeeds, every write is refused.
+// Mark begins a term: it publishes a marker on every lane of every guarded
+// stream and records their sequences. It must run once the lease is gained
+// and before the term's first write; until it succeeds, every write is
+// refused.
 func (f *Fence) Mark(ctx context.Context) error {
 	if f == nil {
 		return nil
@@ -134,30 +182,51 @@ func (f *Fence) Mark(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	seqs := make(map[string]uint64, len(targets))
+	type marking struct {
+		check string
+		fut   jetstream.PubAckFuture
+	}
+	var sent []marking
 	for i, t := range targets {
-		data := body
-		if i == 0 {
-			// On the event stream, a CloudEvent, as the checkpoints are:
-			// a consumer that parses every message reads it and ignores
-			// a type it does not know. No Nats-Msg-Id: a marker is never
-			// a duplicate.
-			id := "term-" + f.cfg.Node + "-" + strconv.FormatInt(now.UnixNano(), 10)
-			if data, err = json.Marshal(CloudEvent{SpecVersion: "1.0", ID: id, Source: f.cfg.Format.Source, Type: TermType,
-				Time: now.Format(time.RFC3339Nano), DataContentType: "application/json", Data: body}); err != nil {
-				return err
+		for lane := range f.cfg.Lanes {
+			data := body
+			if i == 0 {
+				// On the event stream, a CloudEvent, as the checkpoints
+				// are: a consumer that parses every message reads it and
+				// ignores a type it does not know. Each lane's has an id
+				// of its own (lane 0's without a suffix). No Nats-Msg-Id:
+				// a marker is never a duplicate.
+				id := laneSubject("term-"+f.cfg.Node+"-"+strconv.FormatInt(now.UnixNano(), 10), lane)
+				if data, err = json.Marshal(CloudEvent{SpecVersion: "1.0", ID: id, Source: f.cfg.Format.Source,
+					Type: TermType, Time: now.Format(time.RFC3339Nano), DataContentType: "application/json",
+					Data: body}); err != nil {
+					return err
+				}
 			}
+			m := &nats.Msg{Subject: laneSubject(t.pub, lane), Data: data}
+			fut, err := f.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0))
+			if err != nil {
+				return fmt.Errorf("publish the term marker on %s: %w", m.Subject, err)
+			}
+			sent = append(sent, marking{laneSubject(t.check, lane), fut})
 		}
-		ack, err := f.js.PublishMsg(ctx, &nats.Msg{Subject: t.pub, Data: data})
-		if err != nil {
-			return fmt.Errorf("publish the term marker on %s: %w", t.pub, err)
+	}
+	seqs := make(map[string]uint64, len(sent))
+	for _, m := range sent {
+		select {
+		case ack := <-m.fut.Ok():
+			seqs[m.check] = ack.Sequence
+		case err := <-m.fut.Err():
+			return fmt.Errorf("publish the term marker on %s: %w", m.fut.Msg().Subject, err)
+		case <-ctx.Done():
+			return fmt.Errorf("publish the term markers: %w", ctx.Err())
 		}
-		seqs[t.check] = ack.Sequence
 	}
 	f.mu.Lock()
 	f.seqs = seqs
 	f.mu.Unlock()
-	f.log.Info("lease term marked", "node", f.cfg.Node, "markers", len(seqs), "stream_seq", seqs[targets[0].check])
+	f.log.Info("lease term marked", "node", f.cfg.Node, "markers", len(seqs), "lanes", f.cfg.Lanes,
+		"stream_seq", seqs[targets[0].check])
 	return nil
 }
 
@@ -171,16 +240,22 @@ func (f *Fence) End() {
 	f.mu.Unlock()
 }
 
-// Stamp makes m a write of the current term on the stream whose marker is
-// stored under check: the server stores it only while that marker is the
-// stream's newest. ErrFenced outside a term, or after a write of the term
-// was refused.
-func (f *Fence) Stamp(m *nats.Msg, check string) error {
+// Stamp makes m a write of the current term on lane 0 of the stream whose
+// marker is stored under check (see StampLane). A single write holds lane
+// 0 from its stamp to its answer: see Hold.
+func (f *Fence) Stamp(m *nats.Msg, check string) error { return f.StampLane(m, check, 0) }
+
+// StampLane makes m a write of the current term on the given lane of the
+// stream whose marker is stored under check: the server stores it only
+// while that lane's marker is the newest on its subject. ErrFenced outside
+// a term, or after a write of the term was refused.
+func (f *Fence) StampLane(m *nats.Msg, check string, lane int) error {
 	if f == nil {
 		return nil
 	}
+	subj := laneSubject(check, lane)
 	f.mu.Lock()
-	seq, ok := f.seqs[check]
+	seq, ok := f.seqs[subj]
 	f.mu.Unlock()
 	if !ok {
 		return ErrFenced
@@ -190,16 +265,62 @@ func (f *Fence) Stamp(m *nats.Msg, check string) error {
 	}
 	// Canonical keys already: set directly, as Format.Message does.
 	m.Header["Nats-Expected-Last-Subject-Sequence"] = []string{strconv.FormatUint(seq, 10)}
-	m.Header["Nats-Expected-Last-Subject-Sequence-Subject"] = []string{check}
+	m.Header["Nats-Expected-Last-Subject-Sequence-Subject"] = []string{subj}
 	return nil
 }
 
-// StampEvent stamps m, a message of the event stream.
+// StampEvent stamps m, a message of the event stream, on lane 0.
 func (f *Fence) StampEvent(m *nats.Msg) error {
 	if f == nil {
 		return nil
 	}
 	return f.Stamp(m, TermSubject(f.cfg.Format.SubjectPrefix))
+}
+
+// Hold takes lane 0 for one single write, from before its stamp until its
+// answer, and returns its release. Without a fence, or with one lane (an
+// unreplicated stream takes concurrent conditional writes), it holds
+// nothing.
+func (f *Fence) Hold() (release func()) {
+	if f == nil || f.cfg.Lanes == 1 {
+		return func() {}
+	}
+	f.single.Lock()
+	return f.single.Unlock
+}
+
+// Pipeline is how a pipelined writer spreads its writes over the lanes.
+// Its zero value, or one of a nil fence, puts every write on lane 0 with
+// no limit.
+type Pipeline struct {
+	lanes int
+	next  map[string]int
+}
+
+// Pipeline returns a pipelined writer's lanes: 1 to n-1 in turn, for at
+// most Depth writes in flight.
+func (f *Fence) Pipeline() *Pipeline {
+	if f == nil || f.cfg.Lanes == 1 {
+		return &Pipeline{}
+	}
+	return &Pipeline{lanes: f.cfg.Lanes, next: map[string]int{}}
+}
+
+// Depth is the most writes the pipeline may have in flight: 0 for no
+// limit.
+func (p *Pipeline) Depth() int { return max(p.lanes-1, 0) }
+
+// Lane is the lane of the next write to the stream whose marker is stored
+// under check. With no more than Depth writes in flight, answered in the
+// order they were sent (as JetStream answers one connection's publishes
+// to one stream), the previous write on that lane has been answered.
+func (p *Pipeline) Lane(check string) int {
+	if p.lanes <= 1 {
+		return 0
+	}
+	n := p.next[check]
+	p.next[check] = (n + 1) % (p.lanes - 1)
+	return 1 + n
 }
 
 // InTerm reports whether a term is open for writes: a write that costs
@@ -234,18 +355,32 @@ func (f *Fence) Check(err error) bool {
 	}
 	// Only 10071 says that the marker is no longer the newest. A
 	// replicated stream answers 10164 (JSErrCodeStreamWrongLastSequenceConstant)
-	// to a conditional write while another on the same subject awaits its
-	// quorum: a conflict, not a newer term (see FenceSupported).
+	// to a conditional write while another on the same lane awaits its
+	// quorum: a conflict, not a newer term (see "Lanes").
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
 		return false
 	}
 	f.refused.Add(1)
 	f.mu.Lock()
-	first := !f.tripped && f.seqs != nil
+	if f.seqs != nil && markerMissing(apiErr) && f.remark != nil {
+		// The stream holds no message at all on the marker's subject: no
+		// newer term's marker, which would be there, but this term's gone
+		// (aged out with max_age, or purged). The write failed and its
+		// writer tries again; meanwhile the term is marked again, if the
+		// lease is still this replica's.
+		f.mu.Unlock()
+		if f.remarking.CompareAndSwap(false, true) {
+			f.log.Warn("a write was refused: the stream no longer holds this term's marker; marking the term again",
+				"node", f.cfg.Node, "err", err)
+			go f.markAgain()
+		}
+		return true
+	}
+	firstRefusal, seqs := !f.tripped && f.seqs != nil, f.seqs
 	f.tripped, f.seqs = true, nil
 	f.mu.Unlock()
-	if first {
+	if firstRefusal {
 		f.log.Warn(
 			"a write was refused: another replica's lease term began after this one's; stepping down",
 			"node",
@@ -256,8 +391,94 @@ func (f *Fence) Check(err error) bool {
 		if f.cfg.OnFenced != nil {
 			f.cfg.OnFenced()
 		}
+		go f.explain(seqs)
 	}
 	return true
+}
+
+// SetRemark has a write refused for a marker the stream no longer holds
+// call remark, once at a time: it must mark the term again (Mark) if the
+// lease is still this replica's, confirming the lease before and after.
+// When it fails, the term ends and the replica steps down (OnFenced).
+// Without it, such a refusal ends the term like a newer term's.
+func (f *Fence) SetRemark(remark func(ctx context.Context) error) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.remark = remark
+}
+
+// markAgain runs the remark function, and ends the term when it fails.
+func (f *Fence) markAgain() {
+	defer f.remarking.Store(false)
+	f.mu.Lock()
+	remark := f.remark
+	f.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := remark(ctx)
+	if err == nil {
+		return
+	}
+	f.mu.Lock()
+	first := !f.tripped
+	f.tripped, f.seqs = true, nil
+	f.mu.Unlock()
+	if first {
+		f.log.Warn("marking the term again failed; stepping down", "node", f.cfg.Node, "err", err)
+		if f.cfg.OnFenced != nil {
+			f.cfg.OnFenced()
+		}
+	}
+}
+
+// markerMissing reports whether err, a 10071, says that the stream
+// holds no message on the checked subject ("wrong last sequence: 0").
+func markerMissing(err *jetstream.APIError) bool {
+	n, ok := strings.CutPrefix(err.Description, "wrong last sequence: ")
+	return ok && n == "0"
+}
+
+// explain logs which of the term's markers (seqs, by checked subject) a
+// newer one followed, as the streams have them now: all of them after a
+// newer term's markers, none when the server refused a write although
+// this term's markers are still the newest.
+func (f *Fence) explain(seqs map[string]uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var moved, same, unread []string
+	for subj, seq := range seqs {
+		name, err := f.js.StreamNameBySubject(ctx, subj)
+		var s jetstream.Stream
+		if err == nil {
+			s, err = f.js.Stream(ctx, name)
+		}
+		var m *jetstream.RawStreamMsg
+		if err == nil {
+			m, err = s.GetLastMsgForSubject(ctx, subj)
+		}
+		switch {
+		case err != nil:
+			unread = append(unread, subj+": "+err.Error())
+		case m.Sequence == seq:
+			same = append(same, subj)
+		default:
+			moved = append(moved, fmt.Sprintf("%s %d->%d", subj, seq, m.Sequence))
+		}
+	}
+	slices.Sort(moved)
+	f.log.Warn("the refused term's markers as the streams hold them now", "node", f.cfg.Node, "moved", len(moved),
+		"unchanged", len(same), "unread", len(unread), "first_moved", first(moved), "first_unread", first(unread))
+}
+
+// first is the first of ss, or "".
+func first(ss []string) string {
+	if len(ss) == 0 {
+		return ""
+	}
+	return ss[0]
 }
 
 // SnapshotToken is the subject token of snapshot records on the event
@@ -299,6 +520,7 @@ func (f *Fence) RecordSnapshot(ctx context.Context, name string, streamSeq uint6
 		return err
 	}
 	m := &nats.Msg{Subject: f.cfg.Format.SubjectPrefix + "." + SnapshotToken, Data: ce}
+	defer f.Hold()()
 	if err := f.StampEvent(m); err != nil {
 		return fmt.Errorf("record snapshot %s: %w", name, err)
 	}
@@ -311,18 +533,13 @@ func (f *Fence) RecordSnapshot(ctx context.Context, name string, streamSeq uint6
 	return nil
 }
 
-// FenceSupported reports whether writes to streams of these replica
-// counts can be fenced. A replicated stream (R>1, nats-server 2.15's
-// checkMsgHeadersPreClusteredProposal) refuses a write conditional on a
-// subject while another write conditional on it awaits its quorum, with
-// 10164: every write of a term is conditional on one marker subject, so
-// the relay's and the KV writer's pipelined writes would be refused but
-// one at a time. Fencing is therefore used on unreplicated streams only.
-func FenceSupported(replicas ...int) bool {
+// LanesFor is the number of lanes a term needs on streams of these
+// replica counts: one when none is replicated, ReplicatedLanes otherwise.
+func LanesFor(replicas ...int) int {
 	for _, r := range replicas {
 		if r > 1 {
-			return false
+			return ReplicatedLanes
 		}
 	}
-	return true
+	return 1
 }

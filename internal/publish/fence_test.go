@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // fencedNode is one replica's fence in a fencing test: it counts its
@@ -24,10 +26,16 @@ type fencedNode struct {
 }
 
 func newFencedNode(js jetstream.JetStream, cfg publish.Config, node string) *fencedNode {
+	return newLanedNode(js, cfg, node, 1)
+}
+
+// newLanedNode is newFencedNode with a term of the given lanes.
+func newLanedNode(js jetstream.JetStream, cfg publish.Config, node string, lanes int) *fencedNode {
 	n := &fencedNode{log: &logBuffer{}}
 	n.fence = publish.NewFence(
 		js,
-		publish.FenceConfig{Node: node, Format: cfg.Format(), OnFenced: func() { n.stepDown.Add(1) }, Logger: n.log.logger()},
+		publish.FenceConfig{Node: node, Format: cfg.Format(), Lanes: lanes, OnFenced: func() { n.stepDown.Add(1) },
+			Logger: n.log.logger()},
 	)
 	return n
 }
@@ -253,7 +261,11 @@ func withoutMarker(t *testing.T, kv map[string][]byte) map[string][]byte {
 	if _, ok := kv[publish.TermKey]; !ok {
 		t.Errorf("bucket has no term marker key %s", publish.TermKey)
 	}
-	delete(kv, publish.TermKey)
+	for key := range kv {
+		if publish.IsTermKey(key) {
+			delete(kv, key)
+		}
+	}
 	return kv
 }
 
@@ -344,8 +356,83 @@ func TestKV_DuplicateWritesNoOlderState(t *testing.T) {
 	}
 }
 
-func TestFenceSupported(t *testing.T) {
-	if !publish.FenceSupported(1, 0) || publish.FenceSupported(1, 3) || publish.FenceSupported(3) {
-		t.Error("fencing is supported exactly when no stream is replicated")
+func TestLanesFor(t *testing.T) {
+	if publish.LanesFor(1, 0) != 1 || publish.LanesFor(1, 3) != publish.ReplicatedLanes ||
+		publish.LanesFor(3) != publish.ReplicatedLanes {
+		t.Error("one lane exactly when no stream is replicated")
+	}
+}
+
+func TestIsTermKey(t *testing.T) {
+	for key, want := range map[string]bool{
+		"=term": true, "=term_1": true, "=term_31": true,
+		"=terms": false, "=2Eterm": false, "term": false, "app.=term": false,
+	} {
+		if got := publish.IsTermKey(key); got != want {
+			t.Errorf("IsTermKey(%q) = %v, want %v", key, got, want)
+		}
+	}
+}
+
+// TestFence_MissingMarkerIsMarkedAgain: a write refused because the
+// stream holds no marker at all on its subject (it aged out with max_age,
+// or was purged) is no newer term's: the term is marked again (by the
+// remark function, which confirms the lease) and the writes go on,
+// without a step-down. When marking again fails (the lease is gone), the
+// replica steps down once.
+func TestFence_MissingMarkerIsMarkedAgain(t *testing.T) {
+	for _, leaseHeld := range []bool{true, false} {
+		t.Run(fmt.Sprintf("lease held %v", leaseHeld), func(t *testing.T) {
+			ctx := context.Background()
+			s := startServer(t, nil)
+			cfg := s.config(nil)
+			c := mustConnect(t, cfg)
+			st := mustOpenStore(t)
+			p := newProducer(t, st)
+			a := newFencedNode(c.JS, cfg, "a")
+			var remarks atomic.Int32
+			a.fence.SetRemark(func(ctx context.Context) error {
+				remarks.Add(1)
+				if !leaseHeld {
+					return errors.New("no longer the leader")
+				}
+				return a.fence.Mark(ctx)
+			})
+			r := publish.NewRelay(c.JS, st, cfg, publish.WithFence(a.fence))
+			mark(t, a.fence)
+			stream, err := c.JS.Stream(ctx, testStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := stream.Purge(ctx, jetstream.WithPurgeSubject(publish.TermSubject(testPrefix))); err != nil {
+				t.Fatal(err)
+			}
+			p.addRepos(ctx, "app", 1, 1)
+			if err := r.Flush(ctx); err == nil {
+				t.Fatal("a write conditional on a purged marker succeeded")
+			}
+			testutil.WaitFor(t, 10*time.Second, "the remark to end", func() bool {
+				return remarks.Load() == 1 && (a.fence.InTerm() || a.stepDown.Load() > 0)
+			})
+			if !leaseHeld {
+				if got := a.stepDown.Load(); got != 1 || a.fence.InTerm() {
+					t.Fatalf("marking again failed: stepped down %d times, in term %v; want once, false", got,
+						a.fence.InTerm())
+				}
+				return
+			}
+			if err := r.Flush(ctx); err != nil {
+				t.Fatalf("flush after the term was marked again: %v", err)
+			}
+			if n, _, _ := st.UnpublishedCount(ctx); n != 0 {
+				t.Errorf("%d events unpublished after the term was marked again", n)
+			}
+			if got := a.stepDown.Load(); got != 0 {
+				t.Errorf("stepped down %d times, want none", got)
+			}
+			if got := strings.Count(a.log.String(), "no longer holds this term's marker"); got != 1 {
+				t.Errorf("warned %d times of the missing marker, want once; log:\n%s", got, a.log.String())
+			}
+		})
 	}
 }

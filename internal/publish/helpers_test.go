@@ -43,9 +43,12 @@ func startServer(tb testing.TB, mutate func(*server.Options)) testServer {
 }
 
 // config is the publish.Config of a test connecting to s.
-func (s testServer) config(log *slog.Logger) publish.Config {
+func (s testServer) config(log *slog.Logger) publish.Config { return configFor(s.URL(), log) }
+
+// configFor is the publish.Config of a test connecting to the servers of url.
+func configFor(url string, log *slog.Logger) publish.Config {
 	return publish.Config{
-		URL: s.URL(), SubjectPrefix: testPrefix, Stream: testStream, MaxAge: time.Hour, DuplicateWindow: 10 * time.Minute,
+		URL: url, SubjectPrefix: testPrefix, Stream: testStream, MaxAge: time.Hour, DuplicateWindow: 10 * time.Minute,
 		Source: testSource, Logger: log, ReconnectMaxWait: 500 * time.Millisecond,
 	}
 }
@@ -170,6 +173,12 @@ func (p *producer) addRepos(ctx context.Context, name string, n, tagsPerRepo int
 		p.tags[r.UID] = tags
 		for _, ref := range need {
 			p.refs[ref.UID] = ref
+			// The first history read, the original record alone,
+			// announces the tag.
+			if _, err := p.st.ApplyHistory(ctx, ref, []store.HistoryRecord{{Time: baseTime, Digest: digest(0)}},
+				true); err != nil {
+				p.tb.Fatalf("apply history of %s: %v", ref.UID, err)
+			}
 		}
 	}
 }
@@ -197,15 +206,11 @@ func (p *producer) updateAll(ctx context.Context) {
 }
 
 // move records k digest moves of tag, in one history read, which is k
-// tag.moved events. The tag's first history read also brings its original
-// record, which is no move.
+// tag.moved events (its original record was read by addRepos).
 func (p *producer) move(ctx context.Context, tagUID string, k int) {
 	p.tb.Helper()
 	ref := p.refs[tagUID]
 	var recs []store.HistoryRecord
-	if p.moves[tagUID] == 0 {
-		recs = append(recs, store.HistoryRecord{Time: baseTime, Digest: digest(0)})
-	}
 	for range k {
 		p.moves[tagUID]++
 		n := p.moves[tagUID]

@@ -460,12 +460,13 @@ func (k *KV) setFence(f *Fence) {
 // send it: the value to the key's subject, or a delete marker (header
 // KV-Operation: DEL) that watchers see as a delete.
 // It is stamped with the fence's term.
-func (k *KV) message(o kvOp) (*nats.Msg, error) {
+func (k *KV) message(o kvOp, lanes *Pipeline) (*nats.Msg, error) {
 	m := &nats.Msg{Subject: k.prefix[o.kind] + o.key, Data: o.value}
 	if o.value == nil {
 		m.Header = nats.Header{"KV-Operation": []string{"DEL"}}
 	}
-	return m, k.fence.Stamp(m, k.local[o.kind]+TermKey)
+	check := k.local[o.kind] + TermKey
+	return m, k.fence.StampLane(m, check, lanes.Lane(check))
 }
 
 // write does ops in their order and waits for them. It returns the first
@@ -479,9 +480,12 @@ func (k *KV) write(ctx context.Context, ops []kvOp) error {
 }
 
 // kvPipe sends writes without waiting for each acknowledgement, up to
-// k.inFlight awaiting theirs, and keeps the first failure.
+// limit awaiting theirs (k.inFlight, or fewer as the fence's lanes
+// allow), and keeps the first failure.
 type kvPipe struct {
 	k        *KV
+	lanes    *Pipeline
+	limit    int
 	inflight []kvFlight
 	err      error
 }
@@ -491,7 +495,14 @@ type kvFlight struct {
 	fut jetstream.PubAckFuture
 }
 
-func (k *KV) pipe() *kvPipe { return &kvPipe{k: k} }
+func (k *KV) pipe() *kvPipe {
+	lanes := k.fence.Pipeline()
+	limit := k.inFlight
+	if d := lanes.Depth(); d > 0 {
+		limit = min(limit, d)
+	}
+	return &kvPipe{k: k, lanes: lanes, limit: limit}
+}
 
 // apply sends the writes of evs, unless a write failed already: the
 // first failure most likely meets them all (NATS unreachable), and the
@@ -524,13 +535,13 @@ func (p *kvPipe) send(ctx context.Context, o kvOp) {
 	if p.k.buckets[o.kind] == nil {
 		return // a tag.matured while this replica keeps no matured bucket
 	}
-	for p.err == nil && len(p.inflight) >= p.k.inFlight {
+	for p.err == nil && len(p.inflight) >= p.limit {
 		p.waitOldest(ctx)
 	}
 	if p.err != nil {
 		return
 	}
-	m, err := p.k.message(o)
+	m, err := p.k.message(o, p.lanes)
 	if err != nil {
 		p.fail(o, err)
 		return
@@ -873,8 +884,8 @@ func bucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte
 			if e == nil {
 				return out, nil // the initial values are all in
 			}
-			if e.Key() == TermKey {
-				continue // the lease term's marker, no resource's state
+			if IsTermKey(e.Key()) {
+				continue // a lease term's marker, no resource's state
 			}
 			out[e.Key()] = e.Value()
 		case <-ctx.Done():

@@ -338,6 +338,8 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 		blocked: make(map[string]bool),
 		marks:   make(chan marking, 4),
 		marked:  make(chan error, 1),
+		fenced:  r.fence.Pipeline(),
+		check:   TermSubject(r.format.SubjectPrefix),
 	}
 	if r.kv != nil {
 		p.kvw = r.kv.startWriter(ctx)
@@ -390,6 +392,12 @@ type relayPass struct {
 	queued  int             // events in lanes
 	blocked map[string]bool // resources whose publish failed in this pass
 	stop    bool            // stop reading: publishing is failing wholesale
+	// fenced spreads the publishes over the fence's lanes of check, the
+	// event stream's marker subject; waiting holds the events next in
+	// their resource while as many publishes are in flight as it allows.
+	fenced  *Pipeline
+	check   string
+	waiting []store.Event
 	errs    []error
 	acked   []int64
 	// ackedEvs are the events of acked, for the KV buckets (nil without),
@@ -437,7 +445,7 @@ func (p *relayPass) run(ctx context.Context) error {
 		// Take a batch only while there is room for all of it in flight,
 		// and for the events waiting behind busy resources.
 		var in <-chan []store.Event
-		if !p.stop && len(p.inflight)+r.batch <= r.maxInFlight && p.queued < 4*r.maxInFlight {
+		if !p.stop && len(p.inflight)+len(p.waiting)+r.batch <= r.maxInFlight && p.queued < 4*r.maxInFlight {
 			in = src
 		}
 		var failed <-chan error
@@ -464,9 +472,11 @@ func (p *relayPass) run(ctx context.Context) error {
 		case ack := <-acked:
 			p.acknowledged(p.pop(), ack)
 			p.answered()
+			p.resume()
 		case err := <-failed:
 			p.failed(p.pop(), err)
 			p.answered()
+			p.resume()
 		case <-ctx.Done():
 			// What is in flight gets published again next time; JetStream
 			// drops the duplicates.
@@ -538,10 +548,32 @@ func (p *relayPass) submit(e store.Event) {
 	}
 }
 
-// publish sends e, whose resource is idle, and registers it as in flight.
+// resume publishes the waiting events while the fence's lanes allow;
+// once publishing fails wholesale, they wait for the next pass.
+func (p *relayPass) resume() {
+	if p.stop {
+		clear(p.waiting)
+		p.waiting = p.waiting[:0]
+		return
+	}
+	n := 0
+	for n < len(p.waiting) && len(p.inflight) < p.fenced.Depth() {
+		p.publish(p.waiting[n])
+		p.waiting[n] = store.Event{}
+		n++
+	}
+	p.waiting = p.waiting[n:]
+}
+
+// publish sends e, whose resource is idle, and registers it as in flight;
+// or has it wait while the fence's lanes are all in flight.
 func (p *relayPass) publish(e store.Event) {
+	if d := p.fenced.Depth(); d > 0 && len(p.inflight) >= d {
+		p.waiting = append(p.waiting, e)
+		return
+	}
 	m := p.r.Message(e)
-	if err := p.r.fence.StampEvent(m); err != nil {
+	if err := p.r.fence.StampLane(m, p.check, p.fenced.Lane(p.check)); err != nil {
 		p.failed(e, err)
 		return
 	}
@@ -770,6 +802,7 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
+	defer r.fence.Hold()()
 	if err := r.fence.StampEvent(msg); err != nil {
 		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
 	}
