@@ -106,8 +106,9 @@ func TestFollower_TailLostWhileFollowing(t *testing.T) {
 	for range batch.Messages() {
 		n++
 	}
-	if n != 2 {
-		t.Fatalf("took %d messages, want 2 (%v)", n, batch.Error())
+	if n != 4 {
+		t.Fatalf("took %d messages, want 4 (two new tags: tag.created and history.recorded each) (%v)", n,
+			batch.Error())
 	}
 	// A restarted process: a new follower of the same mirror and consumer,
 	// which learns from the mirror where it stands.

@@ -104,19 +104,22 @@ func TestApplyTags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := n, 1; got != want {
-		t.Fatalf("events=%d, want %d", got, want)
+	if got, want := n, 0; got != want {
+		t.Fatalf("events=%d, want %d (a new tag is announced by its first history read)", got, want)
 	}
 	if got, want := len(need), 1; got != want {
 		t.Fatalf("tags needing history=%d, want %d", got, want)
 	}
-	if _, err := st.ApplyHistory(
+	if n, err := st.ApplyHistory(
 		ctx,
 		need[0],
 		[]store.HistoryRecord{{Time: latest.UpdateTime, Digest: latest.Digest}},
 		true,
-	); err != nil {
-		t.Fatal(err)
+	); err != nil || n != 1 {
+		t.Fatalf("first history read: %d events, %v; want the tag.created", n, err)
+	}
+	if e := allEvents(t, st); e[len(e)-1].Type != store.TagCreated {
+		t.Fatalf("last event %s, want %s", e[len(e)-1].Type, store.TagCreated)
 	}
 
 	t.Run("UnchangedNeedsNoHistory", func(t *testing.T) {
@@ -219,8 +222,14 @@ func TestApplyHistory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, want := n, 2; got != want {
-			t.Fatalf("events=%d, want %d", got, want)
+		if got, want := n, 3; got != want {
+			t.Fatalf("events=%d, want %d (the tag's creation and two moves)", got, want)
+		}
+		evs0 := allEvents(t, st)
+		created := evs0[len(evs0)-3]
+		if _, after := payload[store.Tag](t, created); created.Type != store.TagCreated || after.Digest != digest(1) {
+			t.Fatalf("first event %s with digest %s, want the tag.created at its first record's digest %s",
+				created.Type, after.Digest, digest(1))
 		}
 		evs := allEvents(t, st)
 		moves := evs[len(evs)-2:]

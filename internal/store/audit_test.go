@@ -15,12 +15,15 @@ func TestAuditEvents(t *testing.T) {
 	ctx := context.Background()
 	clk := newClock()
 	st, path := openTemp(t, clk, false, store.Options{})
-	repo := nginx()
-	mustApplyRepos(t, st, repo)
-	mustApplyTags(t, st, repo, tag("t1", "latest", 1), tag("t2", "1.27", 2))
+	repo := func(uid, name string) store.Repo {
+		r := nginx()
+		r.UID, r.Name = uid, name
+		return r
+	}
+	mustApplyRepos(t, st, nginx(), repo("t1", "redis"), repo("t2", "postgres"))
 	evs := allEvents(t, st)
 	if len(evs) != 3 {
-		t.Fatalf("events=%v, want repo.created and two tag.created", types(evs))
+		t.Fatalf("events=%v, want three repo.created", types(evs))
 	}
 	// The first and the last are published, a second apart; the middle
 	// one waits in the outbox.
@@ -57,7 +60,7 @@ func TestAuditEvents(t *testing.T) {
 	}
 	if len(res) != 1 || res[0].ID != evs[2].ID || len(res[0].Data) == 0 ||
 		!res[0].Published.Equal(first.Add(time.Second)) {
-		t.Errorf("ResourceEvents(t2) = %+v, want its tag.created with data, published a second after the first", res)
+		t.Errorf("ResourceEvents(t2) = %+v, want its repo.created with data, published a second after the first", res)
 	}
 
 	if pos, err := st.AuditPosition(ctx); err != nil || pos != 0 {

@@ -114,6 +114,9 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 	// cs are the moves, recorded the replication records, which are not
 	// counted as events: they change no resource.
 	var cs, recorded []change
+	// creations announce the tags read for the first time, ahead of
+	// their replication records and moves.
+	var creations []change
 	// backfilled are the tags of the backfill read now.
 	var backfilled []string
 	type bookmarkRow struct {
@@ -153,6 +156,17 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		// record; the baseline's own reach followers in a snapshot.
 		if unannounced := unannouncedRecords(fresh, b.Count, quiet); !baseline && unannounced > 0 {
 			recorded = append(recorded, recordedChange(ref.UID, cur.Path, b.Count, fresh[:unannounced]))
+		}
+		if !baseline && b.Count == 0 && !st.baseline && !st.backfill && !st.deleted && (len(fresh) > 0 || u.Complete) {
+			// The tag's first read: it is announced now, as it was
+			// created, before its moves (see ApplyTags).
+			created := cur
+			at := cur.UpdateTime
+			if len(fresh) > 0 {
+				created.Digest, created.UpdateTime, at = fresh[0].Digest, fresh[0].Time, fresh[0].Time
+			}
+			creations = append(creations, change{typ: TagCreated, scope: cur.Path, subject: ref.UID,
+				disc: createdDisc(cur.CreateTime, at, st.deletions), time: eventTime(cur.CreateTime, s.now()), after: created})
 		}
 		for i, r := range fresh {
 			seq := b.Count + i
@@ -216,10 +230,15 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 	if err := s.backfillDone(ctx, tx, backfilled); err != nil {
 		return 0, err
 	}
+	created, err := s.appendEvents(ctx, tx, creations)
+	if err != nil {
+		return 0, err
+	}
 	if _, err := s.appendEvents(ctx, tx, recorded); err != nil {
 		return 0, err
 	}
-	return s.appendEvents(ctx, tx, cs)
+	moves, err := s.appendEvents(ctx, tx, cs)
+	return created + moves, err
 }
 
 // silentRecords is how many of the fresh records of the tag st, from the

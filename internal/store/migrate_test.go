@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // migrationFiles returns the migration files in the order Open applies them.
@@ -203,10 +204,9 @@ func TestMigrate_UpgradesEveryEarlierVersion(t *testing.T) {
 				t.Fatalf("record a failure after the upgrade: %v", err)
 			}
 			// A page of tags of the old repo is scoped by its path.
-			newTag := store.Tag{UID: "g1/r1/t2", Name: "stable", Digest: digest(3)}
-			if _, n, err := st.ApplyTags(ctx, store.Repo{UID: "g1/r1", Name: "nginx"}, []store.Tag{newTag}); err != nil ||
-				n != 1 {
-				t.Fatalf("apply a tag of an old repo: events=%d err=%v, want 1 and nil", n, err)
+			newTag := store.Tag{UID: "g1/r1/t2", Name: "stable", Digest: digest(3), UpdateTime: ts("2025-03-01T00:00:00Z")}
+			if n := testutil.AnnounceTags(t, st, store.Repo{UID: "g1/r1", Name: "nginx"}, []store.Tag{newTag}); n != 1 {
+				t.Fatalf("apply a tag of an old repo: events=%d, want 1", n)
 			}
 			evs = allEvents(t, st)
 			if e := evs[len(evs)-1]; e.Scope != "nginx" {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // TestSnapshot_BackupRestore: a mirror restored from a leader's backup
@@ -271,7 +272,7 @@ func TestSnapshot_RestoreOverUnpublishedEvents(t *testing.T) {
 	for _, drop := range []bool{false, true} {
 		ex, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
 		mustApplyRepos(t, ex, repo)
-		mustApplyTags(t, ex, repo, tag("g1/r1/t1", "latest", 7), tag("g1/r1/t2", "1.0", 8))
+		testutil.AnnounceTags(t, ex, repo, []store.Tag{tag("g1/r1/t1", "latest", 7), tag("g1/r1/t2", "1.0", 8)})
 		n, _, err := ex.UnpublishedCount(ctx)
 		if err != nil || n < 3 {
 			t.Fatalf("ex-leader's unpublished events: %d, %v", n, err)

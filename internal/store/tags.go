@@ -128,7 +128,13 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 			changed := true
 			switch {
 			case !seen || o.deleted:
-				if s.announce(baseline) {
+				// After the baseline, a tag whose history was never read
+				// is announced by its first history read, with the digest
+				// it was created at (ApplyHistory): announced here with
+				// the listed digest, the moves read after it would take it
+				// back to older digests. The baseline's tags (announced
+				// in snapshot mode) have no moves to follow.
+				if s.announce(baseline) && (baseline || seen && o.bookmark.Count > 0) {
 					cs = append(
 						cs,
 						change{typ: TagCreated, scope: path, subject: t.UID, disc: createdDisc(t.CreateTime, t.UpdateTime, o.deletions),
