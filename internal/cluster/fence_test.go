@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
 )
 
 // markingSource is a snapshot source whose backup, once done, has another
@@ -103,4 +105,66 @@ func lastOn(t *testing.T, js jetstream.JetStream, subject string) *jetstream.Raw
 		t.Fatal(err)
 	}
 	return m
+}
+
+// TestSnapshot_UnrecordedSnapshotPassedOver: a follower restores only a
+// snapshot whose record is on the stream. The newest snapshot's record is
+// deleted from the stream, as nats-server lost a deposed leader's
+// acknowledged writes in a minority partition (docs/cluster.md): the
+// follower passes over that snapshot for the older one, and follows the
+// stream from there to the leader's mirror.
+func TestSnapshot_UnrecordedSnapshotPassedOver(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	fence := publish.NewFence(js, publish.FenceConfig{Node: "a", Format: publish.Format{SubjectPrefix: "ev",
+		Source: "test"}})
+	if err := fence.Mark(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cfg := cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 5, Dir: t.TempDir(),
+		Fence: fence}
+	write := func() cluster.SnapshotInfo {
+		leader.change(2)
+		leader.publish()
+		info, err := cluster.NewSnapshotter(js, leader.st, cfg).Write(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info
+	}
+	older, newest := write(), write()
+	leader.change(1)
+	leader.publish()
+	restoredBy := func(consumer string) (cluster.SnapshotInfo, *store.Store, int) {
+		var rej rejections
+		fst, err := store.Open(ctx, filepath.Join(t.TempDir(), consumer+".db"), store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { fst.Close() })
+		f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: consumer,
+			MaxWait: 100 * time.Millisecond, Meta: fst, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty,
+			SnapshotDir: t.TempDir(), OnReject: rej.add})
+		catchUp(t, f)
+		return f.Restored(), fst, rej.get(cluster.RejectSnapshot)
+	}
+	if got, _, refused := restoredBy("with-record"); got.Name != newest.Name || refused != 0 {
+		t.Fatalf("restored %q (%d refused), want the newest, %q", got.Name, refused, newest.Name)
+	}
+
+	record := lastOn(t, js, "ev."+publish.SnapshotToken)
+	stream, err := js.Stream(ctx, "EV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteMsg(ctx, record.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	got, fst, refused := restoredBy("without-record")
+	if got.Name != older.Name || refused != 1 {
+		t.Fatalf("restored %q (%d refused), want the older, %q, the newest refused", got.Name, refused, older.Name)
+	}
+	if a, b := mirrorRows(t, fst), mirrorRows(t, leader.st); a != b {
+		t.Errorf("the follower's mirror:\n%s\nthe leader's:\n%s", a, b)
+	}
 }

@@ -300,6 +300,7 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 			js:         f.js,
 			bucket:     f.cfg.SnapshotBucket,
 			stream:     f.cfg.Stream,
+			prefix:     f.cfg.SubjectPrefix,
 			dir:        f.cfg.SnapshotDir,
 			maxBytes:   f.cfg.MaxRestoreBytes,
 			log:        f.log,

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -523,6 +524,9 @@ type restorer struct {
 	js     jetstream.JetStream
 	bucket string
 	stream string
+	// prefix is the event stream's subject prefix, under which the
+	// snapshots' records are ("" for none: see recorded).
+	prefix string
 	// dir holds the download.
 	dir string
 	// maxBytes bounds a download's decompressed size; 0: maxRestoreRatio
@@ -571,6 +575,10 @@ func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, fo
 	if err != nil {
 		return SnapshotInfo{}, false, 0, err
 	}
+	records, err := r.records(ctx)
+	if err != nil {
+		return SnapshotInfo{}, false, 0, err
+	}
 	for _, info := range all {
 		if r.verifier != nil {
 			if err := verifySnapshot(r.verifier, info); err != nil {
@@ -581,6 +589,9 @@ func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, fo
 		}
 		start := time.Now()
 		err := plausible(info, start, last)
+		if err == nil && records != nil {
+			err = records.check(ctx, info)
+		}
 		if err != nil {
 			err = fmt.Errorf("%w: %w", errSnapshotRefused, err)
 		} else if err = r.restoreOne(ctx, obj, info, m); err == nil {
@@ -606,6 +617,76 @@ func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, fo
 	}
 	r.log.Error("no snapshot in the bucket passed its checks", "bucket", r.bucket, "snapshots", len(all))
 	return SnapshotInfo{}, false, refused, nil
+}
+
+// snapshotRecords finds the records of snapshots on the event stream: a
+// fenced leader publishes one after each snapshot it writes, in its lease
+// term (publish.Fence.RecordSnapshot).
+type snapshotRecords struct {
+	stream  jetstream.Stream
+	subject string
+}
+
+// maxRecordsScanned bounds the records read to find one snapshot's: the
+// leader records each snapshot soon after the sequence it covers, and
+// keeps only a few.
+const maxRecordsScanned = 64
+
+// records returns the finder of the stream's snapshot records; nil when
+// the stream holds none (single mode writes none, and an unfenced leader
+// before fencing wrote none), and then snapshots are not checked for one.
+func (r restorer) records(ctx context.Context) (*snapshotRecords, error) {
+	if r.prefix == "" {
+		return nil, nil
+	}
+	st, err := r.js.Stream(ctx, r.stream)
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", r.stream, err)
+	}
+	subject := r.prefix + "." + publish.SnapshotToken
+	if _, err := st.GetLastMsgForSubject(ctx, subject); errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("read the snapshot records of stream %s: %w", r.stream, err)
+	}
+	return &snapshotRecords{stream: st, subject: subject}, nil
+}
+
+// check refuses a snapshot without its record on the stream after the
+// sequence it covers: one whose record was refused (a deposed leader's,
+// which also deletes it), or whose lease term's writes the stream lost
+// (nats-server lost acknowledged writes in a minority partition:
+// docs/cluster.md); restoring it would put events the stream does not hold
+// into the mirror.
+func (rs *snapshotRecords) check(ctx context.Context, info SnapshotInfo) error {
+	seq := info.Seq + 1
+	for range maxRecordsScanned {
+		m, err := rs.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(rs.subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read the record of snapshot %s: %w", info.Name, err)
+		}
+		if rec, ok := decodeSnapshotRecord(m.Data); ok && rec.Name == info.Name {
+			return nil
+		}
+		seq = m.Sequence + 1
+	}
+	return fmt.Errorf("%w: snapshot %s has no record on the stream after sequence %d: written outside a lease term, "+
+		"or in one whose writes the stream no longer holds", errSnapshotRefused, info.Name, info.Seq)
+}
+
+// decodeSnapshotRecord reads a snapshot record's CloudEvent.
+func decodeSnapshotRecord(data []byte) (publish.SnapshotRecord, bool) {
+	var ce struct {
+		Type string                 `json:"type"`
+		Data publish.SnapshotRecord `json:"data"`
+	}
+	if err := json.Unmarshal(data, &ce); err != nil || ce.Type != publish.SnapshotType {
+		return publish.SnapshotRecord{}, false
+	}
+	return ce.Data, true
 }
 
 // restoreOne downloads info into a directory of its own and restores it.
