@@ -436,3 +436,42 @@ func TestFence_MissingMarkerIsMarkedAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestFence_AuditRepublishRefusedAfterNewTerm: the stream audit of a
+// deposed leader finds an event the stream lost, but its re-publish is
+// refused once another replica's term began: nothing lands, and the
+// replica steps down.
+func TestFence_AuditRepublishRefusedAfterNewTerm(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "audit", 1, 1)
+	w.flush(t)
+	stored := storedEvents(t, w.st)
+	got := consumeAll(t, w.conn.JS, len(stored))
+	w.deleteMsgs(t, got[0].StreamSeq) // the repo's creation, lost
+	format := publish.Format{SubjectPrefix: testPrefix, Source: testSource}
+	var stepDowns atomic.Int32
+	log := &logBuffer{}
+	a := publish.NewFence(w.conn.JS, publish.FenceConfig{Node: "a", Format: format,
+		OnFenced: func() { stepDowns.Add(1) }, Logger: log.logger()})
+	b := publish.NewFence(w.conn.JS, publish.FenceConfig{Node: "b", Format: format})
+	mark(t, a)
+	mark(t, b)
+	before, _ := streamState(t, w.conn.JS)
+	au := publish.NewAuditor(w.conn.JS, w.st, w.relay.Message, publish.AuditConfig{Stream: testStream,
+		SubjectPrefix: testPrefix, Every: time.Hour, Now: time.Now, Batch: 7, Fence: a, MsgID: w.relay.MsgID,
+		OnRepaired: func(store.Event) { w.repaired.Add(1) }})
+	// Past the duplicate window the audit publishes the lost event again.
+	testutil.WaitFor(t, 20*time.Second, "the audit's re-publish to be refused", func() bool {
+		_, _ = au.Audit(ctx) // refused, or within the window
+		return a.Refused() > 0
+	})
+	if last, subject := streamState(t, w.conn.JS); last != before {
+		t.Errorf("the stream grew to seq %d (%s) after the newer term's markers: the deposed audit's write landed",
+			last, subject)
+	}
+	if w.repaired.Load() != 0 || stepDowns.Load() != 1 {
+		t.Errorf("repaired %d, stepped down %d times; want 0 and once", w.repaired.Load(), stepDowns.Load())
+	}
+}
