@@ -86,12 +86,12 @@ func (a *App) Leadership(ctx context.Context, grace time.Duration) (Leadership, 
 	// A marker that left the stream (max_age, a purge) is laid again
 	// while the lease is still this term's: confirmed before and after,
 	// as when the term began (cluster.Replica's mark).
-	a.Fence.SetRemark(func(ctx context.Context) error {
+	a.Fence.SetRemark(func(ctx context.Context, lay func(context.Context) error) error {
 		st := lease.State()
 		if err := lease.Confirm(ctx, st.Term); err != nil {
 			return err
 		}
-		if err := a.Fence.Mark(ctx); err != nil {
+		if err := lay(ctx); err != nil {
 			return err
 		}
 		return lease.Confirm(ctx, st.Term)

@@ -60,7 +60,8 @@ func IsTermKey(key string) bool {
 }
 
 // ReplicatedLanes is the number of lanes of a term on replicated streams:
-// the relay and the KV writer keep at most one fewer writes in flight.
+// the relay and the KV writer keep at most 1+laneSlack fewer writes in
+// flight.
 const ReplicatedLanes = 32
 
 // laneSubject is the marker subject of lane i of the stream whose lane 0
@@ -120,10 +121,12 @@ type Fence struct {
 	// outside a term, when every write is refused before it is sent.
 	seqs    map[string]uint64
 	tripped bool // a write of this term was refused
-	// remark marks the term again after its marker vanished (SetRemark);
-	// remarking is set while it runs.
-	remark    func(ctx context.Context) error
+	// remark confirms the lease around laying the term's markers again
+	// after they vanished (SetRemark); remarking is set while it runs, and
+	// marking serializes Mark and the remark.
+	remark    func(ctx context.Context, lay func(context.Context) error) error
 	remarking atomic.Bool
+	marking   sync.Mutex
 	refused   atomic.Int64
 	// single is lane 0's: held by a single write from its stamp to its
 	// answer.
@@ -173,14 +176,34 @@ func (f *Fence) Mark(ctx context.Context) error {
 	if f == nil {
 		return nil
 	}
+	f.marking.Lock()
+	defer f.marking.Unlock()
+	f.End()
+	seqs, err := f.lay(ctx)
+	if err != nil {
+		return err
+	}
+	f.install(seqs)
+	return nil
+}
+
+// install opens the term to writes on the markers of seqs.
+func (f *Fence) install(seqs map[string]uint64) {
+	f.mu.Lock()
+	f.seqs, f.tripped = seqs, false
+	f.mu.Unlock()
+}
+
+// lay publishes the markers of a new term and returns their sequences by
+// checked subject, without opening the term to writes.
+func (f *Fence) lay(ctx context.Context) (map[string]uint64, error) {
 	f.mu.Lock()
 	targets := append([]fenceTarget(nil), f.targets...)
-	f.seqs, f.tripped = nil, false
 	f.mu.Unlock()
 	now := time.Now().UTC()
 	body, err := json.Marshal(termMarker{Node: f.cfg.Node, Time: now})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	type marking struct {
 		check string
@@ -200,13 +223,13 @@ func (f *Fence) Mark(ctx context.Context) error {
 				if data, err = json.Marshal(CloudEvent{SpecVersion: "1.0", ID: id, Source: f.cfg.Format.Source,
 					Type: TermType, Time: now.Format(time.RFC3339Nano), DataContentType: "application/json",
 					Data: body}); err != nil {
-					return err
+					return nil, err
 				}
 			}
 			m := &nats.Msg{Subject: laneSubject(t.pub, lane), Data: data}
 			fut, err := f.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0))
 			if err != nil {
-				return fmt.Errorf("publish the term marker on %s: %w", m.Subject, err)
+				return nil, fmt.Errorf("publish the term marker on %s: %w", m.Subject, err)
 			}
 			sent = append(sent, marking{laneSubject(t.check, lane), fut})
 		}
@@ -217,17 +240,14 @@ func (f *Fence) Mark(ctx context.Context) error {
 		case ack := <-m.fut.Ok():
 			seqs[m.check] = ack.Sequence
 		case err := <-m.fut.Err():
-			return fmt.Errorf("publish the term marker on %s: %w", m.fut.Msg().Subject, err)
+			return nil, fmt.Errorf("publish the term marker on %s: %w", m.fut.Msg().Subject, err)
 		case <-ctx.Done():
-			return fmt.Errorf("publish the term markers: %w", ctx.Err())
+			return nil, fmt.Errorf("publish the term markers: %w", ctx.Err())
 		}
 	}
-	f.mu.Lock()
-	f.seqs = seqs
-	f.mu.Unlock()
 	f.log.Info("lease term marked", "node", f.cfg.Node, "markers", len(seqs), "lanes", f.cfg.Lanes,
 		"stream_seq", seqs[targets[0].check])
-	return nil
+	return seqs, nil
 }
 
 // End ends the term: every write is refused before it is sent.
@@ -289,6 +309,49 @@ func (f *Fence) Hold() (release func()) {
 	return f.single.Unlock
 }
 
+// leftInFlight holds the writes a pipelined writer stopped waiting for
+// (its pass was cancelled): until they are answered, their lanes may still
+// be taken on the server, where a new write on one is refused (10164). The
+// writer's next writes wait for them first, at most abandonWait.
+type leftInFlight struct {
+	mu   sync.Mutex
+	futs []jetstream.PubAckFuture
+}
+
+// abandonWait bounds how long a writer waits for the writes it left in
+// flight before it writes again.
+const abandonWait = 5 * time.Second
+
+func (l *leftInFlight) add(futs ...jetstream.PubAckFuture) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.futs = append(l.futs, futs...)
+}
+
+// drain waits for the writes left in flight to be answered, at most
+// abandonWait in all, and forgets them.
+func (l *leftInFlight) drain(ctx context.Context) {
+	l.mu.Lock()
+	futs := l.futs
+	l.futs = nil
+	l.mu.Unlock()
+	if len(futs) == 0 {
+		return
+	}
+	deadline := time.NewTimer(abandonWait)
+	defer deadline.Stop()
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case <-f.Err():
+		case <-deadline.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // Pipeline is how a pipelined writer spreads its writes over the lanes.
 // Its zero value, or one of a nil fence, puts every write on lane 0 with
 // no limit.
@@ -298,7 +361,7 @@ type Pipeline struct {
 }
 
 // Pipeline returns a pipelined writer's lanes: 1 to n-1 in turn, for at
-// most Depth writes in flight.
+// most Depth writes in flight (n-1-laneSlack).
 func (f *Fence) Pipeline() *Pipeline {
 	if f == nil || f.cfg.Lanes == 1 {
 		return &Pipeline{}
@@ -307,8 +370,15 @@ func (f *Fence) Pipeline() *Pipeline {
 }
 
 // Depth is the most writes the pipeline may have in flight: 0 for no
-// limit.
-func (p *Pipeline) Depth() int { return max(p.lanes-1, 0) }
+// limit. It leaves laneSlack lanes unused between a lane's writes:
+// nats-server answers a write before it forgets that the write's lane is
+// in process (jetstream_cluster.go applies, then clears), so a write sent
+// on a lane the moment its previous write is answered can be refused
+// (10164), as the relay's test saw under load.
+func (p *Pipeline) Depth() int { return max(p.lanes-1-laneSlack, 0) }
+
+// laneSlack is how many lanes a pipeline leaves between a lane's writes.
+const laneSlack = 4
 
 // Lane is the lane of the next write to the stream whose marker is stored
 // under check. With no more than Depth writes in flight, answered in the
@@ -363,7 +433,13 @@ func (f *Fence) Check(err error) bool {
 	}
 	f.refused.Add(1)
 	f.mu.Lock()
-	if f.seqs != nil && markerMissing(apiErr) && f.remark != nil {
+	if f.seqs == nil {
+		// Outside a term, or while its markers are laid (again): an
+		// answer to a write of before, with nothing left to end.
+		f.mu.Unlock()
+		return true
+	}
+	if markerMissing(apiErr) && f.remark != nil {
 		// The stream holds no message at all on the marker's subject: no
 		// newer term's marker, which would be there, but this term's gone
 		// (aged out with max_age, or purged). The write failed and its
@@ -371,8 +447,8 @@ func (f *Fence) Check(err error) bool {
 		// lease is still this replica's.
 		f.mu.Unlock()
 		if f.remarking.CompareAndSwap(false, true) {
-			f.log.Warn("a write was refused: the stream no longer holds this term's marker; marking the term again",
-				"node", f.cfg.Node, "err", err)
+			f.log.Warn("this term's marker is no longer on the stream (a write conditional on it failed); "+
+				"marking the term again", "node", f.cfg.Node, "err", err)
 			go f.markAgain()
 		}
 		return true
@@ -397,11 +473,14 @@ func (f *Fence) Check(err error) bool {
 }
 
 // SetRemark has a write refused for a marker the stream no longer holds
-// call remark, once at a time: it must mark the term again (Mark) if the
-// lease is still this replica's, confirming the lease before and after.
-// When it fails, the term ends and the replica steps down (OnFenced).
-// Without it, such a refusal ends the term like a newer term's.
-func (f *Fence) SetRemark(remark func(ctx context.Context) error) {
+// mark the term again, once at a time: remark must confirm that the lease
+// is still this replica's, call lay (which lays the markers without
+// opening the term to writes), and confirm the lease again; only then are
+// the writes let through on the new markers. Until then every write is
+// refused before it is sent. When remark fails, the term ends and the
+// replica steps down (OnFenced). Without a remark, such a refusal ends the
+// term like a newer term's.
+func (f *Fence) SetRemark(remark func(ctx context.Context, lay func(context.Context) error) error) {
 	if f == nil {
 		return
 	}
@@ -410,28 +489,43 @@ func (f *Fence) SetRemark(remark func(ctx context.Context) error) {
 	f.remark = remark
 }
 
-// markAgain runs the remark function, and ends the term when it fails.
+// markAgain lays the term's markers again through the remark function,
+// and ends the term when it fails.
 func (f *Fence) markAgain() {
 	defer f.remarking.Store(false)
+	f.marking.Lock()
+	defer f.marking.Unlock()
 	f.mu.Lock()
 	remark := f.remark
 	f.mu.Unlock()
+	f.End() // nothing is sent until the lease is confirmed after the markers
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := remark(ctx)
+	var seqs map[string]uint64
+	err := remark(ctx, func(ctx context.Context) error {
+		var err error
+		seqs, err = f.lay(ctx)
+		return err
+	})
 	if err == nil {
+		f.install(seqs)
 		return
 	}
 	f.mu.Lock()
-	first := !f.tripped
 	f.tripped, f.seqs = true, nil
 	f.mu.Unlock()
-	if first {
-		f.log.Warn("marking the term again failed; stepping down", "node", f.cfg.Node, "err", err)
-		if f.cfg.OnFenced != nil {
-			f.cfg.OnFenced()
-		}
+	f.log.Warn("marking the term again failed; stepping down", "node", f.cfg.Node, "err", err)
+	if f.cfg.OnFenced != nil {
+		f.cfg.OnFenced()
 	}
+}
+
+// LaneConflict reports whether err is a replicated stream's refusal of a
+// write whose lane another write still held on the server (10164): the
+// same write may go again at once, on another lane.
+func LaneConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
 
 // markerMissing reports whether err, a 10071, says that the stream

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -377,12 +376,15 @@ func TestIsTermKey(t *testing.T) {
 // TestFence_MissingMarkerIsMarkedAgain: a write refused because the
 // stream holds no marker at all on its subject (it aged out with max_age,
 // or was purged) is no newer term's: the term is marked again (by the
-// remark function, which confirms the lease) and the writes go on,
-// without a step-down. When marking again fails (the lease is gone), the
-// replica steps down once.
+// remark function, which confirms the lease before and after laying the
+// markers) and the writes go on, without a step-down; a newer term's
+// refusal after that still steps the replica down. When the lease is gone
+// before the markers, or after them, the replica steps down once, and
+// nothing of its term lands: the markers laid again do not open the term
+// to writes until the lease was confirmed after them.
 func TestFence_MissingMarkerIsMarkedAgain(t *testing.T) {
-	for _, leaseHeld := range []bool{true, false} {
-		t.Run(fmt.Sprintf("lease held %v", leaseHeld), func(t *testing.T) {
+	for _, lease := range []string{"held", "lost before", "lost after"} {
+		t.Run("lease "+lease, func(t *testing.T) {
 			ctx := context.Background()
 			s := startServer(t, nil)
 			cfg := s.config(nil)
@@ -391,12 +393,18 @@ func TestFence_MissingMarkerIsMarkedAgain(t *testing.T) {
 			p := newProducer(t, st)
 			a := newFencedNode(c.JS, cfg, "a")
 			var remarks atomic.Int32
-			a.fence.SetRemark(func(ctx context.Context) error {
+			a.fence.SetRemark(func(ctx context.Context, lay func(context.Context) error) error {
 				remarks.Add(1)
-				if !leaseHeld {
+				if lease == "lost before" {
 					return errors.New("no longer the leader")
 				}
-				return a.fence.Mark(ctx)
+				if err := lay(ctx); err != nil {
+					return err
+				}
+				if lease == "lost after" {
+					return errors.New("the lease was lost while the term was marked")
+				}
+				return nil
 			})
 			r := publish.NewRelay(c.JS, st, cfg, publish.WithFence(a.fence))
 			mark(t, a.fence)
@@ -414,10 +422,17 @@ func TestFence_MissingMarkerIsMarkedAgain(t *testing.T) {
 			testutil.WaitFor(t, 10*time.Second, "the remark to end", func() bool {
 				return remarks.Load() == 1 && (a.fence.InTerm() || a.stepDown.Load() > 0)
 			})
-			if !leaseHeld {
+			if lease != "held" {
 				if got := a.stepDown.Load(); got != 1 || a.fence.InTerm() {
 					t.Fatalf("marking again failed: stepped down %d times, in term %v; want once, false", got,
 						a.fence.InTerm())
+				}
+				last := lastSeq(t, stream)
+				if err := r.Flush(ctx); !errors.Is(err, publish.ErrFenced) {
+					t.Errorf("a flush after the failed remark: %v, want ErrFenced", err)
+				}
+				if now := lastSeq(t, stream); now != last {
+					t.Errorf("the stream grew from seq %d to %d after the failed remark", last, now)
 				}
 				return
 			}
@@ -430,9 +445,16 @@ func TestFence_MissingMarkerIsMarkedAgain(t *testing.T) {
 			if got := a.stepDown.Load(); got != 0 {
 				t.Errorf("stepped down %d times, want none", got)
 			}
-			if got := strings.Count(a.log.String(), "no longer holds this term's marker"); got != 1 {
+			if got := strings.Count(a.log.String(), "marker is no longer on the stream"); got != 1 {
 				t.Errorf("warned %d times of the missing marker, want once; log:\n%s", got, a.log.String())
 			}
+			// A newer term after that still ends this one.
+			mark(t, newFencedNode(c.JS, cfg, "b").fence)
+			p.updateAll(ctx)
+			if err := r.Flush(ctx); err == nil {
+				t.Fatal("the deposed leader's flush succeeded")
+			}
+			assertFenced(t, a)
 		})
 	}
 }
@@ -473,5 +495,43 @@ func TestFence_AuditRepublishRefusedAfterNewTerm(t *testing.T) {
 	}
 	if w.repaired.Load() != 0 || stepDowns.Load() != 1 {
 		t.Errorf("repaired %d, stepped down %d times; want 0 and once", w.repaired.Load(), stepDowns.Load())
+	}
+}
+
+// lastSeq is the stream's last sequence.
+func lastSeq(t *testing.T, s jetstream.Stream) uint64 {
+	t.Helper()
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
+// TestPipeline_LanesAndDepth: a pipeline of ReplicatedLanes lanes takes
+// lanes 1 to 31 of each stream in turn, and keeps laneSlack of them
+// between a lane's writes; one of an unreplicated stream's fence, or of
+// no fence, writes on lane 0 without a limit.
+func TestPipeline_LanesAndDepth(t *testing.T) {
+	p := publish.NewFence(nil, publish.FenceConfig{Node: "a", Lanes: publish.ReplicatedLanes}).Pipeline()
+	if got, want := p.Depth(), publish.ReplicatedLanes-5; got != want {
+		t.Errorf("depth %d, want %d", got, want)
+	}
+	for i := range 2 * (publish.ReplicatedLanes - 1) {
+		if got, want := p.Lane("s"), 1+i%(publish.ReplicatedLanes-1); got != want {
+			t.Fatalf("write %d on lane %d, want %d", i, got, want)
+		}
+	}
+	if got := p.Lane("other"); got != 1 {
+		t.Errorf("another stream's first write on lane %d, want 1", got)
+	}
+	for _, f := range []*publish.Fence{nil, publish.NewFence(nil, publish.FenceConfig{Node: "a"})} {
+		if p := f.Pipeline(); p.Depth() != 0 || p.Lane("s") != 0 {
+			t.Errorf("one lane: depth %d, lane %d; want 0 and 0", p.Depth(), p.Lane("s"))
+		}
+	}
+	if !publish.LaneConflict(&jetstream.APIError{ErrorCode: jetstream.JSErrCodeStreamWrongLastSequenceConstant}) ||
+		publish.LaneConflict(&jetstream.APIError{ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence}) {
+		t.Error("LaneConflict is 10164 alone")
 	}
 }

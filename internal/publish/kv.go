@@ -106,8 +106,13 @@ type KV struct {
 	// local is the subject prefix of a bucket's keys, by kind, in the
 	// stream that stores them: prefix without another domain's API prefix.
 	local map[string]string
-	// fence, when set, stamps every write with the lease term (fence.go).
+	// fence, when set, stamps every write with the lease term (fence.go);
+	// lanes spreads the writes over its lanes from one pipe to the next,
+	// and left holds the writes a cancelled pipe left in flight, which the
+	// next waits for.
 	fence *Fence
+	lanes *Pipeline
+	left  leftInFlight
 	// pub sends the writes; a JetStream context of its own, so that its
 	// pending writes never count against the relay's publishes.
 	pub      jetstream.JetStream
@@ -450,7 +455,7 @@ func keyPrefix(ctx context.Context, kv jetstream.KeyValue) (prefix, local string
 // setFence has every write of the buckets go through f, and f mark a term
 // in each of them (their key TermKey).
 func (k *KV) setFence(f *Fence) {
-	k.fence = f
+	k.fence, k.lanes = f, f.Pipeline()
 	for _, kind := range []string{"tag", "repo", "advisory"} {
 		f.Guard(k.prefix[kind]+TermKey, k.local[kind]+TermKey)
 	}
@@ -472,7 +477,7 @@ func (k *KV) message(o kvOp, lanes *Pipeline) (*nats.Msg, error) {
 // write does ops in their order and waits for them. It returns the first
 // error.
 func (k *KV) write(ctx context.Context, ops []kvOp) error {
-	p := k.pipe()
+	p := k.pipe(ctx)
 	for _, o := range ops {
 		p.send(ctx, o)
 	}
@@ -495,8 +500,12 @@ type kvFlight struct {
 	fut jetstream.PubAckFuture
 }
 
-func (k *KV) pipe() *kvPipe {
-	lanes := k.fence.Pipeline()
+func (k *KV) pipe(ctx context.Context) *kvPipe {
+	k.left.drain(ctx)
+	lanes := k.lanes
+	if lanes == nil {
+		lanes = (*Fence)(nil).Pipeline()
+	}
 	limit := k.inFlight
 	if d := lanes.Depth(); d > 0 {
 		limit = min(limit, d)
@@ -609,6 +618,13 @@ func (p *kvPipe) fail(o kvOp, err error) {
 func (p *kvPipe) wait(ctx context.Context) error {
 	for len(p.inflight) > 0 && ctx.Err() == nil {
 		p.waitOldest(ctx)
+	}
+	if len(p.inflight) > 0 && p.lanes.Depth() > 0 {
+		// Left in flight on lanes: the next pipe waits for them.
+		for _, f := range p.inflight {
+			p.k.left.add(f.fut)
+		}
+		p.inflight = nil
 	}
 	if p.err == nil && ctx.Err() != nil {
 		p.err = ctx.Err()
@@ -723,7 +739,7 @@ func (w *kvWriter) close() (dropped int, err error) {
 
 func (w *kvWriter) run(ctx context.Context) {
 	defer close(w.done)
-	p := w.k.pipe()
+	p := w.k.pipe(ctx)
 	for ctx.Err() == nil {
 		evs, more := w.take()
 		if len(evs) == 0 && !more {

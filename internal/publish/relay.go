@@ -77,8 +77,13 @@ type Relay struct {
 	// waits for the next one due.
 	cpSent     string
 	cpSentTime time.Time
-	// fence, when set, stamps every write with the lease term (fence.go).
+	// fence, when set, stamps every write with the lease term (fence.go);
+	// lanes spreads the passes' publishes over its lanes, from one pass to
+	// the next, and left holds the publishes a cancelled pass left in
+	// flight, which the next pass waits for.
 	fence *Fence
+	lanes *Pipeline
+	left  leftInFlight
 	// signer, when set, signs every message the relay publishes and
 	// derives its Nats-Msg-Id (see internal/signing).
 	signer *signing.Signer
@@ -190,6 +195,7 @@ func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOp
 		o(r)
 	}
 	r.batch = min(r.batch, r.maxInFlight)
+	r.lanes = r.fence.Pipeline()
 	if r.kv != nil {
 		r.kv.setFence(r.fence)
 	}
@@ -338,9 +344,10 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 		blocked: make(map[string]bool),
 		marks:   make(chan marking, 4),
 		marked:  make(chan error, 1),
-		fenced:  r.fence.Pipeline(),
+		fenced:  r.lanes,
 		check:   TermSubject(r.format.SubjectPrefix),
 	}
+	r.left.drain(ctx)
 	if r.kv != nil {
 		p.kvw = r.kv.startWriter(ctx)
 	}
@@ -398,8 +405,11 @@ type relayPass struct {
 	fenced  *Pipeline
 	check   string
 	waiting []store.Event
-	errs    []error
-	acked   []int64
+	// conflicts counts, by event seq, the publishes refused for a lane
+	// still held on the server (LaneConflict).
+	conflicts map[int64]int
+	errs      []error
+	acked     []int64
 	// ackedEvs are the events of acked, for the KV buckets (nil without),
 	// less the duplicates: dupes counts those.
 	ackedEvs []store.Event
@@ -474,12 +484,17 @@ func (p *relayPass) run(ctx context.Context) error {
 			p.answered()
 			p.resume()
 		case err := <-failed:
-			p.failed(p.pop(), err)
+			p.refused(p.pop(), err)
 			p.answered()
 			p.resume()
 		case <-ctx.Done():
 			// What is in flight gets published again next time; JetStream
-			// drops the duplicates.
+			// drops the duplicates. On lanes, the next pass waits for it.
+			if p.fenced.Depth() > 0 {
+				for _, f := range p.inflight {
+					r.left.add(f.fut)
+				}
+			}
 			return ctx.Err()
 		}
 	}
@@ -517,7 +532,7 @@ func (p *relayPass) answered() {
 		case ack := <-f.Ok():
 			p.acknowledged(p.pop(), ack)
 		case err := <-f.Err():
-			p.failed(p.pop(), err)
+			p.refused(p.pop(), err)
 		default:
 			return
 		}
@@ -631,6 +646,25 @@ func (p *relayPass) acknowledged(e store.Event, ack *jetstream.PubAck) {
 	}
 	delete(p.lanes, e.Subject)
 }
+
+// refused handles the refusal of e's publish: sent again at once, on the
+// next lane, when its lane was still held on the server (a few times at
+// most); otherwise failed.
+func (p *relayPass) refused(e store.Event, err error) {
+	if LaneConflict(err) && p.conflicts[e.Seq] < maxLaneConflicts {
+		if p.conflicts == nil {
+			p.conflicts = map[int64]int{}
+		}
+		p.conflicts[e.Seq]++
+		p.publish(e) // still the head of its resource: nothing overtook it
+		return
+	}
+	p.failed(e, err)
+}
+
+// maxLaneConflicts bounds how often one event is sent again after a lane
+// conflict in a pass.
+const maxLaneConflicts = 3
 
 // failed blocks e's resource for the rest of the pass: its later events must
 // not overtake e.

@@ -361,3 +361,31 @@ func TestApplyAdvisories(t *testing.T) {
 		t.Fatalf("create_time=%s, want %s", got, want)
 	}
 }
+
+// TestApplyHistory_EmptyFirstReadAnnouncesOnce: a new tag whose first
+// history read finds no record is announced as listed; a later read that
+// finds records announces it no second time, and records its moves.
+func TestApplyHistory_EmptyFirstReadAnnouncesOnce(t *testing.T) {
+	ctx := context.Background()
+	st, _ := openTemp(t, newClock(), false, store.Options{})
+	repo := nginx()
+	mustApplyRepos(t, st, repo)
+	need := mustApplyTags(t, st, repo, tag("g1/r1/t1", "latest", 1))
+	if n, err := st.ApplyHistory(ctx, need[0], nil, true); err != nil || n != 1 {
+		t.Fatalf("an empty first read: %d events, %v; want the tag.created", n, err)
+	}
+	t0 := ts("2025-02-01T00:00:00Z")
+	recs := []store.HistoryRecord{{Time: t0, Digest: digest(1)}, {Time: t0.Add(time.Minute), Digest: digest(2)}}
+	if _, err := st.ApplyHistory(ctx, need[0], recs, true); err != nil {
+		t.Fatal(err)
+	}
+	created := 0
+	for _, e := range allEvents(t, st) {
+		if e.Type == store.TagCreated {
+			created++
+		}
+	}
+	if created != 1 {
+		t.Errorf("%d tag.created events, want 1; events %v", created, types(allEvents(t, st)))
+	}
+}

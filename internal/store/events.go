@@ -118,6 +118,13 @@ func createdDisc(createTime, updateTime time.Time, deletions int) string {
 	return d
 }
 
+// firstReadDisc tells apart the creations of one tag announced by their
+// first history read (ApplyHistory): by its create time and how many
+// times it was deleted before.
+func firstReadDisc(createTime time.Time, deletions int) string {
+	return "first-read/" + FormatTime(createTime) + "/" + strconv.Itoa(deletions)
+}
+
 // deletedDisc names the nth deletion of a resource (n counts from 1).
 func deletedDisc(n int) string { return "deletion/" + strconv.Itoa(n) }
 

@@ -161,12 +161,15 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 			// The tag's first read: it is announced now, as it was
 			// created, before its moves (see ApplyTags).
 			created := cur
-			at := cur.UpdateTime
 			if len(fresh) > 0 {
-				created.Digest, created.UpdateTime, at = fresh[0].Digest, fresh[0].Time, fresh[0].Time
+				created.Digest, created.UpdateTime = fresh[0].Digest, fresh[0].Time
 			}
+			// The id does not depend on the records read: a first read
+			// that found none (the tag is announced as listed) and the
+			// next one, which finds some, record the same event once.
 			creations = append(creations, change{typ: TagCreated, scope: cur.Path, subject: ref.UID,
-				disc: createdDisc(cur.CreateTime, at, st.deletions), time: eventTime(cur.CreateTime, s.now()), after: created})
+				disc: firstReadDisc(cur.CreateTime, st.deletions), time: eventTime(cur.CreateTime, s.now()),
+				after: created})
 		}
 		for i, r := range fresh {
 			seq := b.Count + i
