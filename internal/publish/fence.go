@@ -227,7 +227,9 @@ func (f *Fence) lay(ctx context.Context) (map[string]uint64, error) {
 				}
 			}
 			m := &nats.Msg{Subject: laneSubject(t.pub, lane), Data: data}
-			fut, err := f.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0))
+			// The client's retries on no responders (a stream electing
+			// its leader) are welcome here: a marker has no order to keep.
+			fut, err := f.js.PublishMsgAsync(m)
 			if err != nil {
 				return nil, fmt.Errorf("publish the term marker on %s: %w", m.Subject, err)
 			}

@@ -44,6 +44,13 @@ func startReplicatedTB(t testing.TB) *replicatedWorld {
 		t.Fatalf("open KV: %v", err)
 	}
 	w.k = k
+	// Every stream has elected its leader before the test writes.
+	for _, name := range []string{testStream, "KV_" + kc.Tags, "KV_" + kc.Repos, "KV_" + kc.Advisories} {
+		testutil.WaitFor(t, 20*time.Second, "stream "+name+" to elect its leader", func() bool {
+			s, err := w.c.JS.Stream(context.Background(), name)
+			return err == nil && s.CachedInfo().Cluster != nil && s.CachedInfo().Cluster.Leader != ""
+		})
+	}
 	return w
 }
 
