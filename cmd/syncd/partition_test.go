@@ -586,6 +586,10 @@ func TestCluster_LeaderBlackHoled(t *testing.T) {
 func TestCluster_LeaderPaused(t *testing.T) {
 	pw := startPartitionWorld(t, 97, clusterTTL)
 	a, b := pw.a, pw.b
+	// Frozen while it has events to publish (the changer keeps changing
+	// the data), so that it has writes to send when it wakes: the writes
+	// the fence must refuse.
+	pending := untilUnpublished(t, a.dbPath, 10*time.Second)
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -606,13 +610,28 @@ func TestCluster_LeaderPaused(t *testing.T) {
 	time.Sleep(2 * time.Second) // data changes while b leads
 	figures := pw.finish(b, a)
 	t.Logf(
-		"leader paused figures: a frozen for %s (lease TTL %s): b took over after %s; woken, a stood by under b after %s; %s",
+		"leader paused figures: a frozen for %s (lease TTL %s) with events to publish: %v; b took over after %s; woken, a stood by under b after %s; %s",
 		3*clusterTTL,
 		clusterTTL,
+		pending,
 		takeover.Round(time.Millisecond),
 		rejoined.Round(time.Millisecond),
 		figures,
 	)
+}
+
+// untilUnpublished polls the mirror at path until it holds an event not
+// yet published, at most within; it reports whether it saw one.
+func untilUnpublished(t *testing.T, path string, within time.Duration) bool {
+	t.Helper()
+	db := openReader(t, path)
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		var n int
+		if db.QueryRow(`SELECT count(*) FROM events WHERE published_time IS NULL`).Scan(&n) == nil && n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // TestCluster_StreamLeaderNodePartitioned black-holes every route of the
