@@ -583,22 +583,29 @@ func (p *kvPipe) oldest() (<-chan *jetstream.PubAck, <-chan error) {
 func (p *kvPipe) waitOldest(ctx context.Context) {
 	ok, failed := p.oldest()
 	select {
-	case <-ok:
-		p.pop(nil)
+	case ack := <-ok:
+		p.pop(ack, nil)
 	case err := <-failed:
-		p.pop(err)
+		p.pop(nil, err)
 	case <-ctx.Done():
 		p.err = cmp.Or(p.err, ctx.Err())
 	}
 }
 
-// pop removes the oldest write, which err (if any) failed.
-func (p *kvPipe) pop(err error) {
+// pop removes the oldest write, which err (if any) failed. An
+// acknowledged write is logged at debug with its bucket's stream sequence:
+// which write set a key's value, when a watcher saw it go back.
+func (p *kvPipe) pop(ack *jetstream.PubAck, err error) {
 	f := p.inflight[0]
 	p.inflight[0] = kvFlight{}
 	p.inflight = p.inflight[1:]
 	if err != nil {
 		p.fail(f.op, err)
+		return
+	}
+	if ack != nil && p.k.log.Enabled(context.Background(), slog.LevelDebug) {
+		p.k.log.Debug("KV write acknowledged", "kind", f.op.kind, "key", f.op.key, "stream_seq", ack.Sequence,
+			"delete", f.op.value == nil, "value", string(f.op.value))
 	}
 }
 
@@ -755,10 +762,10 @@ func (w *kvWriter) run(ctx context.Context) {
 			ok, failed := p.oldest()
 			select {
 			case <-w.wake:
-			case <-ok:
-				p.pop(nil)
+			case ack := <-ok:
+				p.pop(ack, nil)
 			case err := <-failed:
-				p.pop(err)
+				p.pop(nil, err)
 			case <-ctx.Done():
 			}
 		}
