@@ -441,6 +441,12 @@ func (f *Fence) Check(err error) bool {
 		f.mu.Unlock()
 		return true
 	}
+	if ownMarker(apiErr, f.seqs) {
+		// A write sent before this term's markers were laid again, refused
+		// for the marker now newest: this term's own, no newer term's.
+		f.mu.Unlock()
+		return true
+	}
 	if markerMissing(apiErr) && f.remark != nil {
 		// The stream holds no message at all on the marker's subject: no
 		// newer term's marker, which would be there, but this term's gone
@@ -528,6 +534,22 @@ func (f *Fence) markAgain() {
 func LaneConflict(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// ownMarker reports whether err, a 10071, names as the newest marker one
+// of this term's own (seqs): the refusal of a write stamped before the term
+// was marked again.
+func ownMarker(err *jetstream.APIError, seqs map[string]uint64) bool {
+	n, ok := strings.CutPrefix(err.Description, "wrong last sequence: ")
+	if !ok || n == "0" {
+		return false
+	}
+	for _, seq := range seqs {
+		if strconv.FormatUint(seq, 10) == n {
+			return true
+		}
+	}
+	return false
 }
 
 // markerMissing reports whether err, a 10071, says that the stream
