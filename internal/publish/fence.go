@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -355,8 +356,8 @@ func (l *leftInFlight) drain(ctx context.Context) {
 }
 
 // Pipeline is how a pipelined writer spreads its writes over the lanes.
-// Its zero value, or one of a nil fence, puts every write on lane 0 with
-// no limit.
+// A nil *Pipeline (of a fence with one lane, or of none) puts every write
+// on lane 0 with no limit.
 type Pipeline struct {
 	lanes int
 	next  map[string]int
@@ -366,7 +367,7 @@ type Pipeline struct {
 // most Depth writes in flight (n-1-laneSlack).
 func (f *Fence) Pipeline() *Pipeline {
 	if f == nil || f.cfg.Lanes == 1 {
-		return &Pipeline{}
+		return nil
 	}
 	return &Pipeline{lanes: f.cfg.Lanes, next: map[string]int{}}
 }
@@ -377,7 +378,12 @@ func (f *Fence) Pipeline() *Pipeline {
 // in process (jetstream_cluster.go applies, then clears), so a write sent
 // on a lane the moment its previous write is answered can be refused
 // (10164), as the relay's test saw under load.
-func (p *Pipeline) Depth() int { return max(p.lanes-1-laneSlack, 0) }
+func (p *Pipeline) Depth() int {
+	if p == nil {
+		return 0
+	}
+	return max(p.lanes-1-laneSlack, 0)
+}
 
 // laneSlack is how many lanes a pipeline leaves between a lane's writes.
 const laneSlack = 4
@@ -387,7 +393,7 @@ const laneSlack = 4
 // order they were sent (as JetStream answers one connection's publishes
 // to one stream), the previous write on that lane has been answered.
 func (p *Pipeline) Lane(check string) int {
-	if p.lanes <= 1 {
+	if p == nil {
 		return 0
 	}
 	n := p.next[check]
@@ -441,13 +447,14 @@ func (f *Fence) Check(err error) bool {
 		f.mu.Unlock()
 		return true
 	}
-	if ownMarker(apiErr, f.seqs) {
+	newest, named := newestSeq(apiErr)
+	if named && newest != 0 && slices.Contains(slices.Collect(maps.Values(f.seqs)), newest) {
 		// A write sent before this term's markers were laid again, refused
 		// for the marker now newest: this term's own, no newer term's.
 		f.mu.Unlock()
 		return true
 	}
-	if markerMissing(apiErr) && f.remark != nil {
+	if named && newest == 0 && f.remark != nil {
 		// The stream holds no message at all on the marker's subject: no
 		// newer term's marker, which would be there, but this term's gone
 		// (aged out with max_age, or purged). The write failed and its
@@ -536,27 +543,16 @@ func LaneConflict(err error) bool {
 	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
 
-// ownMarker reports whether err, a 10071, names as the newest marker one
-// of this term's own (seqs): the refusal of a write stamped before the term
-// was marked again.
-func ownMarker(err *jetstream.APIError, seqs map[string]uint64) bool {
+// newestSeq is the sequence a 10071 names as the newest message on the
+// checked subject ("wrong last sequence: N", 0 when it holds none); false
+// when it names none.
+func newestSeq(err *jetstream.APIError) (uint64, bool) {
 	n, ok := strings.CutPrefix(err.Description, "wrong last sequence: ")
-	if !ok || n == "0" {
-		return false
+	if !ok {
+		return 0, false
 	}
-	for _, seq := range seqs {
-		if strconv.FormatUint(seq, 10) == n {
-			return true
-		}
-	}
-	return false
-}
-
-// markerMissing reports whether err, a 10071, says that the stream
-// holds no message on the checked subject ("wrong last sequence: 0").
-func markerMissing(err *jetstream.APIError) bool {
-	n, ok := strings.CutPrefix(err.Description, "wrong last sequence: ")
-	return ok && n == "0"
+	seq, perr := strconv.ParseUint(n, 10, 64)
+	return seq, perr == nil
 }
 
 // explain logs which of the term's markers (seqs, by checked subject) a

@@ -118,12 +118,8 @@ func assertOnlyMarkersSince(t *testing.T, js jetstream.JetStream, before uint64,
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	markers, others := 0, 0
-	for seq := before + 1; seq <= info.State.LastSeq; seq++ {
+	for seq, last := before+1, lastSeq(t, s); seq <= last; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		if err != nil {
 			t.Fatal(err)

@@ -502,15 +502,11 @@ type kvFlight struct {
 
 func (k *KV) pipe(ctx context.Context) *kvPipe {
 	k.left.drain(ctx)
-	lanes := k.lanes
-	if lanes == nil {
-		lanes = (*Fence)(nil).Pipeline()
-	}
 	limit := k.inFlight
-	if d := lanes.Depth(); d > 0 {
+	if d := k.lanes.Depth(); d > 0 {
 		limit = min(limit, d)
 	}
-	return &kvPipe{k: k, lanes: lanes, limit: limit}
+	return &kvPipe{k: k, lanes: k.lanes, limit: limit}
 }
 
 // apply sends the writes of evs, unless a write failed already: the
