@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -387,5 +388,91 @@ func TestApplyHistory_EmptyFirstReadAnnouncesOnce(t *testing.T) {
 	}
 	if created != 1 {
 		t.Errorf("%d tag.created events, want 1; events %v", created, types(allEvents(t, st)))
+	}
+}
+
+// TestApplyTags_DeprecationWithAMoveComesAfterTheMoves: a listing that
+// shows a tag moved and deprecated (both since the last history read)
+// holds the deprecation and the listing's update time back with the
+// digest; the history read records the moves first, each at its own time
+// and not deprecated, then the deprecation at the digest they left. So
+// the tag's states on the stream (and in a KV bucket written from them)
+// never go back in time, and none of them is one the tag never had.
+func TestApplyTags_DeprecationWithAMoveComesAfterTheMoves(t *testing.T) {
+	ctx := context.Background()
+	st, _ := openTemp(t, newClock(), false, store.Options{})
+	repo := nginx()
+	mustApplyRepos(t, st, repo)
+	first := tag("g1/r1/t1", "latest", 1)
+	need := mustApplyTags(t, st, repo, first)
+	if _, err := st.ApplyHistory(ctx, need[0], []store.HistoryRecord{{Time: first.UpdateTime, Digest: first.Digest}},
+		true); err != nil {
+		t.Fatal(err)
+	}
+	at := func(m int) time.Time { return first.UpdateTime.Add(time.Duration(m) * time.Minute) }
+	t1, t2, t3 := at(1), at(2), at(3)
+	listed := first
+	listed.Digest, listed.Deprecated, listed.UpdateTime = digest(3), true, t3
+	before := len(allEvents(t, st))
+	need, n, err := st.ApplyTags(ctx, repo, []store.Tag{listed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 || len(need) != 1 || need[0].Listed == nil {
+		t.Fatalf("listing: %d events, need %+v; want none, and one read carrying the listed state", n, need)
+	}
+	var dep int
+	var upd string
+	if err := st.Reader().QueryRow(`SELECT deprecated, update_time FROM tags WHERE uid = ?`, first.UID).
+		Scan(&dep, &upd); err != nil {
+		t.Fatal(err)
+	}
+	if dep != 0 || upd != store.FormatTime(first.UpdateTime) {
+		t.Fatalf("before the read the mirror holds deprecated=%d update_time=%s; want 0 and %s (held back)",
+			dep, upd, store.FormatTime(first.UpdateTime))
+	}
+	recs := []store.HistoryRecord{
+		{Time: first.UpdateTime, Digest: first.Digest},
+		{Time: t1, Digest: digest(2)},
+		{Time: t2, Digest: digest(3)},
+	}
+	if n, err := st.ApplyHistory(ctx, need[0], recs, true); err != nil || n != 3 {
+		t.Fatalf("history read: %d events, %v; want two moves and the deprecation", n, err)
+	}
+	evs := allEvents(t, st)[before:]
+	var got []string
+	var last time.Time
+	for _, e := range evs {
+		if e.Type == store.HistoryRecorded {
+			continue
+		}
+		b, a := payload[store.Tag](t, e)
+		got = append(got, fmt.Sprintf("%s %s dep=%v", e.Type, a.Digest, a.Deprecated))
+		if a.UpdateTime.Before(last) {
+			t.Errorf("%s after=%+v: its update time goes back from %s", e.Type, a, last)
+		}
+		if e.Type == store.TagDeprecated && (b.Digest != digest(3) || b.Deprecated) {
+			t.Errorf("deprecation before=%+v; want the digest the moves left, not deprecated", b)
+		}
+		last = a.UpdateTime
+	}
+	want := []string{
+		fmt.Sprintf("%s %s dep=false", store.TagMoved, digest(2)),
+		fmt.Sprintf("%s %s dep=false", store.TagMoved, digest(3)),
+		fmt.Sprintf("%s %s dep=true", store.TagDeprecated, digest(3)),
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events after the read:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if err := st.Reader().QueryRow(`SELECT deprecated, update_time FROM tags WHERE uid = ?`, first.UID).
+		Scan(&dep, &upd); err != nil {
+		t.Fatal(err)
+	}
+	if dep != 1 || upd != store.FormatTime(t3) {
+		t.Fatalf("after the read the mirror holds deprecated=%d update_time=%s; want 1 and %s",
+			dep, upd, store.FormatTime(t3))
+	}
+	if need, n, err := st.ApplyTags(ctx, repo, []store.Tag{listed}); err != nil || n != 0 || len(need) != 0 {
+		t.Fatalf("the same listing again: %d events, need %d, %v; want nothing", n, len(need), err)
 	}
 }

@@ -241,7 +241,33 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		return 0, err
 	}
 	moves, err := s.appendEvents(ctx, tx, cs)
-	return created + moves, err
+	if err != nil {
+		return 0, err
+	}
+	listed, err := s.applyListed(ctx, tx, baseline, ups)
+	return created + moves + listed, err
+}
+
+// applyListed applies, after the moves of their reads, the listing's state
+// that ApplyTags held back from the tags of ups (TagRef.Listed): a
+// deprecation seen with a move is recorded at the digest the move left.
+// A tag whose read did not reach the listed digest is held back again,
+// for the next listing to try; what that asks to read is left to it.
+func (s *Store) applyListed(ctx context.Context, tx *sql.Tx, baseline bool, ups []HistoryUpdate) (int, error) {
+	n := 0
+	for _, u := range ups {
+		ref := u.Ref
+		if ref.Listed == nil {
+			continue
+		}
+		_, events, err := s.applyTags(ctx, tx, baseline, Repo{UID: ref.RepoUID, Name: ref.Repo, Path: ref.Path},
+			[]Tag{*ref.Listed})
+		if err != nil {
+			return 0, fmt.Errorf("apply the listed state of tag %s:%s after its history: %w", ref.Repo, ref.Name, err)
+		}
+		n += events
+	}
+	return n, nil
 }
 
 // silentRecords is how many of the fresh records of the tag st, from the

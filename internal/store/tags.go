@@ -38,6 +38,14 @@ type TagRef struct {
 	Name       string
 	UpdateTime time.Time
 	Bookmark   Bookmark
+	// Listed is the listing's state of a tag whose digest the listing
+	// showed moved, held back from the mirror until the history read
+	// that ref asks for has applied the moves: ApplyHistory applies it
+	// after them, in the same transaction. Without it a deprecation (or
+	// the listing's update time) seen with the move came before the
+	// moves, at the old digest: a state the tag never had, and on the
+	// KV bucket a value that went back in time.
+	Listed *Tag
 }
 
 type storedTag struct {
@@ -83,11 +91,29 @@ const tagColumns = 11
 func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []TagRef, events int, err error) {
 	tags = lastByUID(tags, func(t Tag) string { return t.UID })
 	events, err = s.commit(ctx, func(tx *sql.Tx) (int, error) {
-		need = need[:0]
 		baseline, err := s.inBaseline(ctx, tx)
 		if err != nil {
 			return 0, err
 		}
+		var n int
+		need, n, err = s.applyTags(ctx, tx, baseline, repo, tags)
+		return n, err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("apply %d tags of repo %s: %w", len(tags), repoPath(repo), err)
+	}
+	return need, events, nil
+}
+
+// applyTags is ApplyTags' work inside tx, for tags of distinct uids.
+func (s *Store) applyTags(
+	ctx context.Context,
+	tx *sql.Tx,
+	baseline bool,
+	repo Repo,
+	tags []Tag,
+) (need []TagRef, events int, err error) {
+	events, err = func() (int, error) {
 		path, pending, err := repoState(ctx, tx, repo)
 		if err != nil {
 			return 0, err
@@ -119,11 +145,24 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 			if backfill && (o.Digest != listed || !sameTime(o.UpdateTime, t.UpdateTime)) {
 				moved = append(moved, t.UID)
 			}
+			var held *Tag
 			if seen && !o.deleted && (o.bookmark.Count > 0 || backfill) {
 				// The digest moves with the history read this listing
 				// asks for, with its tag.moved events: a digest changed
 				// here, silently, would be state no event carries.
 				t.Digest = o.Digest
+				if listed != o.Digest && !backfill {
+					// So do the deprecation and the update time the
+					// listing shows with the move: they came after it.
+					// Applied now, they would reach the stream and the
+					// KV bucket ahead of the moves, at the old digest.
+					// The read applies them after the moves (TagRef.Listed).
+					// (A tag the backfill holds is read from the store's
+					// refs, which cannot carry them: docs/events.md.)
+					l := t
+					l.Digest, held = listed, &l
+					t.Deprecated, t.UpdateTime = o.Deprecated, o.UpdateTime
+				}
 			}
 			changed := true
 			switch {
@@ -153,7 +192,11 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 				args = append(args, t.UID, repo.UID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles),
 					nullTime(t.CreateTime), nullTime(t.UpdateTime), now, baseline, raw)
 			}
-			if !backfill && (!seen || o.historyUpdateTime != FormatTime(t.UpdateTime) || o.historyLastDigest != listed) {
+			listedTime := t.UpdateTime
+			if held != nil {
+				listedTime = held.UpdateTime
+			}
+			if !backfill && (!seen || o.historyUpdateTime != FormatTime(listedTime) || o.historyLastDigest != listed) {
 				need = append(
 					need,
 					TagRef{
@@ -162,8 +205,9 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 						Repo:       repo.Name,
 						Path:       path,
 						Name:       t.Name,
-						UpdateTime: t.UpdateTime,
+						UpdateTime: listedTime,
 						Bookmark:   o.bookmark,
+						Listed:     held,
 					},
 				)
 			}
@@ -175,11 +219,8 @@ func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []Ta
 			return 0, err
 		}
 		return s.appendEvents(ctx, tx, cs)
-	})
-	if err != nil {
-		return nil, 0, fmt.Errorf("apply %d tags of repo %s: %w", len(tags), repoPath(repo), err)
-	}
-	return need, events, nil
+	}()
+	return need, events, err
 }
 
 // repoState returns the registry path of repo as the mirror has it (the
