@@ -253,6 +253,22 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
 	}
 	cons, err := f.js.CreateOrUpdateConsumer(ctx, f.cfg.Stream, cc)
+	if startFixed(err) {
+		// A consumer of this name starts elsewhere: one left from before a
+		// restore whose deletion did not reach the stream (the request
+		// was lost in a partition), or the stream's peers' view of it
+		// after one. It is this follower's own; the mirror's position,
+		// not the consumer's, says where to read (see fetch), so it is
+		// replaced. Left, every attempt to follow or to lead failed the
+		// same way until the test's minute ran out.
+		f.log.Warn("the follower's consumer starts at another sequence than the mirror's snapshot; replacing it",
+			"consumer", f.cfg.Consumer, "start_seq", cc.OptStartSeq, "err", err)
+		if derr := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); derr != nil &&
+			!errors.Is(derr, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("replace consumer %s on stream %s: %w", f.cfg.Consumer, f.cfg.Stream, errors.Join(err, derr))
+		}
+		cons, err = f.js.CreateOrUpdateConsumer(ctx, f.cfg.Stream, cc)
+	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf(
 			"stream %q does not exist (yet): the syncd leader creates it when it starts: %w",
@@ -277,6 +293,14 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		}
 	}
 	return cons, nil
+}
+
+// startFixed reports whether err is the server's refusal to change a
+// durable consumer's start (JSConsumerCreateErrF, 10012, "start sequence
+// can not be updated").
+func startFixed(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.ErrorCode == 10012 && strings.Contains(api.Description, "can not be updated")
 }
 
 // prepare restores the newest snapshot into the mirror when cfg.Restore

@@ -148,3 +148,42 @@ func caughtUpFollower(t *testing.T, js jetstream.JetStream, leader *leaderMirror
 	}
 	return f, follower
 }
+
+// TestFollower_ReplacesAConsumerThatStartsElsewhere: a durable consumer of
+// the follower's name that starts at another sequence than the mirror
+// (left from before a restore whose deletion never reached the stream, as
+// in a partition) cannot be updated to the mirror's start; the follower
+// replaces it instead of failing every attempt to follow or to lead.
+func TestFollower_ReplacesAConsumerThatStartsElsewhere(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	leader.change(3)
+	leader.publish()
+	if _, err := js.CreateOrUpdateConsumer(ctx, "EV", jetstream.ConsumerConfig{
+		Durable:       gapFollowerConfig.Consumer,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   2,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { follower.Close() })
+	f := cluster.NewFollower(js, follower, gapFollowerConfig)
+	if err := f.CatchUp(ctx); err != nil {
+		t.Fatalf("catch up with a consumer of the same name starting at 2: %v", err)
+	}
+	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
+		t.Fatalf("the follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
+	}
+	c, err := js.Consumer(ctx, "EV", gapFollowerConfig.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CachedInfo().Config.DeliverPolicy; got != jetstream.DeliverAllPolicy {
+		t.Fatalf("the consumer's deliver policy is %v, want all (replaced)", got)
+	}
+}
