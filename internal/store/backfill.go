@@ -31,7 +31,7 @@ func startBackfill(ctx context.Context, tx *sql.Tx) (int64, error) {
 // yet to read: 0 once every tag's history is read (and before the
 // baseline ends, when nothing is queued yet).
 func (s *Store) BackfillRemaining(ctx context.Context) (int64, error) {
-	return backfillRemaining(ctx, s.r)
+	return backfillRemaining(ctx, s.background())
 }
 
 func backfillRemaining(ctx context.Context, q queryer) (int64, error) {
@@ -50,7 +50,7 @@ func backfillRemaining(ctx context.Context, q queryer) (int64, error) {
 // HistoryReady reports whether the mirror holds every tag's history: the
 // baseline has ended and the backfill has nothing left.
 func (s *Store) HistoryReady(ctx context.Context) (bool, error) {
-	return s.historyReady(ctx, s.r)
+	return s.historyReady(ctx, s.background())
 }
 
 func (s *Store) historyReady(ctx context.Context, q queryer) (bool, error) {
@@ -66,7 +66,7 @@ func (s *Store) historyReady(ctx context.Context, q queryer) (bool, error) {
 // out those skip names (reads under way, or failed in this pass): the
 // tags a later listing showed changed first, then the newest update first.
 func (s *Store) BackfillNext(ctx context.Context, n int, skip func(uid string) bool) ([]TagRef, error) {
-	tx, err := s.r.BeginTx(ctx, nil)
+	tx, err := s.background().BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("read the backfill: %w", err)
 	}
@@ -107,7 +107,7 @@ func (s *Store) BackfillNext(ctx context.Context, n int, skip func(uid string) b
 // BackfillRefs returns those of the tags uids that the backfill holds, to
 // read now: a pushed move need not wait for its turn.
 func (s *Store) BackfillRefs(ctx context.Context, uids []string) ([]TagRef, error) {
-	tx, err := s.r.BeginTx(ctx, nil)
+	tx, err := s.background().BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("read the backfill: %w", err)
 	}
@@ -146,4 +146,13 @@ func (s *Store) backfillDone(ctx context.Context, tx *sql.Tx, uids []string) err
 		return fmt.Errorf("take read tags out of the backfill: %w", err)
 	}
 	return nil
+}
+
+// background is the pool for reads of syncd's own bookkeeping that walk
+// the mirror (Store.bg); a read-only store has only its readers.
+func (s *Store) background() *sql.DB {
+	if s.bg != nil {
+		return s.bg
+	}
+	return s.r
 }
