@@ -122,13 +122,15 @@ func (s *Sim) listRepos(w http.ResponseWriter, r *http.Request, _ route) {
 	}
 	scope := s.scope(r)
 	s.mu.RLock()
-	var items []*repo
-	for _, rp := range s.repos {
-		if visible(rp.uid, scope) && p.scopeMatches(rp.uid) && (p.name == "" || rp.name == p.name) {
-			items = append(items, rp)
+	resp, e := paginateCached(s, p, scope, func() []*repo {
+		var items []*repo
+		for _, rp := range s.repos {
+			if visible(rp.uid, scope) && p.scopeMatches(rp.uid) && (p.name == "" || rp.name == p.name) {
+				items = append(items, rp)
+			}
 		}
-	}
-	resp, e := paginate(s, p, items, s.repoLister())
+		return items
+	}, s.repoLister())
 	s.mu.RUnlock()
 	writeResult(w, resp, e)
 }
@@ -208,18 +210,20 @@ func (s *Sim) listTags(w http.ResponseWriter, r *http.Request, _ route) {
 	} else {
 		candidates = s.tags
 	}
-	var items []*tag
-	for _, t := range candidates {
-		if !visible(t.uid, scope) || !p.scopeMatches(t.uid) {
-			continue
+	resp, e := paginateCached(s, p, scope, func() []*tag {
+		var items []*tag
+		for _, t := range candidates {
+			if !visible(t.uid, scope) || !p.scopeMatches(t.uid) {
+				continue
+			}
+			if (p.name != "" && t.name != p.name) || (wantDigest != "" && t.digest != digest) || t.updateMs < since ||
+				!fam.shows(t.name) {
+				continue
+			}
+			items = append(items, t)
 		}
-		if (p.name != "" && t.name != p.name) || (wantDigest != "" && t.digest != digest) || t.updateMs < since ||
-			!fam.shows(t.name) {
-			continue
-		}
-		items = append(items, t)
-	}
-	resp, e := paginate(s, p, items, s.tagLister())
+		return items
+	}, s.tagLister())
 	s.mu.RUnlock()
 	writeResult(w, resp, e)
 }

@@ -148,13 +148,15 @@ func (s *Sim) listAdvisories(w http.ResponseWriter, r *http.Request, _ route) {
 		return
 	}
 	s.mu.RLock()
-	var items []*advisory
-	for _, a := range s.advisories {
-		if p.scopeMatches(a.uid) && match(a) {
-			items = append(items, a)
+	resp, e := paginateCached(s, p, "", func() []*advisory {
+		var items []*advisory
+		for _, a := range s.advisories {
+			if p.scopeMatches(a.uid) && match(a) {
+				items = append(items, a)
+			}
 		}
-	}
-	resp, e := paginate(s, p, items, s.advisoryLister())
+		return items
+	}, s.advisoryLister())
 	s.mu.RUnlock()
 	writeResult(w, resp, e)
 }

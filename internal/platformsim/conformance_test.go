@@ -88,6 +88,24 @@ func TestListRules(t *testing.T) {
 				t.Fatalf("continued listing returned %d repos, want %d", len(rest), want)
 			}
 		}},
+		{name: "ListRule2_AChangeBetweenPagesIsSeen", run: func(t *testing.T, e *env) {
+			// The listing's ranking is kept between pages while nothing
+			// changes: a tag moved after the first page sorts after the
+			// cursor by update time, and the pages after it show it.
+			q := url.Values{"page_size": {"3"}, "order_by": {"update_time"}}
+			first := e.get("/registry/v2/tags?" + q.Encode())
+			e.mustStatus(first, http.StatusOK)
+			moved := str(items(first, "tags")[0], "uid")
+			e.sim.Advance(time.Second)
+			if err := e.sim.MoveTag(moved, "sha256:"+strings.Repeat("ab", 32)); err != nil {
+				t.Fatal(err)
+			}
+			q.Set("page_token", str(first.body, "nextPageToken"))
+			rest := e.listAll("/registry/v2/tags", q, "tags")
+			if len(rest) == 0 || str(rest[len(rest)-1], "uid") != moved {
+				t.Fatalf("the pages after the move do not end with the moved tag %s", moved)
+			}
+		}},
 		{name: "ListRule3_SkippedEchoesSkip", run: func(t *testing.T, e *env) {
 			all := e.listAll("/registry/v2/repos", url.Values{}, "repos")
 			r := e.get("/registry/v2/repos?skip=3&page_size=2")

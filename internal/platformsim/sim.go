@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"regexp"
-	"sync"
 	"time"
 )
 
@@ -169,7 +168,7 @@ func ScaleScenario() Scale {
 type Sim struct {
 	opts Options
 
-	mu     sync.RWMutex
+	mu     versionedRWMutex
 	offset time.Duration
 	rng    *rand.Rand // scenario and uid generation; guarded by mu
 	key    []byte     // HMAC key for registry tokens
@@ -198,6 +197,7 @@ type Sim struct {
 	oidcKey     oidcKey
 	externalKey oidcKey // the built-in external issuer's, a separate key
 	events      delivery
+	ranked      rankedListings // rankings of listings under way (paginateCached)
 }
 
 // New returns an empty simulator holding only the organization's root group
