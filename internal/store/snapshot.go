@@ -106,16 +106,10 @@ func (s *Store) SnapshotSeq(ctx context.Context) (uint64, error) {
 // database Backup wrote, migrated here to this binary's schema first) and
 // records seq, the stream sequence it covers, in one transaction.
 //
-// The events the snapshot's leader had published count as published. Those
-// it had not (its outbox) stay in the outbox: the follower marks each one
-// published when it meets it on the stream after seq (ApplyStream skips it
-// by id, the mirror holding it already), and what is left once a replica
-// has caught up with the stream to lead (its lease term marked, so that
-// nothing older lands after) never reached the stream: the leader it was
-// written by lost it, stopped or was deposed before publishing it, or
-// JetStream lost it. The new leader publishes it then. Marked published
-// here, it was lost for good (a leader that restored its own snapshot
-// after a partition lost 32 events that way).
+// The snapshot's events all count as published: those its leader had not
+// published yet reach the stream later, and the follower skips them there
+// by id, since they are in the mirror already; were they left in the
+// outbox, a follower that becomes the leader would publish them again.
 //
 // The snapshot is not trusted: CheckSnapshot must pass before anything of
 // it is opened as a mirror or copied.
@@ -198,11 +192,16 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 		WHERE next_attempt_time > ?1`, limit); err != nil {
 		return fmt.Errorf("bound the snapshot's failures: %w", err)
 	}
-	// event_log's trigger put every copied event in the outbox: only the
-	// snapshot's own unpublished events stay there (see Restore).
-	const keep = `DELETE FROM main.outbox WHERE seq NOT IN (SELECT seq FROM snap.outbox)`
-	if _, err := tx.ExecContext(ctx, keep); err != nil {
-		return fmt.Errorf("keep the snapshot's unpublished events: %w", err)
+	// event_log's trigger put every copied event in the outbox: none is
+	// to be published from here. Those the snapshot's outbox held get a
+	// publication of their own, so the events view shows them published.
+	now := FormatTime(s.now())
+	for _, q := range []string{`DELETE FROM main.outbox`,
+		`INSERT INTO main.event_publishes (first_seq, last_seq, published_time) SELECT seq, seq, ? FROM snap.outbox
+			WHERE seq IN (SELECT seq FROM main.event_log)`} {
+		if _, err := tx.ExecContext(ctx, q, now); err != nil {
+			return fmt.Errorf("mark the snapshot's events published: %w", err)
+		}
 	}
 	baseline, err := s.meta(ctx, tx, "baseline_time")
 	if err != nil {
