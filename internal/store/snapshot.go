@@ -106,10 +106,18 @@ func (s *Store) SnapshotSeq(ctx context.Context) (uint64, error) {
 // database Backup wrote, migrated here to this binary's schema first) and
 // records seq, the stream sequence it covers, in one transaction.
 //
-// The snapshot's events all count as published: those its leader had not
+// The snapshot's events count as published: those its leader had not
 // published yet reach the stream later, and the follower skips them there
 // by id, since they are in the mirror already; were they left in the
-// outbox, a follower that becomes the leader would publish them again.
+// outbox, a follower that becomes the leader would publish them again, and
+// one that never meets them (acknowledged before the snapshot's sequence,
+// marked published only after the copy) could never compare a checkpoint.
+// Except the events this mirror holds unpublished itself (its replica
+// recorded them while it led): a leader that restores a snapshot it wrote
+// in its own term, which holds them unpublished too, is the one that was
+// to publish them. They stay to publish; marked published, a leader that
+// restored its own snapshot after a partition lost 32 of them. Should
+// another replica lead instead, the follower forfeits them as before.
 //
 // The snapshot is not trusted: CheckSnapshot must pass before anything of
 // it is opened as a mirror or copied.
@@ -155,8 +163,18 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 	}
 	// The mirror's own unpublished events go first: the copy's trigger
 	// puts every copied event in the outbox, under seqs they may hold.
-	if _, err := tx.ExecContext(ctx, `DELETE FROM main.outbox`); err != nil {
-		return fmt.Errorf("empty outbox: %w", err)
+	// Their ids are kept, to keep those the snapshot holds unpublished
+	// too (see Restore).
+	for _, q := range []string{
+		`DROP TABLE IF EXISTS temp.restore_unpublished`,
+		`CREATE TEMP TABLE restore_unpublished (id TEXT PRIMARY KEY)`,
+		`INSERT OR IGNORE INTO temp.restore_unpublished (id)
+			SELECT e.id FROM main.event_log e JOIN main.outbox o ON o.seq = e.seq`,
+		`DELETE FROM main.outbox`,
+	} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("empty outbox: %w", err)
+		}
 	}
 	for i := len(snapshotTables) - 1; i >= 0; i-- {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM main.`+snapshotTables[i]); err != nil {
@@ -193,13 +211,22 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 		return fmt.Errorf("bound the snapshot's failures: %w", err)
 	}
 	// event_log's trigger put every copied event in the outbox: none is
-	// to be published from here. Those the snapshot's outbox held get a
-	// publication of their own, so the events view shows them published.
-	now := FormatTime(s.now())
-	for _, q := range []string{`DELETE FROM main.outbox`,
-		`INSERT INTO main.event_publishes (first_seq, last_seq, published_time) SELECT seq, seq, ? FROM snap.outbox
-			WHERE seq IN (SELECT seq FROM main.event_log)`} {
-		if _, err := tx.ExecContext(ctx, q, now); err != nil {
+	// to be published from here but this mirror's own (see Restore).
+	// Those the snapshot's outbox held get a publication of their own, so
+	// the events view shows them published.
+	const own = `SELECT e.seq FROM main.event_log e JOIN snap.outbox so ON so.seq = e.seq
+		WHERE e.id IN (SELECT id FROM temp.restore_unpublished)`
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{`DELETE FROM main.outbox WHERE seq NOT IN (` + own + `)`, nil},
+		{`INSERT INTO main.event_publishes (first_seq, last_seq, published_time) SELECT seq, seq, ? FROM snap.outbox
+			WHERE seq IN (SELECT seq FROM main.event_log) AND seq NOT IN (SELECT seq FROM main.outbox)`,
+			[]any{FormatTime(s.now())}},
+		{`DROP TABLE temp.restore_unpublished`, nil},
+	} {
+		if _, err := tx.ExecContext(ctx, q.sql, q.args...); err != nil {
 			return fmt.Errorf("mark the snapshot's events published: %w", err)
 		}
 	}
