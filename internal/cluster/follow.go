@@ -340,6 +340,14 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		switch {
 		case found:
 			f.complete.Store(true)
+			// Recorded as soon as the restore committed, before anything
+			// else can fail: the mirror is at the snapshot's sequence now,
+			// wherever it was before (a repair goes back). Recorded after
+			// the consumer's deletion, a failed deletion left a restored
+			// mirror that said it was not (and, not empty any more, was
+			// never restored again to say so).
+			f.restored.Store(&info)
+			f.next = info.Seq + 1
 			if f.repair {
 				// The mirror is the leader's as of the snapshot: the
 				// next checkpoint after it proves the repair, or marks
@@ -348,16 +356,6 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 				f.repairs.Add(1)
 				f.diverged.Store(nil)
 			}
-			// A consumer of this name left from before would resume at
-			// its own position, which has nothing to do with the snapshot.
-			if err := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); err != nil &&
-				!errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return 0, fmt.Errorf("delete consumer %s before following from the snapshot: %w", f.cfg.Consumer, err)
-			}
-			f.restored.Store(&info)
-			// The mirror is at the snapshot's sequence now, wherever it
-			// was before (a repair goes back).
-			f.next = info.Seq + 1
 			f.log.Info(
 				"restored the mirror from a snapshot",
 				"bucket",
@@ -373,6 +371,14 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 				"took",
 				info.Took.Round(time.Millisecond).String(),
 			)
+			// A consumer of this name left from before would resume at
+			// its own position, which has nothing to do with the snapshot
+			// (one whose deletion fails is replaced when it is created:
+			// consumer).
+			if err := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); err != nil &&
+				!errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return 0, fmt.Errorf("delete consumer %s before following from the snapshot: %w", f.cfg.Consumer, err)
+			}
 		case f.repair:
 			f.log.Error(
 				"cannot repair the mirror: no snapshot to restore yet; following on, and trying again in "+repairRetry.String(),

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -312,5 +313,69 @@ func TestSnapshotter_NeverHoldsMoreThanKeep(t *testing.T) {
 	}
 	if most > 2 {
 		t.Errorf("the bucket held %d snapshots at once, want at most 2 ([snapshot] keep)", most)
+	}
+}
+
+// deleteFailsOnce is a JetStream whose first DeleteConsumer fails, as one
+// lost in a partition does: a real server cannot be made to fail it on
+// demand.
+type deleteFailsOnce struct {
+	jetstream.JetStream
+	failed atomic.Bool
+}
+
+func (d *deleteFailsOnce) DeleteConsumer(ctx context.Context, stream, consumer string) error {
+	if d.failed.CompareAndSwap(false, true) {
+		return errors.New("delete consumer: no response from stream")
+	}
+	return d.JetStream.DeleteConsumer(ctx, stream, consumer)
+}
+
+// TestSnapshot_RestoreRecordedBeforeTheConsumerIsDeleted: a follower
+// records its restore as soon as it committed. When deleting the old
+// consumer after it failed, the restored mirror (no longer empty, so not
+// restored again) said it had never been restored, and a consumer of its
+// name that started elsewhere was then in the way (replaced when created).
+func TestSnapshot_RestoreRecordedBeforeTheConsumerIsDeleted(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	snaps := cluster.NewSnapshotter(
+		js,
+		leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()},
+	)
+	leader.change(3)
+	leader.publish()
+	info, err := snaps.Write(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader.change(2)
+	leader.publish()
+	// A consumer of the follower's name, left from before, starting at
+	// the stream's first message.
+	if _, err := js.CreateOrUpdateConsumer(ctx, "EV", jetstream.ConsumerConfig{Durable: "f1",
+		AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer follower.Close()
+	f := cluster.NewFollower(&deleteFailsOnce{JetStream: js}, follower, cluster.FollowerConfig{Stream: "EV",
+		SubjectPrefix: "ev", Consumer: "f1", MaxWait: 200 * time.Millisecond, SnapshotBucket: "snaps",
+		SnapshotDir: t.TempDir()})
+	if err := f.CatchUp(ctx); err == nil {
+		t.Fatal("the first catch-up succeeded; want the failed deletion's error")
+	}
+	if got := f.Restored(); got.Name != info.Name {
+		t.Fatalf("after the failed deletion the follower says it restored %q, want %q", got.Name, info.Name)
+	}
+	if err := f.CatchUp(ctx); err != nil {
+		t.Fatalf("the second catch-up: %v", err)
+	}
+	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
+		t.Errorf("follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
 	}
 }
