@@ -639,13 +639,13 @@ func printTable(w io.Writer, r results) {
 		status["realistic: peak memory (MB)"],
 	)
 	row(
-		f("  latency sync (%s/req): wall", r.Params.Latency),
+		f("  latency sync (%s/req, %g of the org: %d tags): wall", r.Params.Latency, rr.LatencyScale, rr.LatencyTags),
 		f("%.1f s", rr.LatencySync.WallSeconds),
 		f("floor %.1f s", rr.LatencyFloor),
 		f("%.2f", rr.LatencyRatio),
 		status["realistic: latency-bound / floor"],
 	)
-	phaseRows(row, "    ", rr.LatencySync, rr.Minimum, rr.LatencyFloor, r.Params.Latency)
+	phaseRows(row, "    ", rr.LatencySync, rr.LatencyMinimum, rr.LatencyFloor, r.Params.Latency)
 	row(
 		"    against its requests in a plain loop",
 		f("%.2f ms a request", rr.LatencyCeiling.PerRequestMs),
