@@ -254,18 +254,15 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	cons, err := f.js.CreateOrUpdateConsumer(ctx, f.cfg.Stream, cc)
 	if startFixed(err) {
-		// A consumer of this name starts elsewhere: one left from before a
-		// restore whose deletion did not reach the stream (the request
-		// was lost in a partition), or the stream's peers' view of it
-		// after one. It is this follower's own; the mirror's position,
-		// not the consumer's, says where to read (see fetch), so it is
-		// replaced. Left, every attempt to follow or to lead failed the
-		// same way until the test's minute ran out.
-		f.log.Warn("the follower's consumer starts at another sequence than the mirror's snapshot; replacing it",
-			"consumer", f.cfg.Consumer, "start_seq", cc.OptStartSeq, "err", err)
-		if derr := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); derr != nil &&
-			!errors.Is(derr, jetstream.ErrConsumerNotFound) {
-			return nil, fmt.Errorf("replace consumer %s on stream %s: %w", f.cfg.Consumer, f.cfg.Stream, errors.Join(err, derr))
+		// A consumer of this name was created with settings that cannot
+		// be updated (its start, its deliver policy): one left from
+		// before a restore whose deletion did not reach the stream (the
+		// request was lost in a partition). It is this follower's own;
+		// the mirror's position, not the consumer's, says where to read
+		// (see fetch), so it is replaced. Left, every attempt to follow
+		// or to lead failed the same way until the test's minute ran out.
+		if err := f.replaceConsumer(ctx, cc, err); err != nil {
+			return nil, err
 		}
 		cons, err = f.js.CreateOrUpdateConsumer(ctx, f.cfg.Stream, cc)
 	}
@@ -295,9 +292,36 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	return cons, nil
 }
 
+// replaceConsumer deletes the durable consumer that refused cc (refused),
+// unless it is not a follower's or another client is pulling from it:
+// then two processes share the consumer's name ([cluster] consumer, or the
+// same node_id), and deleting it would only start the other one over.
+func (f *Follower) replaceConsumer(ctx context.Context, cc jetstream.ConsumerConfig, refused error) error {
+	old, err := f.js.Consumer(ctx, f.cfg.Stream, f.cfg.Consumer)
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("replace consumer %s on stream %s: %w", f.cfg.Consumer, f.cfg.Stream, errors.Join(refused, err))
+	}
+	if err == nil {
+		if info := old.CachedInfo(); info.Config.Description != cc.Description || info.NumWaiting > 0 {
+			return fmt.Errorf(
+				"consumer %s on stream %s cannot be updated to this mirror's start, and is not this follower's to replace "+
+					"(description %q, %d pulls waiting): is another process using the same consumer name? %w",
+				f.cfg.Consumer, f.cfg.Stream, info.Config.Description, info.NumWaiting, refused)
+		}
+	}
+	f.log.Warn("the follower's consumer was created with another start than the mirror's; replacing it",
+		"consumer", f.cfg.Consumer, "start_seq", cc.OptStartSeq, "err", refused)
+	if err := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); err != nil &&
+		!errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("replace consumer %s on stream %s: %w", f.cfg.Consumer, f.cfg.Stream, errors.Join(refused, err))
+	}
+	return nil
+}
+
 // startFixed reports whether err is the server's refusal to change a
-// durable consumer's start (JSConsumerCreateErrF, 10012, "start sequence
-// can not be updated").
+// durable consumer's settings that cannot be updated (JSConsumerCreateErrF,
+// 10012: "start sequence can not be updated", "deliver policy can not be
+// updated", ...).
 func startFixed(err error) bool {
 	var api *jetstream.APIError
 	return errors.As(err, &api) && api.ErrorCode == 10012 && strings.Contains(api.Description, "can not be updated")

@@ -2,7 +2,9 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -159,19 +161,38 @@ func TestFollower_ReplacesAConsumerThatStartsElsewhere(t *testing.T) {
 	js, leader := newStreamLeader(t)
 	leader.change(3)
 	leader.publish()
-	if _, err := js.CreateOrUpdateConsumer(ctx, "EV", jetstream.ConsumerConfig{
-		Durable:       gapFollowerConfig.Consumer,
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:   2,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-	}); err != nil {
-		t.Fatal(err)
+	left := func(description string) {
+		t.Helper()
+		if err := js.DeleteConsumer(ctx, "EV", gapFollowerConfig.Consumer); err != nil &&
+			!errors.Is(err, jetstream.ErrConsumerNotFound) {
+			t.Fatal(err)
+		}
+		if _, err := js.CreateOrUpdateConsumer(ctx, "EV", jetstream.ConsumerConfig{
+			Durable:       gapFollowerConfig.Consumer,
+			Description:   description,
+			DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:   2,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { follower.Close() })
+	// A consumer of the name that is not a follower's is someone else's:
+	// it is left alone, and the error says so.
+	left("another application's")
+	if err := cluster.NewFollower(js, follower, gapFollowerConfig).CatchUp(ctx); err == nil ||
+		!strings.Contains(err.Error(), "same consumer name") {
+		t.Fatalf("catch up with another application's consumer of the same name: %v; want it refused, named", err)
+	}
+	if _, err := js.Consumer(ctx, "EV", gapFollowerConfig.Consumer); err != nil {
+		t.Fatalf("another application's consumer was deleted: %v", err)
+	}
+	left("syncd follower mirror")
 	f := cluster.NewFollower(js, follower, gapFollowerConfig)
 	if err := f.CatchUp(ctx); err != nil {
 		t.Fatalf("catch up with a consumer of the same name starting at 2: %v", err)

@@ -355,7 +355,7 @@ func TestSnapshot_RestoreRecordedBeforeTheConsumerIsDeleted(t *testing.T) {
 	// A consumer of the follower's name, left from before, starting at
 	// the stream's first message.
 	if _, err := js.CreateOrUpdateConsumer(ctx, "EV", jetstream.ConsumerConfig{Durable: "f1",
-		AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		Description: "syncd follower mirror", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
 	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -300,6 +301,9 @@ func paginateCached[T any](
 	if !ok || !fresh || e.version != version {
 		ranked = rank(p, build(), l)
 		s.ranked.mu.Lock()
+		// Rankings of data that changed since are of no use any more; past
+		// the bound the rest go too.
+		maps.DeleteFunc(s.ranked.entries, func(_ string, e rankedEntry) bool { return e.version != version })
 		if s.ranked.entries == nil || len(s.ranked.entries) >= maxRankedListings {
 			s.ranked.entries = make(map[string]rankedEntry)
 		}

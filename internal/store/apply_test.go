@@ -427,9 +427,9 @@ func TestApplyTags_DeprecationWithAMoveComesAfterTheMoves(t *testing.T) {
 		Scan(&dep, &upd); err != nil {
 		t.Fatal(err)
 	}
-	if dep != 0 || upd != store.FormatTime(first.UpdateTime) {
-		t.Fatalf("before the read the mirror holds deprecated=%d update_time=%s; want 0 and %s (held back)",
-			dep, upd, store.FormatTime(first.UpdateTime))
+	if dep != 0 || upd != store.FormatTime(t3) {
+		t.Fatalf("before the read the mirror holds deprecated=%d update_time=%s; want 0 (held back) and %s",
+			dep, upd, store.FormatTime(t3))
 	}
 	recs := []store.HistoryRecord{
 		{Time: first.UpdateTime, Digest: first.Digest},
@@ -474,5 +474,22 @@ func TestApplyTags_DeprecationWithAMoveComesAfterTheMoves(t *testing.T) {
 	}
 	if need, n, err := st.ApplyTags(ctx, repo, []store.Tag{listed}); err != nil || n != 0 || len(need) != 0 {
 		t.Fatalf("the same listing again: %d events, need %d, %v; want nothing", n, len(need), err)
+	}
+	// An older listing's read committed after it (a push and a crawl of
+	// the same tag) takes nothing back.
+	older := need[0]
+	stale := first
+	stale.Digest, stale.UpdateTime = digest(2), t1
+	older.Listed = &stale
+	if _, err := st.ApplyHistory(ctx, older, recs, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Reader().QueryRow(`SELECT deprecated, update_time FROM tags WHERE uid = ?`, first.UID).
+		Scan(&dep, &upd); err != nil {
+		t.Fatal(err)
+	}
+	if dep != 1 || upd != store.FormatTime(t3) {
+		t.Fatalf("after an older listing's read the mirror holds deprecated=%d update_time=%s; want 1 and %s",
+			dep, upd, store.FormatTime(t3))
 	}
 }

@@ -252,12 +252,25 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 // that ApplyTags held back from the tags of ups (TagRef.Listed): a
 // deprecation seen with a move is recorded at the digest the move left.
 // A tag whose read did not reach the listed digest is held back again,
-// for the next listing to try; what that asks to read is left to it.
+// for the next listing to try; what that asks to read is left to it. A
+// listing older than what the mirror holds (a push's read and a crawl's of
+// the same tag, committed out of order) or of a tag deleted since is not
+// applied: it would take the tag back.
 func (s *Store) applyListed(ctx context.Context, tx *sql.Tx, baseline bool, ups []HistoryUpdate) (int, error) {
 	n := 0
 	for _, u := range ups {
 		ref := u.Ref
 		if ref.Listed == nil {
+			continue
+		}
+		var deleted bool
+		var updated sql.NullString
+		err := tx.QueryRowContext(ctx, `SELECT deleted_time IS NOT NULL, update_time FROM tags WHERE uid = ?`, ref.UID).
+			Scan(&deleted, &updated)
+		if err != nil {
+			return 0, fmt.Errorf("read tag %s:%s before applying its listing: %w", ref.Repo, ref.Name, err)
+		}
+		if deleted || updated.Valid && updated.String > FormatTime(ref.Listed.UpdateTime) {
 			continue
 		}
 		_, events, err := s.applyTags(ctx, tx, baseline, Repo{UID: ref.RepoUID, Name: ref.Repo, Path: ref.Path},

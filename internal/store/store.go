@@ -264,7 +264,7 @@ func connDSN(path string, readOnly bool, cacheKiB int, mmap int64) string {
 	return "file:" + path + "?" + q.Encode()
 }
 
-// Close closes both pools.
+// Close closes the pools.
 func (s *Store) Close() error {
 	var errs []error
 	for _, stmt := range append(s.bulk[:], s.stmts.all()...) {

@@ -39,12 +39,15 @@ type TagRef struct {
 	UpdateTime time.Time
 	Bookmark   Bookmark
 	// Listed is the listing's state of a tag whose digest the listing
-	// showed moved, held back from the mirror until the history read
-	// that ref asks for has applied the moves: ApplyHistory applies it
-	// after them, in the same transaction. Without it a deprecation (or
-	// the listing's update time) seen with the move came before the
-	// moves, at the old digest: a state the tag never had, and on the
-	// KV bucket a value that went back in time.
+	// showed moved: its digest and its deprecation are held back from
+	// the mirror until the history read that ref asks for has applied the
+	// moves, and ApplyHistory applies it after them, in the same
+	// transaction. Without it a deprecation seen with the move came
+	// before the moves, at the old digest: a state the tag never had,
+	// and on the KV bucket values whose update time went back. Only this
+	// ref carries it: when its read fails, the read is retried (the tag
+	// stays behind its listed update time, PendingHistories) but the
+	// deprecation waits for a listing that shows the tag again.
 	Listed *Tag
 }
 
@@ -152,16 +155,16 @@ func (s *Store) applyTags(
 				// here, silently, would be state no event carries.
 				t.Digest = o.Digest
 				if listed != o.Digest && !backfill {
-					// So do the deprecation and the update time the
-					// listing shows with the move: they came after it.
-					// Applied now, they would reach the stream and the
-					// KV bucket ahead of the moves, at the old digest.
-					// The read applies them after the moves (TagRef.Listed).
-					// (A tag the backfill holds is read from the store's
-					// refs, which cannot carry them: docs/events.md.)
+					// So does a deprecation the listing shows with the
+					// move: it came after it. Applied now, it would reach
+					// the stream and the KV bucket ahead of the moves, at
+					// the old digest. The read applies it after the moves
+					// (TagRef.Listed). (A tag the backfill holds is read
+					// from the store's refs, which cannot carry it:
+					// docs/events.md.)
 					l := t
 					l.Digest, held = listed, &l
-					t.Deprecated, t.UpdateTime = o.Deprecated, o.UpdateTime
+					t.Deprecated = o.Deprecated
 				}
 			}
 			changed := true
@@ -193,10 +196,10 @@ func (s *Store) applyTags(
 					nullTime(t.CreateTime), nullTime(t.UpdateTime), now, baseline, raw)
 			}
 			listedTime := t.UpdateTime
-			if held != nil {
-				listedTime = held.UpdateTime
-			}
-			if !backfill && (!seen || o.historyUpdateTime != FormatTime(listedTime) || o.historyLastDigest != listed) {
+			// A held listing is always read: dropped without a read, its
+			// deprecation would never be recorded.
+			if !backfill && (!seen || held != nil || o.historyUpdateTime != FormatTime(listedTime) ||
+				o.historyLastDigest != listed) {
 				need = append(
 					need,
 					TagRef{
