@@ -171,6 +171,14 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 				if now := r.Lease.State(); !now.Leader || now.Term != st.Term {
 					close(lost)
 					cancel() // stop at once: another replica may lead already
+					// The replica stands down now, not once its duties
+					// have stopped: one stuck in a request to a NATS
+					// server it cannot reach held the role for the whole
+					// shutdown grace (4 s after a black hole, while
+					// another replica took over). Nothing it still sends
+					// lands: the relay stops at once, and the fence
+					// refuses what is sent in a term that is over.
+					r.standDown(now.Holder)
 					return
 				}
 			}
@@ -298,6 +306,16 @@ func (r *Replica) mark(ctx context.Context, st LeaseState, log *slog.Logger) boo
 }
 
 // role takes role and records it.
+// standDown records this replica as a standby if it is the leader.
+func (r *Replica) standDown(holder string) {
+	r.mu.Lock()
+	leading := r.current == RoleLeader
+	r.mu.Unlock()
+	if leading {
+		r.role(RoleStandby, holder)
+	}
+}
+
 func (r *Replica) role(role, holder string) {
 	r.mu.Lock()
 	r.current = role

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -157,4 +158,66 @@ func TestReplica_RepairsADivergenceBeforeLeading(t *testing.T) {
 	if f.Repairs() != 1 {
 		t.Errorf("repairs before leading = %d, want 1", f.Repairs())
 	}
+}
+
+// TestReplica_StandsDownWhenTheLeaseIsLost: a leader whose duties take
+// long to stop (one stuck in a request to a NATS server it cannot reach)
+// is a standby as soon as its lease is lost, not once they stopped: the
+// black-hole test saw the old leader keep its role for the whole shutdown
+// grace, 4 s, while another replica took over.
+func TestReplica_StandsDownWhenTheLeaseIsLost(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	js := mustJetStream(t)
+	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
+	if err := publish.EnsureStream(ctx, js, pcfg); err != nil {
+		t.Fatal(err)
+	}
+	mirror, err := store.Open(ctx, filepath.Join(t.TempDir(), "a.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mirror.Close() })
+	lease, err := cluster.NewLease(ctx, js, cluster.LeaseConfig{Bucket: "lease", Key: "leader", Node: "a", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	stopped := make(chan struct{})
+	r := &cluster.Replica{
+		Lease: lease,
+		Follower: cluster.NewFollower(js, mirror, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "a",
+			MaxWait: 100 * time.Millisecond}),
+		Meta: mirror,
+		Lead: func(ctx context.Context) error {
+			<-ctx.Done()
+			<-release // a duty that does not stop when asked
+			close(stopped)
+			return nil
+		},
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); unblock(); <-done })
+	testutil.WaitFor(t, 5*ttl, "a to lead", func() bool { return r.Role() == cluster.RoleLeader })
+	kv, err := js.KeyValue(ctx, "lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another writer moves the revision: a's next renewal fails.
+	if _, err := kv.Put(ctx, "leader", []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 2*ttl, "a to stand down while its duties still run", func() bool {
+		var role string
+		_ = mirror.Reader().QueryRow(`SELECT value FROM meta WHERE key = 'role'`).Scan(&role)
+		return r.Role() == cluster.RoleStandby && role == cluster.RoleStandby
+	})
+	select {
+	case <-stopped:
+		t.Fatal("the duties stopped before the check")
+	default:
+	}
+	unblock()
 }
