@@ -421,12 +421,7 @@ func TestApplyTags_DeprecationWithAMoveComesAfterTheMoves(t *testing.T) {
 	if n != 0 || len(need) != 1 || need[0].Listed == nil {
 		t.Fatalf("listing: %d events, need %+v; want none, and one read carrying the listed state", n, need)
 	}
-	var dep int
-	var upd string
-	if err := st.Reader().QueryRow(`SELECT deprecated, update_time FROM tags WHERE uid = ?`, first.UID).
-		Scan(&dep, &upd); err != nil {
-		t.Fatal(err)
-	}
+	dep, upd := deprecation(t, st, first.UID)
 	if dep != 0 || upd != store.FormatTime(t3) {
 		t.Fatalf("before the read the mirror holds deprecated=%d update_time=%s; want 0 (held back) and %s",
 			dep, upd, store.FormatTime(t3))
@@ -464,10 +459,7 @@ func TestApplyTags_DeprecationWithAMoveComesAfterTheMoves(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("events after the read:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if err := st.Reader().QueryRow(`SELECT deprecated, update_time FROM tags WHERE uid = ?`, first.UID).
-		Scan(&dep, &upd); err != nil {
-		t.Fatal(err)
-	}
+	dep, upd = deprecation(t, st, first.UID)
 	if dep != 1 || upd != store.FormatTime(t3) {
 		t.Fatalf("after the read the mirror holds deprecated=%d update_time=%s; want 1 and %s",
 			dep, upd, store.FormatTime(t3))
@@ -484,12 +476,20 @@ func TestApplyTags_DeprecationWithAMoveComesAfterTheMoves(t *testing.T) {
 	if _, err := st.ApplyHistory(ctx, older, recs, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Reader().QueryRow(`SELECT deprecated, update_time FROM tags WHERE uid = ?`, first.UID).
-		Scan(&dep, &upd); err != nil {
-		t.Fatal(err)
-	}
+	dep, upd = deprecation(t, st, first.UID)
 	if dep != 1 || upd != store.FormatTime(t3) {
 		t.Fatalf("after an older listing's read the mirror holds deprecated=%d update_time=%s; want 1 and %s",
 			dep, upd, store.FormatTime(t3))
 	}
+}
+
+// deprecation reads tag uid's deprecated flag and update time as the mirror
+// holds them.
+func deprecation(t *testing.T, st *store.Store, uid string) (deprecated int, updated string) {
+	t.Helper()
+	if err := st.Reader().QueryRow(`SELECT deprecated, update_time FROM tags WHERE uid = ?`, uid).
+		Scan(&deprecated, &updated); err != nil {
+		t.Fatal(err)
+	}
+	return deprecated, updated
 }

@@ -195,10 +195,9 @@ func (s *Store) applyTags(
 				args = append(args, t.UID, repo.UID, t.Name, t.Digest, t.Deprecated, jsonList(t.Bundles),
 					nullTime(t.CreateTime), nullTime(t.UpdateTime), now, baseline, raw)
 			}
-			listedTime := t.UpdateTime
 			// A held listing is always read: dropped without a read, its
 			// deprecation would never be recorded.
-			if !backfill && (!seen || held != nil || o.historyUpdateTime != FormatTime(listedTime) ||
+			if !backfill && (!seen || held != nil || o.historyUpdateTime != FormatTime(t.UpdateTime) ||
 				o.historyLastDigest != listed) {
 				need = append(
 					need,
@@ -208,7 +207,7 @@ func (s *Store) applyTags(
 						Repo:       repo.Name,
 						Path:       path,
 						Name:       t.Name,
-						UpdateTime: listedTime,
+						UpdateTime: t.UpdateTime,
 						Bookmark:   o.bookmark,
 						Listed:     held,
 					},
