@@ -375,6 +375,13 @@ func targets(r results) []target {
 		{"ingest / SQLite ceiling", r.IngestRatio, ">= 0.5", r.IngestRatio >= 0.5},
 		{"relay / JetStream ceiling", r.Relay.RatioToCeiling, ">= 0.7", r.Relay.RatioToCeiling >= 0.7},
 		{"follower apply / SQLite ceiling", r.Follow.RowsRatio, ">= 0.6", r.Follow.RowsRatio >= 0.6},
+		{
+			"snapshot restore / decompress to disk",
+			r.Follow.SnapshotRestoreRatio,
+			"<= 1.5",
+			r.Follow.SnapshotRestoreRatio <= 1.5 && r.Follow.SnapshotRestoreRatio > 0,
+		},
+		{"relay with KV / plain relay", r.KV.RatioToPlain, ">= 0.8", r.KV.RatioToPlain >= 0.8},
 		{"relay with checkpoints / without", r.Verify.CheckpointRatio, ">= 0.95", r.Verify.CheckpointRatio >= 0.95},
 		{"relay with audits at audit_every / without", r.Verify.AuditRatio, ">= 0.95", r.Verify.AuditRatio >= 0.95},
 		{"writer time with digest triggers / without", r.Verify.Writer.Ratio, "<= 1.05", r.Verify.Writer.Ratio <= 1.05},
@@ -383,6 +390,8 @@ func targets(r results) []target {
 		{"incremental requests / minimum", r.IncrementalRatio, "<= 1.02", r.IncrementalRatio <= 1.02},
 		{"advisories job requests / minimum", r.Advisories.Ratio, "<= 1.02", r.Advisories.Ratio <= 1.02},
 		{"latency-bound sync / floor", r.LatencyRatio, "<= 1.05", r.LatencyRatio <= 1.05},
+		{"latency-bound / floor, over the bare pair's", r.LatencyRatio / r.MachineLatencyRatio, "<= 1.03",
+			r.LatencyRatio/r.MachineLatencyRatio <= 1.03},
 		{"push-to-NATS p99 (ms)", r.Push.P99ms, "<= 50", r.Push.P99ms <= 50},
 		{"peak memory at 1x (MB)", r.Memory[0].PeakMB, "<= 200", r.Memory[0].PeakMB <= 200},
 		{"peak memory growth 1x -> 4x", r.MemoryGrowth, "< 0.15", r.MemoryGrowth < 0.15},
@@ -395,6 +404,8 @@ func targets(r results) []target {
 		},
 		{"realistic: incremental / minimum", r.Realistic.IncrementalRatio, "<= 1.02", r.Realistic.IncrementalRatio <= 1.02},
 		{"realistic: latency-bound / floor", r.Realistic.LatencyRatio, "<= 1.05", r.Realistic.LatencyRatio <= 1.05},
+		{"realistic: latency-bound / floor, over the bare pair's", r.Realistic.LatencyRatio / r.MachineLatencyRatio,
+			"<= 1.03", r.Realistic.LatencyRatio/r.MachineLatencyRatio <= 1.03},
 		{"realistic: peak memory (MB)", r.Realistic.Memory.PeakMB, "<= 200", r.Realistic.Memory.PeakMB <= 200},
 	}
 	return append(ts, queryTargets(r.Query)...)
@@ -468,6 +479,8 @@ func printTable(w io.Writer, r results) {
 		"",
 	)
 	row("  a bare net/http pair's own ratio", "", "", f("%.3f", r.MachineLatencyRatio), "")
+	row("  the sync's ratio over the bare pair's", "", "", f("%.3f", r.LatencyRatio/r.MachineLatencyRatio),
+		status["latency-bound / floor, over the bare pair's"])
 	row(
 		"idle resync: crawl requests",
 		f("%d (history %d)", r.Idle.Requests, r.Idle.HistoryRequests),
@@ -525,6 +538,9 @@ func printTable(w io.Writer, r results) {
 			f("%d events, %d history rows", fo.Events, fo.HistoryRows), "", "")
 		row("snapshot of the full mirror: write / restore", f("%.1f s / %.1f s", fo.SnapshotWriteSec, fo.SnapshotRestoreSec),
 			f("%.0f MB, zstd %.0f MB", float64(fo.SnapshotRawBytes)/1e6, float64(fo.SnapshotBytes)/1e6), "", "")
+		row("  restore / its download and decompression", f("%.1f s", fo.SnapshotRestoreSec),
+			f("decompressed to disk %.1f s", fo.SnapshotDownloadSec), f("%.2f", fo.SnapshotRestoreRatio),
+			status["snapshot restore / decompress to disk"])
 	}
 	row(
 		"push to NATS: p50 / p99",
@@ -538,7 +554,7 @@ func printTable(w io.Writer, r results) {
 		f("%.0f", r.KV.RelayPerSec),
 		f("plain relay %.0f", r.Relay.RelayPerSec),
 		f("%.2f", r.KV.RatioToPlain),
-		"",
+		status["relay with KV / plain relay"],
 	)
 	row("  KV reconciled at a start (up to date)", f("%.2f s", r.KV.ReconcileSeconds), f("%d keys", r.KV.Keys), "", "")
 	row("push to KV value: p50 / p99", f("%.1f / %.1f ms", r.KV.PushP50ms, r.KV.PushP99ms), "", "", "")
@@ -645,6 +661,8 @@ func printTable(w io.Writer, r results) {
 		f("%.2f", rr.LatencyRatio),
 		status["realistic: latency-bound / floor"],
 	)
+	row("    its ratio over the bare pair's", "", "", f("%.3f", rr.LatencyRatio/r.MachineLatencyRatio),
+		status["realistic: latency-bound / floor, over the bare pair's"])
 	phaseRows(row, "    ", rr.LatencySync, rr.LatencyMinimum, rr.LatencyFloor, r.Params.Latency)
 	row(
 		"    against its requests in a plain loop",

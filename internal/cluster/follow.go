@@ -394,6 +394,8 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 				info.RawBytes,
 				"took",
 				info.Took.Round(time.Millisecond).String(),
+				"download",
+				info.Download.Round(time.Millisecond).String(),
 			)
 			// A consumer of this name left from before would resume at
 			// its own position, which has nothing to do with the snapshot

@@ -91,8 +91,13 @@ type SnapshotInfo struct {
 	Stored time.Time
 	// Bytes is the compressed size, RawBytes the size of the database.
 	Bytes, RawBytes int64
-	// Took is how long writing it took; zero when another process wrote it.
+	// Took is how long writing it took, or restoring it (checks,
+	// download and copy into the mirror); zero when another process wrote
+	// it.
 	Took time.Duration
+	// Download is the part of a restore's Took spent downloading the
+	// snapshot and decompressing it to disk.
+	Download time.Duration
 	// manifest and signature are as listed, for verifySnapshot.
 	manifest  manifest
 	signature string
@@ -594,7 +599,7 @@ func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, fo
 		}
 		if err != nil {
 			err = fmt.Errorf("%w: %w", errSnapshotRefused, err)
-		} else if err = r.restoreOne(ctx, obj, info, m); err == nil {
+		} else if info.Download, err = r.restoreOne(ctx, obj, info, m); err == nil {
 			info.Took = time.Since(start)
 			return info, true, refused, nil
 		}
@@ -689,11 +694,17 @@ func decodeSnapshotRecord(data []byte) (publish.SnapshotRecord, bool) {
 	return ce.Data, true
 }
 
-// restoreOne downloads info into a directory of its own and restores it.
-func (r restorer) restoreOne(ctx context.Context, obj jetstream.ObjectStore, info SnapshotInfo, m Restorable) error {
+// restoreOne downloads info into a directory of its own and restores it;
+// it returns how long the download took.
+func (r restorer) restoreOne(
+	ctx context.Context,
+	obj jetstream.ObjectStore,
+	info SnapshotInfo,
+	m Restorable,
+) (took time.Duration, err error) {
 	tmp, err := os.MkdirTemp(r.dir, ".restore-")
 	if err != nil {
-		return fmt.Errorf("temporary directory for the snapshot: %w", err)
+		return 0, fmt.Errorf("temporary directory for the snapshot: %w", err)
 	}
 	defer os.RemoveAll(tmp)
 	path := filepath.Join(tmp, "mirror.db")
@@ -701,20 +712,22 @@ func (r restorer) restoreOne(ctx context.Context, obj jetstream.ObjectStore, inf
 	if bound <= 0 {
 		bound = max(maxRestoreRatio*info.Bytes, minRestoreBound)
 	}
+	start := time.Now()
 	if err := download(ctx, obj, info.Name, path, bound); err != nil {
-		return err
+		return 0, err
 	}
+	took = time.Since(start)
 	if r.verifier != nil {
 		if err := checkDownload(path, info); err != nil {
-			return fmt.Errorf("%w: %w", errSnapshotRefused, err)
+			return took, fmt.Errorf("%w: %w", errSnapshotRefused, err)
 		}
 	}
 	if err := m.Restore(ctx, path, info.Seq); err != nil {
 		// The mirror is as it was (the restore is one transaction):
 		// whatever failed, trying the same snapshot again would too.
-		return fmt.Errorf("%w: restore snapshot %s: %w", errSnapshotRefused, info.Name, err)
+		return took, fmt.Errorf("%w: restore snapshot %s: %w", errSnapshotRefused, info.Name, err)
 	}
-	return nil
+	return took, nil
 }
 
 // download writes the decompressed object name of obj to path, 0600, and

@@ -280,6 +280,57 @@ func createDigest(ctx context.Context, tx *sql.Tx) error {
 	return nil
 }
 
+// digestOf computes the digest of the mirror file at path (this binary's
+// schema) from its rows, read-only.
+func digestOf(ctx context.Context, path string) (ReplicaDigest, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_pragma=query_only(1)")
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	out := make(ReplicaDigest, 0, len(digestTables))
+	for _, t := range digestTables {
+		var sum int64
+		d := TableDigest{Table: t.table}
+		if err := db.QueryRowContext(
+			ctx,
+			`SELECT COALESCE(syncd_digest_sum(`+t.hashExpr("")+`), 0), count(*) FROM main.`+t.table,
+		).Scan(&sum, &d.Rows); err != nil {
+			return nil, fmt.Errorf("compute the replica digest of %s: %w", t.table, err)
+		}
+		d.Sum = uint64(sum)
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// setDigest records d, computed from the rows of the mirror tx writes,
+// and creates the digest's triggers, which must be missing (as
+// dropDigestTriggers leaves them).
+func setDigest(ctx context.Context, tx *sql.Tx, d ReplicaDigest) error {
+	for _, t := range d {
+		if _, err := tx.ExecContext(
+			ctx,
+			`INSERT INTO main.replica_digest (name, sum, rows) VALUES (?, ?, ?)
+			ON CONFLICT(name) DO UPDATE SET sum = excluded.sum, rows = excluded.rows`,
+			t.Table,
+			int64(t.Sum),
+			t.Rows,
+		); err != nil {
+			return fmt.Errorf("record the replica digest of %s: %w", t.Table, err)
+		}
+	}
+	for _, t := range digestTables {
+		for _, q := range t.triggers() {
+			if _, err := tx.ExecContext(ctx, q); err != nil {
+				return fmt.Errorf("create the replica digest's triggers on %s: %w", t.table, err)
+			}
+		}
+	}
+	return nil
+}
+
 // presentDigestTables are the digest's tables the file has.
 func presentDigestTables(ctx context.Context, tx *sql.Tx) ([]digestTable, error) {
 	var out []digestTable

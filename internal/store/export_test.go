@@ -33,3 +33,11 @@ func SetMatureChunk(t interface{ Cleanup(func()) }, n int) {
 	matureChunk = n
 	t.Cleanup(func() { matureChunk = old })
 }
+
+// SetAdoptSteps makes a restore that adopts a snapshot copy pages pages at
+// a time and call after after each step, until the test ends.
+func SetAdoptSteps(t interface{ Cleanup(func()) }, pages int32, after func()) {
+	oldPages, oldAfter := adoptPages, adoptStepped
+	adoptPages, adoptStepped = pages, after
+	t.Cleanup(func() { adoptPages, adoptStepped = oldPages, oldAfter })
+}

@@ -15,6 +15,13 @@ import (
 func backupOf(t *testing.T) string {
 	t.Helper()
 	st, _ := openTemp(t, newClock(), false, store.Options{})
+	return backupTo(t, st)
+}
+
+// backupTo writes a snapshot of st to a file of the test's and returns its
+// path.
+func backupTo(t *testing.T, st *store.Store) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "snap.db")
 	if err := store.CreateEmpty(path); err != nil {
 		t.Fatal(err)

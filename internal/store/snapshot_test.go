@@ -2,6 +2,8 @@ package store_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,8 +18,15 @@ import (
 // TestSnapshot_BackupRestore: a mirror restored from a leader's backup
 // holds the leader's tables row for row, with every event published and the
 // stream sequence recorded; the leader's events, delivered again from the
-// stream, change nothing, and a later one applies on top.
+// stream, change nothing, and a later one applies on top. Both ways of
+// restoring: an empty mirror adopts the snapshot's file, one with rows of
+// its own gets the snapshot's tables copied over them.
 func TestSnapshot_BackupRestore(t *testing.T) {
+	t.Run("into an empty mirror", func(t *testing.T) { testBackupRestore(t, false) })
+	t.Run("over a mirror's own rows", func(t *testing.T) { testBackupRestore(t, true) })
+}
+
+func testBackupRestore(t *testing.T, own bool) {
 	ctx := context.Background()
 	clk := newClock()
 	leader, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
@@ -63,19 +72,16 @@ func TestSnapshot_BackupRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	path := filepath.Join(t.TempDir(), "snap.db")
-	if err := store.CreateEmpty(path); err != nil {
-		t.Fatal(err)
-	}
-	if err := leader.Backup(ctx, path); err != nil {
-		t.Fatal(err)
-	}
+	path := backupTo(t, leader)
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("backup file: %v, %v; want mode 0600", fi, err)
 	}
 	follower, _ := openTemp(t, clk, true, store.Options{})
 	if empty, err := follower.Empty(ctx); err != nil || !empty {
 		t.Fatalf("fresh mirror empty=%v, %v", empty, err)
+	}
+	if own {
+		mustApplyRepos(t, follower, store.Repo{UID: "g1/r7", Name: "its-own", CreateTime: clk.Now()})
 	}
 	if err := follower.Restore(ctx, path, 42); err != nil {
 		t.Fatal(err)
@@ -225,13 +231,7 @@ func TestSnapshot_BetweenAPushedMoveAndTheListing(t *testing.T) {
 	if err := leader.MarkPublished(ctx, seqs); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "snap.db")
-	if err := store.CreateEmpty(path); err != nil {
-		t.Fatal(err)
-	}
-	if err := leader.Backup(ctx, path); err != nil {
-		t.Fatal(err)
-	}
+	path := backupTo(t, leader)
 	// The listing catches up with the push after the snapshot.
 	t1.Digest, t1.UpdateTime = digest(2), move.Time
 	mustApplyTags(t, leader, repo, t1)
@@ -261,13 +261,7 @@ func TestSnapshot_RestoreOverUnpublishedEvents(t *testing.T) {
 	repo := nginx()
 	mustApplyRepos(t, leader, repo)
 	mustApplyTags(t, leader, repo, tag("g1/r1/t1", "latest", 1))
-	path := filepath.Join(t.TempDir(), "snap.db")
-	if err := store.CreateEmpty(path); err != nil {
-		t.Fatal(err)
-	}
-	if err := leader.Backup(ctx, path); err != nil {
-		t.Fatal(err)
-	}
+	path := backupTo(t, leader)
 
 	for _, drop := range []bool{false, true} {
 		ex, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
@@ -344,13 +338,7 @@ func TestSnapshot_LeaderRestoringItsOwnKeepsItsUnpublishedEvents(t *testing.T) {
 	if err := leader.MarkPublished(ctx, []int64{evs[0].Seq}); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "snap.db")
-	if err := store.CreateEmpty(path); err != nil {
-		t.Fatal(err)
-	}
-	if err := leader.Backup(ctx, path); err != nil {
-		t.Fatal(err)
-	}
+	path := backupTo(t, leader)
 	unpublished := `SELECT group_concat(id, ',') FROM (SELECT e.id FROM event_log e JOIN outbox o ON o.seq = e.seq ORDER BY e.seq)`
 	want := queryString(t, leader.Reader(), unpublished)
 	if err := leader.Restore(ctx, path, 5); err != nil {
@@ -366,4 +354,114 @@ func TestSnapshot_LeaderRestoringItsOwnKeepsItsUnpublishedEvents(t *testing.T) {
 	if got := queryString(t, fresh.Reader(), unpublished); got != "" {
 		t.Errorf("a fresh mirror's unpublished events after the restore: %q, want none", got)
 	}
+}
+
+// TestSnapshot_AdoptKeepsTheMirrorsOwn: an empty mirror that adopts a
+// snapshot's file keeps what a restore leaves alone (its meta, its
+// subscriptions) and the leader's replica digest; its readers, open
+// before, see the snapshot after; the file holds it all once reopened,
+// with no write-ahead log left the size of the snapshot. A restore
+// canceled halfway leaves the mirror as it was, empty, and restoring
+// again then succeeds.
+func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	leader, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
+	repo := nginx()
+	mustApplyRepos(t, leader, repo)
+	var tags []store.Tag
+	for i := range 200 {
+		tags = append(tags, tag(fmt.Sprintf("g1/r1/t%d", i), fmt.Sprintf("1.%d", i), i))
+	}
+	mustApplyTags(t, leader, repo, tags...)
+	if err := leader.SetMeta(ctx, "owner", "leader"); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.UpsertSubscription(ctx, store.Subscription{UID: "sub-leader", GroupUID: "g1", Sink: "https://l"}); err != nil {
+		t.Fatal(err)
+	}
+	path := backupTo(t, leader)
+	want, err := leader.ReplicaDigest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	follower, fpath := openTemp(t, clk, true, store.Options{})
+	if err := follower.SetMeta(ctx, "owner", "follower"); err != nil {
+		t.Fatal(err)
+	}
+	if err := follower.UpsertSubscription(ctx, store.Subscription{UID: "sub-follower", GroupUID: "g1", Sink: "https://f"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, follower.Reader(), `SELECT count(*) FROM tags`); n != 0 {
+		t.Fatalf("the empty mirror has %d tags", n)
+	}
+
+	// Canceled after the first of many steps.
+	cctx, cancel := context.WithCancel(ctx)
+	steps := 0
+	store.SetAdoptSteps(t, 1, func() { steps++; cancel() })
+	// A restore changes the file it adopts: each attempt gets a copy, as
+	// each download is one.
+	copyOf := func() string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(t.TempDir(), "copy.db")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if err := follower.Restore(cctx, copyOf(), 7); !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled restore: %v, want context.Canceled", err)
+	}
+	if steps != 1 {
+		t.Fatalf("the canceled restore took %d steps, want 1", steps)
+	}
+	if empty, err := follower.Empty(ctx); err != nil || !empty {
+		t.Fatalf("after a canceled restore the mirror is empty=%v (%v), want as it was", empty, err)
+	}
+	if seq, err := follower.SnapshotSeq(ctx); err != nil || seq != 0 {
+		t.Fatalf("a canceled restore recorded snapshot seq %d (%v)", seq, err)
+	}
+
+	store.SetAdoptSteps(t, 4, nil)
+	if err := follower.Restore(ctx, copyOf(), 7); err != nil {
+		t.Fatal(err)
+	}
+	check := func(st *store.Store, when string) {
+		t.Helper()
+		if got, err := st.ReplicaDigest(ctx); err != nil || got.Diff(want) != "" {
+			t.Errorf("%s: replica digest differs from the leader's in %q (%v)", when, got.Diff(want), err)
+		}
+		if n := queryInt(t, st.Reader(), `SELECT count(*) FROM tags`); n != len(tags) {
+			t.Errorf("%s: the readers see %d tags, want %d", when, n, len(tags))
+		}
+		if v, err := st.Meta(ctx, "owner"); err != nil || v != "follower" {
+			t.Errorf("%s: meta owner = %q (%v), want the mirror's own", when, v, err)
+		}
+		if seq, err := st.SnapshotSeq(ctx); err != nil || seq != 7 {
+			t.Errorf("%s: snapshot seq %d (%v), want 7", when, seq, err)
+		}
+		subs, err := st.Subscriptions(ctx)
+		if err != nil || len(subs) != 1 || subs[0].UID != "sub-follower" {
+			t.Errorf("%s: subscriptions %+v (%v), want the mirror's own", when, subs, err)
+		}
+		if n := queryInt(t, st.Reader(), `SELECT count(*) FROM events WHERE published_time IS NULL`); n != 0 {
+			t.Errorf("%s: %d restored events unpublished, want 0", when, n)
+		}
+		if m := queryString(t, st.Reader(), `PRAGMA journal_mode`); m != "wal" {
+			t.Errorf("%s: journal mode %s, want wal", when, m)
+		}
+	}
+	check(follower, "restored")
+	if fi, err := os.Stat(fpath + "-wal"); err == nil && fi.Size() > 0 {
+		t.Errorf("the write-ahead log holds %d bytes after the restore, want it truncated", fi.Size())
+	}
+	if err := follower.Close(); err != nil {
+		t.Fatal(err)
+	}
+	check(mustOpen(t, fpath, store.Options{Now: clk.Now}), "reopened")
 }
