@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nkeys"
+
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -63,17 +66,12 @@ func measureFollow(
 		return r, err
 	}
 
-	snaps := cluster.NewSnapshotter(
-		conn.JS,
-		src,
-		cluster.SnapshotConfig{Bucket: "bench_snapshots", Stream: pcfg.Stream, Every: time.Hour, Keep: 1, Dir: dir},
-	)
-	info, err := snaps.Write(ctx, nil)
+	info, v, err := writeSnapshot(ctx, conn, src, pcfg, dir)
 	if err != nil {
 		return r, err
 	}
 	r.SnapshotRawBytes, r.SnapshotBytes, r.SnapshotWriteSec = info.RawBytes, info.Bytes, info.Took.Seconds()
-	restored, err := restoreSnapshot(ctx, conn, pcfg, filepath.Join(dir, "restored"), "bench-restored")
+	restored, err := restoreSnapshot(ctx, conn, pcfg, filepath.Join(dir, "restored"), "bench-restored", v)
 	if err != nil {
 		return r, err
 	}
@@ -82,13 +80,52 @@ func measureFollow(
 	return r, nil
 }
 
+// writeSnapshot writes a snapshot of src into the bench's bucket, signed
+// with a key of its own as a leader with [cluster] signing keys does, and
+// returns it with the verifier of the key.
+func writeSnapshot(
+	ctx context.Context,
+	conn *publish.Conn,
+	src *store.Store,
+	pcfg publish.Config,
+	dir string,
+) (cluster.SnapshotInfo, *signing.Verifier, error) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return cluster.SnapshotInfo{}, nil, err
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return cluster.SnapshotInfo{}, nil, err
+	}
+	signer, err := signing.ParseSigner(seed)
+	if err != nil {
+		return cluster.SnapshotInfo{}, nil, err
+	}
+	v, err := signing.NewVerifier([]string{signer.PublicKey()})
+	if err != nil {
+		return cluster.SnapshotInfo{}, nil, err
+	}
+	snaps := cluster.NewSnapshotter(
+		conn.JS,
+		src,
+		cluster.SnapshotConfig{Bucket: "bench_snapshots", Stream: pcfg.Stream, Every: time.Hour, Keep: 1, Dir: dir,
+			Signer: signer},
+	)
+	info, err := snaps.Write(ctx, nil)
+	return info, v, err
+}
+
 // restoreSnapshot restores the newest snapshot in the bench's bucket into
-// an empty mirror under dir, as a follower does when it joins.
+// an empty mirror under dir, as a follower does when it joins; with v, a
+// follower that verifies the leader's key, which adopts the snapshot's
+// file (store.Verified).
 func restoreSnapshot(
 	ctx context.Context,
 	conn *publish.Conn,
 	pcfg publish.Config,
 	dir, consumer string,
+	v *signing.Verifier,
 ) (cluster.SnapshotInfo, error) {
 	g, err := store.Open(ctx, filepath.Join(dir, "syncd.db"), store.Options{})
 	if err != nil {
@@ -99,7 +136,7 @@ func restoreSnapshot(
 		conn.JS,
 		g,
 		cluster.FollowerConfig{Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Consumer: consumer,
-			MaxWait: 200 * time.Millisecond, SnapshotBucket: "bench_snapshots", SnapshotDir: dir},
+			MaxWait: 200 * time.Millisecond, SnapshotBucket: "bench_snapshots", SnapshotDir: dir, Verifier: v},
 	)
 	if err := restorer.CatchUp(ctx); err != nil {
 		return cluster.SnapshotInfo{}, fmt.Errorf("restore the snapshot: %w", err)

@@ -505,7 +505,7 @@ func listObjects(ctx context.Context, obj jetstream.ObjectStore) ([]*jetstream.O
 // snapshot.
 type Restorable interface {
 	Empty(ctx context.Context) (bool, error)
-	Restore(ctx context.Context, path string, seq uint64) error
+	Restore(ctx context.Context, path string, seq uint64, from store.Provenance) error
 	SnapshotSeq(ctx context.Context) (uint64, error)
 }
 
@@ -717,12 +717,19 @@ func (r restorer) restoreOne(
 		return 0, err
 	}
 	took = time.Since(start)
+	// A signed snapshot whose file has the signed digest is the leader's
+	// own: an empty mirror adopts it (store.Verified).
+	from := store.Unverified
 	if r.verifier != nil {
 		if err := checkDownload(path, info); err != nil {
 			return took, fmt.Errorf("%w: %w", errSnapshotRefused, err)
 		}
+		from = store.Verified
 	}
-	if err := m.Restore(ctx, path, info.Seq); err != nil {
+	if err := m.Restore(ctx, path, info.Seq, from); err != nil {
+		if errors.Is(err, store.ErrRestoreUnfinished) {
+			return took, fmt.Errorf("restore snapshot %s: %w", info.Name, err)
+		}
 		// The mirror is as it was (the restore is one transaction):
 		// whatever failed, trying the same snapshot again would too.
 		return took, fmt.Errorf("%w: restore snapshot %s: %w", errSnapshotRefused, info.Name, err)

@@ -35,9 +35,14 @@ func SetMatureChunk(t interface{ Cleanup(func()) }, n int) {
 }
 
 // SetAdoptSteps makes a restore that adopts a snapshot copy pages pages at
-// a time and call after after each step, until the test ends.
-func SetAdoptSteps(t interface{ Cleanup(func()) }, pages int32, after func()) {
+// a time and call after after each step, with whether it committed the
+// copy, until the test ends.
+func SetAdoptSteps(t interface{ Cleanup(func()) }, pages int32, after func(committed bool)) {
 	oldPages, oldAfter := adoptPages, adoptStepped
 	adoptPages, adoptStepped = pages, after
 	t.Cleanup(func() { adoptPages, adoptStepped = oldPages, oldAfter })
 }
+
+// Adoptions is how many restores adopted a snapshot's file, in this
+// process.
+func Adoptions() int64 { return adoptions.Load() }

@@ -164,18 +164,19 @@ func (s *Store) sortingConn(ctx context.Context, fn func(*sql.Conn) error) (err 
 		return err
 	}
 	defer conn.Close()
-	set := func(temp string, cacheKiB, threads int) error {
+	set := func(ctx context.Context, temp string, cacheKiB, threads int) error {
 		_, err := conn.ExecContext(
 			ctx,
 			fmt.Sprintf(`PRAGMA temp_store = %s; PRAGMA cache_size = -%d; PRAGMA threads = %d`, temp, cacheKiB, threads),
 		)
 		return err
 	}
-	if err := set("FILE", min(sortCacheKiB, s.cacheKiB), sortThreads()); err != nil {
+	if err := set(ctx, "FILE", min(sortCacheKiB, s.cacheKiB), sortThreads()); err != nil {
 		return err
 	}
 	defer func() {
-		if rerr := set("MEMORY", s.cacheKiB, 0); rerr != nil && err == nil {
+		// Even when ctx ended: fn may have committed (a restore).
+		if rerr := set(context.WithoutCancel(ctx), "MEMORY", s.cacheKiB, 0); rerr != nil && err == nil {
 			// The connection cannot be trusted with the wrong settings.
 			err = errors.Join(rerr, conn.Raw(func(any) error { return driver.ErrBadConn }))
 		}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"modernc.org/sqlite"
 )
@@ -109,9 +110,11 @@ func (s *Store) SnapshotSeq(ctx context.Context) (uint64, error) {
 // another replica lead instead, the follower forfeits them as before.
 //
 // The snapshot is not trusted: CheckSnapshot must pass before anything of
-// it is opened as a mirror or copied. Restore changes the file at path:
-// it migrates it, and an empty mirror adopts it (adopt).
-func (s *Store) Restore(ctx context.Context, path string, seq uint64) error {
+// it is opened as a mirror or copied. from says whether it is byte for
+// byte a trusted leader's Backup: then an empty mirror adopts it (adopt)
+// rather than copying its tables. Restore changes the file at path: it
+// migrates it, and adopting prepares it in place.
+func (s *Store) Restore(ctx context.Context, path string, seq uint64, from Provenance) error {
 	if err := CheckSnapshot(ctx, path); err != nil {
 		return err
 	}
@@ -125,12 +128,14 @@ func (s *Store) Restore(ctx context.Context, path string, seq uint64) error {
 	// The writer's one connection is held throughout: nothing else writes
 	// the mirror between the look at whether it is empty and the restore.
 	err = s.sortingConn(ctx, func(conn *sql.Conn) error {
-		empty, err := isEmpty(ctx, conn)
-		if err != nil {
-			return err
-		}
-		if empty {
-			return s.adopt(ctx, conn, snap, path, seq)
+		if from == Verified {
+			ok, err := adoptable(ctx, conn, snap)
+			if err != nil {
+				return err
+			}
+			if ok {
+				return s.adopt(ctx, conn, snap, path, seq)
+			}
 		}
 		if err := snap.Close(); err != nil {
 			return fmt.Errorf("close snapshot: %w", err)
@@ -148,6 +153,57 @@ func (s *Store) Restore(ctx context.Context, path string, seq uint64) error {
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
 	return nil
+}
+
+// Provenance is what is known of where a snapshot file comes from.
+type Provenance int
+
+const (
+	// Unverified: anyone who may write the snapshot bucket may have made
+	// the file. Its tables are copied into the mirror row by row, the
+	// mirror's constraints checking every row and its indexes built from
+	// them; a file that passes CheckSnapshot (quick_check, the schema) may
+	// still hold indexes that disagree with their tables, or rows that
+	// break a UNIQUE or foreign key constraint, and a restore that adopted
+	// its pages would take them in.
+	Unverified Provenance = iota
+	// Verified: the file is byte for byte what a trusted leader's Backup
+	// wrote (its manifest, signed by a key the follower trusts, gives its
+	// SHA-256). VACUUM INTO builds every index of the copy from its table,
+	// and the leader's writer checked every constraint; an empty mirror
+	// adopts such a file's pages.
+	Verified
+)
+
+// ErrRestoreUnfinished marks a restore that replaced the mirror but could
+// not finish after: the mirror is the snapshot's, so trying an older
+// snapshot instead is wrong.
+var ErrRestoreUnfinished = errors.New("restored, but not finished")
+
+// adoptable reports whether the mirror of the writer connection conn may
+// adopt the snapshot open as snap: it is empty, and the two files have
+// the same page size and auto-vacuum mode (SQLite's backup API cannot copy
+// pages of another size into a database in WAL mode).
+func adoptable(ctx context.Context, conn *sql.Conn, snap *Store) (bool, error) {
+	empty, err := isEmpty(ctx, conn)
+	if err != nil || !empty {
+		return false, err
+	}
+	for _, pragma := range []string{"page_size", "auto_vacuum"} {
+		var mine, theirs int64
+		if err := conn.QueryRowContext(ctx, `PRAGMA `+pragma).Scan(&mine); err != nil {
+			return false, fmt.Errorf("read the mirror's %s: %w", pragma, err)
+		}
+		if err := snap.w.QueryRowContext(ctx, `PRAGMA `+pragma).Scan(&theirs); err != nil {
+			return false, fmt.Errorf("read the snapshot's %s: %w", pragma, err)
+		}
+		if mine != theirs {
+			snap.log.Info("restore: the snapshot's file differs from the mirror's; copying its tables",
+				"pragma", pragma, "mirror", mine, "snapshot", theirs)
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // isEmpty is Empty on q.
@@ -172,10 +228,32 @@ func isEmpty(ctx context.Context, q queryer) (bool, error) {
 // the mirror's file a page at a time through SQLite's backup API, in one
 // write transaction of the mirror. Copying its tables row by row and
 // building their indexes again took 26 s for the benchmark's mirror
-// (670 MB); the pages take a fraction of the download's time
-// (docs/performance.md).
+// (746 MB); the pages, a third of that (docs/performance.md).
+//
+// Only a Verified snapshot is adopted: its pages come as they are (see
+// Provenance). What the leader's file holds that a restore does not copy
+// is overwritten (secure_delete), and the file header's free fields
+// (user_version, application_id, the suggested cache size) are set to
+// the mirror's.
 func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path string, seq uint64) error {
-	if err := snap.sortingTx(ctx, func(tx *sql.Tx) error { return s.prepareAdopted(ctx, tx) }); err != nil {
+	var header [3]int64
+	for i, pragma := range adoptedHeader {
+		if err := conn.QueryRowContext(ctx, `PRAGMA `+pragma).Scan(&header[i]); err != nil {
+			return fmt.Errorf("read the mirror's %s: %w", pragma, err)
+		}
+	}
+	if err := snap.sortingConn(ctx, func(sc *sql.Conn) error {
+		if _, err := sc.ExecContext(ctx, `PRAGMA secure_delete = ON`); err != nil {
+			return fmt.Errorf("prepare the snapshot: %w", err)
+		}
+		for i, pragma := range adoptedHeader {
+			if _, err := sc.ExecContext(ctx, fmt.Sprintf(`PRAGMA %s = %d`, pragma, header[i])); err != nil {
+				return fmt.Errorf("prepare the snapshot: set %s: %w", pragma, err)
+			}
+		}
+		tx, err := sc.BeginTx(ctx, nil)
+		return runTx(tx, err, func(tx *sql.Tx) error { return s.prepareAdopted(ctx, tx) })
+	}); err != nil {
 		return err
 	}
 	if err := snap.Close(); err != nil {
@@ -186,8 +264,12 @@ func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path str
 	if _, err := conn.ExecContext(ctx, `ATTACH DATABASE ? AS snap`, "file:"+path); err != nil {
 		return fmt.Errorf("attach snapshot %s: %w", path, err)
 	}
-	tx, err := conn.BeginTx(ctx, nil)
-	err = runTx(tx, err, func(tx *sql.Tx) error { return s.keepOwnTables(ctx, tx, seq) })
+	_, err := conn.ExecContext(ctx, `PRAGMA snap.secure_delete = ON`)
+	if err == nil {
+		var tx *sql.Tx
+		tx, err = conn.BeginTx(ctx, nil)
+		err = runTx(tx, err, func(tx *sql.Tx) error { return s.keepOwnTables(ctx, tx, seq) })
+	}
 	if _, derr := conn.ExecContext(context.WithoutCancel(ctx), `DETACH DATABASE snap`); err == nil && derr != nil {
 		err = fmt.Errorf("detach snapshot: %w", derr)
 	}
@@ -201,7 +283,9 @@ func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path str
 		return err
 	}
 	// The digest is computed from the snapshot's rows while its pages are
-	// copied, on the other core.
+	// copied, on the other core; the copy's last page, which commits it,
+	// waits for the digest, so that a snapshot whose rows cannot be read
+	// is refused with the mirror as it was.
 	dctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type digested struct {
@@ -213,35 +297,49 @@ func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path str
 		d, err := digestOf(dctx, path)
 		done <- digested{d, err}
 	}()
-	if err := copyPages(ctx, conn, path); err != nil {
-		cancel()
-		<-done
-		return err
-	}
-	// The mirror is the snapshot from here on: its digest and triggers
-	// are set even if ctx ends (a crash here leaves no triggers, and Open
-	// computes the digest again: ensureDigest).
-	d := <-done
-	ctx = context.WithoutCancel(ctx)
-	tx, err = conn.BeginTx(ctx, nil)
-	err = runTx(tx, err, func(tx *sql.Tx) error {
-		if d.err != nil {
-			s.log.Warn("restore: computing the replica digest beside the copy failed; computing it again",
-				"err", d.err)
-			return createDigest(ctx, tx)
-		}
-		return setDigest(ctx, tx, d.d)
+	var d digested
+	err = copyPages(ctx, conn, path, func() error {
+		d = <-done
+		return d.err
 	})
 	if err != nil {
-		return fmt.Errorf("the adopted snapshot's replica digest: %w", err)
+		cancel()
+		<-done
+		// The copied pages, rolled back, are still in the write-ahead log.
+		if _, cerr := conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA wal_checkpoint(TRUNCATE)`); cerr != nil {
+			s.log.Warn("restore: truncating the write-ahead log after a failed copy", "err", cerr)
+		}
+		return err
 	}
+	// The mirror is the snapshot's from here on: the rest is done even if
+	// ctx ends (a crash here leaves the mirror without the digest's
+	// triggers, and Open computes it again: ensureDigest).
+	ctx = context.WithoutCancel(ctx)
+	err = d.err
+	if err == nil {
+		tx, terr := conn.BeginTx(ctx, nil)
+		err = runTx(tx, terr, func(tx *sql.Tx) error { return setDigest(ctx, tx, d.d) })
+	}
+	if err != nil {
+		s.log.Warn("restore: recording the replica digest of the adopted snapshot failed; computing it again", "err", err)
+		tx, err := conn.BeginTx(ctx, nil)
+		if err = runTx(tx, err, func(tx *sql.Tx) error { return createDigest(ctx, tx) }); err != nil {
+			return fmt.Errorf("%w: the replica digest: %w", ErrRestoreUnfinished, err)
+		}
+	}
+	adoptions.Add(1)
 	// The copy's pages are in the write-ahead log: into the file with them
-	// now, and the log truncated, rather than at the next commit.
+	// now, and the log truncated, rather than at the next commit (which
+	// does it anyway, should this fail).
 	if _, err := conn.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
-		return fmt.Errorf("checkpoint the adopted snapshot: %w", err)
+		s.log.Warn("restore: checkpointing the adopted snapshot", "err", err)
 	}
 	return nil
 }
+
+// adoptedHeader are the file header's fields no migration sets that an
+// adopted snapshot takes from the mirror.
+var adoptedHeader = []string{"user_version", "application_id", "default_cache_size"}
 
 // leaveWAL puts the database at path in rollback journal mode, its
 // write-ahead log checkpointed into it and removed.
@@ -262,8 +360,10 @@ func leaveWAL(ctx context.Context, path string) error {
 }
 
 // copyPages replaces the database of conn with the one at path, a page at
-// a time through SQLite's backup API, in one write transaction.
-func copyPages(ctx context.Context, conn *sql.Conn, path string) error {
+// a time through SQLite's backup API, in one write transaction: the step
+// that copies the last page commits it, and runs only once beforeCommit
+// succeeded (otherwise the copy is rolled back).
+func copyPages(ctx context.Context, conn *sql.Conn, path string, beforeCommit func() error) error {
 	return conn.Raw(func(dc any) error {
 		r, ok := dc.(interface {
 			NewRestore(string) (*sqlite.Backup, error)
@@ -275,17 +375,40 @@ func copyPages(ctx context.Context, conn *sql.Conn, path string) error {
 		if err != nil {
 			return fmt.Errorf("adopt snapshot %s: %w", path, err)
 		}
-		for more := true; more; {
+		fail := func(err error) error {
+			b.Finish()
+			return err
+		}
+		// The first step copies one page and learns the page count.
+		pages := int32(1)
+		for {
 			if err := ctx.Err(); err != nil {
-				b.Finish()
-				return err
+				return fail(err)
 			}
-			if more, err = b.Step(adoptPages); err != nil {
-				b.Finish()
-				return fmt.Errorf("adopt snapshot %s: %w", path, err)
+			last := pages < 0
+			if last {
+				if err := beforeCommit(); err != nil {
+					return fail(fmt.Errorf("adopt snapshot %s: %w", path, err))
+				}
+			}
+			more, err := b.Step(pages)
+			if err != nil {
+				return fail(fmt.Errorf("adopt snapshot %s: %w", path, err))
 			}
 			if adoptStepped != nil {
-				adoptStepped()
+				adoptStepped(!more)
+			}
+			if !more {
+				if !last {
+					// A file of one page, committed already: adopt sees
+					// beforeCommit's failure itself.
+					_ = beforeCommit()
+				}
+				break
+			}
+			pages = -1
+			if left := b.Remaining(); left > 1 {
+				pages = int32(min(left-1, int(adoptPages)))
 			}
 		}
 		if err := b.Finish(); err != nil {
@@ -297,10 +420,12 @@ func copyPages(ctx context.Context, conn *sql.Conn, path string) error {
 
 // adoptPages is how many pages a step of adopt copies between two looks
 // at its context: 64 MiB of 4 KiB pages. adoptStepped, when set, is
-// called after each step (tests).
+// called after each step with whether it committed the copy (tests).
 var (
 	adoptPages   int32 = 16384
-	adoptStepped func()
+	adoptStepped func(committed bool)
+	// adoptions counts the restores that adopted a snapshot (tests).
+	adoptions atomic.Int64
 )
 
 // prepareAdopted makes the snapshot, in tx on its own connection, what

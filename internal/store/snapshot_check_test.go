@@ -62,7 +62,7 @@ func TestCheckSnapshot(t *testing.T) {
 				t.Fatalf("CheckSnapshot: %v, want ErrBadSnapshot", err)
 			}
 			follower, _ := openTemp(t, newClock(), false, store.Options{})
-			if err := follower.Restore(ctx, path, 7); !errors.Is(err, store.ErrBadSnapshot) {
+			if err := follower.Restore(ctx, path, 7, store.Verified); !errors.Is(err, store.ErrBadSnapshot) {
 				t.Fatalf("Restore: %v, want ErrBadSnapshot", err)
 			}
 			if seq, err := follower.SnapshotSeq(ctx); err != nil || seq != 0 {
@@ -119,7 +119,7 @@ func TestCheckSnapshot_DuringTheFirstSync(t *testing.T) {
 		t.Fatalf("a snapshot without the deferred indexes: %v", err)
 	}
 	follower, _ := openTemp(t, newClock(), false, store.Options{})
-	if err := follower.Restore(ctx, path, 3); err != nil {
+	if err := follower.Restore(ctx, path, 3, store.Verified); err != nil {
 		t.Fatal(err)
 	}
 	if n := queryInt(

@@ -1,7 +1,9 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -22,11 +24,12 @@ import (
 // restoring: an empty mirror adopts the snapshot's file, one with rows of
 // its own gets the snapshot's tables copied over them.
 func TestSnapshot_BackupRestore(t *testing.T) {
-	t.Run("into an empty mirror", func(t *testing.T) { testBackupRestore(t, false) })
-	t.Run("over a mirror's own rows", func(t *testing.T) { testBackupRestore(t, true) })
+	t.Run("verified, into an empty mirror: adopted", func(t *testing.T) { testBackupRestore(t, store.Verified, false) })
+	t.Run("unverified, into an empty mirror: copied", func(t *testing.T) { testBackupRestore(t, store.Unverified, false) })
+	t.Run("verified, over a mirror's own rows: copied", func(t *testing.T) { testBackupRestore(t, store.Verified, true) })
 }
 
-func testBackupRestore(t *testing.T, own bool) {
+func testBackupRestore(t *testing.T, from store.Provenance, own bool) {
 	ctx := context.Background()
 	clk := newClock()
 	leader, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
@@ -83,8 +86,27 @@ func testBackupRestore(t *testing.T, own bool) {
 	if own {
 		mustApplyRepos(t, follower, store.Repo{UID: "g1/r7", Name: "its-own", CreateTime: clk.Now()})
 	}
-	if err := follower.Restore(ctx, path, 42); err != nil {
+	adopted := store.Adoptions()
+	if err := follower.Restore(ctx, path, 42, from); err != nil {
 		t.Fatal(err)
+	}
+	if wantAdopted := from == store.Verified && !own; (store.Adoptions() > adopted) != wantAdopted {
+		t.Errorf("adopted the snapshot: %v, want %v", store.Adoptions() > adopted, wantAdopted)
+	}
+	want, err := leader.ReplicaDigest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := follower.ReplicaDigest(ctx); err != nil || got.Diff(want) != "" {
+		t.Errorf("the restored mirror's replica digest differs from the leader's in %q (%v)", got.Diff(want), err)
+	}
+	for _, check := range []string{
+		`PRAGMA integrity_check`,
+		`SELECT count(*) || ' foreign key violations' FROM pragma_foreign_key_check`,
+	} {
+		if got := queryString(t, follower.Reader(), check); got != "ok" && got != "0 foreign key violations" {
+			t.Errorf("%s of the restored mirror: %s", check, got)
+		}
 	}
 	if empty, err := follower.Empty(ctx); err != nil || empty {
 		t.Fatalf("restored mirror empty=%v, %v", empty, err)
@@ -237,7 +259,7 @@ func TestSnapshot_BetweenAPushedMoveAndTheListing(t *testing.T) {
 	mustApplyTags(t, leader, repo, t1)
 
 	follower, _ := openTemp(t, clk, true, store.Options{})
-	if err := follower.Restore(ctx, path, uint64(len(evs))); err != nil {
+	if err := follower.Restore(ctx, path, uint64(len(evs)), store.Unverified); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := follower.ApplyStreamEvents(ctx, stream); err != nil {
@@ -297,7 +319,7 @@ func TestSnapshot_RestoreOverUnpublishedEvents(t *testing.T) {
 				shared = append(shared, id)
 			}
 		}
-		if err := ex.Restore(ctx, path, 9); err != nil {
+		if err := ex.Restore(ctx, path, 9, store.Unverified); err != nil {
 			t.Fatalf("restore over unpublished events (dropped first: %v): %v", drop, err)
 		}
 		if drop && len(shared) != 0 {
@@ -341,14 +363,14 @@ func TestSnapshot_LeaderRestoringItsOwnKeepsItsUnpublishedEvents(t *testing.T) {
 	path := backupTo(t, leader)
 	unpublished := `SELECT group_concat(id, ',') FROM (SELECT e.id FROM event_log e JOIN outbox o ON o.seq = e.seq ORDER BY e.seq)`
 	want := queryString(t, leader.Reader(), unpublished)
-	if err := leader.Restore(ctx, path, 5); err != nil {
+	if err := leader.Restore(ctx, path, 5, store.Unverified); err != nil {
 		t.Fatal(err)
 	}
 	if got := queryString(t, leader.Reader(), unpublished); got != want || got == "" {
 		t.Errorf("the leader's unpublished events after restoring its own snapshot: %q, want %q", got, want)
 	}
 	fresh, _ := openTemp(t, clk, true, store.Options{})
-	if err := fresh.Restore(ctx, path, 5); err != nil {
+	if err := fresh.Restore(ctx, path, 5, store.Verified); err != nil {
 		t.Fatal(err)
 	}
 	if got := queryString(t, fresh.Reader(), unpublished); got != "" {
@@ -357,12 +379,13 @@ func TestSnapshot_LeaderRestoringItsOwnKeepsItsUnpublishedEvents(t *testing.T) {
 }
 
 // TestSnapshot_AdoptKeepsTheMirrorsOwn: an empty mirror that adopts a
-// snapshot's file keeps what a restore leaves alone (its meta, its
-// subscriptions) and the leader's replica digest; its readers, open
-// before, see the snapshot after; the file holds it all once reopened,
-// with no write-ahead log left the size of the snapshot. A restore
-// canceled halfway leaves the mirror as it was, empty, and restoring
-// again then succeeds.
+// verified snapshot's file keeps what a restore leaves alone (its meta,
+// its subscriptions: none, its file header's free fields) and none of the bytes
+// of the leader's own rows; it has the leader's replica digest, a sound
+// file, and its readers, open before, see the snapshot after; the file
+// holds it all once reopened, with no write-ahead log left the size of
+// the snapshot. A restore canceled before the copy commits leaves the
+// mirror as it was, empty; one canceled once it committed finishes.
 func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 	ctx := context.Background()
 	clk := newClock()
@@ -377,10 +400,14 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 	if err := leader.SetMeta(ctx, "owner", "leader"); err != nil {
 		t.Fatal(err)
 	}
-	if err := leader.UpsertSubscription(ctx, store.Subscription{UID: "sub-leader", GroupUID: "g1", Sink: "https://l"}); err != nil {
+	const secret = "https://leader-only.example/sink"
+	sub := store.Subscription{UID: "sub-leader", GroupUID: "g1", Sink: secret}
+	if err := leader.UpsertSubscription(ctx, sub); err != nil {
 		t.Fatal(err)
 	}
 	path := backupTo(t, leader)
+	// Header fields no migration sets, as a planted file would have them.
+	setPragmas(t, path, "user_version = 77", "application_id = 5", "default_cache_size = 777777")
 	want, err := leader.ReplicaDigest(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -390,17 +417,9 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 	if err := follower.SetMeta(ctx, "owner", "follower"); err != nil {
 		t.Fatal(err)
 	}
-	if err := follower.UpsertSubscription(ctx, store.Subscription{UID: "sub-follower", GroupUID: "g1", Sink: "https://f"}); err != nil {
-		t.Fatal(err)
-	}
 	if n := queryInt(t, follower.Reader(), `SELECT count(*) FROM tags`); n != 0 {
 		t.Fatalf("the empty mirror has %d tags", n)
 	}
-
-	// Canceled after the first of many steps.
-	cctx, cancel := context.WithCancel(ctx)
-	steps := 0
-	store.SetAdoptSteps(t, 1, func() { steps++; cancel() })
 	// A restore changes the file it adopts: each attempt gets a copy, as
 	// each download is one.
 	copyOf := func() string {
@@ -414,7 +433,12 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 		}
 		return p
 	}
-	if err := follower.Restore(cctx, copyOf(), 7); !errors.Is(err, context.Canceled) {
+
+	// Canceled after the first of many steps.
+	cctx, cancel := context.WithCancel(ctx)
+	steps := 0
+	store.SetAdoptSteps(t, 1, func(bool) { steps++; cancel() })
+	if err := follower.Restore(cctx, copyOf(), 7, store.Verified); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled restore: %v, want context.Canceled", err)
 	}
 	if steps != 1 {
@@ -427,9 +451,22 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 		t.Fatalf("a canceled restore recorded snapshot seq %d (%v)", seq, err)
 	}
 
-	store.SetAdoptSteps(t, 4, nil)
-	if err := follower.Restore(ctx, copyOf(), 7); err != nil {
-		t.Fatal(err)
+	// Canceled as the step that commits returns: the rest is done.
+	cctx, cancel = context.WithCancel(ctx)
+	defer cancel()
+	committed := false
+	store.SetAdoptSteps(t, 4, func(c bool) {
+		if c {
+			committed = true
+			cancel()
+		}
+	})
+	adopted := store.Adoptions()
+	if err := follower.Restore(cctx, copyOf(), 7, store.Verified); err != nil {
+		t.Fatalf("a restore canceled once its copy committed: %v, want it finished", err)
+	}
+	if !committed || store.Adoptions() != adopted+1 {
+		t.Fatalf("committed %v, adoptions %d, want one more than %d", committed, store.Adoptions(), adopted)
 	}
 	check := func(st *store.Store, when string) {
 		t.Helper()
@@ -445,15 +482,19 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 		if seq, err := st.SnapshotSeq(ctx); err != nil || seq != 7 {
 			t.Errorf("%s: snapshot seq %d (%v), want 7", when, seq, err)
 		}
-		subs, err := st.Subscriptions(ctx)
-		if err != nil || len(subs) != 1 || subs[0].UID != "sub-follower" {
-			t.Errorf("%s: subscriptions %+v (%v), want the mirror's own", when, subs, err)
+		if subs, err := st.Subscriptions(ctx); err != nil || len(subs) != 0 {
+			t.Errorf("%s: subscriptions %+v (%v), want the mirror's own: none", when, subs, err)
 		}
-		if n := queryInt(t, st.Reader(), `SELECT count(*) FROM events WHERE published_time IS NULL`); n != 0 {
-			t.Errorf("%s: %d restored events unpublished, want 0", when, n)
-		}
-		if m := queryString(t, st.Reader(), `PRAGMA journal_mode`); m != "wal" {
-			t.Errorf("%s: journal mode %s, want wal", when, m)
+		for q, want := range map[string]string{
+			`SELECT count(*) FROM events WHERE published_time IS NULL`: "0",
+			`PRAGMA journal_mode`:                           "wal",
+			`PRAGMA integrity_check`:                        "ok",
+			`SELECT count(*) FROM pragma_foreign_key_check`: "0",
+			`SELECT user_version || ' ' || application_id FROM pragma_user_version, pragma_application_id`: "0 0",
+		} {
+			if got := queryString(t, st.Reader(), q); got != want {
+				t.Errorf("%s: %s = %s, want %s", when, q, got, want)
+			}
 		}
 	}
 	check(follower, "restored")
@@ -463,5 +504,67 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 	if err := follower.Close(); err != nil {
 		t.Fatal(err)
 	}
-	check(mustOpen(t, fpath, store.Options{Now: clk.Now}), "reopened")
+	if b, err := os.ReadFile(fpath); err != nil || bytes.Contains(b, []byte(secret)) {
+		t.Errorf("the adopted file holds the leader's own subscription's sink (%v)", err)
+	}
+	reopened := mustOpen(t, fpath, store.Options{Now: clk.Now})
+	check(reopened, "reopened")
+	if got := queryString(t, reopened.Reader(), `PRAGMA cache_size`); got == "-777777" || got == "777777" {
+		t.Errorf("a reader of the adopted file has the planted cache size %s", got)
+	}
+}
+
+// TestSnapshot_AdoptOnlyTheSamePageSize: a verified snapshot whose pages
+// are of another size than the mirror's (which SQLite's backup API cannot
+// copy into a database in WAL mode) has its tables copied instead.
+func TestSnapshot_AdoptOnlyTheSamePageSize(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	leader, _ := openTemp(t, clk, false, store.Options{})
+	mustApplyRepos(t, leader, nginx())
+	path := backupTo(t, leader)
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	for _, q := range []string{`PRAGMA journal_mode = DELETE`, `PRAGMA page_size = 8192`, `VACUUM`} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if got := queryString(t, db, `PRAGMA page_size`); got != "8192" {
+		t.Fatalf("the snapshot's page size is %s", got)
+	}
+	db.Close()
+	follower, _ := openTemp(t, clk, true, store.Options{})
+	adopted := store.Adoptions()
+	if err := follower.Restore(ctx, path, 3, store.Verified); err != nil {
+		t.Fatal(err)
+	}
+	if store.Adoptions() != adopted {
+		t.Error("adopted a snapshot of 8 KiB pages")
+	}
+	if got := queryString(t, follower.Reader(), `SELECT group_concat(name) FROM repos`); got != "nginx" {
+		t.Errorf("restored repos %q, want nginx", got)
+	}
+	if got := queryString(t, follower.Reader(), `PRAGMA page_size`); got != "4096" {
+		t.Errorf("the mirror's page size is %s after the restore", got)
+	}
+}
+
+// setPragmas sets pragmas on the database file at path.
+func setPragmas(t *testing.T, path string, pragmas ...string) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	for _, p := range pragmas {
+		if _, err := db.Exec(`PRAGMA ` + p); err != nil {
+			t.Fatalf("PRAGMA %s: %v", p, err)
+		}
+	}
 }
