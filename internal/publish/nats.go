@@ -42,6 +42,10 @@ type Config struct {
 	// ReconnectMaxWait caps the backoff between reconnection attempts;
 	// zero means 10s.
 	ReconnectMaxWait time.Duration
+	// WriteTimeout is how long a write to the server may make no progress
+	// before the connection is given up for a new one; zero means
+	// DefaultWriteTimeout.
+	WriteTimeout time.Duration
 	// Sync is the embedded server's JetStream sync_interval: when written
 	// messages are flushed to disk (see EmbeddedSync).
 	Sync EmbeddedSync
@@ -163,6 +167,11 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	return c, nil
 }
 
+// DefaultWriteTimeout is Config.WriteTimeout's default: half the leader
+// lease's default TTL, so that a leader's connection that stalled is
+// replaced before its lease could have been renewed on it.
+const DefaultWriteTimeout = 5 * time.Second
+
 // connOptions are the nats.Options of cfg: identity, authentication, TLS,
 // and reconnecting forever with logged state changes. closed is closed when
 // the connection is.
@@ -171,8 +180,21 @@ func connOptions(cfg Config, log *slog.Logger, closed chan struct{}) ([]nats.Opt
 	if maxWait <= 0 {
 		maxWait = 10 * time.Second
 	}
+	writeTimeout := cfg.WriteTimeout
+	if writeTimeout <= 0 {
+		writeTimeout = DefaultWriteTimeout
+	}
 	opts := []nats.Option{
 		nats.Name("syncd"),
+		// nats.go writes to the server holding the connection's lock, for
+		// up to FlusherTimeout (a minute by default) when the network
+		// stops taking bytes (a peer that drops every packet): every call
+		// on the connection waits on the lock meanwhile, whatever its
+		// context. The write is bounded, and a connection whose write
+		// timed out is replaced (what it buffered is lost: the outbox
+		// publishes it again, and the stream drops duplicates by id).
+		nats.FlusherTimeout(writeTimeout),
+		nats.ReconnectOnFlusherError(),
 		nats.MaxReconnects(-1),
 		nats.CustomReconnectDelay(func(attempts int) time.Duration { return reconnectDelay(attempts, maxWait) }),
 		nats.ReconnectBufSize(-1), // never buffer publishes while disconnected: the outbox is the buffer

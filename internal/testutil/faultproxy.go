@@ -10,9 +10,9 @@ import (
 )
 
 // FaultProxy is a TCP proxy on a loopback port in front of one address,
-// which a test can make fail on demand: Cut, BlackHole, Latency, Heal. It
-// stands between a syncd replica and a NATS server, or between two NATS
-// nodes' cluster routes, so that a test can partition them without
+// which a test can make fail on demand: Cut, BlackHole, Stall, Latency,
+// Heal. It stands between a syncd replica and a NATS server, or between
+// two NATS nodes' cluster routes, so that a test can partition them without
 // stopping any process.
 //
 // It is home-made rather than Toxiproxy used as a library: the module
@@ -29,7 +29,10 @@ type FaultProxy struct {
 	mu     sync.Mutex
 	links  map[*proxyLink]struct{}
 	closed bool
-	wg     sync.WaitGroup
+	// stalled is open while the proxy reads nothing (Stall); Heal and
+	// Close close it.
+	stalled chan struct{}
+	wg      sync.WaitGroup
 }
 
 type faultMode int32
@@ -92,6 +95,39 @@ func (p *FaultProxy) Cut() {
 // timeouts. New connections are accepted and never get a byte.
 func (p *FaultProxy) BlackHole() { p.mode.Store(int32(modeBlackHole)) }
 
+// Stall keeps every connection open and stops reading from either side,
+// dropping nothing: once the kernel's buffers are full, each side's writes
+// block, as they do on a real network that drops every packet (the sender
+// retransmits and its send buffer fills). Heal resumes them where they
+// stopped.
+func (p *FaultProxy) Stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stalled == nil && !p.closed {
+		p.stalled = make(chan struct{})
+	}
+}
+
+// waitStalled returns once the proxy is not stalled.
+func (p *FaultProxy) waitStalled() {
+	p.mu.Lock()
+	ch := p.stalled
+	p.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+}
+
+// resume ends a stall.
+func (p *FaultProxy) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stalled != nil {
+		close(p.stalled)
+		p.stalled = nil
+	}
+}
+
 // Latency delays every chunk of bytes by d in each direction (a round
 // trip gains 2·d), keeping their order; 0 removes it.
 func (p *FaultProxy) Latency(d time.Duration) { p.delay.Store(int64(d)) }
@@ -103,6 +139,7 @@ func (p *FaultProxy) Latency(d time.Duration) { p.delay.Store(int64(d)) }
 func (p *FaultProxy) Heal() {
 	p.delay.Store(0)
 	p.mode.Store(int32(modePass))
+	p.resume()
 	p.closeLinks(func(l *proxyLink) bool { return l.lost.Load() })
 }
 
@@ -118,6 +155,7 @@ func (p *FaultProxy) Close() {
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
+	p.resume()
 	p.ln.Close()
 	p.closeLinks(func(*proxyLink) bool { return true })
 	p.wg.Wait()
@@ -241,6 +279,7 @@ func (p *FaultProxy) pipe(l *proxyLink, src, dst net.Conn) {
 	}()
 	buf := make([]byte, 32<<10)
 	for {
+		p.waitStalled()
 		n, err := src.Read(buf)
 		if n > 0 {
 			if faultMode(p.mode.Load()) == modeBlackHole {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"bufio"
+	"bytes"
 	"errors"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
@@ -184,4 +185,34 @@ func TestProxiedNATSCluster_Isolate(t *testing.T) {
 		}
 		return fmt.Errorf("the healed node %s does not hold both messages yet", leader)
 	})
+}
+
+// TestFaultProxy_Stall: a stalled proxy reads nothing, so a large write
+// blocks (it times out having written part of it) while the connection
+// stays open; Heal resumes it: what was written arrives, in order.
+func TestFaultProxy_Stall(t *testing.T) {
+	p := NewFaultProxy(t, echoServer(t))
+	c, r := dialProxy(t, p)
+	if err := roundTrip(c, r, time.Second); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	p.Stall()
+	big := append(bytes.Repeat([]byte("x"), 64<<20), '\n')
+	c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+	n, err := c.Write(big)
+	if !errors.Is(err, os.ErrDeadlineExceeded) || n >= len(big) {
+		t.Fatalf("a 64 MiB write into a stalled proxy: %d bytes, %v; want a timeout having written part", n, err)
+	}
+	p.Heal()
+	// The echo sends back what got through, the rest of the line never
+	// having been written: read it back, then end the line.
+	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("\n")); err != nil {
+		t.Fatalf("write after Heal: %v", err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := r.ReadString('\n')
+	if err != nil || len(line) != n+1 {
+		t.Fatalf("after Heal read back %d bytes (%v), want the %d written and the newline", len(line), err, n)
+	}
 }
