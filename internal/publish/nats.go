@@ -42,10 +42,14 @@ type Config struct {
 	// ReconnectMaxWait caps the backoff between reconnection attempts;
 	// zero means 10s.
 	ReconnectMaxWait time.Duration
-	// WriteTimeout is how long a write to the server may make no progress
-	// before the connection is given up for a new one; zero means
+	// WriteTimeout is how long one write to the server may take before
+	// the connection is given up for a new one; zero means
 	// DefaultWriteTimeout.
 	WriteTimeout time.Duration
+	// PingInterval is how often the client pings the server; a connection
+	// that leaves MaxPingsOut of them unanswered is stale, and replaced.
+	// Zero means DefaultPingInterval.
+	PingInterval time.Duration
 	// Sync is the embedded server's JetStream sync_interval: when written
 	// messages are flushed to disk (see EmbeddedSync).
 	Sync EmbeddedSync
@@ -167,10 +171,19 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	return c, nil
 }
 
-// DefaultWriteTimeout is Config.WriteTimeout's default: half the leader
-// lease's default TTL, so that a leader's connection that stalled is
-// replaced before its lease could have been renewed on it.
-const DefaultWriteTimeout = 5 * time.Second
+// DefaultWriteTimeout is Config.WriteTimeout's default. nats.go writes
+// what it buffered (up to 32 KiB) and the message being published in one
+// write, and the largest message syncd publishes is a snapshot's chunk
+// (512 KiB): a link that carries less than about 40 KB/s to the server
+// times such writes out, and cannot carry snapshots.
+const DefaultWriteTimeout = 15 * time.Second
+
+// DefaultPingInterval and maxPingsOut find a connection that answers
+// nothing stale within about 30 s.
+const (
+	DefaultPingInterval = 10 * time.Second
+	maxPingsOut         = 3
+)
 
 // connOptions are the nats.Options of cfg: identity, authentication, TLS,
 // and reconnecting forever with logged state changes. closed is closed when
@@ -180,9 +193,12 @@ func connOptions(cfg Config, log *slog.Logger, closed chan struct{}) ([]nats.Opt
 	if maxWait <= 0 {
 		maxWait = 10 * time.Second
 	}
-	writeTimeout := cfg.WriteTimeout
+	writeTimeout, pingInterval := cfg.WriteTimeout, cfg.PingInterval
 	if writeTimeout <= 0 {
 		writeTimeout = DefaultWriteTimeout
+	}
+	if pingInterval <= 0 {
+		pingInterval = DefaultPingInterval
 	}
 	opts := []nats.Option{
 		nats.Name("syncd"),
@@ -195,6 +211,11 @@ func connOptions(cfg Config, log *slog.Logger, closed chan struct{}) ([]nats.Opt
 		// publishes it again, and the stream drops duplicates by id).
 		nats.FlusherTimeout(writeTimeout),
 		nats.ReconnectOnFlusherError(),
+		// A connection that writes little (a standby's lease reads, a
+		// follower's fetches) never fills the socket's buffer: pings find
+		// it stale (nats.go's default, every 2 minutes, took 4 to 6).
+		nats.PingInterval(pingInterval),
+		nats.MaxPingsOutstanding(maxPingsOut),
 		nats.MaxReconnects(-1),
 		nats.CustomReconnectDelay(func(attempts int) time.Duration { return reconnectDelay(attempts, maxWait) }),
 		nats.ReconnectBufSize(-1), // never buffer publishes while disconnected: the outbox is the buffer

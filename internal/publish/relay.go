@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -687,7 +689,10 @@ func wholesale(nc *nats.Conn, err error) bool {
 		errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionReconnecting) ||
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrTooManyStalledMsgs) ||
-		errors.Is(err, nats.ErrNoResponders)
+		errors.Is(err, nats.ErrNoResponders) ||
+		// A write to the server that timed out (Config.WriteTimeout), or
+		// the socket it then closed.
+		errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed)
 }
 
 // markLoop marks acknowledged events published, merging what queued up

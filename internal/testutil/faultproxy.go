@@ -54,10 +54,12 @@ type proxyLink struct {
 	// Heal closes it.
 	lost      atomic.Bool
 	closeOnce sync.Once
+	done      chan struct{} // closed by close
 }
 
 func (l *proxyLink) close() {
 	l.closeOnce.Do(func() {
+		close(l.done)
 		l.client.Close()
 		if l.server != nil {
 			l.server.Close()
@@ -95,9 +97,10 @@ func (p *FaultProxy) Cut() {
 // timeouts. New connections are accepted and never get a byte.
 func (p *FaultProxy) BlackHole() { p.mode.Store(int32(modeBlackHole)) }
 
-// Stall keeps every connection open and stops reading from either side,
-// dropping nothing: once the kernel's buffers are full, each side's writes
-// block, as they do on a real network that drops every packet (the sender
+// Stall keeps every connection open and stops reading from either side
+// (but for a read already waiting, which takes one more chunk), dropping
+// nothing: once the kernel's buffers are full, each side's writes block,
+// as they do on a real network that drops every packet (the sender
 // retransmits and its send buffer fills). Heal resumes them where they
 // stopped.
 func (p *FaultProxy) Stall() {
@@ -108,13 +111,17 @@ func (p *FaultProxy) Stall() {
 	}
 }
 
-// waitStalled returns once the proxy is not stalled.
-func (p *FaultProxy) waitStalled() {
+// waitStalled returns once the proxy is not stalled, or l is closed (Cut,
+// Close).
+func (p *FaultProxy) waitStalled(l *proxyLink) {
 	p.mu.Lock()
 	ch := p.stalled
 	p.mu.Unlock()
 	if ch != nil {
-		<-ch
+		select {
+		case <-ch:
+		case <-l.done:
+		}
 	}
 }
 
@@ -182,7 +189,7 @@ func (p *FaultProxy) accept() {
 		if err != nil {
 			return // closed
 		}
-		l := &proxyLink{client: c}
+		l := &proxyLink{client: c, done: make(chan struct{})}
 		switch faultMode(p.mode.Load()) {
 		case modeCut:
 			c.Close()
@@ -279,7 +286,7 @@ func (p *FaultProxy) pipe(l *proxyLink, src, dst net.Conn) {
 	}()
 	buf := make([]byte, 32<<10)
 	for {
-		p.waitStalled()
+		p.waitStalled(l)
 		n, err := src.Read(buf)
 		if n > 0 {
 			if faultMode(p.mode.Load()) == modeBlackHole {
