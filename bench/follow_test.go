@@ -76,7 +76,9 @@ func measureFollow(
 		return r, err
 	}
 	r.SnapshotRestoreSec, r.SnapshotDownloadSec = restored.Took.Seconds(), restored.Download.Seconds()
-	r.SnapshotRestoreRatio = r.SnapshotRestoreSec / r.SnapshotDownloadSec
+	if r.SnapshotDownloadSec > 0 {
+		r.SnapshotRestoreRatio = r.SnapshotRestoreSec / r.SnapshotDownloadSec
+	}
 	return r, nil
 }
 

@@ -509,6 +509,10 @@ type Restorable interface {
 	SnapshotSeq(ctx context.Context) (uint64, error)
 }
 
+// The follower finds Restorable by a type assertion: a change of the
+// store's methods must fail here, not leave followers without restores.
+var _ Restorable = (*store.Store)(nil)
+
 // RestoreMode says when a follower starts its mirror from a snapshot.
 type RestoreMode int
 

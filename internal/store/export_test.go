@@ -46,3 +46,11 @@ func SetAdoptSteps(t interface{ Cleanup(func()) }, pages int32, after func(commi
 // Adoptions is how many restores adopted a snapshot's file, in this
 // process.
 func Adoptions() int64 { return adoptions.Load() }
+
+// SetAdoptDigestFault makes the digest a restore computes beside its copy
+// fail with err, until the test ends.
+func SetAdoptDigestFault(t interface{ Cleanup(func()) }, err error) {
+	old := adoptDigestFault
+	adoptDigestFault = err
+	t.Cleanup(func() { adoptDigestFault = old })
+}

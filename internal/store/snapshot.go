@@ -169,9 +169,10 @@ const (
 	Unverified Provenance = iota
 	// Verified: the file is byte for byte what a trusted leader's Backup
 	// wrote (its manifest, signed by a key the follower trusts, gives its
-	// SHA-256). VACUUM INTO builds every index of the copy from its table,
-	// and the leader's writer checked every constraint; an empty mirror
-	// adopts such a file's pages.
+	// SHA-256): the leader's own tables and indexes, which its writer kept
+	// together, checking every constraint (VACUUM INTO copies an index's
+	// records as they are, so the trust is in the leader's file being
+	// sound); an empty mirror adopts such a file's pages.
 	Verified
 )
 
@@ -228,7 +229,7 @@ func isEmpty(ctx context.Context, q queryer) (bool, error) {
 // the mirror's file a page at a time through SQLite's backup API, in one
 // write transaction of the mirror. Copying its tables row by row and
 // building their indexes again took 26 s for the benchmark's mirror
-// (746 MB); the pages, a third of that (docs/performance.md).
+// (746 MB); adopting it, less than half of that (docs/performance.md).
 //
 // Only a Verified snapshot is adopted: its pages come as they are (see
 // Provenance). What the leader's file holds that a restore does not copy
@@ -288,21 +289,22 @@ func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path str
 	// is refused with the mirror as it was.
 	dctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	type digested struct {
+	var d struct {
 		d   ReplicaDigest
 		err error
 	}
-	done := make(chan digested, 1)
+	done := make(chan struct{}) // closed once d is set
 	go func() {
-		d, err := digestOf(dctx, path)
-		done <- digested{d, err}
+		defer close(done)
+		if d.err = adoptDigestFault; d.err == nil {
+			d.d, d.err = digestOf(dctx, path)
+		}
 	}()
-	var d digested
-	err = copyPages(ctx, conn, path, func() error {
-		d = <-done
+	committed, err := copyPages(ctx, conn, path, func() error {
+		<-done
 		return d.err
 	})
-	if err != nil {
+	if err != nil && !committed {
 		cancel()
 		<-done
 		// The copied pages, rolled back, are still in the write-ahead log.
@@ -311,6 +313,10 @@ func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path str
 		}
 		return err
 	}
+	if err != nil {
+		s.log.Warn("restore: the copy of the snapshot committed, then failed to end", "err", err)
+	}
+	<-done
 	// The mirror is the snapshot's from here on: the rest is done even if
 	// ctx ends (a crash here leaves the mirror without the digest's
 	// triggers, and Open computes it again: ensureDigest).
@@ -362,9 +368,15 @@ func leaveWAL(ctx context.Context, path string) error {
 // copyPages replaces the database of conn with the one at path, a page at
 // a time through SQLite's backup API, in one write transaction: the step
 // that copies the last page commits it, and runs only once beforeCommit
-// succeeded (otherwise the copy is rolled back).
-func copyPages(ctx context.Context, conn *sql.Conn, path string, beforeCommit func() error) error {
-	return conn.Raw(func(dc any) error {
+// succeeded (otherwise the copy is rolled back). committed says whether
+// the copy committed, whatever the error.
+func copyPages(
+	ctx context.Context,
+	conn *sql.Conn,
+	path string,
+	beforeCommit func() error,
+) (committed bool, _ error) {
+	err := conn.Raw(func(dc any) error {
 		r, ok := dc.(interface {
 			NewRestore(string) (*sqlite.Backup, error)
 		})
@@ -399,6 +411,7 @@ func copyPages(ctx context.Context, conn *sql.Conn, path string, beforeCommit fu
 				adoptStepped(!more)
 			}
 			if !more {
+				committed = true
 				if !last {
 					// A file of one page, committed already: adopt sees
 					// beforeCommit's failure itself.
@@ -416,14 +429,17 @@ func copyPages(ctx context.Context, conn *sql.Conn, path string, beforeCommit fu
 		}
 		return nil
 	})
+	return committed, err
 }
 
 // adoptPages is how many pages a step of adopt copies between two looks
 // at its context: 64 MiB of 4 KiB pages. adoptStepped, when set, is
-// called after each step with whether it committed the copy (tests).
+// called after each step with whether it committed the copy, and
+// adoptDigestFault, when set, is the digest's failure (tests).
 var (
-	adoptPages   int32 = 16384
-	adoptStepped func(committed bool)
+	adoptPages       int32 = 16384
+	adoptStepped     func(committed bool)
+	adoptDigestFault error
 	// adoptions counts the restores that adopted a snapshot (tests).
 	adoptions atomic.Int64
 )

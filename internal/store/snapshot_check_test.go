@@ -118,15 +118,27 @@ func TestCheckSnapshot_DuringTheFirstSync(t *testing.T) {
 	if err := store.CheckSnapshot(ctx, path); err != nil {
 		t.Fatalf("a snapshot without the deferred indexes: %v", err)
 	}
-	follower, _ := openTemp(t, newClock(), false, store.Options{})
-	if err := follower.Restore(ctx, path, 3, store.Verified); err != nil {
+	// Adopted (verified) and copied (unverified), each from a copy of the
+	// file: a restore that adopts it changes it.
+	b, err := os.ReadFile(path)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if n := queryInt(
-		t,
-		follower.Reader(),
-		`SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`,
-	); n != 2 {
-		t.Errorf("the restored mirror has %d of the 2 history indexes", n)
+	for _, from := range []store.Provenance{store.Verified, store.Unverified} {
+		p := filepath.Join(t.TempDir(), "snap.db")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		follower, _ := openTemp(t, newClock(), false, store.Options{})
+		if err := follower.Restore(ctx, p, 3, from); err != nil {
+			t.Fatal(err)
+		}
+		if n := queryInt(
+			t,
+			follower.Reader(),
+			`SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name IN ('tag_history_time', 'tag_history_digest')`,
+		); n != 2 {
+			t.Errorf("the mirror restored (provenance %d) has %d of the 2 history indexes", from, n)
+		}
 	}
 }

@@ -514,6 +514,48 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 	}
 }
 
+// TestSnapshot_AdoptRefusedWhenTheDigestFails: a snapshot whose rows the
+// digest beside the copy cannot read is refused before the copy commits:
+// the mirror stays empty, its write-ahead log truncated, and the writer
+// free (before, the restore waited for ever on the digest's result, which
+// the copy's last step had taken, holding the writer).
+func TestSnapshot_AdoptRefusedWhenTheDigestFails(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	leader, _ := openTemp(t, clk, false, store.Options{})
+	repo := nginx()
+	mustApplyRepos(t, leader, repo)
+	var tags []store.Tag
+	for i := range 100 {
+		tags = append(tags, tag(fmt.Sprintf("g1/r1/t%d", i), fmt.Sprintf("1.%d", i), i))
+	}
+	mustApplyTags(t, leader, repo, tags...)
+	path := backupTo(t, leader)
+	follower, fpath := openTemp(t, clk, true, store.Options{})
+	unreadable := errors.New("unreadable row")
+	store.SetAdoptDigestFault(t, unreadable)
+	store.SetAdoptSteps(t, 2, nil)
+	restored := make(chan error, 1)
+	go func() { restored <- follower.Restore(ctx, path, 7, store.Verified) }()
+	select {
+	case err := <-restored:
+		if !errors.Is(err, unreadable) {
+			t.Fatalf("restore: %v, want the digest's failure", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the restore did not return within 10 s of a failed digest")
+	}
+	if empty, err := follower.Empty(ctx); err != nil || !empty {
+		t.Fatalf("after a refused restore the mirror is empty=%v (%v), want as it was", empty, err)
+	}
+	if fi, err := os.Stat(fpath + "-wal"); err == nil && fi.Size() > 0 {
+		t.Errorf("the write-ahead log holds %d bytes after the refused copy, want it truncated", fi.Size())
+	}
+	if err := follower.SetMeta(ctx, "after", "1"); err != nil {
+		t.Fatalf("a write after the refused restore: %v", err)
+	}
+}
+
 // TestSnapshot_AdoptOnlyTheSamePageSize: a verified snapshot whose pages
 // are of another size than the mirror's (which SQLite's backup API cannot
 // copy into a database in WAL mode) has its tables copied instead.
