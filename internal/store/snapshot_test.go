@@ -390,13 +390,7 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 	ctx := context.Background()
 	clk := newClock()
 	leader, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
-	repo := nginx()
-	mustApplyRepos(t, leader, repo)
-	var tags []store.Tag
-	for i := range 200 {
-		tags = append(tags, tag(fmt.Sprintf("g1/r1/t%d", i), fmt.Sprintf("1.%d", i), i))
-	}
-	mustApplyTags(t, leader, repo, tags...)
+	tags := leaderWithTags(t, leader, 200)
 	if err := leader.SetMeta(ctx, "owner", "leader"); err != nil {
 		t.Fatal(err)
 	}
@@ -523,13 +517,7 @@ func TestSnapshot_AdoptRefusedWhenTheDigestFails(t *testing.T) {
 	ctx := context.Background()
 	clk := newClock()
 	leader, _ := openTemp(t, clk, false, store.Options{})
-	repo := nginx()
-	mustApplyRepos(t, leader, repo)
-	var tags []store.Tag
-	for i := range 100 {
-		tags = append(tags, tag(fmt.Sprintf("g1/r1/t%d", i), fmt.Sprintf("1.%d", i), i))
-	}
-	mustApplyTags(t, leader, repo, tags...)
+	leaderWithTags(t, leader, 100)
 	path := backupTo(t, leader)
 	follower, fpath := openTemp(t, clk, true, store.Options{})
 	unreadable := errors.New("unreadable row")
@@ -609,4 +597,17 @@ func setPragmas(t *testing.T, path string, pragmas ...string) {
 			t.Fatalf("PRAGMA %s: %v", p, err)
 		}
 	}
+}
+
+// leaderWithTags gives st the repo nginx with n tags, and returns them.
+func leaderWithTags(t *testing.T, st *store.Store, n int) []store.Tag {
+	t.Helper()
+	repo := nginx()
+	mustApplyRepos(t, st, repo)
+	tags := make([]store.Tag, 0, n)
+	for i := range n {
+		tags = append(tags, tag(fmt.Sprintf("g1/r1/t%d", i), fmt.Sprintf("1.%d", i), i))
+	}
+	mustApplyTags(t, st, repo, tags...)
+	return tags
 }
