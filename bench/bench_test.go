@@ -420,6 +420,12 @@ func targets(r results) []target {
 		{"realistic: latency-bound / floor, over the bare pair's", r.overBarePair(r.Realistic.LatencyRatio),
 			"<= 1.03", r.overBarePair(r.Realistic.LatencyRatio) <= 1.03 && r.MachineLatencyRatio > 0},
 		{"realistic: peak memory (MB)", r.Realistic.Memory.PeakMB, "<= 200", r.Realistic.Memory.PeakMB <= 200},
+		{
+			"realistic: current ready at the default rate / listing floor",
+			r.Realistic.RateCurrentRatio,
+			"<= 1.2",
+			r.Realistic.RateCurrentRatio > 0 && r.Realistic.RateCurrentRatio <= 1.2,
+		},
 	}
 	return append(ts, queryTargets(r.Query)...)
 }
@@ -676,6 +682,13 @@ func printTable(w io.Writer, r results) {
 	)
 	row("    its ratio over the bare pair's", "", "", f("%.3f", r.overBarePair(rr.LatencyRatio)),
 		status["realistic: latency-bound / floor, over the bare pair's"])
+	row(
+		f("  at %g requests/s (%g of the org): time to current ready", rr.RequestsPerSecond, rr.LatencyScale),
+		f("%.1f s", rr.RateCurrentSeconds),
+		f("floor %.1f s (listing pages ÷ rate)", rr.RateCurrentFloor),
+		f("%.2f", rr.RateCurrentRatio),
+		status["realistic: current ready at the default rate / listing floor"],
+	)
 	phaseRows(row, "    ", rr.LatencySync, rr.LatencyMinimum, rr.LatencyFloor, r.Params.Latency)
 	row(
 		"    against its requests in a plain loop",

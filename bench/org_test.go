@@ -161,6 +161,17 @@ func minimumRequests(t platformsim.Truth) minimum {
 // connections to the simulator, so that no more than conns requests are
 // in flight: the latency floor divides by exactly that number.
 func newClient(url string, conns int, wrap ...func(http.RoundTripper) http.RoundTripper) (*platform.Client, error) {
+	return newLimitedClient(url, conns, 0, wrap...)
+}
+
+// newLimitedClient is newClient with the client's rate limit: rps
+// requests a second ([crawl] requests_per_second; 0: none).
+func newLimitedClient(
+	url string,
+	conns int,
+	rps float64,
+	wrap ...func(http.RoundTripper) http.RoundTripper,
+) (*platform.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxConnsPerHost, tr.MaxIdleConnsPerHost = conns, conns
 	var rt http.RoundTripper = tr
@@ -169,15 +180,16 @@ func newClient(url string, conns int, wrap ...func(http.RoundTripper) http.Round
 	}
 	return platform.New(
 		platform.Config{
-			BaseURL:      url,
-			RegistryURL:  url,
-			Token:        platform.StaticToken(token),
-			PullToken:    platform.StaticToken(registryToken),
-			Organization: "acme",
-			PublicOrg:    "chainguard",
-			Vendor:       "chainguard",
-			HTTPClient:   &http.Client{Transport: rt},
-			MaxInFlight:  conns,
+			BaseURL:           url,
+			RegistryURL:       url,
+			Token:             platform.StaticToken(token),
+			PullToken:         platform.StaticToken(registryToken),
+			Organization:      "acme",
+			PublicOrg:         "chainguard",
+			Vendor:            "chainguard",
+			HTTPClient:        &http.Client{Transport: rt},
+			MaxInFlight:       conns,
+			RequestsPerSecond: rps,
 		},
 	)
 }
@@ -197,6 +209,19 @@ func openMirror(
 	initialEvents string,
 	wrap ...func(http.RoundTripper) http.RoundTripper,
 ) (*mirror, error) {
+	return openLimitedMirror(ctx, dir, url, concurrency, 0, initialEvents, wrap...)
+}
+
+// openLimitedMirror is openMirror with the client's rate limit: rps
+// requests a second ([crawl] requests_per_second; 0: none).
+func openLimitedMirror(
+	ctx context.Context,
+	dir, url string,
+	concurrency int,
+	rps float64,
+	initialEvents string,
+	wrap ...func(http.RoundTripper) http.RoundTripper,
+) (*mirror, error) {
 	path := filepath.Join(dir, "syncd.db")
 	var log *slog.Logger
 	if os.Getenv("BENCH_LOG") != "" {
@@ -208,7 +233,7 @@ func openMirror(
 	if err != nil {
 		return nil, err
 	}
-	client, err := newClient(url, concurrency, wrap...)
+	client, err := newLimitedClient(url, concurrency, rps, wrap...)
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -317,4 +342,45 @@ func currentAfter(ctx context.Context, m *mirror, start time.Time) (float64, err
 // advisories are listed beside them).
 func listingFloor(m minimum, latency time.Duration) float64 {
 	return float64(m.RepoPages+m.TagPages) * latency.Seconds()
+}
+
+// syncUntilCurrent runs m's first sync until its current state is ready
+// (the baseline ended: every listing complete), then stops it, and
+// returns how long that took: the backfill of the histories behind it is
+// not waited for. It gives up after limit.
+func syncUntilCurrent(ctx context.Context, m *mirror, limit time.Duration) (float64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.crawler.Sync(ctx)
+		done <- err
+	}()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err == nil {
+				return currentAfter(ctx, m, start)
+			}
+			return 0, fmt.Errorf("sync: %w", err)
+		case <-tick.C:
+		}
+		current, err := currentAfter(ctx, m, start)
+		if err != nil {
+			return 0, err
+		}
+		if current > 0 {
+			cancel()
+			<-done
+			return current, nil
+		}
+		if time.Since(start) > limit {
+			cancel()
+			<-done
+			return 0, fmt.Errorf("the current state was not ready after %s", limit)
+		}
+	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
+	"testing"
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/config"
@@ -43,6 +45,13 @@ type realisticResult struct {
 	Incremental        syncResult `json:"incremental_resync"`
 	IncrementalMinimum int        `json:"incremental_minimum"`
 	IncrementalRatio   float64    `json:"incremental_ratio"`
+	// RateCurrent is a first sync of the LatencyScale organization at
+	// RequestsPerSecond (no latency), stopped once its current state is
+	// ready: its time to that against the listing floor at the rate
+	// (listing pages ÷ rate; #31: at most 1.2).
+	RateCurrentSeconds float64 `json:"rate_current_s"`
+	RateCurrentFloor   float64 `json:"rate_current_floor_s"`
+	RateCurrentRatio   float64 `json:"rate_current_ratio"`
 }
 
 // realisticScale is platformsim.RealisticScenario times f.
@@ -136,8 +145,63 @@ func measureRealistic(
 	floorRequests := r.LatencyMinimum.Total()
 	r.LatencyFloor = float64(floorRequests) * p.Latency.Seconds() / float64(p.Concurrency)
 	r.LatencyRatio = r.LatencySync.WallSeconds / r.LatencyFloor
-	r.LatencyCeiling, err = measureLatencyCeiling(ctx, lo, p, floorRequests, r.LatencySync.WallSeconds)
-	return r, err
+	if r.LatencyCeiling, err = measureLatencyCeiling(ctx, lo, p, floorRequests, r.LatencySync.WallSeconds); err != nil {
+		return r, err
+	}
+
+	progress("realistic organization at %g of its size: first sync at %g requests/s until its current state is ready",
+		r.LatencyScale, r.RequestsPerSecond)
+	r.RateCurrentSeconds, r.RateCurrentFloor, err = rateCurrent(ctx, lo, r.LatencyMinimum, p.Concurrency,
+		r.RequestsPerSecond, filepath.Join(dir, "rate"))
+	if err != nil {
+		return r, err
+	}
+	r.RateCurrentRatio = r.RateCurrentSeconds / r.RateCurrentFloor
+	return r, nil
+}
+
+// rateCurrent runs a first sync of o, whose minimum requests are m, at
+// rps requests a second until its current state is ready, and returns
+// how long that took and its floor: the listing pages over the rate.
+func rateCurrent(
+	ctx context.Context,
+	o *org,
+	m minimum,
+	concurrency int,
+	rps float64,
+	dir string,
+) (seconds, floor float64, err error) {
+	floor = float64(m.RepoPages+m.TagPages+m.AdvisoryPages) / rps
+	rc, err := openLimitedMirror(ctx, dir, o.URL(), concurrency, rps, "none")
+	if err != nil {
+		return 0, floor, err
+	}
+	defer rc.Close()
+	seconds, err = syncUntilCurrent(ctx, rc, time.Duration(3*floor*float64(time.Second)))
+	return seconds, floor, err
+}
+
+// BenchmarkRateCurrent is the realistic organization's "current ready at
+// the default rate" row alone, b.N times, at LatencyScale of its size
+// (BENCH_SCALE scales that):
+//
+//	go test -run '^$' -bench '^BenchmarkRateCurrent$' -benchtime 1x ./bench/
+func BenchmarkRateCurrent(b *testing.B) {
+	p, dir := setUp(b)
+	ctx := context.Background()
+	o := startOrg(realisticScale(p.Scale * realisticLatencyScale))
+	defer o.Close()
+	m := minimumRequests(o.sim.Truth())
+	rps := config.Default().Crawl.RequestsPerSecond
+	for i := range b.N {
+		seconds, floor, err := rateCurrent(ctx, o, m, p.Concurrency, rps, filepath.Join(dir, fmt.Sprintf("rate-%d", i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		fmt.Fprintf(os.Stderr, "current ready at %g requests/s: %.2f s, floor %.2f s (%d listing pages): ratio %.3f\n",
+			rps, seconds, floor, m.RepoPages+m.TagPages+m.AdvisoryPages, seconds/floor)
+		b.ReportMetric(seconds/floor, "current/floor")
+	}
 }
 
 // realisticLatencyScale is the share of the realistic organization the
