@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
@@ -19,9 +20,7 @@ import (
 // measured without the option), and every call on the connection waits on
 // it meanwhile, whatever its context.
 func TestDial_StalledConnectionIsReplaced(t *testing.T) {
-	srv := startServer(t, nil)
-	proxy := testutil.NewFaultProxy(t, srv.URL()[len("nats://"):])
-	cfg := configFor("nats://"+proxy.Addr(), nil)
+	proxy, cfg := proxiedConfig(t)
 	cfg.WriteTimeout = 500 * time.Millisecond
 	c := mustConnect(t, cfg)
 
@@ -62,9 +61,7 @@ func TestDial_StalledConnectionIsReplaced(t *testing.T) {
 // is replaced once the network is back. nats.go's default pings every
 // two minutes and waits for two: four to six minutes.
 func TestDial_QuietStalledConnectionIsFoundByPings(t *testing.T) {
-	srv := startServer(t, nil)
-	proxy := testutil.NewFaultProxy(t, srv.URL()[len("nats://"):])
-	cfg := configFor("nats://"+proxy.Addr(), nil)
+	proxy, cfg := proxiedConfig(t)
 	cfg.PingInterval = 100 * time.Millisecond
 	c := mustConnect(t, cfg)
 	var disconnected atomic.Bool
@@ -79,4 +76,13 @@ func TestDial_QuietStalledConnectionIsFoundByPings(t *testing.T) {
 	if _, err := c.JS.Publish(ctx, testPrefix+".repo.created", []byte("{}")); err != nil {
 		t.Fatalf("publish after the network is back: %v", err)
 	}
+}
+
+// proxiedConfig starts a server behind a fault proxy and returns the proxy
+// and the config of a test connecting through it.
+func proxiedConfig(t *testing.T) (*testutil.FaultProxy, publish.Config) {
+	t.Helper()
+	srv := startServer(t, nil)
+	proxy := testutil.NewFaultProxy(t, srv.URL()[len("nats://"):])
+	return proxy, configFor("nats://"+proxy.Addr(), nil)
 }

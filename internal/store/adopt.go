@@ -3,10 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"modernc.org/sqlite"
@@ -300,49 +297,20 @@ func (s *Store) prepareAdopted(ctx context.Context, tx *sql.Tx) error {
 // alone with the mirror's, and its meta with the mirror's, but for the
 // snapshot's baseline if the mirror has none and the sequence it covers.
 func (s *Store) keepOwnTables(ctx context.Context, tx *sql.Tx, seq uint64) error {
-	baseline, err := s.meta(ctx, tx, "baseline_time")
+	baseline, _, err := s.restoredBaseline(ctx, tx)
 	if err != nil {
 		return err
-	}
-	if baseline == "" {
-		if err := tx.QueryRowContext(ctx, `SELECT value FROM snap.meta WHERE key = 'baseline_time'`).Scan(
-			&baseline,
-		); err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("read the snapshot's baseline: %w", err)
-		}
 	}
 	for _, t := range SnapshotSkippedTables {
 		if t == "replica_digest" {
 			continue
 		}
-		cols, err := columns(ctx, tx, t)
-		if err != nil {
-			return err
-		}
-		list := strings.Join(cols, ", ")
 		if _, err := tx.ExecContext(ctx, `DELETE FROM snap.`+t); err != nil {
 			return fmt.Errorf("empty the snapshot's %s: %w", t, err)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO snap.`+t+` (`+list+`) SELECT `+list+` FROM main.`+t); err != nil {
-			return fmt.Errorf("copy the mirror's %s: %w", t, err)
+		if err := copyRows(ctx, tx, t, "main", "snap"); err != nil {
+			return err
 		}
 	}
-	for k, v := range map[string]string{
-		SnapshotSeqKey:  strconv.FormatUint(seq, 10),
-		StreamSeqKey:    strconv.FormatUint(seq, 10),
-		"baseline_time": baseline,
-	} {
-		if v == "" {
-			continue
-		}
-		if _, err := tx.ExecContext(
-			ctx,
-			`INSERT INTO snap.meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
-			k,
-			v,
-		); err != nil {
-			return fmt.Errorf("record %s: %w", k, err)
-		}
-	}
-	return nil
+	return recordRestore(ctx, tx, "snap", seq, baseline)
 }

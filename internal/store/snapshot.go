@@ -230,13 +230,8 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 		return err
 	}
 	for _, t := range snapshotTables {
-		cols, err := columns(ctx, tx, t)
-		if err != nil {
+		if err := copyRows(ctx, tx, t, "snap", "main"); err != nil {
 			return err
-		}
-		list := strings.Join(cols, ", ")
-		if _, err := tx.ExecContext(ctx, `INSERT INTO main.`+t+` (`+list+`) SELECT `+list+` FROM snap.`+t); err != nil {
-			return fmt.Errorf("copy %s: %w", t, err)
 		}
 	}
 	for _, ix := range indexes {
@@ -274,37 +269,72 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 			return fmt.Errorf("mark the snapshot's events published: %w", err)
 		}
 	}
-	baseline, err := s.meta(ctx, tx, "baseline_time")
+	baseline, snapBaseline, err := s.restoredBaseline(ctx, tx)
 	if err != nil {
 		return err
 	}
-	var snapBaseline string
-	if err := tx.QueryRowContext(ctx, `SELECT value FROM snap.meta WHERE key = 'baseline_time'`).Scan(
-		&snapBaseline,
-	); err != nil &&
-		!errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("read the snapshot's baseline: %w", err)
+	if err := recordRestore(ctx, tx, "main", seq, baseline); err != nil {
+		return err
 	}
+	if snapBaseline != "" {
+		// A mirror past its baseline has the deferred indexes.
+		return s.buildIndexes(ctx, tx)
+	}
+	return nil
+}
+
+// restoredBaseline returns, in tx with the snapshot attached as snap, the
+// baseline time a restored mirror keeps (its own, or else the snapshot's)
+// and the snapshot's.
+func (s *Store) restoredBaseline(ctx context.Context, tx *sql.Tx) (keep, snapshot string, err error) {
+	if keep, err = s.meta(ctx, tx, "baseline_time"); err != nil {
+		return "", "", err
+	}
+	err = tx.QueryRowContext(ctx, `SELECT value FROM snap.meta WHERE key = 'baseline_time'`).Scan(&snapshot)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", "", fmt.Errorf("read the snapshot's baseline: %w", err)
+	}
+	if keep == "" {
+		keep = snapshot
+	}
+	return keep, snapshot, nil
+}
+
+// recordRestore records in the meta of schema (main or snap) the stream
+// sequence a restored snapshot covers and the baseline the mirror keeps
+// (none when empty).
+func recordRestore(ctx context.Context, tx *sql.Tx, schema string, seq uint64, baseline string) error {
 	for k, v := range map[string]string{
 		SnapshotSeqKey:  strconv.FormatUint(seq, 10),
 		StreamSeqKey:    strconv.FormatUint(seq, 10),
-		"baseline_time": snapBaseline,
+		"baseline_time": baseline,
 	} {
-		if v == "" || k == "baseline_time" && baseline != "" {
+		if v == "" {
 			continue
 		}
 		if _, err := tx.ExecContext(
 			ctx,
-			`INSERT INTO main.meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
+			`INSERT INTO `+schema+`.meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
 			k,
 			v,
 		); err != nil {
 			return fmt.Errorf("record %s: %w", k, err)
 		}
 	}
-	if snapBaseline != "" {
-		// A mirror past its baseline has the deferred indexes.
-		return s.buildIndexes(ctx, tx)
+	return nil
+}
+
+// copyRows inserts the rows of table in schema from into table in schema
+// to, by the columns main's table has (both are this binary's schema).
+func copyRows(ctx context.Context, tx *sql.Tx, table, from, to string) error {
+	cols, err := columns(ctx, tx, table)
+	if err != nil {
+		return err
+	}
+	list := strings.Join(cols, ", ")
+	q := `INSERT INTO ` + to + `.` + table + ` (` + list + `) SELECT ` + list + ` FROM ` + from + `.` + table
+	if _, err := tx.ExecContext(ctx, q); err != nil {
+		return fmt.Errorf("copy %s from %s to %s: %w", table, from, to, err)
 	}
 	return nil
 }
