@@ -557,8 +557,9 @@ func printTable(w io.Writer, r results) {
 			f("%d events, %d history rows", fo.Events, fo.HistoryRows), "", "")
 		row("snapshot of the full mirror: write / restore", f("%.1f s / %.1f s", fo.SnapshotWriteSec, fo.SnapshotRestoreSec),
 			f("%.0f MB, zstd %.0f MB", float64(fo.SnapshotRawBytes)/1e6, float64(fo.SnapshotBytes)/1e6), "", "")
-		row("  restore / its download and decompression", f("%.1f s", fo.SnapshotRestoreSec),
-			f("decompressed to disk %.1f s", fo.SnapshotDownloadSec), f("%.2f", fo.SnapshotRestoreRatio),
+		row("  restore (a new follower's mirror file) / decompression to disk", f("%.1f s", fo.SnapshotRestoreSec),
+			f("decompressed to disk %.1f s (in the restore %.1f s)", fo.SnapshotDecompressSec, fo.SnapshotDownloadSec),
+			f("%.2f", fo.SnapshotRestoreRatio),
 			status["snapshot restore / decompress to disk"])
 	}
 	row(

@@ -64,6 +64,9 @@ type FollowerConfig struct {
 	// MaxRestoreBytes bounds the size a snapshot may decompress to; 0:
 	// 64 times its compressed size, at least 256 MiB.
 	MaxRestoreBytes int64
+	// Adopted, when set, is the snapshot whose file the mirror is
+	// (AdoptSnapshot, before the mirror was opened).
+	Adopted *SnapshotInfo
 	// Verifier, when set, is the leader's keys: a message on the stream
 	// that is unsigned or not signed by one of them is terminated, never
 	// applied (see internal/signing). Nil: every message is taken.
@@ -335,6 +338,12 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 	if !ok || f.cfg.SnapshotBucket == "" {
 		return 0, nil
 	}
+	if a := f.cfg.Adopted; a != nil && f.restored.Load() == nil && !f.repair {
+		// The mirror's file is the snapshot's (AdoptSnapshot).
+		if err := f.startFrom(ctx, *a, true); err != nil {
+			return 0, err
+		}
+	}
 	due := f.cfg.Restore == RestoreAlways && f.restored.Load() == nil || f.repair
 	if f.cfg.Restore == RestoreWhenEmpty && !f.repair {
 		empty, err := m.Empty(ctx)
@@ -344,66 +353,15 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 		due = empty
 	}
 	if due {
-		r := restorer{
-			js:         f.js,
-			bucket:     f.cfg.SnapshotBucket,
-			stream:     f.cfg.Stream,
-			prefix:     f.cfg.SubjectPrefix,
-			dir:        f.cfg.SnapshotDir,
-			maxBytes:   f.cfg.MaxRestoreBytes,
-			log:        f.log,
-			onReject:   f.cfg.OnReject,
-			verifier:   f.cfg.Verifier,
-			onUnsigned: f.rejectSnapshot,
-		}
-		info, found, refused, err := r.restore(ctx, m)
+		info, found, refused, err := f.restorer().restore(ctx, m)
 		if err != nil {
 			return 0, err
 		}
 		defer func() { f.repair = false }()
 		switch {
 		case found:
-			f.complete.Store(true)
-			// Recorded as soon as the restore committed, before anything
-			// else can fail: the mirror is at the snapshot's sequence now,
-			// wherever it was before (a repair goes back). Recorded after
-			// the consumer's deletion, a failed deletion left a restored
-			// mirror that said it was not (and, not empty any more, was
-			// never restored again to say so).
-			f.restored.Store(&info)
-			f.next = info.Seq + 1
-			if f.repair {
-				// The mirror is the leader's as of the snapshot: the
-				// next checkpoint after it proves the repair, or marks
-				// the mirror diverged again.
-				f.lastRepair, f.retryRepairAt = time.Now(), time.Time{}
-				f.repairs.Add(1)
-				f.diverged.Store(nil)
-			}
-			f.log.Info(
-				"restored the mirror from a snapshot",
-				"bucket",
-				f.cfg.SnapshotBucket,
-				"name",
-				info.Name,
-				"stream_seq",
-				info.Seq,
-				"bytes",
-				info.Bytes,
-				"raw_bytes",
-				info.RawBytes,
-				"took",
-				info.Took.Round(time.Millisecond).String(),
-				"download",
-				info.Download.Round(time.Millisecond).String(),
-			)
-			// A consumer of this name left from before would resume at
-			// its own position, which has nothing to do with the snapshot
-			// (one whose deletion fails is replaced when it is created:
-			// consumer).
-			if err := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); err != nil &&
-				!errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return 0, fmt.Errorf("delete consumer %s before following from the snapshot: %w", f.cfg.Consumer, err)
+			if err := f.startFrom(ctx, info, false); err != nil {
+				return 0, err
 			}
 		case f.repair:
 			f.log.Error(
@@ -433,6 +391,71 @@ func (f *Follower) prepare(ctx context.Context) (uint64, error) {
 	}
 	f.checkGap(ctx, seq)
 	return seq, nil
+}
+
+// restorer finds, downloads and checks the snapshots of cfg.SnapshotBucket.
+func (f *Follower) restorer() restorer {
+	return restorer{
+		js:         f.js,
+		bucket:     f.cfg.SnapshotBucket,
+		stream:     f.cfg.Stream,
+		prefix:     f.cfg.SubjectPrefix,
+		dir:        f.cfg.SnapshotDir,
+		maxBytes:   f.cfg.MaxRestoreBytes,
+		log:        f.log,
+		onReject:   f.cfg.OnReject,
+		verifier:   f.cfg.Verifier,
+		onUnsigned: f.rejectSnapshot,
+	}
+}
+
+// startFrom records that the mirror is the snapshot info now (restored,
+// or its file adopted: AdoptSnapshot), and deletes the consumer left from
+// before it.
+func (f *Follower) startFrom(ctx context.Context, info SnapshotInfo, adopted bool) error {
+	f.complete.Store(true)
+	// Recorded as soon as the restore committed, before anything else can
+	// fail: the mirror is at the snapshot's sequence now, wherever it was
+	// before (a repair goes back). Recorded after the consumer's deletion,
+	// a failed deletion left a restored mirror that said it was not (and,
+	// not empty any more, was never restored again to say so).
+	f.restored.Store(&info)
+	f.next = info.Seq + 1
+	if f.repair {
+		// The mirror is the leader's as of the snapshot: the next
+		// checkpoint after it proves the repair, or marks the mirror
+		// diverged again.
+		f.lastRepair, f.retryRepairAt = time.Now(), time.Time{}
+		f.repairs.Add(1)
+		f.diverged.Store(nil)
+	}
+	f.log.Info(
+		"restored the mirror from a snapshot",
+		"bucket",
+		f.cfg.SnapshotBucket,
+		"name",
+		info.Name,
+		"stream_seq",
+		info.Seq,
+		"bytes",
+		info.Bytes,
+		"raw_bytes",
+		info.RawBytes,
+		"took",
+		info.Took.Round(time.Millisecond).String(),
+		"download",
+		info.Download.Round(time.Millisecond).String(),
+		"file_adopted",
+		adopted,
+	)
+	// A consumer of this name left from before would resume at its own
+	// position, which has nothing to do with the snapshot (one whose
+	// deletion fails is replaced when it is created: consumer).
+	if err := f.js.DeleteConsumer(ctx, f.cfg.Stream, f.cfg.Consumer); err != nil &&
+		!errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("delete consumer %s before following from the snapshot: %w", f.cfg.Consumer, err)
+	}
+	return nil
 }
 
 // checkGap warns when the stream no longer holds the first message the

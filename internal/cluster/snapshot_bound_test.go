@@ -41,7 +41,7 @@ func TestDownload_Bounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "mirror.db")
-	if err := download(ctx, obj, "mirror-bomb", path, bound); !errors.Is(err, errSnapshotRefused) {
+	if _, err := download(ctx, obj, "mirror-bomb", path, bound, ""); !errors.Is(err, errSnapshotRefused) {
 		t.Fatalf("download = %v, want refused", err)
 	}
 	fi, err := os.Stat(path)
@@ -52,7 +52,7 @@ func TestDownload_Bounded(t *testing.T) {
 		t.Errorf("wrote %d bytes, more than the bound %d", fi.Size(), bound)
 	}
 	// Within the bound, it is taken whole.
-	if err := download(ctx, obj, "mirror-bomb", filepath.Join(t.TempDir(), "ok.db"), 64*bound); err != nil {
+	if _, err := download(ctx, obj, "mirror-bomb", filepath.Join(t.TempDir(), "ok.db"), 64*bound, ""); err != nil {
 		t.Errorf("download within the bound: %v", err)
 	}
 }

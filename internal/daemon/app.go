@@ -2,13 +2,17 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/robfig/cron/v3"
 
 	"github.com/syncd-dev/syncd/internal/admin"
@@ -85,7 +89,10 @@ type App struct {
 	stepDown atomic.Pointer[func()]
 	// Trust signs what the relay publishes and checks what a standby
 	// follows.
-	Trust   *Trust
+	Trust *Trust
+	// Adopted is the snapshot whose file a cluster replica's new mirror
+	// was made, if it was (AdoptSnapshot).
+	Adopted
 	version string
 }
 
@@ -127,17 +134,24 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		delete(a.Jobs, crawler.JobSubscriptions)
 	}
 	a.Fresh = admin.NewFreshness(a.Jobs, cfg.Admin.StaleFactor, nil)
-	if a.Store, err = OpenStore(ctx, cfg, log, store.Options{OnEvents: a.Metrics.EventsRecorded}); err != nil {
-		return nil, err
-	}
 	if a.Client, err = newClient(cfg, log, a.Metrics.ObserveRequest, opts.GiveUpAfter); err != nil {
-		a.Close()
 		return nil, ConfigError{err}
 	}
 	pcfg := NATSConfig(cfg, log)
 	pcfg.ConnectWait = opts.GiveUpAfter
 	pcfg.OnAck = onAck(cfg.NATS.Stream, a.Position)
 	if a.NATS, err = publish.Connect(ctx, pcfg); err != nil {
+		return nil, err
+	}
+	if cfg.Cluster.Enabled {
+		// A new replica's mirror may be the newest snapshot's file, as a
+		// new follower's is: its standby would restore it anyway.
+		if a.Snapshot, err = AdoptSnapshot(ctx, a.NATS.JS, cfg, cluster.RestoreWhenEmpty, a.Trust, log); err != nil {
+			a.Close()
+			return nil, err
+		}
+	}
+	if a.Store, err = OpenStore(ctx, cfg, log, store.Options{OnEvents: a.Metrics.EventsRecorded}); err != nil {
 		a.Close()
 		return nil, err
 	}
@@ -369,35 +383,78 @@ func NewRegistrar(cfg config.Config, client *platform.Client, st *store.Store, l
 // NewClusterFollower builds the cluster.Follower that follows the stream
 // into st, recording its lag there, advancing pos, counting in m what it
 // sets aside and applying only what tr verifies; restore says when it
-// starts from a snapshot.
+// starts from a snapshot, and adopted is the snapshot whose file st is
+// (AdoptSnapshot), if it is one.
 func NewClusterFollower(
 	nc *publish.Conn,
 	st *store.Store,
 	cfg config.Config,
 	restore cluster.RestoreMode,
+	adopted *cluster.SnapshotInfo,
 	pos *query.Position,
 	m *admin.Metrics,
 	tr *Trust,
 	log *slog.Logger,
 ) *cluster.Follower {
 	var f *cluster.Follower
-	f = cluster.NewFollower(
-		nc.JS,
-		st,
-		cluster.FollowerConfig{
-			Stream:         cfg.NATS.Stream,
-			SubjectPrefix:  cfg.NATS.SubjectPrefix,
-			Consumer:       cfg.Cluster.ConsumerName(cfg.Store.Path),
-			Meta:           st,
-			Logger:         log.With("part", "follow"),
-			SnapshotBucket: cfg.Snapshot.Bucket,
-			Restore:        restore,
-			SnapshotDir:    filepath.Dir(cfg.Store.Path),
-			OnBatch:        followAt(pos, &f),
-			OnReject:       m.MessageRejected,
-			Verifier:       tr.Verifier,
-			OnRejected:     tr.rejected,
-		},
-	)
+	fc := followerConfig(cfg, restore, tr, log)
+	fc.Meta, fc.Adopted, fc.OnBatch, fc.OnReject = st, adopted, followAt(pos, &f), m.MessageRejected
+	f = cluster.NewFollower(nc.JS, st, fc)
 	return f
+}
+
+// followerConfig is the configuration of the mirror's cluster.Follower,
+// but for what it reports to and where its mirror is.
+func followerConfig(
+	cfg config.Config,
+	restore cluster.RestoreMode,
+	tr *Trust,
+	log *slog.Logger,
+) cluster.FollowerConfig {
+	return cluster.FollowerConfig{
+		Stream:         cfg.NATS.Stream,
+		SubjectPrefix:  cfg.NATS.SubjectPrefix,
+		Consumer:       cfg.Cluster.ConsumerName(cfg.Store.Path),
+		Logger:         log.With("part", "follow"),
+		SnapshotBucket: cfg.Snapshot.Bucket,
+		Restore:        restore,
+		SnapshotDir:    filepath.Dir(cfg.Store.Path),
+		Verifier:       tr.Verifier,
+		OnRejected:     tr.rejected,
+	}
+}
+
+// AdoptSnapshot makes the newest snapshot signed by one of tr's keys the
+// mirror's file, through js, when the mirror does not exist yet
+// (cluster.AdoptSnapshot): a new replica's quickest start. It returns the
+// snapshot, nil when none was adopted (no mirror to make, no trusted key,
+// no snapshot): a failure is logged, and the replica starts from an empty
+// mirror, which its follower restores into, as before.
+func AdoptSnapshot(
+	ctx context.Context,
+	js jetstream.JetStream,
+	cfg config.Config,
+	restore cluster.RestoreMode,
+	tr *Trust,
+	log *slog.Logger,
+) (*cluster.SnapshotInfo, error) {
+	path := cfg.Store.Path
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) || tr.Verifier == nil || cfg.Snapshot.Bucket == "" {
+		return nil, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create data directory: %w", err)
+	}
+	info, found, err := cluster.AdoptSnapshot(ctx, js, followerConfig(cfg, restore, tr, log), path,
+		store.Options{Logger: log.With("part", "store")})
+	switch {
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case err != nil:
+		log.Warn("a snapshot could not become the new mirror's file; starting from an empty mirror", "err", err)
+		return nil, nil
+	case !found:
+		return nil, nil
+	}
+	return &info, nil
 }

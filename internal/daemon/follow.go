@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -33,6 +35,9 @@ type FollowerApp struct {
 	Metrics *admin.Metrics
 	// Trust is whose signatures the follower accepts.
 	Trust *Trust
+	// Adopted is the snapshot whose file the mirror was made, if it was
+	// (AdoptSnapshot); Run checks it.
+	Adopted
 }
 
 // OpenFollower opens the mirror and the connection to the leader's NATS
@@ -53,12 +58,8 @@ func OpenFollower(
 	if f.Trust, err = LoadTrust(cfg, log); err != nil {
 		return nil, err
 	}
-	if f.Store, err = OpenStore(ctx, cfg, log, store.Options{}); err != nil {
-		return nil, err
-	}
 	pcfg := NATSConfig(cfg, log)
 	if f.NATS, err = publish.Dial(ctx, pcfg); err != nil {
-		f.Close()
 		return nil, err
 	}
 	switch err := publish.CheckStream(ctx, f.NATS.JS, pcfg); {
@@ -67,12 +68,21 @@ func OpenFollower(
 	case err != nil:
 		f.Close()
 		return nil, err
+	default:
+		if f.Snapshot, err = AdoptSnapshot(ctx, f.NATS.JS, cfg, restore, f.Trust, log); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	if f.Store, err = OpenStore(ctx, cfg, log, store.Options{}); err != nil {
+		f.Close()
+		return nil, err
 	}
 	if err := cluster.RecordRole(ctx, f.Store, cluster.RoleFollower, ""); err != nil {
 		f.Close()
 		return nil, err
 	}
-	f.Follower = NewClusterFollower(f.NATS, f.Store, cfg, restore, f.Position, f.Metrics, f.Trust, log)
+	f.Follower = NewClusterFollower(f.NATS, f.Store, cfg, restore, f.Snapshot, f.Position, f.Metrics, f.Trust, log)
 	f.Trust.countTo(f.Metrics)
 	return f, nil
 }
@@ -84,9 +94,51 @@ func (f *FollowerApp) AdminHandler() http.Handler {
 	m.WatchLag(f.Follower.Lag)
 	m.WatchVerification(f.Follower)
 	m.WatchNATS(f.NATS.NC)
-	checks := []admin.ReadinessCheck{{Name: "database", Run: f.Store.Writable},
+	checks := []admin.ReadinessCheck{{Name: "database", Run: f.Store.Writable}, f.Adopted.ReadinessCheck(),
 		{Name: "stream", Run: func(context.Context) error { return f.Follower.Err() }}, admin.NATSCheck(f.NATS.NC)}
 	return admin.Handler(m, checks)
+}
+
+// Adopted is the snapshot whose file a mirror was made when it did not
+// exist (AdoptSnapshot), and what checking the file found.
+type Adopted struct {
+	// Snapshot is the snapshot; nil when the mirror was not made from one.
+	Snapshot *cluster.SnapshotInfo
+	// unsound is what check found wrong with the file, once it did.
+	unsound atomic.Pointer[error]
+}
+
+// check runs the mirror's check (store.CheckAdopted) when it was made
+// from a snapshot's file, and logs what it found.
+func (a *Adopted) check(ctx context.Context, st *store.Store, log *slog.Logger) {
+	if a.Snapshot == nil {
+		return
+	}
+	start := time.Now()
+	err := st.CheckAdopted(ctx)
+	switch {
+	case err == nil:
+		log.Info("the adopted snapshot passed its checks: quick_check, and its replica digest against its rows",
+			"name", a.Snapshot.Name, "took", time.Since(start).Round(time.Millisecond).String())
+	case ctx.Err() != nil:
+	case errors.Is(err, store.ErrAdoptedUnsound):
+		a.unsound.Store(&err)
+		log.Error("the mirror made from a snapshot's file is unsound; its digest is now its rows', so that the next "+
+			"checkpoint finds a divergence and repairs it; a file that failed quick_check is damaged: stop syncd, "+
+			"remove the mirror, and start it again", "name", a.Snapshot.Name, "err", err)
+	default:
+		log.Warn("checking the adopted snapshot failed", "name", a.Snapshot.Name, "err", err)
+	}
+}
+
+// ReadinessCheck fails once check found the mirror's file unsound.
+func (a *Adopted) ReadinessCheck() admin.ReadinessCheck {
+	return admin.ReadinessCheck{Name: "snapshot", Run: func(context.Context) error {
+		if err := a.unsound.Load(); err != nil {
+			return *err
+		}
+		return nil
+	}}
 }
 
 // Run follows the stream, and prunes the mirror's old events, until ctx
@@ -95,6 +147,7 @@ func (f *FollowerApp) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return f.Follower.Run(gctx) })
 	g.Go(func() error { return Prune(gctx, f.Store, f.Config, f.Log) })
+	g.Go(func() error { f.Adopted.check(gctx, f.Store, f.Log); return nil })
 	err := g.Wait()
 	f.Log.Info("stopped following", "lag", f.Follower.Lag())
 	return err
@@ -104,6 +157,9 @@ func (f *FollowerApp) Run(ctx context.Context) error {
 func (f *FollowerApp) Close() error {
 	if f.NATS != nil {
 		f.NATS.Close()
+	}
+	if f.Store == nil {
+		return nil
 	}
 	return CloseStore(f.Store, f.Log)
 }

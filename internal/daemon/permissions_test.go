@@ -117,6 +117,41 @@ func TestPermissions_LeastPrivilege(t *testing.T) {
 			grepLines(logs.String(), "snapshot"),
 		)
 	}
+	// A follower with no mirror yet made the signed snapshot its mirror's
+	// file, and checked it once it ran.
+	if f.Snapshot == nil || f.Snapshot.Name != f.Follower.Restored().Name {
+		t.Errorf("the follower restored %q, not by making it its mirror's file (adopted %+v)",
+			f.Follower.Restored().Name, f.Snapshot)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the adopted snapshot's check", func() bool {
+		return strings.Contains(logs.String(), "the adopted snapshot passed its checks")
+	})
+	// So does a new replica, which then stands by.
+	rcfg := cfg
+	rcfg.Cluster.NodeID, rcfg.Store.Path = "replica-2", filepath.Join(t.TempDir(), "replica-2.db")
+	replica, err := daemon.Open(ctx, rcfg, log.With("role", "replica-2"), daemon.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { replica.Close() })
+	if replica.Snapshot == nil {
+		t.Errorf("the new replica's mirror was not made from the snapshot's file")
+	}
+	rrole, err := replica.Leadership(ctx, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stopReplica := context.WithCancel(ctx)
+	replicaDone := make(chan error, 1)
+	go func() { replicaDone <- rrole.Run(rctx) }()
+	t.Cleanup(func() { stopReplica(); <-replicaDone })
+	testutil.Eventually(t, 30*time.Second, func() error { return sameAsTruth(replica.Store.Reader(), sim.Truth()) })
+	testutil.WaitFor(t, 10*time.Second, "the new replica's check of its adopted snapshot", func() bool {
+		return strings.Count(logs.String(), "the adopted snapshot passed its checks") == 2
+	})
+	if rrole.Current() != cluster.RoleStandby {
+		t.Errorf("the new replica is %s, want %s", rrole.Current(), cluster.RoleStandby)
+	}
 	// A signed checkpoint of the leader's, verified and matched.
 	testutil.WaitFor(t, 10*time.Second, "the follower to match a checkpoint", func() bool {
 		r, ok := f.Follower.LastCheckpoint()

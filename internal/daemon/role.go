@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/syncd-dev/syncd/internal/admin"
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/crawler"
@@ -104,6 +106,7 @@ func (a *App) Leadership(ctx context.Context, grace time.Duration) (Leadership, 
 			a.Store,
 			a.Config,
 			cluster.RestoreWhenEmpty,
+			a.Snapshot,
 			a.Position,
 			a.Metrics,
 			a.Trust,
@@ -122,7 +125,12 @@ func (a *App) Leadership(ctx context.Context, grace time.Duration) (Leadership, 
 	a.Metrics.WatchLag(rep.Follower.Lag)
 	a.Metrics.WatchVerification(rep.Follower)
 	return Leadership{
-		Run:      rep.Run,
+		Run: func(ctx context.Context) error {
+			g, gctx := errgroup.WithContext(ctx)
+			g.Go(func() error { a.Adopted.check(gctx, a.Store, a.Log); return nil })
+			g.Go(func() error { return rep.Run(gctx) })
+			return g.Wait()
+		},
 		Leading:  lease.IsLeader,
 		Receiver: lease.LeaderOnly,
 		Follower: rep.Follower,
@@ -143,6 +151,7 @@ func (a *App) AdminHandler(r Leadership) http.Handler {
 	}
 	checks := []admin.ReadinessCheck{
 		{Name: "database", Run: a.Store.Writable},
+		a.Adopted.ReadinessCheck(),
 		admin.NATSCheck(a.NATS.NC),
 		admin.RoleCheck("publish", a.Relay, leading),
 		admin.FreshnessCheck(

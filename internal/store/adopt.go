@@ -53,50 +53,7 @@ func adoptable(ctx context.Context, conn *sql.Conn, snap *Store) (bool, error) {
 // (user_version, application_id, the suggested cache size) are set to
 // the mirror's.
 func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path string, seq uint64) error {
-	var header [3]int64
-	for i, pragma := range adoptedHeader {
-		if err := conn.QueryRowContext(ctx, `PRAGMA `+pragma).Scan(&header[i]); err != nil {
-			return fmt.Errorf("read the mirror's %s: %w", pragma, err)
-		}
-	}
-	if err := snap.sortingConn(ctx, func(sc *sql.Conn) error {
-		if _, err := sc.ExecContext(ctx, `PRAGMA secure_delete = ON`); err != nil {
-			return fmt.Errorf("prepare the snapshot: %w", err)
-		}
-		for i, pragma := range adoptedHeader {
-			if _, err := sc.ExecContext(ctx, fmt.Sprintf(`PRAGMA %s = %d`, pragma, header[i])); err != nil {
-				return fmt.Errorf("prepare the snapshot: set %s: %w", pragma, err)
-			}
-		}
-		tx, err := sc.BeginTx(ctx, nil)
-		return runTx(tx, err, func(tx *sql.Tx) error { return s.prepareAdopted(ctx, tx) })
-	}); err != nil {
-		return err
-	}
-	if err := snap.Close(); err != nil {
-		return fmt.Errorf("close snapshot: %w", err)
-	}
-	// The mirror's own tables (those a restore leaves alone) and meta go
-	// into the snapshot, from the mirror as it is now.
-	if _, err := conn.ExecContext(ctx, `ATTACH DATABASE ? AS snap`, "file:"+path); err != nil {
-		return fmt.Errorf("attach snapshot %s: %w", path, err)
-	}
-	_, err := conn.ExecContext(ctx, `PRAGMA snap.secure_delete = ON`)
-	if err == nil {
-		var tx *sql.Tx
-		tx, err = conn.BeginTx(ctx, nil)
-		err = runTx(tx, err, func(tx *sql.Tx) error { return s.keepOwnTables(ctx, tx, seq) })
-	}
-	if _, derr := conn.ExecContext(context.WithoutCancel(ctx), `DETACH DATABASE snap`); err == nil && derr != nil {
-		err = fmt.Errorf("detach snapshot: %w", derr)
-	}
-	if err != nil {
-		return err
-	}
-	// Out of WAL mode, the snapshot is read by the copy and the digest at
-	// once without either recovering its log (the other gets "database is
-	// locked").
-	if err := leaveWAL(ctx, path); err != nil {
+	if err := s.prepareFile(ctx, conn, snap, path, seq, false); err != nil {
 		return err
 	}
 	// The digest is computed from the snapshot's rows while its pages are
@@ -157,6 +114,61 @@ func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path str
 		s.log.Warn("restore: checkpointing the adopted snapshot", "err", err)
 	}
 	return nil
+}
+
+// prepareFile makes the snapshot at path, open as snap, what the mirror
+// whose writer connection conn is is to hold, in place (see adopt), and
+// closes snap: its events published, its failures bounded, its deferred
+// indexes built, the mirror's own tables and meta in, the file header's
+// free fields the mirror's, out of WAL mode. keepDigest keeps the
+// snapshot's replica digest and its triggers (AdoptFile); otherwise they
+// go, for adopt to compute the digest from the rows.
+func (s *Store) prepareFile(ctx context.Context, conn *sql.Conn, snap *Store, path string, seq uint64,
+	keepDigest bool) error {
+	var header [3]int64
+	for i, pragma := range adoptedHeader {
+		if err := conn.QueryRowContext(ctx, `PRAGMA `+pragma).Scan(&header[i]); err != nil {
+			return fmt.Errorf("read the mirror's %s: %w", pragma, err)
+		}
+	}
+	if err := snap.sortingConn(ctx, func(sc *sql.Conn) error {
+		if _, err := sc.ExecContext(ctx, `PRAGMA secure_delete = ON`); err != nil {
+			return fmt.Errorf("prepare the snapshot: %w", err)
+		}
+		for i, pragma := range adoptedHeader {
+			if _, err := sc.ExecContext(ctx, fmt.Sprintf(`PRAGMA %s = %d`, pragma, header[i])); err != nil {
+				return fmt.Errorf("prepare the snapshot: set %s: %w", pragma, err)
+			}
+		}
+		tx, err := sc.BeginTx(ctx, nil)
+		return runTx(tx, err, func(tx *sql.Tx) error { return s.prepareAdopted(ctx, tx, keepDigest) })
+	}); err != nil {
+		return err
+	}
+	if err := snap.Close(); err != nil {
+		return fmt.Errorf("close snapshot: %w", err)
+	}
+	// The mirror's own tables (those a restore leaves alone) and meta go
+	// into the snapshot, from the mirror as it is now.
+	if _, err := conn.ExecContext(ctx, `ATTACH DATABASE ? AS snap`, "file:"+path); err != nil {
+		return fmt.Errorf("attach snapshot %s: %w", path, err)
+	}
+	_, err := conn.ExecContext(ctx, `PRAGMA snap.secure_delete = ON`)
+	if err == nil {
+		var tx *sql.Tx
+		tx, err = conn.BeginTx(ctx, nil)
+		err = runTx(tx, err, func(tx *sql.Tx) error { return s.keepOwnTables(ctx, tx, seq) })
+	}
+	if _, derr := conn.ExecContext(context.WithoutCancel(ctx), `DETACH DATABASE snap`); err == nil && derr != nil {
+		err = fmt.Errorf("detach snapshot: %w", derr)
+	}
+	if err != nil {
+		return err
+	}
+	// Out of WAL mode, the snapshot is read by the copy and the digest at
+	// once without either recovering its log (the other gets "database is
+	// locked"), and is one file, whole, to rename (AdoptFile).
+	return leaveWAL(ctx, path)
 }
 
 // adoptedHeader are the file header's fields no migration sets that an
@@ -256,16 +268,18 @@ var (
 	adoptPages       int32 = 16384
 	adoptStepped     func(committed bool)
 	adoptDigestFault error
-	// adoptions counts the restores that adopted a snapshot (tests).
-	adoptions atomic.Int64
+	// adoptions counts the restores that adopted a snapshot, and
+	// fileAdoptions the snapshots AdoptFile made mirrors (tests).
+	adoptions, fileAdoptions atomic.Int64
 )
 
 // prepareAdopted makes the snapshot, in tx on its own connection, what
 // restoreTables makes of the mirror it copies it into: its events count
 // as published, its failures are bounded, its deferred indexes built; its
-// replica digest and triggers go, to be set once it is the mirror.
+// replica digest and triggers go, to be set once it is the mirror, unless
+// keepDigest.
 // The mirror's own tables follow in keepOwnTables.
-func (s *Store) prepareAdopted(ctx context.Context, tx *sql.Tx) error {
+func (s *Store) prepareAdopted(ctx context.Context, tx *sql.Tx, keepDigest bool) error {
 	for _, q := range []struct {
 		sql  string
 		args []any
@@ -284,6 +298,9 @@ func (s *Store) prepareAdopted(ctx context.Context, tx *sql.Tx) error {
 	// deferred indexes, which a follower has from its start.
 	if err := s.buildIndexes(ctx, tx); err != nil {
 		return err
+	}
+	if keepDigest {
+		return nil
 	}
 	// Its digest is set when it is the mirror (adopt).
 	if _, err := tx.ExecContext(ctx, `DELETE FROM replica_digest`); err != nil {

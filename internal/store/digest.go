@@ -289,11 +289,16 @@ func digestOf(ctx context.Context, path string) (ReplicaDigest, error) {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1)
+	return computeDigest(ctx, db)
+}
+
+// computeDigest computes the digest of the mirror q reads from its rows.
+func computeDigest(ctx context.Context, q queryer) (ReplicaDigest, error) {
 	out := make(ReplicaDigest, 0, len(digestTables))
 	for _, t := range digestTables {
 		var sum int64
 		d := TableDigest{Table: t.table}
-		if err := db.QueryRowContext(
+		if err := q.QueryRowContext(
 			ctx,
 			`SELECT COALESCE(syncd_digest_sum(`+t.hashExpr("")+`), 0), count(*) FROM main.`+t.table,
 		).Scan(&sum, &d.Rows); err != nil {
@@ -475,17 +480,5 @@ func readDigest(ctx context.Context, q querier) (ReplicaDigest, error) {
 // ComputeReplicaDigest computes the digest from the rows themselves (a
 // scan of every table): what the maintained one must equal.
 func (s *Store) ComputeReplicaDigest(ctx context.Context) (ReplicaDigest, error) {
-	out := make(ReplicaDigest, 0, len(digestTables))
-	for _, t := range digestTables {
-		d := TableDigest{Table: t.table}
-		var sum int64
-		err := s.r.QueryRowContext(ctx, `SELECT COALESCE(syncd_digest_sum(`+t.hashExpr("")+`), 0), count(*) FROM `+t.table).
-			Scan(&sum, &d.Rows)
-		if err != nil {
-			return nil, fmt.Errorf("compute the replica digest of %s: %w", t.table, err)
-		}
-		d.Sum = uint64(sum)
-		out = append(out, d)
-	}
-	return out, nil
+	return computeDigest(ctx, s.r)
 }

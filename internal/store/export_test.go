@@ -54,3 +54,7 @@ func SetAdoptDigestFault(t interface{ Cleanup(func()) }, err error) {
 	adoptDigestFault = err
 	t.Cleanup(func() { adoptDigestFault = old })
 }
+
+// FileAdoptions is how many snapshots AdoptFile made mirrors, in this
+// process.
+func FileAdoptions() int64 { return fileAdoptions.Load() }

@@ -29,7 +29,16 @@ const maxCheckProblems = 10
 // must equal that of a mirror freshly migrated to one of this binary's
 // schema versions. The error wraps ErrBadSnapshot and names the first
 // difference.
-func CheckSnapshot(ctx context.Context, path string) error {
+func CheckSnapshot(ctx context.Context, path string) error { return checkSnapshot(ctx, path, true) }
+
+// checkSnapshot is CheckSnapshot, without the quick_check unless quick.
+func checkSnapshot(ctx context.Context, path string, quick bool) (err error) {
+	defer func() {
+		if err != nil && ctx.Err() != nil {
+			// Not the snapshot's failure.
+			err = fmt.Errorf("check snapshot: %w", ctx.Err())
+		}
+	}()
 	if strings.ContainsAny(path, "?#") {
 		return fmt.Errorf("check snapshot: path %q may not contain '?' or '#'", path)
 	}
@@ -39,8 +48,10 @@ func CheckSnapshot(ctx context.Context, path string) error {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1)
-	if err := quickCheck(ctx, db); err != nil {
-		return err
+	if quick {
+		if err := quickCheck(ctx, db); err != nil {
+			return err
+		}
 	}
 	have, err := schemaOf(ctx, db)
 	if err != nil {
@@ -78,13 +89,7 @@ func withoutDeferred(objs, ref []schemaObject) []schemaObject {
 
 // quickCheck runs PRAGMA quick_check on db: its only line must be "ok".
 func quickCheck(ctx context.Context, db *sql.DB) error {
-	var lines []string
-	err := queryRows(ctx, db, `PRAGMA quick_check(`+fmt.Sprint(maxCheckProblems)+`)`, nil, func(r *sql.Rows) error {
-		var s string
-		err := r.Scan(&s)
-		lines = append(lines, s)
-		return err
-	})
+	lines, err := quickCheckLines(ctx, db)
 	if err != nil {
 		return fmt.Errorf("%w: quick_check: %v", ErrBadSnapshot, err)
 	}
@@ -92,6 +97,19 @@ func quickCheck(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("%w: quick_check: %s", ErrBadSnapshot, strings.Join(lines, "; "))
 	}
 	return nil
+}
+
+// quickCheckLines returns PRAGMA quick_check's answer, at most
+// maxCheckProblems lines.
+func quickCheckLines(ctx context.Context, q querier) ([]string, error) {
+	var lines []string
+	err := queryRows(ctx, q, `PRAGMA quick_check(`+fmt.Sprint(maxCheckProblems)+`)`, nil, func(r *sql.Rows) error {
+		var s string
+		err := r.Scan(&s)
+		lines = append(lines, s)
+		return err
+	})
+	return lines, err
 }
 
 // schemaObject is one row of sqlite_schema.

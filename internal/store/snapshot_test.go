@@ -479,17 +479,7 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 		if subs, err := st.Subscriptions(ctx); err != nil || len(subs) != 0 {
 			t.Errorf("%s: subscriptions %+v (%v), want the mirror's own: none", when, subs, err)
 		}
-		for q, want := range map[string]string{
-			`SELECT count(*) FROM events WHERE published_time IS NULL`: "0",
-			`PRAGMA journal_mode`:                           "wal",
-			`PRAGMA integrity_check`:                        "ok",
-			`SELECT count(*) FROM pragma_foreign_key_check`: "0",
-			`SELECT user_version || ' ' || application_id FROM pragma_user_version, pragma_application_id`: "0 0",
-		} {
-			if got := queryString(t, st.Reader(), q); got != want {
-				t.Errorf("%s: %s = %s, want %s", when, q, got, want)
-			}
-		}
+		checkAdoptedFile(t, st, when)
 	}
 	check(follower, "restored")
 	if fi, err := os.Stat(fpath + "-wal"); err == nil && fi.Size() > 0 {
@@ -610,4 +600,22 @@ func leaderWithTags(t *testing.T, st *store.Store, n int) []store.Tag {
 	}
 	mustApplyTags(t, st, repo, tags...)
 	return tags
+}
+
+// checkAdoptedFile checks what a mirror that took a snapshot's file must
+// be: every event published, in WAL mode, sound, and with the header
+// fields of a mirror of its own.
+func checkAdoptedFile(t *testing.T, st *store.Store, when string) {
+	t.Helper()
+	for q, want := range map[string]string{
+		`SELECT count(*) FROM events WHERE published_time IS NULL`: "0",
+		`PRAGMA journal_mode`:                           "wal",
+		`PRAGMA integrity_check`:                        "ok",
+		`SELECT count(*) FROM pragma_foreign_key_check`: "0",
+		`SELECT user_version || ' ' || application_id FROM pragma_user_version, pragma_application_id`: "0 0",
+	} {
+		if got := queryString(t, st.Reader(), q); got != want {
+			t.Errorf("%s: %s = %s, want %s", when, q, got, want)
+		}
+	}
 }

@@ -1,0 +1,149 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// ErrMirrorExists is AdoptFile's refusal of a mirror path that exists.
+var ErrMirrorExists = errors.New("the mirror exists")
+
+// AdoptFile makes the Verified snapshot at snap, downloaded beside path,
+// the mirror file at path, which must not exist yet (neither may its
+// -wal, -shm or -journal): a new follower's mirror becomes the leader's
+// file, prepared in place as adopt prepares it, then renamed to path.
+// Restore into an open empty mirror copies the file's pages through the
+// mirror's write-ahead log, which writes them twice (docs/performance.md).
+// seq is the stream sequence the snapshot covers. opts are those the
+// mirror will be opened with.
+//
+// The snapshot's replica digest and its triggers are kept as the
+// leader's writer kept them with its rows: the file is byte for byte the
+// leader's. quick_check and the digest's recomputation from the rows run
+// once the mirror is open, out of the restore's way (CheckAdopted).
+//
+// A crash before the rename leaves no mirror at path, and the follower
+// starts over; after it, a whole one: the file is synced before the
+// rename, its directory after.
+func AdoptFile(ctx context.Context, snap, path string, seq uint64, opts Options) error {
+	for _, p := range []string{path, path + "-wal", path + "-shm", path + "-journal"} {
+		if _, err := os.Lstat(p); err == nil {
+			return fmt.Errorf("adopt snapshot: %s: %w", p, ErrMirrorExists)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("adopt snapshot: %w", err)
+		}
+	}
+	if strings.ContainsAny(snap, "?#") {
+		return fmt.Errorf("adopt snapshot: path %q may not contain '?' or '#'", snap)
+	}
+	if err := checkSnapshot(ctx, snap, false); err != nil {
+		return err
+	}
+	// A new mirror, beside the snapshot, gives what a mirror holds of its
+	// own from its first open (its meta, its file header's fields).
+	freshPath := filepath.Join(filepath.Dir(snap), "fresh-"+filepath.Base(snap))
+	defer removeDatabase(freshPath)
+	fresh, err := Open(ctx, freshPath, Options{Logger: opts.Logger, Now: opts.Now, Readers: 1, CacheKiB: opts.CacheKiB})
+	if err != nil {
+		return fmt.Errorf("adopt snapshot: %w", err)
+	}
+	defer fresh.Close()
+	sn, err := Open(ctx, snap, Options{Logger: opts.Logger, Now: opts.Now, Readers: 1})
+	if err != nil {
+		return fmt.Errorf("open snapshot: %w", err)
+	}
+	defer sn.Close()
+	if err := fresh.sortingConn(ctx, func(conn *sql.Conn) error {
+		return fresh.prepareFile(ctx, conn, sn, snap, seq, true)
+	}); err != nil {
+		return fmt.Errorf("adopt snapshot: %w", err)
+	}
+	// The mirror's file is 0600 whatever the download's mode was.
+	if err := os.Chmod(snap, 0o600); err != nil {
+		return fmt.Errorf("adopt snapshot: %w", err)
+	}
+	if err := syncPath(snap); err != nil {
+		return fmt.Errorf("adopt snapshot: %w", err)
+	}
+	if err := os.Rename(snap, path); err != nil {
+		return fmt.Errorf("adopt snapshot: %w", err)
+	}
+	if err := syncPath(filepath.Dir(path)); err != nil {
+		return fmt.Errorf("adopt snapshot: %s is the mirror, its directory not synced: %w", path, err)
+	}
+	fileAdoptions.Add(1)
+	return nil
+}
+
+// syncPath flushes the file or directory at path to its disk.
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// removeDatabase removes the database at path and the files SQLite keeps
+// beside it.
+func removeDatabase(path string) {
+	for _, p := range []string{path, path + "-wal", path + "-shm", path + "-journal"} {
+		_ = os.Remove(p)
+	}
+}
+
+// ErrAdoptedUnsound is CheckAdopted's finding that the mirror AdoptFile
+// made is not what its leader's digest says.
+var ErrAdoptedUnsound = errors.New("the adopted snapshot is unsound")
+
+// CheckAdopted checks a mirror AdoptFile made, with the mirror in use: its
+// quick_check, and its replica digest recomputed from its rows against
+// the one kept, read in the same read transaction. A kept digest that
+// differs from the rows is replaced by theirs (computed again in one write
+// transaction), so that the next checkpoint compares the rows themselves
+// with the leader's, and a divergence is repaired as any other. The error
+// wraps ErrAdoptedUnsound when the file failed either check.
+func (s *Store) CheckAdopted(ctx context.Context) error {
+	tx, err := s.bg.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("check the adopted snapshot: %w", err)
+	}
+	kept, err := readDigest(ctx, tx)
+	var rows ReplicaDigest
+	if err == nil {
+		rows, err = computeDigest(ctx, tx)
+	}
+	var problems []string
+	if err == nil {
+		problems, err = quickCheckLines(ctx, tx)
+	}
+	_ = tx.Rollback()
+	if err != nil {
+		return fmt.Errorf("check the adopted snapshot: %w", err)
+	}
+	var unsound []string
+	if len(problems) != 1 || problems[0] != "ok" {
+		unsound = append(unsound, "quick_check: "+strings.Join(problems, "; "))
+	}
+	if diff := kept.Diff(rows); diff != "" {
+		unsound = append(unsound, "its replica digest differs from its rows in table "+diff)
+		if err := s.tx(ctx, func(tx *sql.Tx) error { return createDigest(ctx, tx) }); err != nil {
+			return fmt.Errorf("%w: %s; computing the digest from the rows: %w", ErrAdoptedUnsound,
+				strings.Join(unsound, "; "), err)
+		}
+	}
+	if len(unsound) > 0 {
+		return fmt.Errorf("%w: %s", ErrAdoptedUnsound, strings.Join(unsound, "; "))
+	}
+	return nil
+}
