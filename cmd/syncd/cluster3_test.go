@@ -421,6 +421,13 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		return cpSeq != "" && cpSeq == metaOf(late.dbPath, "checkpoint_seq") &&
 			metaOf(old.dbPath, "checkpoint_result") == "match" && metaOf(late.dbPath, "checkpoint_result") == "match"
 	})
+	// The follower had no mirror: the snapshot became its file, checked
+	// once it ran.
+	for _, want := range []string{`"file_adopted":true`, "the adopted snapshot passed its checks"} {
+		if !strings.Contains(late.out.String(), want) {
+			t.Errorf("the late follower did not log %s; its log's tail:\n%s", want, tail(late.out.String(), 30))
+		}
+	}
 	// The query service answers under the documented permissions: each
 	// replica subscribed to its subjects and replies to what it receives.
 	qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
