@@ -98,7 +98,8 @@ func (c *runCommand) serve(
 	evLn net.Listener,
 	log *slog.Logger,
 ) error {
-	a, err := daemon.Open(ctx, cfg, log, daemon.Options{Version: version(), Published: publishedLevel(c.demo)})
+	a, err := daemon.Open(ctx, cfg, log, daemon.Options{Version: version(), Published: publishedLevel(c.demo),
+		AdoptSnapshot: true})
 	if err != nil {
 		return err
 	}

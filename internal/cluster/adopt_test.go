@@ -6,10 +6,12 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
 // TestAdoptSnapshot_ANewFollowersMirrorIsTheSnapshotsFile: a follower
@@ -152,7 +155,8 @@ func TestAdoptSnapshot_ANewFollowersMirrorIsTheSnapshotsFile(t *testing.T) {
 // metadata gets the newest refused (its object's digest is not the signed
 // one), and so does one who then forges the object's info to claim the
 // signed digest (the content is not what the digest says); the follower
-// restores the older one, as signed. A snapshot without the object's manifest (an
+// restores the older one, as signed. So it does when the forged info says
+// the object is empty (its chunks, none, are not checked then). A snapshot without the object's manifest (an
 // older leader's, or one whose object signature was stripped or spoiled)
 // is checked by its file's manifest and restored.
 func TestSnapshot_TheObjectIsCheckedAgainstItsSignedDigest(t *testing.T) {
@@ -181,8 +185,10 @@ func TestSnapshot_TheObjectIsCheckedAgainstItsSignedDigest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var logs *testutil.Buffer // the last restore's
 	restore := func(consumer string) (*cluster.Follower, *rejections) {
 		t.Helper()
+		logs = &testutil.Buffer{}
 		var refused rejections
 		fst, err := store.Open(ctx, filepath.Join(t.TempDir(), consumer+".db"), store.Options{})
 		if err != nil {
@@ -191,7 +197,8 @@ func TestSnapshot_TheObjectIsCheckedAgainstItsSignedDigest(t *testing.T) {
 		t.Cleanup(func() { fst.Close() })
 		f := cluster.NewFollower(js, fst, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: consumer,
 			MaxWait: 100 * time.Millisecond, SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty,
-			SnapshotDir: t.TempDir(), Verifier: v, OnReject: refused.add})
+			SnapshotDir: t.TempDir(), Verifier: v, OnReject: refused.add,
+			Logger: slog.New(slog.NewTextHandler(logs, nil))})
 		catchUp(t, f)
 		return f, &refused
 	}
@@ -241,9 +248,12 @@ func TestSnapshot_TheObjectIsCheckedAgainstItsSignedDigest(t *testing.T) {
 	if replaced.Digest == info.Digest {
 		t.Fatal("the two snapshots' objects have the same digest")
 	}
-	restoredOlder := func(consumer string) {
+	restoredOlder := func(consumer, why string) {
 		t.Helper()
 		f, refused := restore(consumer)
+		if !strings.Contains(logs.String(), why) {
+			t.Errorf("%s: the refusal does not say %q:\n%s", consumer, why, logs.String())
+		}
 		if got := f.Restored(); got.Name != older.Name {
 			t.Errorf("%s: restored %q, want the older snapshot %s: the newest's content is not what it signed",
 				consumer, got.Name, older.Name)
@@ -252,21 +262,28 @@ func TestSnapshot_TheObjectIsCheckedAgainstItsSignedDigest(t *testing.T) {
 			t.Errorf("%s: snapshots refused: %d, want 1", consumer, refused.get(cluster.RejectSnapshot))
 		}
 	}
-	restoredOlder("replaced")
-	forged := *replaced
-	forged.Digest = info.Metadata["object_digest"]
-	data, err := json.Marshal(forged)
-	if err != nil {
-		t.Fatal(err)
+	restoredOlder("replaced", "is not the signed")
+	forge := func(size uint64) {
+		t.Helper()
+		forged := *replaced
+		forged.Digest, forged.Size = info.Metadata["object_digest"], size
+		data, err := json.Marshal(forged)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg("$O.snaps.M." + base64.URLEncoding.EncodeToString([]byte(newest.Name)))
+		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+		m.Data = data
+		if _, err := attacker.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := obj.GetInfo(ctx, newest.Name); err != nil || got.Digest != forged.Digest || got.Size != size {
+			t.Fatalf("the forged info: %v (%v)", got, err)
+		}
 	}
-	m := nats.NewMsg("$O.snaps.M." + base64.URLEncoding.EncodeToString([]byte(newest.Name)))
-	m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
-	m.Data = data
-	if _, err := attacker.PublishMsg(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := obj.GetInfo(ctx, newest.Name); err != nil || got.Digest != info.Metadata["object_digest"] {
-		t.Fatalf("the forged info: %v (%v)", got, err)
-	}
-	restoredOlder("forged")
+	forge(replaced.Size)
+	restoredOlder("forged", "digests do not match")
+	// An object said to be empty is read without its digest checked.
+	forge(0)
+	restoredOlder("empty", "is not the signed")
 }

@@ -401,6 +401,7 @@ func (f *Follower) restorer() restorer {
 		stream:     f.cfg.Stream,
 		prefix:     f.cfg.SubjectPrefix,
 		dir:        f.cfg.SnapshotDir,
+		consumer:   f.cfg.Consumer,
 		maxBytes:   f.cfg.MaxRestoreBytes,
 		log:        f.log,
 		onReject:   f.cfg.OnReject,

@@ -556,6 +556,9 @@ func AdoptSnapshot(
 	if cfg.SnapshotBucket == "" || cfg.Verifier == nil || cfg.Restore == RestoreNever {
 		return SnapshotInfo{}, false, nil
 	}
+	if cfg.SnapshotDir == "" {
+		cfg.SnapshotDir = filepath.Dir(path) // the rename's
+	}
 	info, found, _, err := NewFollower(js, nil, cfg).restorer().restore(ctx, fileAdopter{path: path, opts: opts})
 	return info, found, err
 }
@@ -574,8 +577,17 @@ func (a fileAdopter) Restore(ctx context.Context, snap string, seq uint64, from 
 	if from != store.Verified {
 		return errors.New("only a snapshot verified as the leader's is adopted as the mirror's file")
 	}
-	return store.AdoptFile(ctx, snap, a.path, seq, a.opts)
+	err := store.AdoptFile(ctx, snap, a.path, seq, a.opts)
+	if err != nil && !errors.Is(err, store.ErrBadSnapshot) {
+		// Not the snapshot's failure (a full disk, a rename across
+		// devices): an older one would fail the same way.
+		return fmt.Errorf("%w: %w", errAdoptFile, err)
+	}
+	return err
 }
+
+// errAdoptFile marks a failure of AdoptFile that is not the snapshot's.
+var errAdoptFile = errors.New("the snapshot could not become the mirror's file")
 
 // RestoreMode says when a follower starts its mirror from a snapshot.
 type RestoreMode int
@@ -607,6 +619,8 @@ type restorer struct {
 	maxBytes int64
 	log      *slog.Logger
 	onReject func(reason string)
+	// consumer is the follower's consumer, which names its downloads.
+	consumer string
 	// verifier, when set, is the leader's keys: a snapshot whose manifest
 	// is not signed by one of them is passed over (onUnsigned is told),
 	// and a download must match its signed SHA-256.
@@ -633,6 +647,13 @@ var errSnapshotRefused = errors.New("snapshot refused")
 // metadata, a bounded download, store.CheckSnapshot, the restore itself)
 // is logged, counted and passed over for the next older one.
 func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, found bool, refused int, _ error) {
+	// A crash in a restore left its download behind.
+	if stale, _ := filepath.Glob(filepath.Join(r.dir, r.tempPrefix()+"*")); len(stale) > 0 {
+		for _, d := range stale {
+			_ = os.RemoveAll(d)
+		}
+		r.log.Info("removed the downloads of restores that did not finish", "dirs", stale)
+	}
 	obj, err := r.js.ObjectStore(ctx, r.bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return SnapshotInfo{}, false, 0, nil
@@ -691,6 +712,13 @@ func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, fo
 	}
 	r.log.Error("no snapshot in the bucket passed its checks", "bucket", r.bucket, "snapshots", len(all))
 	return SnapshotInfo{}, false, refused, nil
+}
+
+// tempPrefix begins the name of a directory that holds a download, one
+// of this follower's (its consumer's name): a crash leaves it, and the next
+// restore removes it (another follower's beside it is left alone).
+func (r restorer) tempPrefix() string {
+	return ".restore-" + strings.NewReplacer("/", "_", `\`, "_").Replace(r.consumer) + "-"
 }
 
 // snapshotRecords finds the records of snapshots on the event stream: a
@@ -771,7 +799,7 @@ func (r restorer) restoreOne(
 	info SnapshotInfo,
 	m Restorable,
 ) (took time.Duration, err error) {
-	tmp, err := os.MkdirTemp(r.dir, ".restore-")
+	tmp, err := os.MkdirTemp(r.dir, r.tempPrefix())
 	if err != nil {
 		return 0, fmt.Errorf("temporary directory for the snapshot: %w", err)
 	}
@@ -783,12 +811,17 @@ func (r restorer) restoreOne(
 	}
 	start := time.Now()
 	// The compressed object's signed digest is checked as the object is
-	// read; only the file's is hashed here.
-	object := ""
+	// read, and the file is to have the signed size; otherwise the file
+	// is hashed here, when there is a signed digest to compare it with.
+	object, hash := "", r.verifier != nil
 	if info.objectVerified {
-		object = info.manifest.object
+		raw, perr := strconv.ParseInt(info.manifest.raw, 10, 64)
+		if perr != nil || raw <= 0 {
+			return 0, fmt.Errorf("%w: snapshot %s: signed raw_bytes %q", errSnapshotRefused, info.Name, info.manifest.raw)
+		}
+		object, hash, bound = info.manifest.object, false, raw
 	}
-	sum, err := download(ctx, obj, info.Name, path, bound, object)
+	sum, err := download(ctx, obj, info.Name, path, bound, object, hash)
 	if err != nil {
 		return 0, err
 	}
@@ -804,7 +837,8 @@ func (r restorer) restoreOne(
 		from = store.Verified
 	}
 	if err := m.Restore(ctx, path, info.Seq, from); err != nil {
-		if errors.Is(err, store.ErrRestoreUnfinished) || errors.Is(err, store.ErrMirrorExists) {
+		if errors.Is(err, store.ErrRestoreUnfinished) || errors.Is(err, store.ErrMirrorExists) ||
+			errors.Is(err, errAdoptFile) {
 			return took, fmt.Errorf("restore snapshot %s: %w", info.Name, err)
 		}
 		// The mirror is as it was (the restore is one transaction):
@@ -822,19 +856,33 @@ func (r restorer) restoreOne(
 // more than bound bytes (having written no more than that), or does not
 // decompress.
 func download(ctx context.Context, obj jetstream.ObjectStore, name, path string, bound int64,
-	object string) (string, error) {
-	r, err := obj.Get(ctx, name)
+	object string, hash bool) (string, error) {
+	// A download that stalls is given up (a read of the object waits for
+	// its next chunk for as long as the connection lives).
+	pctx, stop := context.WithCancelCause(ctx)
+	progress, watched := make(chan struct{}, 1), make(chan struct{})
+	go func() {
+		defer close(watched)
+		watchStall(pctx, stop, progress, downloadStall)
+	}()
+	defer func() {
+		stop(nil)
+		<-watched
+	}()
+	r, err := obj.Get(pctx, name)
 	if err != nil {
-		return "", fmt.Errorf("get snapshot %s: %w", name, err)
+		return "", downloadErr(pctx, fmt.Errorf("get snapshot %s: %w", name, err))
 	}
 	defer r.Close()
 	if info, err := r.Info(); err != nil {
 		return "", fmt.Errorf("get snapshot %s: %w", name, err)
-	} else if object != "" && info.Digest != object {
-		return "", fmt.Errorf("%w: snapshot %s: the object's digest %s is not the signed %s", errSnapshotRefused,
-			name, info.Digest, object)
+	} else if object != "" && (info.Digest != object || info.Size == 0) {
+		// An object of no size is read without its digest checked.
+		return "", fmt.Errorf("%w: snapshot %s: the object (digest %s, %d bytes) is not the signed %s",
+			errSnapshotRefused, name, info.Digest, info.Size, object)
 	}
-	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxRestoreWindow),
+	dec, err := zstd.NewReader(progressReader{r, progress}, zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderMaxWindow(maxRestoreWindow),
 		zstd.WithDecoderMaxMemory(maxRestoreWindow))
 	if err != nil {
 		return "", fmt.Errorf("decompress snapshot %s: %w", name, err)
@@ -846,7 +894,7 @@ func download(ctx context.Context, obj jetstream.ObjectStore, name, path string,
 	}
 	var w io.Writer = f
 	var h *hashWriter
-	if object == "" {
+	if hash {
 		h = newHashWriter()
 		w = io.MultiWriter(f, h)
 	}
@@ -869,12 +917,63 @@ func download(ctx context.Context, obj jetstream.ObjectStore, name, path string,
 		_, err = io.Copy(io.Discard, r)
 	}
 	switch {
-	case ctx.Err() != nil:
-		return "", ctx.Err()
+	case pctx.Err() != nil:
+		return "", downloadErr(pctx, fmt.Errorf("download snapshot %s: %w", name, pctx.Err()))
 	case err != nil:
 		return "", fmt.Errorf("%w: download snapshot %s: %w", errSnapshotRefused, name, err)
 	}
 	return sum, nil
+}
+
+// downloadStall is how long a download may go without a byte of the
+// object before it is given up (errDownloadStalled).
+var downloadStall = time.Minute
+
+// errDownloadStalled is a download given up for receiving nothing for
+// downloadStall: not the snapshot's failure.
+var errDownloadStalled = errors.New("the snapshot's download received nothing for too long")
+
+// watchStall ends ctx with errDownloadStalled once progress has not been
+// signalled for stall, or returns when ctx ends.
+func watchStall(ctx context.Context, stop context.CancelCauseFunc, progress <-chan struct{}, stall time.Duration) {
+	t := time.NewTimer(stall)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-progress:
+			t.Reset(stall)
+		case <-t.C:
+			stop(errDownloadStalled)
+			return
+		}
+	}
+}
+
+// downloadErr is err, or the stall that ended ctx.
+func downloadErr(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, errDownloadStalled) {
+		return fmt.Errorf("%w: %w", cause, err)
+	}
+	return err
+}
+
+// progressReader signals progress for every read that returns bytes.
+type progressReader struct {
+	r        io.Reader
+	progress chan<- struct{}
+}
+
+func (p progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		select {
+		case p.progress <- struct{}{}:
+		default:
+		}
+	}
+	return n, err
 }
 
 // hashWriter computes the SHA-256 of what is written to it on a goroutine

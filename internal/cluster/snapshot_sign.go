@@ -31,9 +31,9 @@ const (
 )
 
 // manifest is what a snapshot's signatures cover, as stored: digest is
-// the file's, object the compressed object's.
+// the file's, object the compressed object's, raw the file's size.
 type manifest struct {
-	name, digest, object, seq, created string
+	name, digest, object, seq, created, raw string
 }
 
 func manifestOf(oi *jetstream.ObjectInfo) manifest {
@@ -43,6 +43,7 @@ func manifestOf(oi *jetstream.ObjectInfo) manifest {
 		object:  oi.Metadata[snapshotObjectKey],
 		seq:     oi.Metadata[snapshotSeqKey],
 		created: oi.Metadata[snapshotCreatedKey],
+		raw:     oi.Metadata[snapshotRawKey],
 	}
 }
 
@@ -52,9 +53,9 @@ func (m manifest) payload(key string) []byte {
 }
 
 // objectPayload is the byte string signed for key: the manifest of the
-// compressed object.
+// compressed object, with the size of the file it decompresses to.
 func (m manifest) objectPayload(key string) []byte {
-	return signing.Payload(key, "snapshot object "+m.name, m.object, []byte(m.seq+" "+m.created))
+	return signing.Payload(key, "snapshot object "+m.name, m.object, []byte(m.seq+" "+m.created+" "+m.raw))
 }
 
 // signManifest adds the digests of the snapshot object name about to be

@@ -91,7 +91,7 @@ type App struct {
 	// follows.
 	Trust *Trust
 	// Adopted is the snapshot whose file a cluster replica's new mirror
-	// was made, if it was (AdoptSnapshot).
+	// was made, if it was (AdoptSnapshot), and its check.
 	Adopted
 	version string
 }
@@ -102,6 +102,10 @@ type Options struct {
 	Version string
 	// Published is the level of the line logged for every published event.
 	Published slog.Level
+	// AdoptSnapshot: a cluster replica with no mirror yet makes the newest
+	// verified snapshot its file before opening it (AdoptSnapshot); for
+	// the daemon, not for a command that does not follow the stream.
+	AdoptSnapshot bool
 	// GiveUpAfter bounds the wait for an unreachable platform (each
 	// request's retries) and NATS server (the first connection), for a
 	// command that must end; 0: the daemon's (2m, and for ever).
@@ -140,13 +144,17 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	pcfg := NATSConfig(cfg, log)
 	pcfg.ConnectWait = opts.GiveUpAfter
 	pcfg.OnAck = onAck(cfg.NATS.Stream, a.Position)
-	if a.NATS, err = publish.Connect(ctx, pcfg); err != nil {
-		return nil, err
-	}
-	if cfg.Cluster.Enabled {
-		// A new replica's mirror may be the newest snapshot's file, as a
-		// new follower's is: its standby would restore it anyway.
-		if a.Snapshot, err = AdoptSnapshot(ctx, a.NATS.JS, cfg, cluster.RestoreWhenEmpty, a.Trust, log); err != nil {
+	// A new cluster replica's mirror may be the newest snapshot's file, as
+	// a new follower's is (its standby would restore it anyway): NATS
+	// first, then. Otherwise the mirror first, so that a mirror syncd
+	// cannot open is reported whether NATS answers or not.
+	early := opts.AdoptSnapshot && cfg.Cluster.Enabled && adoptionWanted(cfg, cluster.RestoreWhenEmpty, a.Trust, log)
+	if early {
+		if a.NATS, err = publish.Connect(ctx, pcfg); err != nil {
+			return nil, err
+		}
+		a.Snapshot, err = AdoptSnapshot(ctx, a.NATS.JS, cfg, cluster.RestoreWhenEmpty, a.Trust, a.Metrics, log)
+		if err != nil {
 			a.Close()
 			return nil, err
 		}
@@ -154,6 +162,12 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 	if a.Store, err = OpenStore(ctx, cfg, log, store.Options{OnEvents: a.Metrics.EventsRecorded}); err != nil {
 		a.Close()
 		return nil, err
+	}
+	if !early {
+		if a.NATS, err = publish.Connect(ctx, pcfg); err != nil {
+			a.Close()
+			return nil, err
+		}
 	}
 	if cfg.Cluster.Enabled {
 		if a.Fence, err = a.newFence(ctx, pcfg, log); err != nil {
@@ -424,29 +438,56 @@ func followerConfig(
 	}
 }
 
+// adoptionWanted reports whether a replica or follower is to make the
+// newest verified snapshot its mirror's file before opening it
+// (AdoptSnapshot): the mirror does not exist, snapshots are trusted by a
+// key, there is a bucket, and restore allows it. A mirror's leftover
+// -wal, -shm or -journal without it is logged, and the mirror is created
+// as usual.
+func adoptionWanted(cfg config.Config, restore cluster.RestoreMode, tr *Trust, log *slog.Logger) bool {
+	if tr.Verifier == nil || cfg.Snapshot.Bucket == "" || restore == cluster.RestoreNever {
+		return false
+	}
+	path := cfg.Store.Path
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	for _, p := range []string{path + "-wal", path + "-shm", path + "-journal"} {
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+			log.Warn("the mirror does not exist but a file of it does; not starting it from a snapshot's file",
+				"file", p)
+			return false
+		}
+	}
+	return true
+}
+
 // AdoptSnapshot makes the newest snapshot signed by one of tr's keys the
-// mirror's file, through js, when the mirror does not exist yet
-// (cluster.AdoptSnapshot): a new replica's quickest start. It returns the
-// snapshot, nil when none was adopted (no mirror to make, no trusted key,
-// no snapshot): a failure is logged, and the replica starts from an empty
-// mirror, which its follower restores into, as before.
+// mirror's file, through js, when adoptionWanted (cluster.AdoptSnapshot):
+// a new replica's quickest start. Snapshots passed over are counted in m.
+// It returns the snapshot, nil when none was adopted: a failure is
+// logged, and the replica starts from an empty mirror, which its follower
+// restores into, as before.
 func AdoptSnapshot(
 	ctx context.Context,
 	js jetstream.JetStream,
 	cfg config.Config,
 	restore cluster.RestoreMode,
 	tr *Trust,
+	m *admin.Metrics,
 	log *slog.Logger,
 ) (*cluster.SnapshotInfo, error) {
-	path := cfg.Store.Path
-	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) || tr.Verifier == nil || cfg.Snapshot.Bucket == "" {
+	if !adoptionWanted(cfg, restore, tr, log) {
 		return nil, nil
 	}
+	path := cfg.Store.Path
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
-	info, found, err := cluster.AdoptSnapshot(ctx, js, followerConfig(cfg, restore, tr, log), path,
-		store.Options{Logger: log.With("part", "store")})
+	fc := followerConfig(cfg, restore, tr, log)
+	fc.OnReject = m.MessageRejected
+	log.Info("no mirror yet: looking for a snapshot to make its file", "bucket", cfg.Snapshot.Bucket, "mirror", path)
+	info, found, err := cluster.AdoptSnapshot(ctx, js, fc, path, store.Options{Logger: log.With("part", "store")})
 	switch {
 	case ctx.Err() != nil:
 		return nil, ctx.Err()

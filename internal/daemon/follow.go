@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync/atomic"
@@ -58,8 +59,19 @@ func OpenFollower(
 	if f.Trust, err = LoadTrust(cfg, log); err != nil {
 		return nil, err
 	}
+	f.Trust.countTo(f.Metrics)
+	// A new follower's mirror may be the newest snapshot's file: NATS
+	// first, then. Otherwise the mirror first, so that a mirror syncd
+	// cannot open is reported whether NATS answers or not.
+	early := adoptionWanted(cfg, restore, f.Trust, log)
+	if !early {
+		if f.Store, err = OpenStore(ctx, cfg, log, store.Options{}); err != nil {
+			return nil, err
+		}
+	}
 	pcfg := NATSConfig(cfg, log)
 	if f.NATS, err = publish.Dial(ctx, pcfg); err != nil {
+		f.Close()
 		return nil, err
 	}
 	switch err := publish.CheckStream(ctx, f.NATS.JS, pcfg); {
@@ -68,22 +80,23 @@ func OpenFollower(
 	case err != nil:
 		f.Close()
 		return nil, err
-	default:
-		if f.Snapshot, err = AdoptSnapshot(ctx, f.NATS.JS, cfg, restore, f.Trust, log); err != nil {
+	case early:
+		if f.Snapshot, err = AdoptSnapshot(ctx, f.NATS.JS, cfg, restore, f.Trust, f.Metrics, log); err != nil {
 			f.Close()
 			return nil, err
 		}
 	}
-	if f.Store, err = OpenStore(ctx, cfg, log, store.Options{}); err != nil {
-		f.Close()
-		return nil, err
+	if early {
+		if f.Store, err = OpenStore(ctx, cfg, log, store.Options{}); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
 	if err := cluster.RecordRole(ctx, f.Store, cluster.RoleFollower, ""); err != nil {
 		f.Close()
 		return nil, err
 	}
 	f.Follower = NewClusterFollower(f.NATS, f.Store, cfg, restore, f.Snapshot, f.Position, f.Metrics, f.Trust, log)
-	f.Trust.countTo(f.Metrics)
 	return f, nil
 }
 
@@ -102,40 +115,51 @@ func (f *FollowerApp) AdminHandler() http.Handler {
 // Adopted is the snapshot whose file a mirror was made when it did not
 // exist (AdoptSnapshot), and what checking the file found.
 type Adopted struct {
-	// Snapshot is the snapshot; nil when the mirror was not made from one.
+	// Snapshot is the snapshot; nil when the mirror was not made from one
+	// in this process.
 	Snapshot *cluster.SnapshotInfo
-	// unsound is what check found wrong with the file, once it did.
-	unsound atomic.Pointer[error]
+	// damaged is what the check found wrong with the file's pages, once
+	// it did (store.AdoptedDamage).
+	damaged atomic.Pointer[string]
 }
 
-// check runs the mirror's check (store.CheckAdopted) when it was made
-// from a snapshot's file, and logs what it found.
+// check runs the mirror's check (store.CheckAdopted) when it is due: the
+// mirror was made from a snapshot's file, in this process or in one that
+// ended before the check did. It logs what it found.
 func (a *Adopted) check(ctx context.Context, st *store.Store, log *slog.Logger) {
-	if a.Snapshot == nil {
+	if d, err := st.AdoptedDamage(ctx); err == nil && d != "" {
+		a.damaged.Store(&d)
+	}
+	due, err := st.AdoptedCheckDue(ctx)
+	if err != nil || !due {
 		return
 	}
 	start := time.Now()
-	err := st.CheckAdopted(ctx)
+	err = st.CheckAdopted(ctx)
 	switch {
 	case err == nil:
 		log.Info("the adopted snapshot passed its checks: quick_check, and its replica digest against its rows",
-			"name", a.Snapshot.Name, "took", time.Since(start).Round(time.Millisecond).String())
+			"took", time.Since(start).Round(time.Millisecond).String())
 	case ctx.Err() != nil:
 	case errors.Is(err, store.ErrAdoptedUnsound):
-		a.unsound.Store(&err)
-		log.Error("the mirror made from a snapshot's file is unsound; its digest is now its rows', so that the next "+
-			"checkpoint finds a divergence and repairs it; a file that failed quick_check is damaged: stop syncd, "+
-			"remove the mirror, and start it again", "name", a.Snapshot.Name, "err", err)
+		if d, derr := st.AdoptedDamage(ctx); derr == nil && d != "" {
+			a.damaged.Store(&d)
+		}
+		log.Error("the mirror made from a snapshot's file is unsound; a digest that was not its rows' is now "+
+			"theirs, so that the next checkpoint finds a divergence and repairs it; a file that failed quick_check "+
+			"is damaged: stop syncd, remove the mirror, and start it again", "err", err)
 	default:
-		log.Warn("checking the adopted snapshot failed", "name", a.Snapshot.Name, "err", err)
+		log.Warn("checking the adopted snapshot failed; it is checked again at the next start", "err", err)
 	}
 }
 
-// ReadinessCheck fails once check found the mirror's file unsound.
+// ReadinessCheck fails while the mirror's file is damaged, as the check
+// of a mirror made from a snapshot's file found.
 func (a *Adopted) ReadinessCheck() admin.ReadinessCheck {
 	return admin.ReadinessCheck{Name: "snapshot", Run: func(context.Context) error {
-		if err := a.unsound.Load(); err != nil {
-			return *err
+		if d := a.damaged.Load(); d != nil {
+			return fmt.Errorf("the mirror's file, made from a snapshot's, is damaged (%s): stop syncd, remove the "+
+				"mirror, and start it again", *d)
 		}
 		return nil
 	}}

@@ -129,7 +129,7 @@ func TestPermissions_LeastPrivilege(t *testing.T) {
 	// So does a new replica, which then stands by.
 	rcfg := cfg
 	rcfg.Cluster.NodeID, rcfg.Store.Path = "replica-2", filepath.Join(t.TempDir(), "replica-2.db")
-	replica, err := daemon.Open(ctx, rcfg, log.With("role", "replica-2"), daemon.Options{})
+	replica, err := daemon.Open(ctx, rcfg, log.With("role", "replica-2"), daemon.Options{AdoptSnapshot: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -157,7 +157,14 @@ func (s *Store) prepareFile(ctx context.Context, conn *sql.Conn, snap *Store, pa
 	if err == nil {
 		var tx *sql.Tx
 		tx, err = conn.BeginTx(ctx, nil)
-		err = runTx(tx, err, func(tx *sql.Tx) error { return s.keepOwnTables(ctx, tx, seq) })
+		err = runTx(tx, err, func(tx *sql.Tx) error {
+			if err := s.keepOwnTables(ctx, tx, seq); err != nil || !keepDigest {
+				return err
+			}
+			// Its kept digest and its pages are checked once it is the
+			// mirror (CheckAdopted), on every start until done.
+			return setMeta(ctx, tx, "snap", adoptedCheckKey, FormatTime(s.now()))
+		})
 	}
 	if _, derr := conn.ExecContext(context.WithoutCancel(ctx), `DETACH DATABASE snap`); err == nil && derr != nil {
 		err = fmt.Errorf("detach snapshot: %w", derr)

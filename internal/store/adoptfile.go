@@ -24,9 +24,11 @@ var ErrMirrorExists = errors.New("the mirror exists")
 // mirror will be opened with.
 //
 // The snapshot's replica digest and its triggers are kept as the
-// leader's writer kept them with its rows: the file is byte for byte the
-// leader's. quick_check and the digest's recomputation from the rows run
-// once the mirror is open, out of the restore's way (CheckAdopted).
+// leader's writer kept them with its rows: the download was byte for byte
+// the leader's file, and the preparation changes none of the tables the
+// digest covers. quick_check and the digest's recomputation from the rows
+// run once the mirror is open, out of the restore's way, and on every open
+// until they have (AdoptedCheckDue, CheckAdopted).
 //
 // A crash before the rename leaves no mirror at path, and the follower
 // starts over; after it, a whole one: the file is synced before the
@@ -74,10 +76,14 @@ func AdoptFile(ctx context.Context, snap, path string, seq uint64, opts Options)
 	if err := os.Rename(snap, path); err != nil {
 		return fmt.Errorf("adopt snapshot: %w", err)
 	}
-	if err := syncPath(filepath.Dir(path)); err != nil {
-		return fmt.Errorf("adopt snapshot: %s is the mirror, its directory not synced: %w", path, err)
-	}
 	fileAdoptions.Add(1)
+	if err := syncPath(filepath.Dir(path)); err != nil {
+		// The mirror is there: failing now would have it taken for none.
+		if opts.Logger != nil {
+			opts.Logger.Warn("adopt snapshot: the mirror's directory could not be synced; a power loss may undo the "+
+				"rename", "path", path, "err", err)
+		}
+	}
 	return nil
 }
 
@@ -103,16 +109,39 @@ func removeDatabase(path string) {
 }
 
 // ErrAdoptedUnsound is CheckAdopted's finding that the mirror AdoptFile
-// made is not what its leader's digest says.
+// made is not what its leader's digest says, or fails quick_check.
 var ErrAdoptedUnsound = errors.New("the adopted snapshot is unsound")
+
+// Meta keys of the check of a mirror AdoptFile made: when it was made,
+// while its check is still to pass; what quick_check found wrong with it,
+// once it did.
+const (
+	adoptedCheckKey   = "adopted_check_due"
+	adoptedDamagedKey = "adopted_damaged"
+)
+
+// AdoptedCheckDue reports whether the mirror was made by AdoptFile and
+// CheckAdopted has not finished with it yet.
+func (s *Store) AdoptedCheckDue(ctx context.Context) (bool, error) {
+	v, err := s.Meta(ctx, adoptedCheckKey)
+	return v != "", err
+}
+
+// AdoptedDamage is what CheckAdopted's quick_check found wrong with the
+// mirror's file; "" when nothing (or it was not adopted).
+func (s *Store) AdoptedDamage(ctx context.Context) (string, error) {
+	return s.Meta(ctx, adoptedDamagedKey)
+}
 
 // CheckAdopted checks a mirror AdoptFile made, with the mirror in use: its
 // quick_check, and its replica digest recomputed from its rows against
 // the one kept, read in the same read transaction. A kept digest that
 // differs from the rows is replaced by theirs (computed again in one write
 // transaction), so that the next checkpoint compares the rows themselves
-// with the leader's, and a divergence is repaired as any other. The error
-// wraps ErrAdoptedUnsound when the file failed either check.
+// with the leader's, and a divergence is repaired as any other. A file
+// that fails quick_check is damaged: that is recorded (AdoptedDamage), for
+// the operator. Either way the error wraps ErrAdoptedUnsound; once the
+// check has ended, it is no longer due (AdoptedCheckDue).
 func (s *Store) CheckAdopted(ctx context.Context) error {
 	tx, err := s.bg.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
@@ -132,17 +161,34 @@ func (s *Store) CheckAdopted(ctx context.Context) error {
 		return fmt.Errorf("check the adopted snapshot: %w", err)
 	}
 	var unsound []string
-	if len(problems) != 1 || problems[0] != "ok" {
+	damaged := len(problems) != 1 || problems[0] != "ok"
+	if damaged {
 		unsound = append(unsound, "quick_check: "+strings.Join(problems, "; "))
 	}
-	if diff := kept.Diff(rows); diff != "" {
+	diff := kept.Diff(rows)
+	if diff != "" {
 		unsound = append(unsound, "its replica digest differs from its rows in table "+diff)
-		if err := s.tx(ctx, func(tx *sql.Tx) error { return createDigest(ctx, tx) }); err != nil {
-			return fmt.Errorf("%w: %s; computing the digest from the rows: %w", ErrAdoptedUnsound,
-				strings.Join(unsound, "; "), err)
-		}
 	}
-	if len(unsound) > 0 {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		if diff != "" {
+			if err := createDigest(ctx, tx); err != nil {
+				return fmt.Errorf("computing the digest from the rows: %w", err)
+			}
+		}
+		if damaged {
+			if err := setMeta(ctx, tx, "main", adoptedDamagedKey, strings.Join(unsound, "; ")); err != nil {
+				return err
+			}
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM meta WHERE key = ?`, adoptedCheckKey)
+		return err
+	})
+	switch {
+	case err != nil && len(unsound) > 0:
+		return fmt.Errorf("%w: %s; %w", ErrAdoptedUnsound, strings.Join(unsound, "; "), err)
+	case err != nil:
+		return fmt.Errorf("check the adopted snapshot: %w", err)
+	case len(unsound) > 0:
 		return fmt.Errorf("%w: %s", ErrAdoptedUnsound, strings.Join(unsound, "; "))
 	}
 	return nil

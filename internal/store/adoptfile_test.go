@@ -82,8 +82,17 @@ func TestAdoptFile_ANewMirrorIsTheSnapshot(t *testing.T) {
 	if got, err := st.ComputeReplicaDigest(ctx); err != nil || got.Diff(want) != "" {
 		t.Errorf("the rows' digest differs from the leader's in %q (%v)", got.Diff(want), err)
 	}
+	if due, err := st.AdoptedCheckDue(ctx); err != nil || !due {
+		t.Errorf("the check is due %v (%v), want due until it has run", due, err)
+	}
 	if err := st.CheckAdopted(ctx); err != nil {
 		t.Errorf("CheckAdopted: %v", err)
+	}
+	if due, err := st.AdoptedCheckDue(ctx); err != nil || due {
+		t.Errorf("after the check, it is due %v (%v), want not", due, err)
+	}
+	if d, err := st.AdoptedDamage(ctx); err != nil || d != "" {
+		t.Errorf("damage %q (%v), want none", d, err)
 	}
 	if n := queryInt(t, st.Reader(), `SELECT count(*) FROM tags`); n != tags {
 		t.Errorf("%d tags, want %d", n, tags)
@@ -141,8 +150,9 @@ func TestAdoptFile_RefusesAMirrorThatExists(t *testing.T) {
 }
 
 // TestAdoptFile_AFailureLeavesNoMirror: an adoption that fails (canceled,
-// or a snapshot with another schema) leaves nothing at the mirror's path,
-// so that the follower starts again from no mirror.
+// the rename, a snapshot with another schema) leaves nothing at the
+// mirror's path, so that the follower starts again from no mirror, and
+// nothing of its own beside the snapshot.
 func TestAdoptFile_AFailureLeavesNoMirror(t *testing.T) {
 	ctx := context.Background()
 	clk := newClock()
@@ -152,6 +162,16 @@ func TestAdoptFile_AFailureLeavesNoMirror(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "mirror.db")
 	if err := store.AdoptFile(canceled, snap, path, 7, store.Options{Now: clk.Now}); !errors.Is(err, context.Canceled) {
 		t.Errorf("canceled: %v, want context.Canceled", err)
+	}
+	// The rename fails (the mirror's directory is not there): the snapshot
+	// was prepared, and nothing but it is left beside it.
+	gone := filepath.Join(t.TempDir(), "gone", "mirror.db")
+	if err := store.AdoptFile(ctx, snap, gone, 7, store.Options{Now: clk.Now}); err == nil ||
+		errors.Is(err, store.ErrBadSnapshot) {
+		t.Errorf("a rename into no directory: %v, want its error", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(snap), "*")); len(left) != 1 || left[0] != snap {
+		t.Errorf("after a failed rename, beside the snapshot: %v, want the snapshot alone", left)
 	}
 	db, err := sql.Open("sqlite", "file:"+snap)
 	if err != nil {
@@ -164,7 +184,7 @@ func TestAdoptFile_AFailureLeavesNoMirror(t *testing.T) {
 	if err := store.AdoptFile(ctx, snap, path, 7, store.Options{Now: clk.Now}); !errors.Is(err, store.ErrBadSnapshot) {
 		t.Errorf("a snapshot with a view of its own: %v, want ErrBadSnapshot", err)
 	}
-	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+	for _, p := range []string{path, path + "-wal", path + "-shm", gone} {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("after failed adoptions %s exists (%v)", p, err)
 		}
@@ -205,5 +225,51 @@ func TestAdoptFile_CheckFindsADigestThatIsNotTheRows(t *testing.T) {
 	}
 	if err := st.CheckAdopted(ctx); err != nil {
 		t.Errorf("CheckAdopted again: %v, want the digest the rows'", err)
+	}
+}
+
+// TestAdoptFile_CheckFindsADamagedFile: a mirror made from a snapshot's
+// file whose index page was damaged fails the check's quick_check; the
+// damage is recorded (AdoptedDamage) and the check is no longer due.
+func TestAdoptFile_CheckFindsADamagedFile(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	snap, _, _ := adoptedLeader(t, clk)
+	path := filepath.Join(t.TempDir(), "mirror.db")
+	if err := store.AdoptFile(ctx, snap, path, 7, store.Options{Now: clk.Now}); err != nil {
+		t.Fatal(err)
+	}
+	// The root page of an index no check reads rows through, its page
+	// type spoiled.
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var root, pageSize int64
+	if err := db.QueryRow(`SELECT rootpage FROM sqlite_schema WHERE name = 'tags_digest'`).Scan(&root); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(`PRAGMA page_size`).Scan(&pageSize); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xff, 0xff, 0xff, 0xff}, (root-1)*pageSize); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	st := mustOpen(t, path, store.Options{Now: clk.Now})
+	err = st.CheckAdopted(ctx)
+	if !errors.Is(err, store.ErrAdoptedUnsound) || !strings.Contains(err.Error(), "quick_check") {
+		t.Fatalf("CheckAdopted of a damaged file: %v, want ErrAdoptedUnsound naming quick_check", err)
+	}
+	if d, err := st.AdoptedDamage(ctx); err != nil || !strings.Contains(d, "quick_check") {
+		t.Errorf("recorded damage %q (%v), want quick_check's finding", d, err)
+	}
+	if due, err := st.AdoptedCheckDue(ctx); err != nil || due {
+		t.Errorf("after the check, it is due %v (%v), want not", due, err)
 	}
 }

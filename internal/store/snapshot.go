@@ -312,12 +312,7 @@ func recordRestore(ctx context.Context, tx *sql.Tx, schema string, seq uint64, b
 		if v == "" {
 			continue
 		}
-		if _, err := tx.ExecContext(
-			ctx,
-			`INSERT INTO `+schema+`.meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
-			k,
-			v,
-		); err != nil {
+		if err := setMeta(ctx, tx, schema, k, v); err != nil {
 			return fmt.Errorf("record %s: %w", k, err)
 		}
 	}

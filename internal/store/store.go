@@ -429,9 +429,20 @@ func (s *Store) Meta(ctx context.Context, key string) (string, error) {
 
 // SetMeta sets key in the meta table.
 func (s *Store) SetMeta(ctx context.Context, key, value string) error {
-	_, err := s.w.ExecContext(
+	return setMeta(ctx, s.w, "main", key, value)
+}
+
+// execer runs a statement: a pool, a connection or a transaction.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// setMeta sets meta key to value in schema (main, or an attached
+// database's name) through e.
+func setMeta(ctx context.Context, e execer, schema, key, value string) error {
+	_, err := e.ExecContext(
 		ctx,
-		`INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
+		`INSERT INTO `+schema+`.meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
 		key,
 		value,
 	)
