@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/syncd-dev/syncd/internal/admin"
+	"github.com/syncd-dev/syncd/internal/store"
 )
 
 func TestFreshness_StaleAfterFactorTimesInterval(t *testing.T) {
@@ -110,5 +112,45 @@ func TestMetrics_RejectedMessages(t *testing.T) {
 	}
 	if got["apply"] != 2 || got["snapshot"] != 1 || len(got) != 2 {
 		t.Errorf("syncd_rejected_messages_total by reason: %v, want apply 2, snapshot 1", got)
+	}
+}
+
+// TestStatusReport_TheSnapshotRestoredFrom: "syncd status" names the
+// snapshot a mirror was restored from, whether its file's check is still
+// to run, and a damaged file with what to do; a mirror never restored
+// shows no such line.
+func TestStatusReport_TheSnapshotRestoredFrom(t *testing.T) {
+	for _, c := range []struct {
+		status store.Status
+		want   []string
+		not    []string
+	}{
+		{store.Status{}, nil, []string{"restored from"}},
+		{store.Status{SnapshotSeq: "41"}, []string{"restored from ", "the snapshot of stream sequence 41\n"},
+			[]string{"check", "DAMAGED"}},
+		{store.Status{SnapshotSeq: "41", AdoptedCheckDue: "2026-11-26T14:00:00Z"},
+			[]string{"sequence 41; its file's check is still to run (made 2026-11-26T14:00:00Z)"}, []string{"DAMAGED"}},
+		{store.Status{SnapshotSeq: "41", AdoptedDamage: "quick_check: page 7 is never used"},
+			[]string{"its file is DAMAGED (quick_check: page 7 is never used): stop syncd, remove the mirror"}, nil},
+	} {
+		rep := admin.NewStatusReport("m.db", c.status)
+		var b strings.Builder
+		if err := rep.WriteTable(&b); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(b.String(), w) {
+				t.Errorf("%+v: the table lacks %q:\n%s", c.status, w, b.String())
+			}
+		}
+		for _, n := range c.not {
+			if strings.Contains(b.String(), n) {
+				t.Errorf("%+v: the table says %q:\n%s", c.status, n, b.String())
+			}
+		}
+		if js, err := json.Marshal(rep); err != nil || (c.status.SnapshotSeq != "") != strings.Contains(string(js),
+			`"snapshot":{"stream_seq":"41"`) {
+			t.Errorf("%+v: JSON %s (%v)", c.status, js, err)
+		}
 	}
 }

@@ -39,6 +39,18 @@ type StatusReport struct {
 	// Checkpoint is the last leader's checkpoint compared (followers and
 	// standbys).
 	Checkpoint *CheckpointStatus `json:"checkpoint,omitempty"`
+	// Snapshot is the snapshot the mirror was restored from, if it was.
+	Snapshot *SnapshotStatus `json:"snapshot,omitempty"`
+}
+
+// SnapshotStatus is the snapshot a mirror was restored from, in a
+// StatusReport: the stream sequence it covers; for a mirror made from its
+// file, whether the file's check is still due (since when), and the
+// damage the check found.
+type SnapshotStatus struct {
+	StreamSeq string `json:"stream_seq"`
+	CheckDue  string `json:"check_due_since,omitempty"`
+	Damage    string `json:"damage,omitempty"`
 }
 
 // SubscriptionStatus is an event subscription in a StatusReport.
@@ -68,6 +80,9 @@ func NewStatusReport(mirror string, s store.Status) StatusReport {
 		Role: s.Role, LeaseHolder: s.LeaseHolder, FollowLag: s.FollowLag}
 	if s.CheckpointSeq != "" {
 		rep.Checkpoint = &CheckpointStatus{StreamSeq: s.CheckpointSeq, Result: s.CheckpointResult, Time: s.CheckpointTime}
+	}
+	if s.SnapshotSeq != "" {
+		rep.Snapshot = &SnapshotStatus{StreamSeq: s.SnapshotSeq, CheckDue: s.AdoptedCheckDue, Damage: s.AdoptedDamage}
 	}
 	rep.Phases = map[string]bool{PhaseCurrent: s.Current, PhaseHistory: s.Current && s.BackfillRemaining == 0}
 	if s.BackfillRemaining > 0 {
@@ -105,6 +120,16 @@ func (rep StatusReport) WriteTable(out io.Writer) error {
 	}
 	if rep.FollowLag != "" {
 		fmt.Fprintf(w, "follower lag\t%s messages\n", rep.FollowLag)
+	}
+	if sn := rep.Snapshot; sn != nil {
+		fmt.Fprintf(w, "restored from\tthe snapshot of stream sequence %s", sn.StreamSeq)
+		switch {
+		case sn.Damage != "":
+			fmt.Fprintf(w, "; its file is DAMAGED (%s): stop syncd, remove the mirror, start it again", sn.Damage)
+		case sn.CheckDue != "":
+			fmt.Fprintf(w, "; its file's check is still to run (made %s)", sn.CheckDue)
+		}
+		fmt.Fprintln(w)
 	}
 	for _, t := range store.StatusTables {
 		fmt.Fprintf(w, "%s\t%d\n", t, rep.Tables[t])

@@ -85,8 +85,16 @@ func TestAdoptFile_ANewMirrorIsTheSnapshot(t *testing.T) {
 	if due, err := st.AdoptedCheckDue(ctx); err != nil || !due {
 		t.Errorf("the check is due %v (%v), want due until it has run", due, err)
 	}
+	if status, err := st.Status(ctx); err != nil || status.SnapshotSeq != "7" || status.AdoptedCheckDue == "" {
+		t.Errorf("status: snapshot seq %q, check due since %q (%v), want 7 and a time", status.SnapshotSeq,
+			status.AdoptedCheckDue, err)
+	}
 	if err := st.CheckAdopted(ctx); err != nil {
 		t.Errorf("CheckAdopted: %v", err)
+	}
+	if status, err := st.Status(ctx); err != nil || status.AdoptedCheckDue != "" || status.AdoptedDamage != "" {
+		t.Errorf("status after the check: due since %q, damage %q (%v), want neither", status.AdoptedCheckDue,
+			status.AdoptedDamage, err)
 	}
 	if due, err := st.AdoptedCheckDue(ctx); err != nil || due {
 		t.Errorf("after the check, it is due %v (%v), want not", due, err)

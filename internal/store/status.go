@@ -37,6 +37,11 @@ type Status struct {
 	// compared its mirror with: its stream sequence, the result ("match",
 	// or "differs: <table>") and the checkpoint's time; empty before one.
 	CheckpointSeq, CheckpointResult, CheckpointTime string
+	// SnapshotSeq is the stream sequence of the snapshot the mirror was
+	// restored from ("" when none); AdoptedCheckDue, when the mirror was
+	// made from the snapshot's file and its check has not ended yet, and
+	// AdoptedDamage what that check's quick_check found (AdoptFile).
+	SnapshotSeq, AdoptedCheckDue, AdoptedDamage string
 	// Progress is the running crawl's progress as it last wrote it (JSON;
 	// "" when no crawl is running).
 	Progress string
@@ -96,6 +101,9 @@ func (s *Store) Status(ctx context.Context) (Status, error) {
 		"checkpoint_seq":    &st.CheckpointSeq,
 		"checkpoint_result": &st.CheckpointResult,
 		"checkpoint_time":   &st.CheckpointTime,
+		SnapshotSeqKey:      &st.SnapshotSeq,
+		adoptedCheckKey:     &st.AdoptedCheckDue,
+		adoptedDamagedKey:   &st.AdoptedDamage,
 	} {
 		if *v, err = s.Meta(ctx, key); err != nil {
 			return st, fmt.Errorf("read meta %s: %w", key, err)
