@@ -388,16 +388,22 @@ func recordKV(ctx context.Context, t *testing.T, js jetstream.JetStream) *kvReco
 	t.Helper()
 	r := &kvRecorder{newest: map[string]time.Time{}, newestValue: map[string][]byte{}, last: map[string][]byte{}}
 	for _, bucket := range kvBuckets {
-		var kv jetstream.KeyValue
-		testutil.WaitFor(t, 30*time.Second, "bucket "+bucket, func() bool {
-			var err error
-			kv, err = js.KeyValue(ctx, bucket)
-			return err == nil
+		// The bucket, and a watch of it: creating the watch's consumer of
+		// the R3 bucket is a JetStream API request, which the servers,
+		// electing the groups of what the replicas create meanwhile on two
+		// loaded cores, once left unanswered past its 5 s (the test then
+		// failed at its start, before any fault).
+		var w jetstream.KeyWatcher
+		testutil.Eventually(t, 30*time.Second, func() error {
+			kv, err := js.KeyValue(ctx, bucket)
+			if err == nil {
+				w, err = kv.WatchAll(ctx)
+			}
+			if err != nil {
+				return fmt.Errorf("watch %s: %w", bucket, err)
+			}
+			return nil
 		})
-		w, err := kv.WatchAll(ctx)
-		if err != nil {
-			t.Fatalf("watch %s: %v", bucket, err)
-		}
 		go func() {
 			for e := range w.Updates() {
 				if e != nil {
