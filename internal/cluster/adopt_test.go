@@ -31,7 +31,8 @@ import (
 // (the events before it are not applied again, those after it are), ends
 // with the leader's rows and digest, and the file passes CheckAdopted.
 // Without a verify key nothing is adopted, and a path that exists is
-// refused with the file as it was.
+// refused with the file as it was. What a crash left of the follower's
+// restores is removed, and nothing of another's.
 func TestAdoptSnapshot_ANewFollowersMirrorIsTheSnapshotsFile(t *testing.T) {
 	ctx := context.Background()
 	key := newKey(t)
@@ -79,6 +80,10 @@ func TestAdoptSnapshot_ANewFollowersMirrorIsTheSnapshotsFile(t *testing.T) {
 	path := filepath.Join(dir, "follower.db")
 	fc := cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "adopting", MaxWait: 100 * time.Millisecond,
 		SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: dir, Verifier: v, OnRejected: rej.add}
+	// What a crash left of this follower's restores goes; another
+	// follower's beside it stays.
+	mine, others := filepath.Join(dir, ".restore-adopting-1234"), filepath.Join(dir, ".restore-other-1234")
+	crashLeft(t, "mirror.db", mine, others)
 	info, found, err := cluster.AdoptSnapshot(ctx, js, fc, path, store.Options{})
 	if err != nil || !found {
 		t.Fatalf("AdoptSnapshot: found %v, %v", found, err)
@@ -89,8 +94,8 @@ func TestAdoptSnapshot_ANewFollowersMirrorIsTheSnapshotsFile(t *testing.T) {
 	if rej.get(signing.ReasonUnsigned) != 1 {
 		t.Errorf("unsigned snapshots passed over: %d, want 1 (the planted one)", rej.get(signing.ReasonUnsigned))
 	}
-	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 1 || left[0] != path {
-		t.Errorf("the snapshot directory holds %v, want the mirror alone", left)
+	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 2 || left[0] != others || left[1] != path {
+		t.Errorf("the snapshot directory holds %v, want the mirror and the other follower's download", left)
 	}
 
 	fst, err := store.Open(ctx, path, store.Options{})
@@ -286,4 +291,42 @@ func TestSnapshot_TheObjectIsCheckedAgainstItsSignedDigest(t *testing.T) {
 	// An object said to be empty is read without its digest checked.
 	forge(0)
 	restoredOlder("empty", "is not the signed")
+}
+
+// TestSnapshotter_RemovesWhatACrashLeft: a leader's snapshotter removes,
+// when it starts, the temporary copies a crash left of its mirror's
+// snapshots (a full copy of the mirror and its compressed file each), and
+// no other mirror's.
+func TestSnapshotter_RemovesWhatACrashLeft(t *testing.T) {
+	dir := t.TempDir()
+	mine, others := filepath.Join(dir, ".snapshot-leader.db-99"), filepath.Join(dir, ".snapshot-other.db-99")
+	crashLeft(t, "mirror.db.zst", mine, others)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	js, leader := newStreamLeader(t)
+	s := cluster.NewSnapshotter(js, leader.st, cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour,
+		Keep: 1, Dir: dir, Mirror: "leader.db"})
+	if err := s.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(mine); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the crash's copy of this mirror's snapshot is still there (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(others, "mirror.db.zst")); err != nil {
+		t.Errorf("another mirror's copy was removed: %v", err)
+	}
+}
+
+// crashLeft makes each of dirs with a file name in it, as a crash in a
+// snapshot's write or restore leaves them.
+func crashLeft(t *testing.T, name string, dirs ...string) {
+	t.Helper()
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, name), []byte("what a crash left"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -72,8 +72,10 @@ type SnapshotConfig struct {
 	// (but for Keep 1, while the one snapshot's successor is written).
 	Keep int
 	// Dir holds the temporary copy of the mirror: beside it, so that the
-	// copy is on the same disk and as private.
-	Dir string
+	// copy is on the same disk and as private. Mirror, the mirror file's
+	// name, names the copy's directory, so that Run removes those a crash
+	// left of this mirror's and no other's.
+	Dir, Mirror string
 	// Fence, when set, fences every snapshot by its record on the event
 	// stream (publish.Fence.RecordSnapshot): a snapshot whose record the
 	// server refused, since another replica leads, is deleted.
@@ -141,6 +143,7 @@ func (s *Snapshotter) Last() SnapshotInfo {
 // Failures are logged and retried; only ctx ends it, so that a NATS outage
 // never stops the leader's other duties.
 func (s *Snapshotter) Run(ctx context.Context) error {
+	removeStale(s.cfg.Dir, s.tempPrefix(), s.log)
 	poll := min(s.cfg.Every, 30*time.Second)
 	var obj jetstream.ObjectStore
 	next := time.Now()
@@ -243,7 +246,7 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 		return SnapshotInfo{}, fmt.Errorf("stream %s info: %w", s.cfg.Stream, err)
 	}
 	seq := si.State.LastSeq
-	dir, err := os.MkdirTemp(s.cfg.Dir, ".snapshot-")
+	dir, err := os.MkdirTemp(s.cfg.Dir, s.tempPrefix())
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("temporary directory for the snapshot: %w", err)
 	}
@@ -311,6 +314,26 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	}
 	s.setLast(info)
 	return info, nil
+}
+
+// tempPrefix begins the name of the directory a snapshot is written in.
+func (s *Snapshotter) tempPrefix() string { return ".snapshot-" + safeName(s.cfg.Mirror) + "-" }
+
+// safeName is name with no path separator, for a file name.
+func safeName(name string) string { return strings.NewReplacer("/", "_", `\`, "_").Replace(name) }
+
+// removeStale removes the directories in dir whose names begin with
+// prefix: the temporary files of a write or a restore a crash ended.
+func removeStale(dir, prefix string, log *slog.Logger) {
+	stale, _ := filepath.Glob(filepath.Join(dir, prefix+"*"))
+	for _, d := range stale {
+		if err := os.RemoveAll(d); err != nil {
+			log.Warn("removing what a crash left", "dir", d, "err", err)
+		}
+	}
+	if len(stale) > 0 {
+		log.Info("removed what writes or restores that did not finish left", "dirs", stale)
+	}
 }
 
 // unrecorded deletes snapshot name, whose record err kept off the stream:
@@ -648,12 +671,7 @@ var errSnapshotRefused = errors.New("snapshot refused")
 // is logged, counted and passed over for the next older one.
 func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, found bool, refused int, _ error) {
 	// A crash in a restore left its download behind.
-	if stale, _ := filepath.Glob(filepath.Join(r.dir, r.tempPrefix()+"*")); len(stale) > 0 {
-		for _, d := range stale {
-			_ = os.RemoveAll(d)
-		}
-		r.log.Info("removed the downloads of restores that did not finish", "dirs", stale)
-	}
+	removeStale(r.dir, r.tempPrefix(), r.log)
 	obj, err := r.js.ObjectStore(ctx, r.bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return SnapshotInfo{}, false, 0, nil
@@ -718,7 +736,7 @@ func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, fo
 // of this follower's (its consumer's name): a crash leaves it, and the next
 // restore removes it (another follower's beside it is left alone).
 func (r restorer) tempPrefix() string {
-	return ".restore-" + strings.NewReplacer("/", "_", `\`, "_").Replace(r.consumer) + "-"
+	return ".restore-" + safeName(r.consumer) + "-"
 }
 
 // snapshotRecords finds the records of snapshots on the event stream: a

@@ -216,6 +216,7 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 				Every:    sc.Every.Duration,
 				Keep:     sc.Keep,
 				Dir:      filepath.Dir(cfg.Store.Path),
+				Mirror:   filepath.Base(cfg.Store.Path),
 				Logger:   log.With("part", "snapshot"),
 				Fence:    a.Fence,
 				Signer:   a.Trust.Signer,
