@@ -82,7 +82,7 @@ func TestAdoptSnapshot_ANewFollowersMirrorIsTheSnapshotsFile(t *testing.T) {
 		SnapshotBucket: "snaps", Restore: cluster.RestoreWhenEmpty, SnapshotDir: dir, Verifier: v, OnRejected: rej.add}
 	// What a crash left of this follower's restores goes; another
 	// follower's beside it stays.
-	mine, others := filepath.Join(dir, ".restore-adopting-1234"), filepath.Join(dir, ".restore-other-1234")
+	mine, others := filepath.Join(dir, ".restore-adopting-1234"), filepath.Join(dir, ".restore-adopting-2-1234")
 	crashLeft(t, "mirror.db", mine, others)
 	info, found, err := cluster.AdoptSnapshot(ctx, js, fc, path, store.Options{})
 	if err != nil || !found {
@@ -299,7 +299,9 @@ func TestSnapshot_TheObjectIsCheckedAgainstItsSignedDigest(t *testing.T) {
 // no other mirror's.
 func TestSnapshotter_RemovesWhatACrashLeft(t *testing.T) {
 	dir := t.TempDir()
-	mine, others := filepath.Join(dir, ".snapshot-leader.db-99"), filepath.Join(dir, ".snapshot-other.db-99")
+	mine := filepath.Join(dir, ".snapshot-leader.db-99")
+	// Another mirror's, whose name begins like this one's.
+	others := filepath.Join(dir, ".snapshot-leader.db-2.db-99")
 	crashLeft(t, "mirror.db.zst", mine, others)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/publish"
@@ -322,17 +323,33 @@ func (s *Snapshotter) tempPrefix() string { return ".snapshot-" + safeName(s.cfg
 // safeName is name with no path separator, for a file name.
 func safeName(name string) string { return strings.NewReplacer("/", "_", `\`, "_").Replace(name) }
 
-// removeStale removes the directories in dir whose names begin with
-// prefix: the temporary files of a write or a restore a crash ended.
+// removeStale removes the directories in dir (the system's temporary
+// directory when "") that os.MkdirTemp made with prefix: prefix and its
+// random digits, no more; the temporary files of a write or a restore a
+// crash ended.
 func removeStale(dir, prefix string, log *slog.Logger) {
-	stale, _ := filepath.Glob(filepath.Join(dir, prefix+"*"))
-	for _, d := range stale {
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	var removed []string
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok || !e.IsDir() || rest == "" || strings.Trim(rest, "0123456789") != "" {
+			continue
+		}
+		d := filepath.Join(dir, e.Name())
 		if err := os.RemoveAll(d); err != nil {
 			log.Warn("removing what a crash left", "dir", d, "err", err)
+			continue
 		}
+		removed = append(removed, d)
 	}
-	if len(stale) > 0 {
-		log.Info("removed what writes or restores that did not finish left", "dirs", stale)
+	if len(removed) > 0 {
+		log.Info("removed what writes or restores that did not finish left", "dirs", removed)
 	}
 }
 
@@ -839,7 +856,7 @@ func (r restorer) restoreOne(
 		}
 		object, hash, bound = info.manifest.object, false, raw
 	}
-	sum, err := download(ctx, obj, info.Name, path, bound, object, hash)
+	sum, err := download(ctx, obj, info.Name, path, info.Bytes, bound, object, hash)
 	if err != nil {
 		return 0, err
 	}
@@ -873,23 +890,16 @@ func (r restorer) restoreOne(
 // (errSnapshotRefused) an object that has another digest, decompresses to
 // more than bound bytes (having written no more than that), or does not
 // decompress.
-func download(ctx context.Context, obj jetstream.ObjectStore, name, path string, bound int64,
+func download(ctx context.Context, obj jetstream.ObjectStore, name, path string, size, bound int64,
 	object string, hash bool) (string, error) {
-	// A download that stalls is given up (a read of the object waits for
-	// its next chunk for as long as the connection lives).
-	pctx, stop := context.WithCancelCause(ctx)
-	progress, watched := make(chan struct{}, 1), make(chan struct{})
-	go func() {
-		defer close(watched)
-		watchStall(pctx, stop, progress, downloadStall)
-	}()
-	defer func() {
-		stop(nil)
-		<-watched
-	}()
+	// The whole download has a deadline of its own: without one, nats.go
+	// gives the object's read 5 s in all, which a full-size snapshot over
+	// a link slower than about 300 Mbit/s does not make.
+	pctx, cancel := context.WithTimeout(ctx, downloadDeadline(size))
+	defer cancel()
 	r, err := obj.Get(pctx, name)
 	if err != nil {
-		return "", downloadErr(pctx, fmt.Errorf("get snapshot %s: %w", name, err))
+		return "", downloadErr(ctx, fmt.Errorf("get snapshot %s: %w", name, err))
 	}
 	defer r.Close()
 	if info, err := r.Info(); err != nil {
@@ -899,7 +909,7 @@ func download(ctx context.Context, obj jetstream.ObjectStore, name, path string,
 		return "", fmt.Errorf("%w: snapshot %s: the object (digest %s, %d bytes) is not the signed %s",
 			errSnapshotRefused, name, info.Digest, info.Size, object)
 	}
-	dec, err := zstd.NewReader(progressReader{r, progress}, zstd.WithDecoderConcurrency(1),
+	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1),
 		zstd.WithDecoderMaxWindow(maxRestoreWindow),
 		zstd.WithDecoderMaxMemory(maxRestoreWindow))
 	if err != nil {
@@ -910,11 +920,11 @@ func download(ctx context.Context, obj jetstream.ObjectStore, name, path string,
 	if err != nil {
 		return "", fmt.Errorf("create %s: %w", path, err)
 	}
-	var w io.Writer = f
+	var w io.Writer = localWriter{f}
 	var h *hashWriter
 	if hash {
 		h = newHashWriter()
-		w = io.MultiWriter(f, h)
+		w = io.MultiWriter(w, h)
 	}
 	_, err = io.CopyN(w, dec, bound)
 	sum := ""
@@ -922,7 +932,9 @@ func download(ctx context.Context, obj jetstream.ObjectStore, name, path string,
 		sum = h.Sum()
 	}
 	if cerr := f.Close(); err == nil || errors.Is(err, io.EOF) {
-		err = cerr
+		if err = cerr; err != nil {
+			err = fmt.Errorf("%w: %w", errDownloadLocal, err)
+		}
 	}
 	if err == nil {
 		// Exactly bound bytes so far: one more, read but not written,
@@ -935,61 +947,56 @@ func download(ctx context.Context, obj jetstream.ObjectStore, name, path string,
 		_, err = io.Copy(io.Discard, r)
 	}
 	switch {
-	case pctx.Err() != nil:
-		return "", downloadErr(pctx, fmt.Errorf("download snapshot %s: %w", name, pctx.Err()))
-	case err != nil:
-		return "", fmt.Errorf("%w: download snapshot %s: %w", errSnapshotRefused, name, err)
+	case ctx.Err() != nil:
+		return "", ctx.Err()
+	case err == nil:
+		return sum, nil
+	case pctx.Err() != nil || errors.Is(err, nats.ErrTimeout) || errors.Is(err, errDownloadLocal):
+		return "", downloadErr(ctx, fmt.Errorf("download snapshot %s: %w", name, err))
 	}
-	return sum, nil
+	return "", fmt.Errorf("%w: download snapshot %s: %w", errSnapshotRefused, name, err)
 }
 
-// downloadStall is how long a download may go without a byte of the
-// object before it is given up (errDownloadStalled).
-var downloadStall = time.Minute
+// downloadFloor and downloadRate give a download its deadline: a minute,
+// and its object's time at 1 MiB/s on top (the full-size benchmark
+// snapshot, 193 MB: 4 minutes in all). A download that misses it, or is
+// refused by the disk, is given up as not the snapshot's failure
+// (errDownloadFailed): an older snapshot would fare no better.
+var (
+	downloadFloor       = time.Minute
+	downloadRate  int64 = 1 << 20
+)
 
-// errDownloadStalled is a download given up for receiving nothing for
-// downloadStall: not the snapshot's failure.
-var errDownloadStalled = errors.New("the snapshot's download received nothing for too long")
-
-// watchStall ends ctx with errDownloadStalled once progress has not been
-// signalled for stall, or returns when ctx ends.
-func watchStall(ctx context.Context, stop context.CancelCauseFunc, progress <-chan struct{}, stall time.Duration) {
-	t := time.NewTimer(stall)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-progress:
-			t.Reset(stall)
-		case <-t.C:
-			stop(errDownloadStalled)
-			return
-		}
-	}
+// downloadDeadline is how long the download of an object of size bytes
+// may take.
+func downloadDeadline(size int64) time.Duration {
+	return downloadFloor + time.Duration(max(size, 0)/downloadRate)*time.Second
 }
 
-// downloadErr is err, or the stall that ended ctx.
+// errDownloadFailed marks a download that failed for other reasons than
+// the snapshot's own: too slow, or the disk's; errDownloadLocal, one the
+// disk refused.
+var (
+	errDownloadFailed = errors.New("the snapshot's download did not finish")
+	errDownloadLocal  = errors.New("writing the download")
+)
+
+// downloadErr is err as the download's failure (errDownloadFailed), or
+// ctx's error when ctx ended.
 func downloadErr(ctx context.Context, err error) error {
-	if cause := context.Cause(ctx); errors.Is(cause, errDownloadStalled) {
-		return fmt.Errorf("%w: %w", cause, err)
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
-	return err
+	return fmt.Errorf("%w: %w", errDownloadFailed, err)
 }
 
-// progressReader signals progress for every read that returns bytes.
-type progressReader struct {
-	r        io.Reader
-	progress chan<- struct{}
-}
+// localWriter marks the errors of writing the download (errDownloadLocal).
+type localWriter struct{ w io.Writer }
 
-func (p progressReader) Read(b []byte) (int, error) {
-	n, err := p.r.Read(b)
-	if n > 0 {
-		select {
-		case p.progress <- struct{}{}:
-		default:
-		}
+func (l localWriter) Write(p []byte) (int, error) {
+	n, err := l.w.Write(p)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", errDownloadLocal, err)
 	}
 	return n, err
 }

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/testutil"
@@ -42,7 +44,8 @@ func TestDownload_Bounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "mirror.db")
-	if _, err := download(ctx, obj, "mirror-bomb", path, bound, "", false); !errors.Is(err, errSnapshotRefused) {
+	_, err = download(ctx, obj, "mirror-bomb", path, int64(b.Len()), bound, "", false)
+	if !errors.Is(err, errSnapshotRefused) {
 		t.Fatalf("download = %v, want refused", err)
 	}
 	fi, err := os.Stat(path)
@@ -53,20 +56,21 @@ func TestDownload_Bounded(t *testing.T) {
 		t.Errorf("wrote %d bytes, more than the bound %d", fi.Size(), bound)
 	}
 	// Within the bound, it is taken whole.
-	if _, err := download(ctx, obj, "mirror-bomb", filepath.Join(t.TempDir(), "ok.db"), 64*bound, "", false); err != nil {
+	if _, err := download(ctx, obj, "mirror-bomb", filepath.Join(t.TempDir(), "ok.db"), int64(b.Len()), 64*bound, "",
+		false); err != nil {
 		t.Errorf("download within the bound: %v", err)
 	}
 }
 
-// stallingStore is an object store whose objects stop arriving after
-// their first bytes, as over a connection that stalls: a read then waits
-// until its context ends, as the object store's own reader does.
-type stallingStore struct {
+// timingOutStore is an object store whose objects stop arriving after
+// their first bytes, as over a connection that stalls: a read then fails
+// as nats.go's reader does at its context's deadline (nats.ErrTimeout).
+type timingOutStore struct {
 	jetstream.ObjectStore
 	after int
 }
 
-func (s stallingStore) Get(
+func (s timingOutStore) Get(
 	ctx context.Context,
 	name string,
 	opts ...jetstream.GetObjectOpt,
@@ -75,32 +79,34 @@ func (s stallingStore) Get(
 	if err != nil {
 		return nil, err
 	}
-	return &stallingResult{ObjectResult: r, ctx: ctx, left: s.after}, nil
+	return &timingOutResult{ObjectResult: r, left: s.after}, nil
 }
 
-type stallingResult struct {
+type timingOutResult struct {
 	jetstream.ObjectResult
-	ctx  context.Context
 	left int
 }
 
-func (r *stallingResult) Read(p []byte) (int, error) {
+func (r *timingOutResult) Read(p []byte) (int, error) {
 	if r.left <= 0 {
-		<-r.ctx.Done()
-		return 0, r.ctx.Err()
+		return 0, nats.ErrTimeout
 	}
 	n, err := r.ObjectResult.Read(p[:min(len(p), r.left)])
 	r.left -= n
 	return n, err
 }
 
-// TestDownload_AStallIsGivenUp: a download whose object stops arriving is
-// given up once nothing came for downloadStall, as a stall
-// (errDownloadStalled), not as the snapshot's failure: an older snapshot
-// would not be tried for it.
-func TestDownload_AStallIsGivenUp(t *testing.T) {
+// TestDownload_ADownloadThatDoesNotFinishIsNotRefused: a download past its
+// deadline is given up as a failed download (errDownloadFailed), not as the
+// snapshot's refusal, which would have the older ones tried and counted:
+// over a real connection that stalls before the object comes (its
+// deadline shortened), and when the object's reader times out midway.
+// The deadline grows with the object's size.
+func TestDownload_ADownloadThatDoesNotFinishIsNotRefused(t *testing.T) {
 	ctx := context.Background()
-	js := testutil.JetStream(t, testutil.NATS(t).URL())
+	ns := testutil.NATS(t)
+	proxy := testutil.NewFaultProxy(t, strings.TrimPrefix(ns.URL(), "nats://"))
+	js := testutil.JetStream(t, "nats://"+proxy.Addr())
 	obj, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "snaps"})
 	if err != nil {
 		t.Fatal(err)
@@ -114,18 +120,31 @@ func TestDownload_AStallIsGivenUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	enc.Close()
-	if _, err := obj.PutBytes(ctx, "mirror-stalls", b.Bytes()); err != nil {
+	if _, err := obj.PutBytes(ctx, "mirror-slow", b.Bytes()); err != nil {
 		t.Fatal(err)
 	}
-	defer func(d time.Duration) { downloadStall = d }(downloadStall)
-	downloadStall = 100 * time.Millisecond
-	path := filepath.Join(t.TempDir(), "mirror.db")
-	_, err = download(ctx, stallingStore{obj, b.Len() / 2}, "mirror-stalls", path, 1<<30, "", false)
-	if !errors.Is(err, errDownloadStalled) || errors.Is(err, errSnapshotRefused) {
-		t.Fatalf("a stalled download: %v, want errDownloadStalled and not a refusal", err)
+	size := int64(b.Len())
+	if got, want := downloadDeadline(200<<20), downloadFloor+200*time.Second; got != want {
+		t.Errorf("the deadline of 200 MiB: %v, want %v", got, want)
 	}
-	// The same object, arriving whole, is taken.
-	if _, err := download(ctx, obj, "mirror-stalls", filepath.Join(t.TempDir(), "ok.db"), 1<<30, "", false); err != nil {
-		t.Errorf("the whole object: %v", err)
+
+	_, err = download(ctx, timingOutStore{obj, b.Len() / 2}, "mirror-slow", filepath.Join(t.TempDir(), "m.db"),
+		size, 1<<30, "", false)
+	if !errors.Is(err, errDownloadFailed) || errors.Is(err, errSnapshotRefused) {
+		t.Errorf("a read that timed out midway: %v, want errDownloadFailed and not a refusal", err)
 	}
+
+	defer func(d time.Duration) { downloadFloor = d }(downloadFloor)
+	downloadFloor = 300 * time.Millisecond
+	proxy.Stall()
+	_, err = download(ctx, obj, "mirror-slow", filepath.Join(t.TempDir(), "m.db"), size, 1<<30, "", false)
+	if !errors.Is(err, errDownloadFailed) || errors.Is(err, errSnapshotRefused) {
+		t.Errorf("over a stalled connection: %v, want errDownloadFailed and not a refusal", err)
+	}
+	proxy.Heal()
+	downloadFloor = time.Minute
+	testutil.Eventually(t, 30*time.Second, func() error {
+		_, err := download(ctx, obj, "mirror-slow", filepath.Join(t.TempDir(), "ok.db"), size, 1<<30, "", false)
+		return err
+	})
 }

@@ -9,6 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // ErrMirrorExists is AdoptFile's refusal of a mirror path that exists.
@@ -108,6 +111,17 @@ func removeDatabase(path string) {
 	}
 }
 
+// corrupt reports whether err is SQLite's finding that the file is
+// damaged (SQLITE_CORRUPT) or not a database (SQLITE_NOTADB).
+func corrupt(err error) bool {
+	var serr *sqlite.Error
+	if !errors.As(err, &serr) {
+		return false
+	}
+	code := serr.Code() & 0xff
+	return code == sqlite3.SQLITE_CORRUPT || code == sqlite3.SQLITE_NOTADB
+}
+
 // ErrAdoptedUnsound is CheckAdopted's finding that the mirror AdoptFile
 // made is not what its leader's digest says, or fails quick_check.
 var ErrAdoptedUnsound = errors.New("the adopted snapshot is unsound")
@@ -147,25 +161,32 @@ func (s *Store) CheckAdopted(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("check the adopted snapshot: %w", err)
 	}
-	kept, err := readDigest(ctx, tx)
-	var rows ReplicaDigest
+	// quick_check first: a damaged page fails the digest's reads too,
+	// and is then reported as such.
+	problems, err := quickCheckLines(ctx, tx)
+	var kept, rows ReplicaDigest
+	if err == nil {
+		kept, err = readDigest(ctx, tx)
+	}
 	if err == nil {
 		rows, err = computeDigest(ctx, tx)
 	}
-	var problems []string
-	if err == nil {
-		problems, err = quickCheckLines(ctx, tx)
-	}
 	_ = tx.Rollback()
+	var unsound []string
+	if corrupt(err) {
+		unsound, err = append(unsound, err.Error()), nil
+	}
 	if err != nil {
 		return fmt.Errorf("check the adopted snapshot: %w", err)
 	}
-	var unsound []string
-	damaged := len(problems) != 1 || problems[0] != "ok"
-	if damaged {
+	damaged := len(unsound) > 0 || len(problems) != 1 || problems[0] != "ok"
+	if len(problems) > 0 && (len(problems) != 1 || problems[0] != "ok") {
 		unsound = append(unsound, "quick_check: "+strings.Join(problems, "; "))
 	}
-	diff := kept.Diff(rows)
+	diff := ""
+	if !damaged {
+		diff = kept.Diff(rows)
+	}
 	if diff != "" {
 		unsound = append(unsound, "its replica digest differs from its rows in table "+diff)
 	}
