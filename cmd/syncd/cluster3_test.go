@@ -180,7 +180,8 @@ func TestCluster_ThreeNodes(t *testing.T) {
 		if t.Failed() {
 			for _, n := range logged {
 				if n.out != nil {
-					t.Logf("%s log tail:\n%s", n.name, tail(n.out.String(), 30))
+					t.Logf("%s log tail:\n%s", n.name, logTail(n.out.String(), 40))
+					t.Logf("%s role lines:\n%s", n.name, roleLines(withoutDebug(n.out.String())))
 					keepLog(t, n)
 				}
 			}

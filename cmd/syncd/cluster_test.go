@@ -392,6 +392,30 @@ func tail(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
+// withoutDebug is log without its DEBUG and empty lines.
+func withoutDebug(log string) string {
+	var lines []string
+	for _, l := range strings.Split(log, "\n") {
+		if l != "" && !strings.Contains(l, `"level":"DEBUG"`) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// logTail is the last n lines a replica logged before the goroutine dump
+// a failed test has it write (SIGQUIT), but for DEBUG lines: what a failure
+// is read against where the whole log is not kept (.ci/run keeps only the
+// test's output; SYNCD_TEST_LOGDIR keeps it all).
+func logTail(out string, n int) string {
+	logged, dump, dumped := strings.Cut(out, "SIGQUIT: quit")
+	s := tail(withoutDebug(logged), n)
+	if dumped {
+		s += fmt.Sprintf("\n(then a goroutine dump of %d lines)", strings.Count(dump, "\n"))
+	}
+	return s
+}
+
 // TestCluster_LeaderFrozenPastItsLease freezes the leader (SIGSTOP) for
 // three lease TTLs while tags are created and moved, so that the standby
 // takes over; the old leader wakes up (SIGCONT), stands by, and leads again

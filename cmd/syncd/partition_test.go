@@ -85,7 +85,7 @@ func startPartitionWorld(t *testing.T, seed int64, ttl time.Duration) *partition
 		if t.Failed() {
 			for _, n := range []*node{pw.a, pw.b, pw.f} {
 				if n.out != nil {
-					t.Logf("%s log tail:\n%s", n.name, tail(n.out.String(), 30))
+					t.Logf("%s log tail:\n%s", n.name, logTail(n.out.String(), 40))
 					t.Logf("%s role and KV lines:\n%s", n.name, roleLines(n.out.String()))
 					keepLog(t, n)
 				}
