@@ -14,9 +14,10 @@ import (
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
-// markingSource is a snapshot source whose backup, once done, has another
-// replica begin its term: the snapshot's upload and record come after the
-// newer term's markers, as when the leader paused while it copied.
+// markingSource is a snapshot source that calls newer once its backup is
+// done: another replica's term begins (the snapshot's upload and record
+// come after the newer term's markers, as when the leader paused while it
+// copied), or the relay publishes what the copy holds unpublished.
 type markingSource struct {
 	cluster.SnapshotSource
 	newer func()

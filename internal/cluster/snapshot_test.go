@@ -120,14 +120,14 @@ func mirrorRows(t *testing.T, st *store.Store) string {
 // after the stream dropped its oldest events restores the newest snapshot,
 // follows the stream after the sequence it covers, and ends with the
 // leader's mirror, including the events the leader had committed but not
-// published when it took the snapshot. Older snapshots beyond keep are
-// deleted.
+// published when it copied the mirror (published after the copy, before
+// the snapshot is put). Older snapshots beyond keep are deleted.
 func TestSnapshot_FollowerAfterStreamDroppedEvents(t *testing.T) {
 	ctx := context.Background()
 	js, leader := newStreamLeader(t)
 	snaps := cluster.NewSnapshotter(
 		js,
-		leader.st,
+		markingSource{SnapshotSource: leader.st, newer: leader.publish},
 		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()},
 	)
 	var info cluster.SnapshotInfo
@@ -171,16 +171,7 @@ func TestSnapshot_FollowerAfterStreamDroppedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer follower.Close()
-	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
-		MaxWait: 200 * time.Millisecond, SnapshotBucket: "snaps", SnapshotDir: t.TempDir()})
-	if err := f.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f, follower := restoringFollower(t, js)
 	if got := f.Restored(); got.Name != info.Name || got.Seq != info.Seq {
 		t.Errorf("restored %+v, want the newest snapshot %+v", got, info)
 	}
@@ -246,6 +237,7 @@ func TestSnapshot_WriteStoppedEarly(t *testing.T) {
 	ctx := context.Background()
 	js, leader := newStreamLeader(t)
 	leader.change(500)
+	leader.publish()
 	dir := t.TempDir()
 	snaps := cluster.NewSnapshotter(
 		js,
@@ -273,6 +265,7 @@ func TestSnapshot_WriteStoppedEarly(t *testing.T) {
 // instant, found three.
 func TestSnapshotter_NeverHoldsMoreThanKeep(t *testing.T) {
 	js, leader := newStreamLeader(t)
+	leader.publish()
 	records, err := js.Conn().SubscribeSync("$O.snaps.M.>")
 	if err != nil {
 		t.Fatal(err)
@@ -378,4 +371,86 @@ func TestSnapshot_RestoreRecordedBeforeTheConsumerIsDeleted(t *testing.T) {
 	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
 		t.Errorf("follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
 	}
+}
+
+// TestSnapshot_NotPutWithUnpublishedEvents: a snapshot whose copy holds
+// events its leader has not published is not put until they are: a
+// replica restoring it counts them as published, so had the leader died
+// first they would never reach the stream (TestCluster_ThreeNodes lost two
+// moves that way in a failover). Unpublished past PublishWait, the write
+// fails (ErrUnpublished) and the bucket holds nothing; published meanwhile,
+// the snapshot is put, and a follower restoring it finds every one of its
+// events on the stream.
+func TestSnapshot_NotPutWithUnpublishedEvents(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	leader.publish()
+	leader.change(2) // committed, not yet published
+	cfg := cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir(),
+		PublishWait: 200 * time.Millisecond}
+	if _, err := cluster.NewSnapshotter(js, leader.st, cfg).Write(ctx, nil); !errors.Is(err, cluster.ErrUnpublished) {
+		t.Fatalf("Write with unpublished events = %v, want ErrUnpublished", err)
+	}
+	if obj, err := js.ObjectStore(ctx, "snaps"); err == nil {
+		if list, _ := obj.List(ctx); len(list) != 0 {
+			t.Fatalf("the bucket holds %d snapshots, want none", len(list))
+		}
+	}
+	cfg.PublishWait = 30 * time.Second
+	info, err := cluster.NewSnapshotter(js, markingSource{SnapshotSource: leader.st, newer: leader.publish}, cfg).
+		Write(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, follower := restoringFollower(t, js)
+	if got := f.Restored(); got.Name != info.Name {
+		t.Fatalf("restored %q, want %s", got.Name, info.Name)
+	}
+	onStream := map[string]bool{}
+	stream, err := js.Stream(ctx, "EV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, _ := stream.Info(ctx)
+	for seq := si.State.FirstSeq; seq <= si.State.LastSeq; seq++ {
+		if m, err := stream.GetMsg(ctx, seq); err == nil {
+			onStream[m.Header.Get(jetstream.MsgIDHeader)] = true
+		}
+	}
+	rows, err := follower.Reader().QueryContext(ctx, `SELECT id FROM event_log`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if !onStream[id] {
+			t.Errorf("event %s is in the restored mirror, counted published, and not on the stream", id)
+		}
+	}
+	if n == 0 {
+		t.Fatal("the restored mirror holds no event")
+	}
+}
+
+// restoringFollower is a follower, consumer f1, of stream EV into a new
+// mirror, restoring it from bucket snaps; caught up.
+func restoringFollower(t *testing.T, js jetstream.JetStream) (*cluster.Follower, *store.Store) {
+	t.Helper()
+	follower, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { follower.Close() })
+	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
+		MaxWait: 200 * time.Millisecond, SnapshotBucket: "snaps", SnapshotDir: t.TempDir()})
+	if err := f.CatchUp(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return f, follower
 }

@@ -325,3 +325,28 @@ func (e Event) Age() time.Duration {
 	}
 	return time.Since(e.CreatedTime)
 }
+
+// UnpublishedThrough counts the events up to event sequence seq that the
+// mirror has not published yet.
+func (s *Store) UnpublishedThrough(ctx context.Context, seq int64) (int, error) {
+	var n int
+	if err := s.r.QueryRowContext(ctx, `SELECT count(*) FROM outbox WHERE seq <= ?`, seq).Scan(&n); err != nil {
+		return 0, fmt.Errorf("read outbox: %w", err)
+	}
+	return n, nil
+}
+
+// OutboxHighest is the highest event sequence the outbox of the database
+// at path (a Backup's copy) holds; 0 when it holds none.
+func OutboxHighest(ctx context.Context, path string) (int64, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_pragma=query_only(1)")
+	if err != nil {
+		return 0, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer db.Close()
+	var seq int64
+	if err := db.QueryRowContext(ctx, `SELECT COALESCE(max(seq), 0) FROM outbox`).Scan(&seq); err != nil {
+		return 0, fmt.Errorf("read the outbox of %s: %w", path, err)
+	}
+	return seq, nil
+}

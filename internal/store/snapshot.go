@@ -94,8 +94,10 @@ func (s *Store) SnapshotSeq(ctx context.Context) (uint64, error) {
 // records seq, the stream sequence it covers, in one transaction.
 //
 // The snapshot's events count as published: those its leader had not
-// published yet reach the stream later, and the follower skips them there
-// by id, since they are in the mirror already; were they left in the
+// published yet when it copied its mirror reach the stream after the
+// snapshot's sequence (the leader puts the snapshot only once they have:
+// cluster.Snapshotter), and the follower skips them there by id, since
+// they are in the mirror already; were they left in the
 // outbox, a follower that becomes the leader would publish them again, and
 // one that never meets them (acknowledged before the snapshot's sequence,
 // marked published only after the copy) could never compare a checkpoint.
