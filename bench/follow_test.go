@@ -118,6 +118,10 @@ func writeSnapshot(
 	if err != nil {
 		return cluster.SnapshotInfo{}, nil, err
 	}
+	// A snapshot is put only once what its copy holds is published.
+	if err := publish.NewRelay(conn.JS, src, pcfg).Flush(ctx); err != nil {
+		return cluster.SnapshotInfo{}, nil, err
+	}
 	snaps := cluster.NewSnapshotter(
 		conn.JS,
 		src,
