@@ -1006,13 +1006,16 @@ func download(ctx context.Context, obj jetstream.ObjectStore, name, path string,
 	return "", fmt.Errorf("%w: download snapshot %s: %w", errSnapshotRefused, name, err)
 }
 
-// downloadFloor and downloadRate give a download its deadline: a minute,
-// and its object's time at 1 MiB/s on top (the full-size benchmark
-// snapshot, 193 MB: 4 minutes in all). A download that misses it, or is
-// refused by the disk, is given up as not the snapshot's failure
-// (errDownloadFailed): an older snapshot would fare no better.
+// downloadFloor and downloadRate give a download its deadline: 10 s, and
+// its object's time at 1 MiB/s on top (the full-size benchmark snapshot,
+// 193 MB: 194 s in all). A download that misses it, or is refused by the
+// disk, is given up as not the snapshot's failure (errDownloadFailed): an
+// older snapshot would fare no better. nats.go's reads of the object wait
+// for their next chunk until the deadline, so it is also how long a stalled
+// download holds a repair up: with a floor of a minute, a standby whose
+// download stalled in a partition missed the next checkpoint by far.
 var (
-	downloadFloor       = time.Minute
+	downloadFloor       = 10 * time.Second
 	downloadRate  int64 = 1 << 20
 )
 

@@ -142,7 +142,7 @@ func TestDownload_ADownloadThatDoesNotFinishIsNotRefused(t *testing.T) {
 		t.Errorf("over a stalled connection: %v, want errDownloadFailed and not a refusal", err)
 	}
 	proxy.Heal()
-	downloadFloor = time.Minute
+	downloadFloor = 10 * time.Second
 	testutil.Eventually(t, 30*time.Second, func() error {
 		_, err := download(ctx, obj, "mirror-slow", filepath.Join(t.TempDir(), "ok.db"), size, 1<<30, "", false)
 		return err
