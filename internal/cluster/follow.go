@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -977,7 +978,7 @@ func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, pending ui
 		defer close(b.done)
 		defer cancel()
 		if b.err == nil {
-			b.err = b.collect(batch, f)
+			b.err = b.collect(fctx, batch, f)
 		}
 	}()
 	return b
@@ -1094,6 +1095,43 @@ func (b *pulled) wait() error {
 	return b.err
 }
 
+// fetchGrace is how long a fetch's messages may go on after its context
+// ended before the fetch is given up (errFetchStuck).
+var fetchGrace = 2 * time.Second
+
+// errFetchStuck is a fetch whose messages did not end with its context.
+var errFetchStuck = errors.New("the fetch's messages did not end with its context")
+
+// fetched yields batch's messages until the batch ends, or until
+// fetchGrace after ctx ended with the batch still open, and then sets
+// stuck: across a partition's heal, nats.go once left a fetch's messages
+// open after its context expired, and a standby waited on it for good
+// (TestCluster_StreamLeaderNodePartitioned: its goroutine dump). The
+// messages not taken are the consumer's to deliver again, and the next
+// fetch reads a gap they leave from the stream itself (withMissing).
+func fetched(ctx context.Context, batch jetstream.MessageBatch, stuck *bool) iter.Seq[jetstream.Msg] {
+	return func(yield func(jetstream.Msg) bool) {
+		msgs, done := batch.Messages(), ctx.Done()
+		var grace <-chan time.Time
+		for {
+			select {
+			case m, ok := <-msgs:
+				if !ok || !yield(m) {
+					return
+				}
+			case <-done:
+				done = nil
+				t := time.NewTimer(fetchGrace)
+				defer t.Stop()
+				grace = t.C
+			case <-grace:
+				*stuck = true
+				return
+			}
+		}
+	}
+}
+
 // pendingCheck is a checkpoint of a batch: at is how many of the batch's
 // events come before it, seq its stream sequence.
 type pendingCheck struct {
@@ -1105,9 +1143,15 @@ type pendingCheck struct {
 // collect takes the batch's messages, decoding them; a message that is not
 // a syncd event or checkpoint, or not signed by the leader when f verifies
 // signatures, is terminated, never to come again.
-func (b *pulled) collect(batch jetstream.MessageBatch, f *Follower) error {
+func (b *pulled) collect(ctx context.Context, batch jetstream.MessageBatch, f *Follower) error {
 	log, onReject := f.log, f.cfg.OnReject
-	for m := range batch.Messages() {
+	stuck := false
+	defer func() {
+		if stuck {
+			log.Warn("a fetch did not end with its context; fetching again", "grace", fetchGrace.String())
+		}
+	}()
+	for m := range fetched(ctx, batch, &stuck) {
 		var seq uint64
 		if md, err := m.Metadata(); err == nil {
 			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream
@@ -1163,6 +1207,9 @@ func (b *pulled) collect(batch jetstream.MessageBatch, f *Follower) error {
 		!errors.Is(err, jetstream.ErrNoMessages) &&
 		!errors.Is(err, jetstream.ErrBatchCompleted) {
 		return err
+	}
+	if stuck {
+		return errFetchStuck
 	}
 	return nil
 }
