@@ -17,3 +17,11 @@ func SetKVQueueWait(k *KV, d time.Duration) { k.queueWait = d }
 
 // KVDirty reports whether the buckets are due a reconciliation.
 func KVDirty(k *KV) bool { return k.dirty.Load() }
+
+// SetWatchStall sets how long a watch of a bucket's values may wait for
+// the next one, restoring it when tb ends.
+func SetWatchStall(tb interface{ Cleanup(func()) }, d time.Duration) {
+	old := watchStall
+	watchStall = d
+	tb.Cleanup(func() { watchStall = old })
+}

@@ -891,8 +891,22 @@ func (k *KV) reconcile(ctx context.Context) (ReconcileStats, error) {
 
 // bucketValues reads every live key of kv with its value.
 func bucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte, error) {
+	// nats.go makes the watch's consumer with a request bounded only by
+	// the context, and delivers its values with no deadline at all: a
+	// stream whose consumer is never made (a cluster without quorum) or
+	// that stops delivering would hold the relay's pass, and every
+	// publish after it, for good. Each value must come within watchStall
+	// of the one before.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stalled := fmt.Errorf("%w: nothing came for %s (is JetStream without quorum?)", errWatchStalled, watchStall)
+	stall := time.AfterFunc(watchStall, func() { cancel(stalled) })
+	defer stall.Stop()
 	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, errWatchStalled) {
+			err = cause
+		}
 		return nil, err
 	}
 	defer w.Stop()
@@ -900,6 +914,10 @@ func bucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte
 	for {
 		select {
 		case e := <-w.Updates():
+			if !stall.Reset(watchStall) {
+				<-ctx.Done() // it went off meanwhile, and cancels
+				return nil, context.Cause(ctx)
+			}
 			if e == nil {
 				return out, nil // the initial values are all in
 			}
@@ -908,10 +926,18 @@ func bucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte
 			}
 			out[e.Key()] = e.Value()
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, context.Cause(ctx)
 		}
 	}
 }
+
+// watchStall is how long a watch of a bucket's values may wait for the
+// next one (or, at its start, for its consumer) before bucketValues gives
+// it up with errWatchStalled.
+var watchStall = 10 * time.Second
+
+// errWatchStalled is a watch of a bucket that stopped delivering.
+var errWatchStalled = errors.New("the watch of the bucket's values stalled")
 
 // sameState reports whether two values of a bucket hold the same state,
 // whichever event set it. A tag's update time is left out: a move's event

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -390,4 +391,65 @@ func TestKV_FullQueueReconciles(t *testing.T) {
 	if len(tags) != 6 || len(bucketContents(t, k.Bucket("repo"))) != 2 {
 		t.Errorf("buckets hold %d tags and %d repos, want 6 and 2", len(tags), len(bucketContents(t, k.Bucket("repo"))))
 	}
+}
+
+// TestKV_AStalledWatchDoesNotHoldThePublishes: the reconciliation at a
+// relay's start reads the buckets through a watch, which nats.go makes
+// and fills with no deadline of its own. With the buckets' connection in
+// a black hole (a stream without quorum answers nothing either), the
+// watch is given up after watchStall and the pass publishes its events
+// all the same; the buckets stay due a reconciliation, which the next
+// pass after the heal does. Without the bound, the first pass waited on
+// the watch for good and published nothing (TestCluster_ThreeNodes: a new
+// leader whose relay never published).
+func TestKV_AStalledWatchDoesNotHoldThePublishes(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	c := mustConnect(t, srv.config(nil))
+	proxy := testutil.NewFaultProxy(t, strings.TrimPrefix(srv.URL(), "nats://"))
+	kc := mustConnect(t, configFor("nats://"+proxy.Addr(), nil))
+	st := mustOpenStore(t)
+	k := mustOpenKV(t, kc.JS, st)
+	p := newProducer(t, st)
+	p.addRepos(ctx, "base", 2, 3)
+
+	publish.SetWatchStall(t, 300*time.Millisecond)
+	proxy.BlackHole()
+	r := publish.NewRelay(c.JS, st, srv.config(nil), publish.WithKV(k))
+	done := make(chan error, 1)
+	go func() {
+		fctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		done <- r.Flush(fctx)
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "stalled") {
+			t.Errorf("Flush with the buckets unreachable: %v, want the stalled watch named", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the relay's pass still waits on the watch of an unreachable bucket after 20 s")
+	}
+	if err := unpublished(t, st)(); err != nil {
+		t.Errorf("with the buckets unreachable: %v", err)
+	}
+	if want := len(storedEvents(t, st)); want < 8 {
+		t.Errorf("the mirror holds %d events, want at least the 2 repos' and 6 tags'", want)
+	} else if got := consumeAll(t, c.JS, want); len(got) != want {
+		t.Errorf("the stream holds %d events, want the mirror's %d", len(got), want)
+	}
+	if !publish.KVDirty(k) {
+		t.Error("the buckets are not due a reconciliation after a watch that stalled")
+	}
+
+	proxy.Heal()
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if _, err := k.Reconcile(ctx); err != nil {
+			return err
+		}
+		if n := len(tagValues(t, k.Bucket("tag"))); n != 6 {
+			return fmt.Errorf("the tags bucket holds %d keys after the heal, want 6", n)
+		}
+		return nil
+	})
 }
