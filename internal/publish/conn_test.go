@@ -289,3 +289,37 @@ func writePEM(t *testing.T, path, typ string, der []byte) {
 		t.Fatal(err)
 	}
 }
+
+// TestConnect_AuthErrorsOnReconnectDoNotCloseTheConnection: a server that
+// comes back refusing the credentials (a password changed, an account not
+// loaded yet) refuses every reconnection; nats.go's default closes the
+// connection for good at the second refusal, leaving the process up with
+// no connection. The connection keeps trying, logs the refusals, and
+// reconnects once the server accepts the credentials again.
+func TestConnect_AuthErrorsOnReconnectDoNotCloseTheConnection(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	const password = "pw-s3cret-0815"
+	var logs logBuffer
+	srv := startServer(t, func(o *server.Options) { o.Username, o.Password = "syncd", password })
+	cfg := srv.config(logs.logger())
+	cfg.User, cfg.Password = "syncd", password
+	conn := mustConnect(t, cfg)
+
+	srv.Stop()
+	srv.Configure(func(o *server.Options) { o.Password = "changed-pw-9999" })
+	srv.Start()
+	testutil.WaitFor(t, 15*time.Second, "three refused reconnections", func() bool {
+		return strings.Count(strings.ToLower(logs.String()), "authorization violation") >= 3
+	})
+	if conn.NC.IsClosed() {
+		t.Fatal("the connection was closed after its reconnections were refused")
+	}
+
+	srv.Stop()
+	srv.Configure(func(o *server.Options) { o.Password = password })
+	srv.Start()
+	testutil.WaitFor(t, 15*time.Second, "the reconnection", func() bool { return conn.NC.IsConnected() })
+	if strings.Contains(logs.String(), password) {
+		t.Errorf("log reveals the password:\n%s", logs.String())
+	}
+}

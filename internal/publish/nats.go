@@ -217,6 +217,13 @@ func connOptions(cfg Config, log *slog.Logger, closed chan struct{}) ([]nats.Opt
 		nats.PingInterval(pingInterval),
 		nats.MaxPingsOutstanding(maxPingsOut),
 		nats.MaxReconnects(-1),
+		// nats.go closes the connection for good when a reconnection meets
+		// the same authorization error twice (credentials revoked, or a
+		// server restarted before its accounts were loaded): the process
+		// would stay up with no lease, relay or follower. It keeps trying
+		// instead, each failure logged (ErrorHandler), and reconnects once
+		// the server accepts the credentials again.
+		nats.IgnoreAuthErrorAbort(),
 		nats.CustomReconnectDelay(func(attempts int) time.Duration { return reconnectDelay(attempts, maxWait) }),
 		nats.ReconnectBufSize(-1), // never buffer publishes while disconnected: the outbox is the buffer
 		// Errors the library reports are its own (connection refused, TLS,

@@ -55,6 +55,10 @@ func (s *NATSServer) Start() {
 	s.opts.Port = ns.Addr().(*net.TCPAddr).Port
 }
 
+// Configure changes the options the next Start starts the server with
+// (its port and storage stay), as an operator's edited configuration.
+func (s *NATSServer) Configure(mutate func(*server.Options)) { mutate(&s.opts) }
+
 // Stop shuts the server down and waits until it has.
 func (s *NATSServer) Stop() {
 	if s.Server != nil {
