@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -1099,38 +1098,10 @@ func (b *pulled) wait() error {
 // ended before the fetch is given up (errFetchStuck).
 var fetchGrace = 2 * time.Second
 
-// errFetchStuck is a fetch whose messages did not end with its context.
+// errFetchStuck is a fetch whose messages did not end with its context
+// (publish.Fetched); the next fetch reads a gap the messages not taken
+// leave from the stream itself (withMissing).
 var errFetchStuck = errors.New("the fetch's messages did not end with its context")
-
-// fetched yields batch's messages until the batch ends, or until
-// fetchGrace after ctx ended with the batch still open, and then sets
-// stuck: across a partition's heal, nats.go once left a fetch's messages
-// open after its context expired, and a standby waited on it for good
-// (TestCluster_StreamLeaderNodePartitioned: its goroutine dump). The
-// messages not taken are the consumer's to deliver again, and the next
-// fetch reads a gap they leave from the stream itself (withMissing).
-func fetched(ctx context.Context, batch jetstream.MessageBatch, stuck *bool) iter.Seq[jetstream.Msg] {
-	return func(yield func(jetstream.Msg) bool) {
-		msgs, done := batch.Messages(), ctx.Done()
-		var grace <-chan time.Time
-		for {
-			select {
-			case m, ok := <-msgs:
-				if !ok || !yield(m) {
-					return
-				}
-			case <-done:
-				done = nil
-				t := time.NewTimer(fetchGrace)
-				defer t.Stop()
-				grace = t.C
-			case <-grace:
-				*stuck = true
-				return
-			}
-		}
-	}
-}
 
 // pendingCheck is a checkpoint of a batch: at is how many of the batch's
 // events come before it, seq its stream sequence.
@@ -1151,7 +1122,7 @@ func (b *pulled) collect(ctx context.Context, batch jetstream.MessageBatch, f *F
 			log.Warn("a fetch did not end with its context; fetching again", "grace", fetchGrace.String())
 		}
 	}()
-	for m := range fetched(ctx, batch, &stuck) {
+	for m := range publish.Fetched(ctx, batch, fetchGrace, &stuck) {
 		var seq uint64
 		if md, err := m.Metadata(); err == nil {
 			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream

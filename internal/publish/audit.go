@@ -545,6 +545,10 @@ func bySeq(seq uint64) scanStart {
 // scanBatch is how many messages one fetch of a stream read asks for.
 const scanBatch = 1000
 
+// scanFetchWait bounds one fetch of a stream read, after which it is given
+// up if its messages have not ended a second later (Fetched).
+const scanFetchWait = 10 * time.Second
+
 // scan reads the stream's messages on the syncd subjects from start up to
 // sequence until (or its end, or until it found all of want), headers
 // only, through an ephemeral consumer, batch by batch, and returns where
@@ -598,14 +602,19 @@ func (au *audit) scan(
 		if err != nil {
 			return nil, fmt.Errorf("audit: read stream %s: %w", a.cfg.Stream, err)
 		}
-		n, done := 0, false
-		for m := range batch.Messages() {
+		n, done, stuck := 0, false, false
+		// The batch ends a second after its last message (nats.go's own
+		// timer); scanFetchWait bounds it should the library leave it open.
+		fctx, cancel := context.WithTimeout(ctx, scanFetchWait)
+		for m := range Fetched(fctx, batch, time.Second, &stuck) {
 			n++
 			md, err := m.Metadata()
 			if err != nil {
+				cancel()
 				return nil, fmt.Errorf("audit: read stream %s: %w", a.cfg.Stream, err)
 			}
 			if md.Sequence.Consumer != next {
+				cancel()
 				return nil, fmt.Errorf(
 					"audit: read stream %s: message %d of the read came as %d (lost on the way); reading again at the next audit",
 					a.cfg.Stream,
@@ -622,6 +631,11 @@ func (au *audit) scan(
 			if md.Sequence.Stream >= until || md.NumPending == 0 || len(found) == len(want) {
 				done = true
 			}
+		}
+		cancel()
+		if stuck {
+			return nil, fmt.Errorf("audit: read stream %s: a fetch did not end %s after its wait; reading again at the next audit",
+				a.cfg.Stream, scanFetchWait)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return nil, fmt.Errorf("audit: read stream %s: %w", a.cfg.Stream, err)
