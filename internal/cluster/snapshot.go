@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -905,7 +906,7 @@ func (r restorer) restoreOne(
 		}
 		object, hash, bound = info.manifest.object, false, raw
 	}
-	sum, err := download(ctx, obj, info.Name, path, info.Bytes, bound, object, hash)
+	sum, err := downloadWatched(ctx, obj, info.Name, path, info.Bytes, bound, object, hash)
 	if err != nil {
 		return 0, err
 	}
@@ -1004,6 +1005,76 @@ func download(ctx context.Context, obj jetstream.ObjectStore, name, path string,
 		return "", downloadErr(ctx, fmt.Errorf("download snapshot %s: %w", name, err))
 	}
 	return "", fmt.Errorf("%w: download snapshot %s: %w", errSnapshotRefused, name, err)
+}
+
+// downloadWatched is download, given up when ctx ends or when no byte of
+// the object has come for downloadStall: nats.go's reads of an object
+// notice neither until the download's deadline, up to minutes for a large
+// snapshot, and meanwhile a standby that gained the lease, or a process
+// told to stop, waited on the download. The download given up goes on,
+// on a goroutine of its own, until that deadline, and is then dropped;
+// its file, in the caller's directory, is the caller's to remove.
+func downloadWatched(ctx context.Context, obj jetstream.ObjectStore, name, path string, size, bound int64,
+	object string, hash bool) (string, error) {
+	type result struct {
+		sum string
+		err error
+	}
+	w := &watchedStore{ObjectStore: obj}
+	w.last.Store(time.Now().UnixNano())
+	done := make(chan result, 1)
+	go func() {
+		sum, err := download(ctx, w, name, path, size, bound, object, hash)
+		done <- result{sum, err}
+	}()
+	tick := time.NewTicker(downloadStall / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-done:
+			return r.sum, r.err
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-tick.C:
+			if quiet := time.Since(time.Unix(0, w.last.Load())); quiet >= downloadStall {
+				return "", fmt.Errorf("%w: snapshot %s: no byte came for %s", errDownloadFailed, name,
+					quiet.Round(time.Second))
+			}
+		}
+	}
+}
+
+// downloadStall is how long a download may go without a byte of its object
+// before downloadWatched gives it up.
+var downloadStall = 10 * time.Second
+
+// watchedStore is an object store whose objects' reads record when they
+// last returned bytes.
+type watchedStore struct {
+	jetstream.ObjectStore
+	last atomic.Int64 // unix nanoseconds
+}
+
+func (s *watchedStore) Get(ctx context.Context, name string, opts ...jetstream.GetObjectOpt) (jetstream.ObjectResult, error) {
+	r, err := s.ObjectStore.Get(ctx, name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	s.last.Store(time.Now().UnixNano())
+	return watchedResult{r, &s.last}, nil
+}
+
+type watchedResult struct {
+	jetstream.ObjectResult
+	last *atomic.Int64
+}
+
+func (r watchedResult) Read(p []byte) (int, error) {
+	n, err := r.ObjectResult.Read(p)
+	if n > 0 {
+		r.last.Store(time.Now().UnixNano())
+	}
+	return n, err
 }
 
 // downloadFloor and downloadRate give a download its deadline: 10 s, and
