@@ -1169,6 +1169,7 @@ func (b *pulled) collect(ctx context.Context, batch jetstream.MessageBatch, f *F
 			continue
 		}
 		ev.Seq = seq
+		ev.Predecode() // here, beside the batch being applied
 		b.msgs, b.evs, b.seqs = append(b.msgs, m), append(b.evs, ev), append(b.seqs, seq)
 	}
 	// A fetch with a byte limit that got its count of messages before its

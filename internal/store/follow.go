@@ -33,6 +33,8 @@ type StreamEvent struct {
 	Data    json.RawMessage // {"before": …, "after": …}
 	// Seq is the message's stream sequence; 0: not known.
 	Seq uint64
+	// decoded is Data as Predecode decoded it; nil: not predecoded.
+	decoded any
 }
 
 // ApplyStreamEvents applies events, in order, in one transaction, skipping
@@ -359,12 +361,9 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 		}
 		return repoPath(*d.Before), b.s.tombstone(ctx, b.tx, "repos", FormatTime(e.Time), []string{d.Before.UID})
 	case "tag":
-		var d struct {
-			Before, After *Tag
-			Position      int
-		}
-		if err := json.Unmarshal(e.Data, &d); err != nil {
-			return "", fmt.Errorf("decode data: %w", err)
+		d, err := decodedData[tagData](e)
+		if err != nil {
+			return "", err
 		}
 		if d.After == nil {
 			if d.Before == nil {
@@ -400,9 +399,9 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 	case "advisory":
 		return b.applyAdvisory(ctx, e)
 	case "history":
-		var d RecordedHistory
-		if err := json.Unmarshal(e.Data, &d); err != nil {
-			return "", fmt.Errorf("decode data: %w", err)
+		d, err := decodedData[RecordedHistory](e)
+		if err != nil {
+			return "", err
 		}
 		// The tag's row and history as the events before left them; the
 		// other pending upserts can wait.
@@ -411,7 +410,7 @@ func (b *followBatch) apply(ctx context.Context, e StreamEvent) (string, error) 
 				return "", err
 			}
 		}
-		return d.Path, b.appendRecorded(ctx, d)
+		return d.Path, b.appendRecorded(ctx, *d)
 	case "crawl":
 		return b.applyCrawl(ctx, e)
 	}

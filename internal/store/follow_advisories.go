@@ -16,26 +16,14 @@ import (
 func (b *followBatch) applyAdvisory(ctx context.Context, e StreamEvent) (string, error) {
 	switch e.Type {
 	case AdvisoryCreated, AdvisoryUpdated, AdvisoryWithdrawn:
-		var d struct{ Before, After map[string]json.RawMessage }
-		if err := json.Unmarshal(e.Data, &d); err != nil {
-			return "", fmt.Errorf("decode data: %w", err)
+		st, ok := e.decoded.(*advisoryState)
+		if !ok {
+			var err error
+			if st, err = decodeAdvisoryState(e.Data); err != nil {
+				return "", err
+			}
 		}
-		side, withdrawal := d.After, false
-		if side == nil {
-			side, withdrawal = d.Before, true
-		}
-		if side == nil {
-			return "", errors.New("data has neither before nor after")
-		}
-		// Re-encoding a map of raw members only reorders them.
-		raw, _ := json.Marshal(side)
-		var a Advisory
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return "", fmt.Errorf("decode data: %w", err)
-		}
-		// A leader before schema version 7 sent no lifecycle: the row is
-		// then as incomplete as a migrated one.
-		_, complete := side["events"]
+		a, complete, withdrawal := st.Advisory, st.complete, st.withdrawal
 		if err := b.upsertAdvisory(ctx, a, complete, withdrawal); err != nil {
 			return "", err
 		}

@@ -107,10 +107,20 @@ func TestApplyStreamEvents_BatchSizes(t *testing.T) {
 		}
 		return out
 	}
+	// The events as a follower's fetching goroutine hands them over, their
+	// data decoded there (Predecode): the same mirror, batch by batch; the
+	// redelivery shares the decoded values with the first delivery.
+	predecoded := slices.Clone(evs)
+	for i := range predecoded {
+		predecoded[i].Predecode()
+	}
 	var want []string
-	for _, size := range []int{1, 2, 5, len(evs)} {
+	for k, size := range []int{1, 2, 5, len(evs), 5, len(evs)} {
 		follower, _ := openTemp(t, clk, true, store.Options{})
-		applied := 0
+		applied, evs := 0, evs
+		if k >= 4 {
+			evs = predecoded
+		}
 		for i := 0; i < len(evs); i += size {
 			// Each batch twice over, the second a redelivery.
 			batch := evs[i:min(i+size, len(evs))]
