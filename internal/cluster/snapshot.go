@@ -1055,7 +1055,11 @@ type watchedStore struct {
 	last atomic.Int64 // unix nanoseconds
 }
 
-func (s *watchedStore) Get(ctx context.Context, name string, opts ...jetstream.GetObjectOpt) (jetstream.ObjectResult, error) {
+func (s *watchedStore) Get(
+	ctx context.Context,
+	name string,
+	opts ...jetstream.GetObjectOpt,
+) (jetstream.ObjectResult, error) {
 	r, err := s.ObjectStore.Get(ctx, name, opts...)
 	if err != nil {
 		return nil, err

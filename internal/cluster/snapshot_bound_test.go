@@ -226,7 +226,11 @@ type blockingStore struct {
 	release <-chan struct{}
 }
 
-func (s blockingStore) Get(ctx context.Context, name string, opts ...jetstream.GetObjectOpt) (jetstream.ObjectResult, error) {
+func (s blockingStore) Get(
+	ctx context.Context,
+	name string,
+	opts ...jetstream.GetObjectOpt,
+) (jetstream.ObjectResult, error) {
 	r, err := s.ObjectStore.Get(ctx, name, opts...)
 	if err != nil {
 		return nil, err

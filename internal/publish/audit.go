@@ -634,8 +634,11 @@ func (au *audit) scan(
 		}
 		cancel()
 		if stuck {
-			return nil, fmt.Errorf("audit: read stream %s: a fetch did not end %s after its wait; reading again at the next audit",
-				a.cfg.Stream, scanFetchWait)
+			return nil, fmt.Errorf(
+				"audit: read stream %s: a fetch did not end %s after its wait; reading again at the next audit",
+				a.cfg.Stream,
+				scanFetchWait,
+			)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return nil, fmt.Errorf("audit: read stream %s: %w", a.cfg.Stream, err)

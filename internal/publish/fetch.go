@@ -14,7 +14,12 @@ import (
 // after its context expired, and a standby waited on it for good
 // (TestCluster_StreamLeaderNodePartitioned: its goroutine dump). The
 // messages not taken are the consumer's to deliver again.
-func Fetched(ctx context.Context, batch jetstream.MessageBatch, grace time.Duration, stuck *bool) iter.Seq[jetstream.Msg] {
+func Fetched(
+	ctx context.Context,
+	batch jetstream.MessageBatch,
+	grace time.Duration,
+	stuck *bool,
+) iter.Seq[jetstream.Msg] {
 	return func(yield func(jetstream.Msg) bool) {
 		msgs, done := batch.Messages(), ctx.Done()
 		var quiet *time.Timer
