@@ -292,6 +292,15 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 			}
 		}
 	}
+	if f.next == 0 {
+		// A mirror that has applied nothing: the consumer's start (the
+		// server sets its ack floor just before it), so that messages of
+		// the very first fetch lost on their way (a fetch cut short by its
+		// wait) are read from the stream too. Before, they came only
+		// after the AckWait, behind the later ones, and a catch-up that
+		// ended first went without them.
+		f.next = cons.CachedInfo().AckFloor.Stream + 1
+	}
 	return cons, nil
 }
 
