@@ -977,10 +977,16 @@ func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, pending ui
 	if pending > 0 {
 		n = int(min(pending, uint64(n)))
 	}
-	// The context both bounds the wait and ends it at shutdown (the
-	// library takes one or the other, not a max wait and a context).
+	// The server bounds the wait (FetchMaxWait): it ends the request after
+	// MaxWait, behind the messages it sent, so that none is dropped on its
+	// way. A fetch ended by the client's context instead (FetchContext)
+	// dropped those still coming: a batch that took longer than MaxWait to
+	// arrive (a slow link, a busy machine, a large batch) lost its tail
+	// every time, to be read again from the stream a message at a time.
+	// The context only gives up a batch that ends neither way
+	// (publish.Fetched), and ends the collecting at shutdown.
 	fctx, cancel := context.WithTimeout(ctx, f.cfg.MaxWait)
-	batch, err := cons.Fetch(n, jetstream.FetchContext(fctx), jetstream.FetchMaxBytes(f.cfg.MaxBytes))
+	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(f.cfg.MaxWait), jetstream.FetchMaxBytes(f.cfg.MaxBytes))
 	b.err = err
 	go func() {
 		defer close(b.done)

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -258,5 +259,39 @@ func TestFollower_FirstDeliveryLostOnTheWay(t *testing.T) {
 	}
 	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
 		t.Fatalf("the new follower differs from the leader after its catch-up:\nleader:\n%s\nfollower:\n%s", l, fo)
+	}
+}
+
+// TestFollower_ABatchSlowerThanTheWaitIsWhole: over a link whose round
+// trip (300 ms) is longer than the fetch's wait (100 ms), every batch
+// arrives after the wait. The server ends the wait (FetchMaxWait), behind
+// the messages it sent, so the follower takes each batch whole. A fetch
+// ended by the client's own context dropped every such batch on arrival,
+// and the follower read the whole stream again a message at a time
+// ("events the consumer skipped were read from the stream").
+func TestFollower_ABatchSlowerThanTheWaitIsWhole(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	leader.change(20)
+	leader.publish()
+	proxy := testutil.NewFaultProxy(t, strings.TrimPrefix(js.Conn().ConnectedUrl(), "nats://"))
+	fjs := testutil.JetStream(t, "nats://"+proxy.Addr())
+	proxy.Latency(150 * time.Millisecond)
+	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { follower.Close() })
+	var logs testutil.Buffer
+	cfg := gapFollowerConfig
+	cfg.Consumer, cfg.MaxWait, cfg.Logger = "f-slow", 100*time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil))
+	if err := cluster.NewFollower(fjs, follower, cfg).CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
+		t.Fatalf("the follower differs from the leader after its catch-up:\nleader:\n%s\nfollower:\n%s", l, fo)
+	}
+	if out := logs.String(); strings.Contains(out, "read from the stream") {
+		t.Errorf("the follower read what its fetches dropped from the stream:\n%s", out)
 	}
 }
