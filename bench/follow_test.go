@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -225,15 +226,17 @@ func measureFollowApply(
 	ceiling float64,
 ) (followResult, error) {
 	var r followResult
-	f, err := store.Open(ctx, filepath.Join(dir, "syncd.db"), store.Options{})
+	cacheKiB, _ := strconv.Atoi(os.Getenv("BENCH_FOLLOWCACHE"))
+	f, err := store.Open(ctx, filepath.Join(dir, "syncd.db"), store.Options{CacheKiB: cacheKiB})
 	if err != nil {
 		return r, err
 	}
 	defer f.Close()
+	batchN, _ := strconv.Atoi(os.Getenv("BENCH_FOLLOWBATCH"))
 	fol := cluster.NewFollower(
 		conn.JS,
 		f,
-		cluster.FollowerConfig{Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Consumer: consumer,
+		cluster.FollowerConfig{Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Consumer: consumer, Batch: batchN,
 			MaxWait: 200 * time.Millisecond, OnBatch: func(applied int, _ uint64) { r.Events += applied }},
 	)
 	stop, err := startProfile(os.Getenv("BENCH_FOLLOWPROFILE"))
