@@ -1022,9 +1022,14 @@ func downloadWatched(ctx context.Context, obj jetstream.ObjectStore, name, path 
 	}
 	w := &watchedStore{ObjectStore: obj}
 	w.last.Store(time.Now().UnixNano())
+	// Cancelled when given up, so that the object's subscription ends and
+	// nothing more of it is fetched or written, should the link come back
+	// before the abandoned read's deadline.
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	done := make(chan result, 1)
 	go func() {
-		sum, err := download(ctx, w, name, path, size, bound, object, hash)
+		sum, err := download(dctx, w, name, path, size, bound, object, hash)
 		done <- result{sum, err}
 	}()
 	tick := time.NewTicker(downloadStall / 4)
