@@ -1,7 +1,10 @@
 package publish
 
 import (
+	"context"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/store"
 )
@@ -21,7 +24,20 @@ func KVDirty(k *KV) bool { return k.dirty.Load() }
 // SetWatchStall sets how long a watch of a bucket's values may wait for
 // the next one, restoring it when tb ends.
 func SetWatchStall(tb interface{ Cleanup(func()) }, d time.Duration) {
-	old := watchStall
-	watchStall = d
-	tb.Cleanup(func() { watchStall = old })
+	old := watchStall.Swap(int64(d))
+	tb.Cleanup(func() { watchStall.Store(old) })
+}
+
+// SetKVRetry sets the first and longest waits between reconciliations of
+// buckets that failed to reconcile, for relays made from now on.
+func SetKVRetry(tb interface{ Cleanup(func()) }, initial, longest time.Duration) {
+	oldInitial, oldMax := kvRetryInitial, kvRetryMax
+	kvRetryInitial, kvRetryMax = initial, longest
+	tb.Cleanup(func() { kvRetryInitial, kvRetryMax = oldInitial, oldMax })
+}
+
+// BucketValues reads every live key of kv with its value, as the
+// reconciliation does.
+func BucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte, error) {
+	return bucketValues(ctx, kv)
 }

@@ -899,8 +899,9 @@ func bucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte
 	// of the one before.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stalled := fmt.Errorf("%w: nothing came for %s (is JetStream without quorum?)", errWatchStalled, watchStall)
-	stall := time.AfterFunc(watchStall, func() { cancel(stalled) })
+	limit := time.Duration(watchStall.Load())
+	stalled := fmt.Errorf("%w: nothing came for %s (is JetStream without quorum?)", errWatchStalled, limit)
+	stall := time.AfterFunc(limit, func() { cancel(stalled) })
 	defer stall.Stop()
 	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
@@ -913,10 +914,19 @@ func bucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte
 	out := map[string][]byte{}
 	for {
 		select {
-		case e := <-w.Updates():
-			if !stall.Reset(watchStall) {
+		case e, ok := <-w.Updates():
+			if !stall.Reset(limit) {
 				<-ctx.Done() // it went off meanwhile, and cancels
 				return nil, context.Cause(ctx)
+			}
+			if !ok {
+				// The watch ended before its values were all in: its
+				// subscription closed, with the context or the connection.
+				// What came is not the bucket.
+				if err := context.Cause(ctx); err != nil {
+					return nil, err
+				}
+				return nil, errWatchEnded
 			}
 			if e == nil {
 				return out, nil // the initial values are all in
@@ -934,10 +944,17 @@ func bucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte
 // watchStall is how long a watch of a bucket's values may wait for the
 // next one (or, at its start, for its consumer) before bucketValues gives
 // it up with errWatchStalled.
-var watchStall = 10 * time.Second
+var watchStall atomic.Int64 // a time.Duration
 
-// errWatchStalled is a watch of a bucket that stopped delivering.
-var errWatchStalled = errors.New("the watch of the bucket's values stalled")
+func init() { watchStall.Store(int64(10 * time.Second)) }
+
+var (
+	// errWatchStalled is a watch of a bucket that stopped delivering.
+	errWatchStalled = errors.New("the watch of the bucket's values stalled")
+	// errWatchEnded is a watch of a bucket whose subscription closed
+	// before it delivered every value.
+	errWatchEnded = errors.New("the watch of the bucket's values ended before its last value")
+)
 
 // sameState reports whether two values of a bucket hold the same state,
 // whichever event set it. A tag's update time is left out: a move's event

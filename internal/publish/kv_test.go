@@ -404,13 +404,7 @@ func TestKV_FullQueueReconciles(t *testing.T) {
 // leader whose relay never published).
 func TestKV_AStalledWatchDoesNotHoldThePublishes(t *testing.T) {
 	ctx := context.Background()
-	srv := startServer(t, nil)
-	c := mustConnect(t, srv.config(nil))
-	proxy := testutil.NewFaultProxy(t, strings.TrimPrefix(srv.URL(), "nats://"))
-	kc := mustConnect(t, configFor("nats://"+proxy.Addr(), nil))
-	st := mustOpenStore(t)
-	k := mustOpenKV(t, kc.JS, st)
-	p := newProducer(t, st)
+	srv, c, proxy, st, k, p := kvThroughProxy(t)
 	p.addRepos(ctx, "base", 2, 3)
 
 	publish.SetWatchStall(t, 300*time.Millisecond)
@@ -452,4 +446,147 @@ func TestKV_AStalledWatchDoesNotHoldThePublishes(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestKV_AnUnreachableBucketDoesNotHoldLaterPublishes: once a
+// reconciliation of the buckets failed, the relay's next passes publish
+// without trying again until its retry is due, instead of each waiting on
+// the watch of buckets that do not answer (10 s by default) before it
+// publishes. Readiness names the buckets' failure meanwhile.
+func TestKV_AnUnreachableBucketDoesNotHoldLaterPublishes(t *testing.T) {
+	ctx := context.Background()
+	srv, c, proxy, st, k, p := kvThroughProxy(t)
+	p.addRepos(ctx, "first", 1, 2)
+
+	publish.SetWatchStall(t, 300*time.Millisecond)
+	publish.SetKVRetry(t, time.Hour, time.Hour)
+	proxy.BlackHole()
+	var logs logBuffer
+	cfg := srv.config(nil)
+	cfg.Logger = logs.logger()
+	r := publish.NewRelay(c.JS, st, cfg, publish.WithKV(k))
+	startRelay(t, r)
+	testutil.Eventually(t, 20*time.Second, unpublished(t, st))
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if err := r.Err(); err == nil || !strings.Contains(err.Error(), "stalled") {
+			return fmt.Errorf("relay's Err %v, want the buckets' stalled watch named", err)
+		}
+		return nil
+	})
+
+	// From here an attempt to reconcile could wait an hour on the watch:
+	// the relay must not make one before its retry is due.
+	publish.SetWatchStall(t, time.Hour)
+	p.addRepos(ctx, "second", 1, 2)
+	testutil.Eventually(t, 20*time.Second, unpublished(t, st))
+	if want := len(storedEvents(t, st)); want < 6 {
+		t.Errorf("the mirror holds %d events, want at least the 2 repos' and 4 tags'", want)
+	} else if got := consumeAll(t, c.JS, want); len(got) != want {
+		t.Errorf("the stream holds %d events, want the mirror's %d", len(got), want)
+	}
+	if !publish.KVDirty(k) {
+		t.Error("the buckets are not due a reconciliation")
+	}
+	if n := strings.Count(logs.String(), "KV buckets could not be reconciled"); n != 1 {
+		t.Errorf("%d failed reconciliations logged, want 1 (the retry is an hour away):\n%s", n, logs.String())
+	}
+}
+
+// TestKV_RelayRetriesAFailedReconciliation: after the buckets come back,
+// the relay reconciles them on its own, with no new event to publish.
+func TestKV_RelayRetriesAFailedReconciliation(t *testing.T) {
+	ctx := context.Background()
+	srv, c, proxy, st, k, p := kvThroughProxy(t)
+	p.addRepos(ctx, "base", 2, 3)
+
+	publish.SetWatchStall(t, 300*time.Millisecond)
+	publish.SetKVRetry(t, 100*time.Millisecond, 200*time.Millisecond)
+	proxy.BlackHole()
+	r := publish.NewRelay(c.JS, st, srv.config(nil), publish.WithKV(k))
+	startRelay(t, r)
+	testutil.Eventually(t, 20*time.Second, unpublished(t, st))
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if r.Err() == nil {
+			return errors.New("the relay reports no failure of the unreachable buckets")
+		}
+		return nil
+	})
+	proxy.Heal()
+	tags, err := c.JS.KeyValue(ctx, kvTestConfig().Tags) // not through the proxy
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if n := len(tagValues(t, tags)); n != 6 {
+			return fmt.Errorf("the tags bucket holds %d keys after the heal, want 6", n)
+		}
+		if err := r.Err(); err != nil {
+			return fmt.Errorf("relay's Err after the heal: %w", err)
+		}
+		return nil
+	})
+}
+
+// endedWatch is a bucket whose watch delivers entries and then closes,
+// as nats.go's does when its context ends or its connection closes.
+type endedWatch struct {
+	jetstream.KeyValue
+	entries []jetstream.KeyValueEntry
+}
+
+func (e endedWatch) WatchAll(context.Context, ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	ch := make(chan jetstream.KeyValueEntry, len(e.entries))
+	for _, x := range e.entries {
+		ch <- x
+	}
+	close(ch)
+	return closedWatcher(ch), nil
+}
+
+type closedWatcher <-chan jetstream.KeyValueEntry
+
+func (w closedWatcher) Updates() <-chan jetstream.KeyValueEntry { return w }
+func (w closedWatcher) Stop() error                             { return nil }
+
+// TestBucketValues_AWatchThatEndsIsNotTheBucket: a watch whose updates
+// close before the marker of its last initial value read part of the
+// bucket; passing that off as all of it would have a reconciliation skip
+// the deletes of the keys it did not see.
+func TestBucketValues_AWatchThatEndsIsNotTheBucket(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	c := mustConnect(t, srv.config(nil))
+	kv, err := c.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "ended"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.PutString(ctx, "a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	a, err := kv.Get(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := publish.BucketValues(ctx, endedWatch{kv, []jetstream.KeyValueEntry{a}})
+	if err == nil || !strings.Contains(err.Error(), "ended") {
+		t.Errorf("values of a watch that ended after one: %v, %v; want an error naming the watch's end", got, err)
+	}
+	if got, err := publish.BucketValues(ctx, kv); err != nil || string(got["a"]) != "1" || len(got) != 1 {
+		t.Errorf("values of the bucket: %v, %v; want a=1", got, err)
+	}
+}
+
+// kvThroughProxy is a server and a connection to it, and buckets of an
+// empty mirror written through a connection of their own that goes
+// through a fault proxy.
+func kvThroughProxy(
+	t *testing.T,
+) (testServer, *publish.Conn, *testutil.FaultProxy, *store.Store, *publish.KV, *producer) {
+	srv := startServer(t, nil)
+	c := mustConnect(t, srv.config(nil))
+	proxy := testutil.NewFaultProxy(t, strings.TrimPrefix(srv.URL(), "nats://"))
+	kc := mustConnect(t, configFor("nats://"+proxy.Addr(), nil))
+	st := mustOpenStore(t)
+	k := mustOpenKV(t, kc.JS, st)
+	return srv, c, proxy, st, k, newProducer(t, st)
 }

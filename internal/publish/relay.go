@@ -67,6 +67,15 @@ type Relay struct {
 	// up with, or skipped those of duplicates, so the next pass, which
 	// reconciles the buckets, is due now.
 	kvDropped bool
+	// kvErr is the buckets' last failure (a reconciliation or a write),
+	// nil once a reconciliation succeeded. A failed reconciliation is not
+	// tried again before kvRetryAt, backing off with kvBackoff: the
+	// passes in between publish without waiting on buckets that do not
+	// answer (each attempt can take watchStall). Only the goroutine
+	// running the passes touches these.
+	kvErr     error
+	kvRetryAt time.Time
+	kvBackoff *backoff.ExponentialBackOff
 	// cp, when set, is where checkpoints are read from (see checkpoint.go):
 	// one is due every cpEvery, and at once after RequestCheckpoint.
 	cp       CheckpointSource
@@ -200,9 +209,21 @@ func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOp
 	r.lanes = r.fence.Pipeline()
 	if r.kv != nil {
 		r.kv.setFence(r.fence)
+		r.kvBackoff = backoff.NewExponentialBackOff(
+			backoff.WithInitialInterval(kvRetryInitial),
+			backoff.WithMaxInterval(kvRetryMax),
+			backoff.WithMaxElapsedTime(0),
+		)
 	}
 	return r
 }
+
+// kvRetryInitial and kvRetryMax bound the wait between reconciliations of
+// buckets that failed to reconcile.
+var (
+	kvRetryInitial = time.Second
+	kvRetryMax     = time.Minute
+)
 
 // Message encodes e as the JetStream message the relay publishes: signed,
 // under a Nats-Msg-Id derived from its id, when the relay has a signer.
@@ -241,7 +262,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.state.Store(nil) // not relaying: nothing to say
 			return nil
 		}
-		r.state.Store(&passState{err})
+		r.state.Store(&passState{errors.Join(err, r.kvErr)})
 		wait := time.Minute
 		if err != nil {
 			wait = b.NextBackOff()
@@ -272,6 +293,9 @@ func (r *Relay) Run(ctx context.Context) error {
 				}
 				wait = min(wait, until)
 			}
+			if r.kvErr != nil {
+				wait = min(wait, max(time.Until(r.kvRetryAt), 0)) // a pass then reconciles
+			}
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -300,10 +324,10 @@ func (r *Relay) Flush(ctx context.Context) error {
 	for {
 		n, err := r.pass(ctx)
 		if err != nil {
-			return err
+			return errors.Join(err, r.kvErr)
 		}
 		if (n == 0 || !r.committedSince()) && !r.kvDropped {
-			return nil
+			return r.kvErr
 		}
 	}
 }
@@ -339,7 +363,7 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 	defer r.busy.end()
 	// What is committed from here on, the pass may not see.
 	r.committedSince()
-	kvErr := r.syncKV(ctx)
+	r.syncKV(ctx)
 	p := &relayPass{
 		r:       r,
 		lanes:   make(map[string][]store.Event),
@@ -356,33 +380,46 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 	go p.markLoop(context.WithoutCancel(ctx))
 	err := p.run(ctx)
 	r.inFlight.Store(0) // what is left in flight is abandoned
-	n, err := p.finish(ctx, err)
-	if kvErr != nil && ctx.Err() == nil {
-		err = errors.Join(err, kvErr)
-	}
-	return n, err
+	return p.finish(ctx, err)
 }
 
 // syncKV reconciles the state buckets when they may lag the published
 // events. It runs at the start of a pass, when no write of the relay's is
-// under way.
-func (r *Relay) syncKV(ctx context.Context) error {
+// under way. A failure is kept in r.kvErr, and the pass publishes all the
+// same (the writes of its events are skipped while the buckets are due a
+// reconciliation); after a failure the next attempt waits for r.kvRetryAt.
+func (r *Relay) syncKV(ctx context.Context) {
 	if r.kv == nil {
-		return nil
+		return
 	}
-	due, epoch, err := r.kv.due(ctx, time.Now())
+	now := time.Now()
+	if r.kvErr != nil && now.Before(r.kvRetryAt) {
+		return
+	}
+	due, epoch, err := r.kv.due(ctx, now)
+	if err == nil && (!due || epoch == "") {
+		return // nothing to do, or a silent baseline to wait out
+	}
+	var st ReconcileStats
 	if err != nil {
-		return fmt.Errorf("check KV buckets: %w", err)
+		err = fmt.Errorf("check KV buckets: %w", err)
+	} else {
+		st, err = r.kv.Reconcile(ctx)
 	}
-	if !due || epoch == "" {
-		return nil // nothing to do, or a silent baseline to wait out
-	}
-	st, err := r.kv.Reconcile(ctx)
 	if err != nil {
-		return err
+		if ctx.Err() != nil {
+			return // stopping: not the buckets' failure
+		}
+		r.kvErr = err
+		wait := r.kvBackoff.NextBackOff()
+		r.kvRetryAt = time.Now().Add(wait)
+		r.log.Warn("KV buckets could not be reconciled with the mirror; events are published meanwhile",
+			"err", err, "retry_in", wait.Round(time.Millisecond).String())
+		return
 	}
+	r.kvErr, r.kvRetryAt = nil, time.Time{}
+	r.kvBackoff.Reset()
 	r.log.Info("KV buckets reconciled with the mirror", "put", st.Put, "deleted", st.Deleted, "unchanged", st.Unchanged)
-	return nil
 }
 
 // relayPass is the state of one pass. Only the goroutine running pass
@@ -746,7 +783,9 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 		// the last of them. A failure has the next pass reconcile.
 		dropped, err := p.kvw.close()
 		if err != nil && ctx.Err() == nil {
-			markErr = errors.Join(markErr, fmt.Errorf("write the state of published events to the KV buckets: %w", err))
+			// The buckets are dirty: the next pass reconciles them (at
+			// once unless a reconciliation failed already).
+			p.r.kvErr = fmt.Errorf("write the state of published events to the KV buckets: %w", err)
 		}
 		if p.dupes > 0 {
 			p.r.kv.dirty.Store(true)
