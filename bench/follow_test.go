@@ -315,6 +315,22 @@ func publishedMirror(
 	p params,
 	dir string,
 ) (*mirror, *publish.Conn, publish.Config) {
+	l, conn, pcfg := syncedMirror(ctx, b, o, p, dir)
+	if err := publish.NewRelay(conn.JS, l.store, pcfg).Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return l, conn, pcfg
+}
+
+// syncedMirror syncs a mirror of o under dir (its events in its outbox)
+// and connects to a NATS server of its own; both close when b ends.
+func syncedMirror(
+	ctx context.Context,
+	b *testing.B,
+	o *org,
+	p params,
+	dir string,
+) (*mirror, *publish.Conn, publish.Config) {
 	l, err := openMirror(ctx, filepath.Join(dir, "l"), o.URL(), p.Concurrency, "snapshot")
 	if err != nil {
 		b.Fatal(err)
@@ -329,8 +345,5 @@ func publishedMirror(
 		b.Fatal(err)
 	}
 	b.Cleanup(conn.Close)
-	if err := publish.NewRelay(conn.JS, l.store, pcfg).Flush(ctx); err != nil {
-		b.Fatal(err)
-	}
 	return l, conn, pcfg
 }

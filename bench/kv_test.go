@@ -5,8 +5,12 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
+	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -162,4 +166,98 @@ func quantileMs(lat []time.Duration, p float64) float64 {
 	s := slices.Clone(lat)
 	slices.Sort(s)
 	return float64(s[min(len(s)-1, int(p*float64(len(s))))].Microseconds()) / 1000
+}
+
+// BenchmarkRelayKV is the KV row of BenchmarkSyncd alone, on the
+// realistic events of the benchmark's organization: a mirror syncs it
+// (one created event per repo, tag and advisory in its outbox), and then,
+// b.N times, two copies of that mirror are relayed, one plain and one
+// keeping KV buckets, each to a stream (and buckets) of its own, which
+// goes first alternating. BENCH_KVPROFILE: CPU profiles of the last two
+// relays (the plain one's name ends in .plain).
+//
+//	BENCH_SCALE=0.3 go test -run '^$' -bench '^BenchmarkRelayKV$' -benchtime 4x ./bench/
+func BenchmarkRelayKV(b *testing.B) {
+	p, dir := setUp(b)
+	ctx := context.Background()
+	o := startOrg(orgScale(p.Scale))
+	defer o.Close()
+	l, conn, pcfg := syncedMirror(ctx, b, o, p, dir)
+	n, _, err := l.store.UnpublishedCount(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var times, cpus [2]time.Duration
+	for i := range b.N {
+		for j := range 2 {
+			side := (i + j) % 2 // 0 plain, 1 with the buckets
+			name := fmt.Sprintf("%s%d", []string{"plain", "kv"}[side], i)
+			profile := ""
+			if path := os.Getenv("BENCH_KVPROFILE"); path != "" && i == b.N-1 {
+				profile = path + []string{".plain", ""}[side]
+			}
+			wall, cpu, err := relayCopy(ctx, conn, l, pcfg, filepath.Join(dir, name+".db"), name, side == 1, profile)
+			if err != nil {
+				b.Fatalf("relay %s: %v", name, err)
+			}
+			times[side] += wall
+			cpus[side] += cpu
+		}
+	}
+	events := n * b.N
+	rate := func(s int) float64 { return float64(events) / times[s].Seconds() }
+	cpu := func(s int) float64 { return float64(cpus[s].Microseconds()) / float64(events) }
+	fmt.Fprintf(os.Stderr,
+		"relay KV: %d events; plain %.0f events/s (%.1f µs CPU each), with KV %.0f/s (%.1f µs); ratio %.3f\n",
+		events, rate(0), cpu(0), rate(1), cpu(1), rate(1)/rate(0))
+	b.ReportMetric(rate(1)/rate(0), "kv/plain")
+}
+
+// relayCopy relays a copy of l's mirror, made at path, to a stream named
+// after name (and, withKV, keeping buckets named after it too), and
+// returns the time and the process's CPU the relay took; profile, when
+// set, is where a CPU profile of it goes.
+func relayCopy(
+	ctx context.Context,
+	conn *publish.Conn,
+	l *mirror,
+	pcfg publish.Config,
+	path, name string,
+	withKV bool,
+	profile string,
+) (wall, cpu time.Duration, err error) {
+	if err := copyMirror(ctx, l.path, path); err != nil {
+		return 0, 0, err
+	}
+	st, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer st.Close()
+	pcfg.Stream, pcfg.SubjectPrefix = strings.ToUpper(name), name
+	if err := publish.EnsureStream(ctx, conn.JS, pcfg); err != nil {
+		return 0, 0, err
+	}
+	var opts []publish.RelayOption
+	if withKV {
+		kc := benchKV()
+		kc.Tags, kc.Repos, kc.Advisories = kc.Tags+name, kc.Repos+name, kc.Advisories+name
+		kv, err := publish.OpenKV(ctx, conn.JS, kc, st)
+		if err != nil {
+			return 0, 0, err
+		}
+		if _, err := kv.Reconcile(ctx); err != nil {
+			return 0, 0, err
+		}
+		opts = append(opts, publish.WithKV(kv))
+	}
+	stop, err := startProfile(profile)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer stop()
+	runtime.GC()
+	start, used := time.Now(), selfCPU()
+	err = publish.NewRelay(conn.JS, st, pcfg, opts...).Flush(ctx)
+	return time.Since(start), selfCPU() - used, err
 }
