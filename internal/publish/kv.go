@@ -319,11 +319,13 @@ func opsOf(e store.Event) ([]kvOp, error) {
 	var err error
 	switch e.Resource {
 	case "tag":
-		var d states[store.Tag]
+		var d states[tagAfter]
 		if err = json.Unmarshal(e.Data, &d); err == nil && d.Before != nil {
 			before.Tag = &store.Tag{Name: d.Before.Name, Path: d.Before.Path}
 		}
-		after.Tag = d.After
+		if d.After != nil {
+			after.Tag = d.After.tag()
+		}
 	case "repo":
 		var d states[store.Repo]
 		if err = json.Unmarshal(e.Data, &d); err == nil && d.Before != nil {
@@ -331,11 +333,13 @@ func opsOf(e store.Event) ([]kvOp, error) {
 		}
 		after.Repo = d.After
 	case "advisory":
-		var d states[store.Advisory]
+		var d states[advisoryAfter]
 		if err = json.Unmarshal(e.Data, &d); err == nil && d.Before != nil {
 			before.Advisory = &store.Advisory{AdvisoryID: d.Before.AdvisoryID}
 		}
-		after.Advisory = d.After
+		if d.After != nil {
+			after.Advisory = d.After.advisory()
+		}
 	default:
 		err = fmt.Errorf("unknown resource %q", e.Resource)
 	}
@@ -368,6 +372,54 @@ func isSet(r store.PublishedResource) bool { return r.Tag != nil || r.Repo != ni
 type states[T any] struct {
 	Before *keyFields `json:"before"`
 	After  *T         `json:"after"`
+}
+
+// tagAfter is what a tag's value (tagValue) and key take from the tag an
+// event carries. Decoding only these spares the writer the rest (a time,
+// the repo's uid and name, bundles): the writer decodes every event the
+// relay publishes, beside it on the same cores.
+type tagAfter struct {
+	UID        string    `json:"uid"`
+	Path       string    `json:"path"`
+	Name       string    `json:"name"`
+	Digest     string    `json:"digest"`
+	Deprecated bool      `json:"deprecated"`
+	UpdateTime time.Time `json:"updateTime"`
+}
+
+func (t *tagAfter) tag() *store.Tag {
+	return &store.Tag{UID: t.UID, Path: t.Path, Name: t.Name, Digest: t.Digest, Deprecated: t.Deprecated,
+		UpdateTime: t.UpdateTime}
+}
+
+// advisoryAfter is what an advisory's value (advisoryValue) and key take
+// from the advisory an event carries: not its severities, nor its steps'
+// authors, notes, findings and details, most of its size.
+type advisoryAfter struct {
+	UID           string    `json:"uid"`
+	AdvisoryID    string    `json:"advisoryId"`
+	ArtifactName  string    `json:"artifactName"`
+	ArtifactType  string    `json:"artifactType"`
+	ComponentName string    `json:"componentName"`
+	Aliases       []string  `json:"aliases"`
+	UpdateTime    time.Time `json:"updateTime"`
+	Events        []struct {
+		Type         string    `json:"type"`
+		CreateTime   time.Time `json:"createTime"`
+		ReviewState  string    `json:"reviewState"`
+		FixedVersion string    `json:"fixedVersion"`
+	} `json:"events"`
+}
+
+func (a *advisoryAfter) advisory() *store.Advisory {
+	out := &store.Advisory{UID: a.UID, AdvisoryID: a.AdvisoryID, ArtifactName: a.ArtifactName,
+		ArtifactType: a.ArtifactType, ComponentName: a.ComponentName, Aliases: a.Aliases, UpdateTime: a.UpdateTime,
+		Events: make([]store.AdvisoryEvent, len(a.Events))}
+	for i, e := range a.Events {
+		out.Events[i] = store.AdvisoryEvent{Type: e.Type, CreateTime: e.CreateTime, ReviewState: e.ReviewState,
+			FixedVersion: e.FixedVersion}
+	}
+	return out
 }
 
 // keyFields are the fields of a tag, repo or advisory that its key is
