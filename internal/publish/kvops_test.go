@@ -46,7 +46,9 @@ func BenchmarkOpsOf(b *testing.B) {
 // (and the samples of BenchmarkSyncd's organization) its writes are those
 // of the full decoding, byte for byte.
 func TestOpsOf_NarrowDecodingWritesWhatTheFullStateDoes(t *testing.T) {
-	at := func(s string) time.Time { return time.Date(2026, 11, 2, 3, 4, 5, 6e6, time.UTC).Add(mustDuration(t, s)) }
+	at := func(s string) time.Time {
+		return time.Date(2026, 11, 2, 3, 4, 5, 6e6, time.UTC).Add(mustDuration(t, s))
+	}
 	tag := store.Tag{UID: "org/r/t", RepoUID: "org/r", Repo: "nginx", Path: "charts/nginx", Name: "1.27",
 		Digest: "sha256:aa", Deprecated: true, Bundles: []string{"b"}, CreateTime: at("0s"), UpdateTime: at("1h")}
 	adv := store.Advisory{UID: "u", AdvisoryID: "CGA-1", ArtifactName: "nginx", CreateTime: at("0s"),
