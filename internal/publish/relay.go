@@ -398,7 +398,10 @@ func (r *Relay) syncKV(ctx context.Context) {
 	}
 	due, epoch, err := r.kv.due(ctx, now)
 	if err == nil && (!due || epoch == "") {
-		return // nothing to do, or a silent baseline to wait out
+		// Nothing to do, or a silent baseline to wait out: no failure
+		// stands (and Run does not wake for a retry).
+		r.kvErr, r.kvRetryAt = nil, time.Time{}
+		return
 	}
 	var st ReconcileStats
 	if err != nil {
