@@ -77,12 +77,16 @@ func (m *Metrics) WatchFailures(f FailureLister) {
 	}
 }
 
+// NATSStatus is a NATS connection's state, read without waiting on the
+// connection (publish.Conn.Status).
+type NATSStatus interface{ Status() nats.Status }
+
 // WatchNATS exports whether the NATS connection is up.
-func (m *Metrics) WatchNATS(nc *nats.Conn) {
+func (m *Metrics) WatchNATS(c NATSStatus) {
 	m.GaugeFunc(
 		"syncd_nats_connected",
 		"1 while the NATS connection is up.",
-		func() float64 { return boolGauge(nc.IsConnected()) },
+		func() float64 { return boolGauge(c.Status() == nats.CONNECTED) },
 	)
 }
 
@@ -165,10 +169,10 @@ func boolGauge(b bool) float64 {
 }
 
 // NATSCheck is the readiness check of the NATS connection.
-func NATSCheck(nc *nats.Conn) ReadinessCheck {
+func NATSCheck(c NATSStatus) ReadinessCheck {
 	return ReadinessCheck{Name: "nats", Run: func(context.Context) error {
-		if !nc.IsConnected() {
-			return fmt.Errorf("not connected to NATS (%s)", nc.Status())
+		if s := c.Status(); s != nats.CONNECTED {
+			return fmt.Errorf("not connected to NATS (%s)", s)
 		}
 		return nil
 	}}

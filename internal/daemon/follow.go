@@ -106,9 +106,9 @@ func (f *FollowerApp) AdminHandler() http.Handler {
 	m := f.Metrics
 	m.WatchLag(f.Follower.Lag)
 	m.WatchVerification(f.Follower)
-	m.WatchNATS(f.NATS.NC)
+	m.WatchNATS(f.NATS)
 	checks := []admin.ReadinessCheck{{Name: "database", Run: f.Store.Writable}, f.Adopted.ReadinessCheck(),
-		{Name: "stream", Run: func(context.Context) error { return f.Follower.Err() }}, admin.NATSCheck(f.NATS.NC)}
+		{Name: "stream", Run: func(context.Context) error { return f.Follower.Err() }}, admin.NATSCheck(f.NATS)}
 	return admin.Handler(m, checks)
 }
 

@@ -145,14 +145,14 @@ func (a *App) AdminHandler(r Leadership) http.Handler {
 	leading, m := r.Leading, a.Metrics
 	m.WatchOutbox(a.Store)
 	m.WatchFailures(a.Store)
-	m.WatchNATS(a.NATS.NC)
+	m.WatchNATS(a.NATS)
 	if a.Receiver != nil {
 		m.WatchReceiver(&a.Receiver.Stats)
 	}
 	checks := []admin.ReadinessCheck{
 		{Name: "database", Run: a.Store.Writable},
 		a.Adopted.ReadinessCheck(),
-		admin.NATSCheck(a.NATS.NC),
+		admin.NATSCheck(a.NATS),
 		admin.RoleCheck("publish", a.Relay, leading),
 		admin.FreshnessCheck(
 			a.Fresh,

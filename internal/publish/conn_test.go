@@ -14,10 +14,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
@@ -314,12 +316,78 @@ func TestConnect_AuthErrorsOnReconnectDoNotCloseTheConnection(t *testing.T) {
 	if conn.NC.IsClosed() {
 		t.Fatal("the connection was closed after its reconnections were refused")
 	}
+	if s := conn.Status(); s != nats.RECONNECTING {
+		t.Errorf("status while the reconnections are refused: %s, want %s", s, nats.RECONNECTING)
+	}
 
 	srv.Stop()
 	srv.Configure(func(o *server.Options) { o.Password = password })
 	srv.Start()
-	testutil.WaitFor(t, 15*time.Second, "the reconnection", func() bool { return conn.NC.IsConnected() })
+	testutil.WaitFor(t, 15*time.Second, "the reconnection", func() bool { return conn.Status() == nats.CONNECTED })
+	conn.NC.Close()
+	testutil.WaitFor(t, 15*time.Second, "the closed status", func() bool { return conn.Status() == nats.CLOSED })
 	if strings.Contains(logs.String(), password) {
 		t.Errorf("log reveals the password:\n%s", logs.String())
+	}
+}
+
+// TestConn_StatusDoesNotWaitOnABlockedWrite: a server that stops reading
+// (a network that drops every packet) blocks the client's write, which
+// holds the connection's lock until WriteTimeout; the client's own
+// IsConnected and Status wait on that lock. Conn.Status, what readiness
+// and the connected gauge read, answers at once.
+func TestConn_StatusDoesNotWaitOnABlockedWrite(t *testing.T) {
+	srv := startServer(t, nil)
+	proxy := testutil.NewFaultProxy(t, strings.TrimPrefix(srv.URL(), "nats://"))
+	cfg := configFor("nats://"+proxy.Addr(), nil)
+	cfg.WriteTimeout = time.Minute
+	c := mustConnect(t, cfg)
+	if s := c.Status(); s != nats.CONNECTED {
+		t.Fatalf("status after connecting: %s", s)
+	}
+
+	proxy.Stall()
+	var since atomic.Int64 // when the publish under way began; 0: none
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		payload := make([]byte, 512<<10)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			since.Store(time.Now().UnixNano())
+			err := c.NC.Publish("blocked.writes", payload)
+			since.Store(0)
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		proxy.Heal()
+		c.NC.Close() // ends the blocked write
+		<-done
+	})
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if at := since.Load(); at == 0 || time.Since(time.Unix(0, at)) < 500*time.Millisecond {
+			return errors.New("no publish has been blocked for 500ms yet")
+		}
+		return nil
+	})
+
+	got := make(chan nats.Status, 1)
+	go func() { got <- c.Status() }()
+	select {
+	case s := <-got:
+		if s != nats.CONNECTED {
+			t.Errorf("status with a write blocked: %s, want %s (nothing reported the connection lost)", s, nats.CONNECTED)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Status still waits after 5 s while a write is blocked")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -87,6 +88,27 @@ type Conn struct {
 	Server *server.Server // nil when connected to an external server
 	log    *slog.Logger
 	closed chan struct{}
+	// status is the connection's nats.Status as its handlers last
+	// reported it (see Status).
+	status atomic.Int32
+}
+
+// Status is the connection's state (nats.CONNECTED, RECONNECTING,
+// CLOSED) as the client's handlers last reported it. Unlike the client's
+// own Status and IsConnected, it never waits on the connection's lock,
+// which a write to a server that stopped reading holds until the write
+// times out (WriteTimeout, 15 s): a readiness probe or a metrics scrape
+// must not wait that long.
+func (c *Conn) Status() nats.Status { return nats.Status(c.status.Load()) }
+
+// setStatus records s, unless the connection is closed for good.
+func (c *Conn) setStatus(s nats.Status) {
+	for {
+		old := c.status.Load()
+		if old == int32(nats.CLOSED) || c.status.CompareAndSwap(old, int32(s)) {
+			return
+		}
+	}
 }
 
 // Connect is Dial, then making sure the stream exists: EnsureStream, or
@@ -118,7 +140,8 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	c := &Conn{log: log, closed: make(chan struct{})}
-	opts, err := connOptions(cfg, log, c.closed)
+	c.status.Store(int32(nats.CONNECTING))
+	opts, err := connOptions(cfg, log, c)
 	if err != nil {
 		return nil, err
 	}
@@ -145,6 +168,8 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", RedactURL(url), err)
 	}
 	c.NC = nc
+	// Unless a handler reported a change meanwhile.
+	c.status.CompareAndSwap(int32(nats.CONNECTING), int32(nats.CONNECTED))
 	log.Info("NATS connected", "server", RedactURL(nc.ConnectedUrl()), "embedded", c.Server != nil)
 	// The library's own limit on pending acks sits above the relay's
 	// in-flight limit, so the relay's bound is the one that holds; the ack
@@ -188,7 +213,7 @@ const (
 // connOptions are the nats.Options of cfg: identity, authentication, TLS,
 // and reconnecting forever with logged state changes. closed is closed when
 // the connection is.
-func connOptions(cfg Config, log *slog.Logger, closed chan struct{}) ([]nats.Option, error) {
+func connOptions(cfg Config, log *slog.Logger, c *Conn) ([]nats.Option, error) {
 	maxWait := cfg.ReconnectMaxWait
 	if maxWait <= 0 {
 		maxWait = 10 * time.Second
@@ -231,6 +256,7 @@ func connOptions(cfg Config, log *slog.Logger, closed chan struct{}) ([]nats.Opt
 		// logged through RedactURL, since the library's own redaction keeps
 		// a token given as the URL's user part.
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			c.setStatus(nats.RECONNECTING)
 			if err != nil {
 				log.Warn("NATS disconnected; reconnecting", "err", err)
 			} else {
@@ -238,14 +264,18 @@ func connOptions(cfg Config, log *slog.Logger, closed chan struct{}) ([]nats.Opt
 			}
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { log.Debug("NATS reconnection attempt failed", "err", err) }),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "server", RedactURL(nc.ConnectedUrl())) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			c.setStatus(nats.CONNECTED)
+			log.Info("NATS reconnected", "server", RedactURL(nc.ConnectedUrl()))
+		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
+			c.status.Store(int32(nats.CLOSED))
 			if err := nc.LastError(); err != nil {
 				log.Warn("NATS connection closed", "err", err)
 			} else {
 				log.Info("NATS connection closed")
 			}
-			close(closed)
+			close(c.closed)
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""
