@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/syncd-dev/syncd/internal/publish"
 )
 
 // Relay is what the leader's duties need of the outbox relay.
@@ -114,6 +116,10 @@ func (d *Duties) flush(ctx context.Context, deadline time.Time, log *slog.Logger
 		n := -1
 		if d.Outbox != nil {
 			n, _, _ = d.Outbox.UnpublishedCount(ctx)
+		}
+		if n == 0 && errors.Is(err, publish.ErrKV) {
+			log.Warn("stopped with every event published; the KV buckets are reconciled by the next leader", "err", err)
+			return
 		}
 		log.Warn(
 			"stopped with events unpublished; they are published at the next start, or recorded again by the next leader",

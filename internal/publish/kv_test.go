@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -418,8 +419,8 @@ func TestKV_AStalledWatchDoesNotHoldThePublishes(t *testing.T) {
 	}()
 	select {
 	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "stalled") {
-			t.Errorf("Flush with the buckets unreachable: %v, want the stalled watch named", err)
+		if err == nil || !strings.Contains(err.Error(), "stalled") || !errors.Is(err, publish.ErrKV) {
+			t.Errorf("Flush with the buckets unreachable: %v, want the stalled watch named, as ErrKV", err)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the relay's pass still waits on the watch of an unreachable bucket after 20 s")
@@ -486,6 +487,9 @@ func TestKV_AnUnreachableBucketDoesNotHoldLaterPublishes(t *testing.T) {
 	}
 	if !publish.KVDirty(k) {
 		t.Error("the buckets are not due a reconciliation")
+	}
+	if err := r.Err(); err == nil || !strings.Contains(err.Error(), "stalled") {
+		t.Errorf("relay's Err after a pass that did not try again: %v, want the stalled watch still named", err)
 	}
 	if n := strings.Count(logs.String(), "KV buckets could not be reconciled"); n != 1 {
 		t.Errorf("%d failed reconciliations logged, want 1 (the retry is an hour away):\n%s", n, logs.String())
@@ -589,4 +593,59 @@ func kvThroughProxy(
 	st := mustOpenStore(t)
 	k := mustOpenKV(t, kc.JS, st)
 	return srv, c, proxy, st, k, newProducer(t, st)
+}
+
+// epochOnceFailing is a mirror whose KVEpoch fails once, when armed, and
+// counts its calls: one a relay pass.
+type epochOnceFailing struct {
+	publish.KVSource
+	armed atomic.Bool
+	calls atomic.Int64
+}
+
+func (e *epochOnceFailing) KVEpoch(ctx context.Context) (string, error) {
+	e.calls.Add(1)
+	if e.armed.CompareAndSwap(true, false) {
+		return "", errors.New("the mirror could not be read")
+	}
+	return e.KVSource.KVEpoch(ctx)
+}
+
+// TestKV_AFailureThatClearsLeavesTheRelayIdle: a failure that leaves
+// nothing to reconcile (the mirror's epoch not read once; the buckets were
+// up to date) is cleared at the retry; the relay does not go on waking
+// for a retry it has no reason to make (a pass after another, for good).
+func TestKV_AFailureThatClearsLeavesTheRelayIdle(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, nil)
+	c := mustConnect(t, srv.config(nil))
+	st := mustOpenStore(t)
+	src := &epochOnceFailing{KVSource: st}
+	k, err := publish.OpenKV(ctx, c.JS, kvTestConfig(), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newProducer(t, st)
+	p.addRepos(ctx, "base", 1, 2)
+	if _, err := k.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	publish.SetKVRetry(t, 50*time.Millisecond, 50*time.Millisecond)
+	r := publish.NewRelay(c.JS, st, srv.config(nil), publish.WithKV(k))
+	src.armed.Store(true)
+	startRelay(t, r)
+	testutil.Eventually(t, 20*time.Second, unpublished(t, st))
+	// The failure, then the retry that clears it.
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if src.armed.Load() || src.calls.Load() < 2 || r.Err() != nil {
+			return fmt.Errorf("epoch read %d times, relay's Err %v", src.calls.Load(), r.Err())
+		}
+		return nil
+	})
+	before := src.calls.Load()
+	time.Sleep(500 * time.Millisecond) // what an idle relay does meanwhile: nothing
+	if n := src.calls.Load() - before; n > 2 {
+		t.Errorf("the relay passed %d times in 500 ms with nothing to publish or reconcile", n)
+	}
 }

@@ -319,7 +319,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// Flush publishes until the outbox is empty or an error stops it.
+// Flush publishes until the outbox is empty or an error stops it. It also
+// returns the KV buckets' standing failure (ErrKV), if any, once it has
+// published: a write that failed, or a reconciliation that failed (which
+// Flush does not try again before its retry is due). The relay's next
+// pass, or the next start's, reconciles the buckets.
 func (r *Relay) Flush(ctx context.Context) error {
 	for {
 		n, err := r.pass(ctx)
@@ -331,6 +335,17 @@ func (r *Relay) Flush(ctx context.Context) error {
 		}
 	}
 }
+
+// ErrKV is what the KV buckets' failures (a reconciliation, a write) that
+// Flush returns match with errors.Is: the events were published all the
+// same.
+var ErrKV = errors.New("the KV buckets failed")
+
+// kvFailure is a failure of the KV buckets: its own text, and ErrKV.
+type kvFailure struct{ error }
+
+func (e kvFailure) Unwrap() error      { return e.error }
+func (kvFailure) Is(target error) bool { return target == ErrKV }
 
 // committedSince reports whether the store committed events since the last
 // pass began, and so whether another pass may find any. A pass reads the
@@ -401,6 +416,7 @@ func (r *Relay) syncKV(ctx context.Context) {
 		// Nothing to do, or a silent baseline to wait out: no failure
 		// stands (and Run does not wake for a retry).
 		r.kvErr, r.kvRetryAt = nil, time.Time{}
+		r.kvBackoff.Reset()
 		return
 	}
 	var st ReconcileStats
@@ -413,7 +429,7 @@ func (r *Relay) syncKV(ctx context.Context) {
 		if ctx.Err() != nil {
 			return // stopping: not the buckets' failure
 		}
-		r.kvErr = err
+		r.kvErr = kvFailure{err}
 		wait := r.kvBackoff.NextBackOff()
 		r.kvRetryAt = time.Now().Add(wait)
 		r.log.Warn("KV buckets could not be reconciled with the mirror; events are published meanwhile",
@@ -788,7 +804,7 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 		if err != nil && ctx.Err() == nil {
 			// The buckets are dirty: the next pass reconciles them (at
 			// once unless a reconciliation failed already).
-			p.r.kvErr = fmt.Errorf("write the state of published events to the KV buckets: %w", err)
+			p.r.kvErr = kvFailure{fmt.Errorf("write the state of published events to the KV buckets: %w", err)}
 		}
 		if p.dupes > 0 {
 			p.r.kv.dirty.Store(true)
