@@ -40,3 +40,32 @@ func TestPull_AFetchThatNeverEndsIsGivenUp(t *testing.T) {
 		t.Errorf("the fetch ended with %v, want errFetchStuck", b.err)
 	}
 }
+
+// countingConsumer counts its fetches, each an open batch.
+type countingConsumer struct {
+	jetstream.Consumer
+	fetches int
+}
+
+func (c *countingConsumer) Fetch(int, ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	c.fetches++
+	return openBatch{make(chan jetstream.Msg)}, nil
+}
+
+// TestPull_NothingIsFetchedOnceTheContextEnded: a follower stopping (or a
+// catch-up out of time) sends no fetch, neither its next one nor the one
+// ahead of a batch it has: the server would deliver it to nobody, and its
+// messages would wait to be naked (up to fetchGrace at shutdown).
+func TestPull_NothingIsFetchedOnceTheContextEnded(t *testing.T) {
+	f := NewFollower(nil, nil, FollowerConfig{MaxWait: 50 * time.Millisecond, MaxBytes: 1 << 20})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	cons := &countingConsumer{}
+	b := f.pull(ctx, cons, 10)
+	if err := b.wait(); !errors.Is(err, context.Canceled) {
+		t.Errorf("pull after the context ended: %v, want context.Canceled", err)
+	}
+	if cons.fetches != 0 {
+		t.Errorf("%d fetches sent after the context ended, want none", cons.fetches)
+	}
+}

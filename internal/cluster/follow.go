@@ -973,6 +973,13 @@ func (f *Follower) recordCheckpoint(res CheckpointResult) {
 // a goroutine of their own, beside the batch being applied.
 func (f *Follower) pull(ctx context.Context, cons jetstream.Consumer, pending uint64) *pulled {
 	b := &pulled{done: make(chan struct{})}
+	if err := ctx.Err(); err != nil {
+		// Stopping (or a catch-up's time is up): a fetch sent now would
+		// be delivered to nobody, its messages held until they were naked.
+		b.err = err
+		close(b.done)
+		return b
+	}
 	n := f.cfg.Batch
 	if pending > 0 {
 		n = int(min(pending, uint64(n)))
