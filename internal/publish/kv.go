@@ -346,9 +346,17 @@ func opsOf(e store.Event) ([]kvOp, error) {
 	if err != nil {
 		return nil, fmt.Errorf("decode data of %s %s: %w", e.Type, e.ID, err)
 	}
+	return writesOf(e, before, after)
+}
+
+// writesOf returns the writes of e, whose resource was before and is
+// after it: a put of after, and a delete of before's key when the
+// resource is gone or moved to another key.
+func writesOf(e store.Event, before, after store.PublishedResource) ([]kvOp, error) {
 	var ops []kvOp
 	var put *kvOp
 	if isSet(after) {
+		var err error
 		if put, err = putOp(after, e.Scope, e.ID); err != nil {
 			return nil, fmt.Errorf("event %s %s: %w", e.Type, e.ID, err)
 		}

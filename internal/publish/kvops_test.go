@@ -46,21 +46,21 @@ func BenchmarkOpsOf(b *testing.B) {
 // (and the samples of BenchmarkSyncd's organization) its writes are those
 // of the full decoding, byte for byte.
 func TestOpsOf_NarrowDecodingWritesWhatTheFullStateDoes(t *testing.T) {
-	at := func(s string) time.Time {
-		return time.Date(2026, 11, 2, 3, 4, 5, 6e6, time.UTC).Add(mustDuration(t, s))
+	at := func(hours int) time.Time {
+		return time.Date(2026, 11, 2, 3, 4, 5, 6e6, time.UTC).Add(time.Duration(hours) * time.Hour)
 	}
 	tag := store.Tag{UID: "org/r/t", RepoUID: "org/r", Repo: "nginx", Path: "charts/nginx", Name: "1.27",
-		Digest: "sha256:aa", Deprecated: true, Bundles: []string{"b"}, CreateTime: at("0s"), UpdateTime: at("1h")}
-	adv := store.Advisory{UID: "u", AdvisoryID: "CGA-1", ArtifactName: "nginx", CreateTime: at("0s"),
-		UpdateTime: at("2h"), Author: "a", ArtifactType: "apk", ArtifactArchitecture: "x86_64", ComponentName: "zlib",
+		Digest: "sha256:aa", Deprecated: true, Bundles: []string{"b"}, CreateTime: at(0), UpdateTime: at(1)}
+	adv := store.Advisory{UID: "u", AdvisoryID: "CGA-1", ArtifactName: "nginx", CreateTime: at(0),
+		UpdateTime: at(2), Author: "a", ArtifactType: "apk", ArtifactArchitecture: "x86_64", ComponentName: "zlib",
 		ComponentLocation: "/lib", ComponentType: "apk", LegacyAdvisoryID: "L", Aliases: []string{"CVE-1", "GHSA-1"},
 		Severities: []store.AdvisorySeverity{{Type: "TYPE_CVSS_V3", Score: "9.8"}},
 		Events: []store.AdvisoryEvent{
-			{UID: "e1", Type: "detected", CreateTime: at("0s"), Author: "s", ReviewState: "REVIEW_STATE_APPROVED",
+			{UID: "e1", Type: "detected", CreateTime: at(0), Author: "s", ReviewState: "REVIEW_STATE_APPROVED",
 				DetectionType: "scanv1", Findings: "eyJ9", Details: json.RawMessage(`{"scanv1":{"a":1}}`)},
-			{UID: "e2", Type: "fixed", CreateTime: at("3h"), ReviewState: "REVIEW_STATE_APPROVED", FixedVersion: "1.2.3",
+			{UID: "e2", Type: "fixed", CreateTime: at(3), ReviewState: "REVIEW_STATE_APPROVED", FixedVersion: "1.2.3",
 				Note: "n", Issue: "i", Reviewer: "r"},
-			{UID: "e3", Type: "false_positive", CreateTime: at("4h"), ReviewState: "REVIEW_STATE_PENDING"},
+			{UID: "e3", Type: "false_positive", CreateTime: at(4), ReviewState: "REVIEW_STATE_PENDING"},
 		}}
 	moved := tag
 	moved.Name, moved.Path = "1.28", "other"
@@ -101,14 +101,6 @@ func TestOpsOf_NarrowDecodingWritesWhatTheFullStateDoes(t *testing.T) {
 	}
 }
 
-func mustDuration(t *testing.T, s string) time.Duration {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
 // opsOfFullState is opsOf decoding the whole state, as it did before it
 // decoded only what a value is made of.
 func opsOfFullState(e store.Event) ([]kvOp, error) {
@@ -129,22 +121,5 @@ func opsOfFullState(e store.Event) ([]kvOp, error) {
 	default:
 		return opsOf(e)
 	}
-	var ops []kvOp
-	var put *kvOp
-	if isSet(after) {
-		var err error
-		if put, err = putOp(after, e.Scope, e.ID); err != nil {
-			return nil, err
-		}
-	}
-	if isSet(before) {
-		kind, key := keyOf(before, e.Scope)
-		if put == nil || put.key != key {
-			ops = append(ops, kvOp{kind: kind, key: key, subject: e.Subject})
-		}
-	}
-	if put != nil {
-		ops = append(ops, *put)
-	}
-	return ops, nil
+	return writesOf(e, before, after)
 }

@@ -415,8 +415,7 @@ func (r *Relay) syncKV(ctx context.Context) {
 	if err == nil && (!due || epoch == "") {
 		// Nothing to do, or a silent baseline to wait out: no failure
 		// stands (and Run does not wake for a retry).
-		r.kvErr, r.kvRetryAt = nil, time.Time{}
-		r.kvBackoff.Reset()
+		r.clearKVFailure()
 		return
 	}
 	var st ReconcileStats
@@ -436,9 +435,14 @@ func (r *Relay) syncKV(ctx context.Context) {
 			"err", err, "retry_in", wait.Round(time.Millisecond).String())
 		return
 	}
+	r.clearKVFailure()
+	r.log.Info("KV buckets reconciled with the mirror", "put", st.Put, "deleted", st.Deleted, "unchanged", st.Unchanged)
+}
+
+// clearKVFailure forgets the buckets' failure and its retry.
+func (r *Relay) clearKVFailure() {
 	r.kvErr, r.kvRetryAt = nil, time.Time{}
 	r.kvBackoff.Reset()
-	r.log.Info("KV buckets reconciled with the mirror", "put", st.Put, "deleted", st.Deleted, "unchanged", st.Unchanged)
 }
 
 // relayPass is the state of one pass. Only the goroutine running pass
