@@ -123,6 +123,22 @@ type Follower struct {
 	// goroutine and the gap reader both reject.
 	rejectedMu sync.Mutex
 	rejected   map[uint64]struct{}
+	// deferChecked: the mirror was asked to defer its indexes, once its
+	// consumer (and restore) was set up; indexesDeferred: it did, and the
+	// first fetch that leaves nothing pending builds them. Like cons, only
+	// Run or CatchUp touches them.
+	deferChecked, indexesDeferred bool
+}
+
+// IndexDeferrer is a mirror that can go without its history indexes while
+// a follower catches up from the stream's start, and build them once it
+// has: the stream's first messages carry the leader's whole baseline.
+type IndexDeferrer interface {
+	// DeferIndexesForCatchUp drops the indexes if the mirror is empty,
+	// and reports whether it goes without them.
+	DeferIndexesForCatchUp(ctx context.Context) (bool, error)
+	// BuildIndexes builds them again.
+	BuildIndexes(ctx context.Context) error
 }
 
 // Positioned is a mirror that knows the stream sequence it reflects.
@@ -703,6 +719,9 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 	if err != nil {
 		return 0, 0, err
 	}
+	if err := f.deferIndexes(ctx); err != nil {
+		return 0, 0, err
+	}
 	b := f.ahead
 	f.ahead = nil
 	if b == nil {
@@ -769,12 +788,45 @@ func (f *Follower) fetch(ctx context.Context) (int, uint64, error) {
 			}
 		}
 	}
+	if pending == 0 && f.indexesDeferred {
+		if err := f.buildIndexes(ctx); err != nil {
+			return applied, pending, err
+		}
+	}
 	f.lag.Store(pending)
 	f.recordLag(pending)
 	if f.cfg.OnBatch != nil {
 		f.cfg.OnBatch(applied, pending)
 	}
 	return applied, pending, nil
+}
+
+// deferIndexes asks a mirror that can (IndexDeferrer) to go without its
+// history indexes, once: only an empty one does.
+func (f *Follower) deferIndexes(ctx context.Context) error {
+	d, ok := f.mirror.(IndexDeferrer)
+	if !ok || f.deferChecked {
+		return nil
+	}
+	deferred, err := d.DeferIndexesForCatchUp(ctx)
+	if err != nil {
+		return err
+	}
+	f.deferChecked, f.indexesDeferred = true, deferred
+	return nil
+}
+
+// buildIndexes builds the indexes deferIndexes had the mirror go without,
+// now that nothing is pending.
+func (f *Follower) buildIndexes(ctx context.Context) error {
+	start := time.Now()
+	if err := f.mirror.(IndexDeferrer).BuildIndexes(ctx); err != nil {
+		return err
+	}
+	f.indexesDeferred = false
+	f.log.Info("caught up with the stream: built the history indexes", "took",
+		time.Since(start).Round(time.Millisecond).String())
+	return nil
 }
 
 // apply applies b's events, comparing the mirror with each checkpoint

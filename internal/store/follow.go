@@ -273,7 +273,7 @@ func (s *Store) applyStreamTx(ctx context.Context, tx *sql.Tx, evs []StreamEvent
 	}
 	// A mirror that holds the stream's events is past its baseline: if
 	// this replica becomes the leader, what it crawls next is news.
-	if err := s.endBaseline(ctx, tx, now, true); err != nil {
+	if err := s.endBaseline(ctx, tx, now, !s.catchUpDeferred.Load()); err != nil {
 		return 0, err
 	}
 	return len(fresh), nil

@@ -34,25 +34,78 @@ func (s *Store) DeferIndexes(ctx context.Context) error {
 		if err != nil || !baseline {
 			return err
 		}
-		var dropped []string
-		for _, ix := range deferredIndexes {
-			ok, err := hasIndex(ctx, tx, ix.name)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				continue
-			}
-			if _, err := tx.ExecContext(ctx, `DROP INDEX `+ix.name); err != nil {
-				return fmt.Errorf("defer index %s: %w", ix.name, err)
-			}
-			dropped = append(dropped, ix.name)
+		dropped, err := dropDeferred(ctx, tx)
+		if err != nil {
+			return err
 		}
 		if len(dropped) > 0 {
 			s.log.Info("baseline: history indexes are built when it ends", "indexes", dropped)
 		}
 		return nil
 	})
+}
+
+// dropDeferred drops whichever deferred indexes the mirror has, and
+// returns their names.
+func dropDeferred(ctx context.Context, tx *sql.Tx) ([]string, error) {
+	var dropped []string
+	for _, ix := range deferredIndexes {
+		ok, err := hasIndex(ctx, tx, ix.name)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, `DROP INDEX `+ix.name); err != nil {
+			return nil, fmt.Errorf("defer index %s: %w", ix.name, err)
+		}
+		dropped = append(dropped, ix.name)
+	}
+	return dropped, nil
+}
+
+// DeferIndexesForCatchUp drops the indexes DeferIndexes drops, if the
+// mirror is empty (no repo, advisory or event): a follower catching up from
+// the stream's start writes every history row of the leader's baseline,
+// and kept up row by row those indexes were more than half of its time
+// (docs/performance.md), as they were most of a crawl's. It reports whether the mirror goes without them now;
+// BuildIndexes builds them again once the follower has caught up, and until
+// then the baseline's end that the first applied batch records leaves them
+// out. A mirror opened again without them builds them at Open (see
+// repairIndexes), so a follower stopped during its catch-up never leaves a
+// mirror without them for good.
+func (s *Store) DeferIndexesForCatchUp(ctx context.Context) (bool, error) {
+	deferred, dropped := false, []string(nil)
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		deferred = false
+		empty, err := isEmpty(ctx, tx)
+		if err != nil || !empty {
+			return err
+		}
+		dropped, err = dropDeferred(ctx, tx)
+		deferred = err == nil
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("defer the history indexes: %w", err)
+	}
+	if deferred {
+		s.catchUpDeferred.Store(true)
+		s.log.Info("catching up from the stream's start: history indexes are built once caught up",
+			"indexes", dropped)
+	}
+	return deferred, nil
+}
+
+// BuildIndexes builds whichever of the indexes DeferIndexesForCatchUp
+// dropped are missing, from a sort.
+func (s *Store) BuildIndexes(ctx context.Context) error {
+	if err := s.sortingTx(ctx, func(tx *sql.Tx) error { return s.buildIndexes(ctx, tx) }); err != nil {
+		return fmt.Errorf("build the history indexes: %w", err)
+	}
+	s.catchUpDeferred.Store(false)
+	return nil
 }
 
 // endBaseline records that the baseline is over, if it was not already, and

@@ -176,4 +176,71 @@ func TestDeferredIndexes(t *testing.T) {
 		}
 		sameIndexes(t, "follower past its baseline", follower.Reader(), deferred)
 	})
+
+	t.Run("CatchUpDefersUntilBuilt", func(t *testing.T) {
+		// A follower catching up from the stream's start goes without them
+		// while it applies the leader's baseline, past the baseline's end
+		// its first batch records; a mirror reopened meanwhile (a crash)
+		// builds them, and BuildIndexes does once it has caught up.
+		clk := newClock()
+		leader, _ := openTemp(t, clk, false, store.Options{})
+		firstCrawl(t, leader)
+		evs := stream(t, leader)
+		path := filepath.Join(t.TempDir(), "follower.db")
+		follower, err := store.Open(ctx, path, store.Options{Now: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if deferred, err := follower.DeferIndexesForCatchUp(ctx); err != nil || !deferred {
+			t.Fatalf("DeferIndexesForCatchUp of an empty mirror = %v, %v; want true", deferred, err)
+		}
+		sameIndexes(t, "empty follower deferred", follower.Reader(), nil)
+		half := len(evs) / 2
+		if _, err := follower.ApplyStream(ctx, evs[:half]); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := follower.InBaseline(ctx); err != nil || b {
+			t.Fatalf("follower InBaseline=%v (%v) after following", b, err)
+		}
+		sameIndexes(t, "follower past its baseline, catching up", follower.Reader(), nil)
+		// Not empty any more: nothing defers them again.
+		if deferred, err := follower.DeferIndexesForCatchUp(ctx); err != nil || deferred {
+			t.Fatalf("DeferIndexesForCatchUp of a mirror that holds events = %v, %v; want false", deferred, err)
+		}
+
+		// Stopped during its catch-up and opened again: Open builds them.
+		if err := follower.Close(); err != nil {
+			t.Fatal(err)
+		}
+		reopened := mustOpen(t, path, store.Options{Now: clk.Now})
+		sameIndexes(t, "follower reopened during its catch-up", reopened.Reader(), deferred)
+		if deferred, err := reopened.DeferIndexesForCatchUp(ctx); err != nil || deferred {
+			t.Fatalf("DeferIndexesForCatchUp after a restart = %v, %v; want false", deferred, err)
+		}
+		sameIndexes(t, "reopened follower asked to defer", reopened.Reader(), deferred)
+
+		// Another follower that catches up whole: BuildIndexes builds them,
+		// holding every history row.
+		other := mustOpen(t, filepath.Join(t.TempDir(), "other.db"), store.Options{Now: clk.Now})
+		if deferred, err := other.DeferIndexesForCatchUp(ctx); err != nil || !deferred {
+			t.Fatalf("DeferIndexesForCatchUp = %v, %v; want true", deferred, err)
+		}
+		if _, err := other.ApplyStream(ctx, evs); err != nil {
+			t.Fatal(err)
+		}
+		sameIndexes(t, "caught up, not built yet", other.Reader(), nil)
+		if err := other.BuildIndexes(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sameIndexes(t, "built", other.Reader(), deferred)
+		want := queryInt(t, leader.Reader(), `SELECT COUNT(*) FROM tag_history WHERE digest = ?`, digest(2))
+		if got := queryInt(
+			t,
+			other.Reader(),
+			`SELECT COUNT(*) FROM tag_history INDEXED BY tag_history_digest WHERE digest = ?`,
+			digest(2),
+		); got != want || got == 0 {
+			t.Fatalf("rows found by digest through the built index = %d, want the leader's %d", got, want)
+		}
+	})
 }

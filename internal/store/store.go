@@ -100,6 +100,9 @@ type Store struct {
 	// writeErr is the last write transaction's refusal by the file, nil
 	// once one succeeds (see Writable).
 	writeErr atomic.Pointer[error]
+	// catchUpDeferred: a follower's catch-up goes without the history
+	// indexes (DeferIndexesForCatchUp) until BuildIndexes.
+	catchUpDeferred atomic.Bool
 
 	bulk  [numBulk]*sql.Stmt // full-size multi-row statements, prepared at Open
 	stmts stmtCache          // the writer's statements of varying text, prepared when first free
