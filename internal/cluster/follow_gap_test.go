@@ -295,3 +295,40 @@ func TestFollower_ABatchSlowerThanTheWaitIsWhole(t *testing.T) {
 		t.Errorf("the follower read what its fetches dropped from the stream:\n%s", out)
 	}
 }
+
+// TestFollower_ACatchUpWithNothingPendingDoesNotWait: a catch-up whose
+// consumer has nothing pending ends without a fetch, which would come back
+// empty only after MaxWait (here an hour; 1 s by default, the wait a
+// restored mirror's start paid for nothing).
+func TestFollower_ACatchUpWithNothingPendingDoesNotWait(t *testing.T) {
+	js, leader := newStreamLeader(t)
+	follower, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { follower.Close() })
+	cfg := gapFollowerConfig
+	cfg.MaxWait = time.Hour
+	f := cluster.NewFollower(js, follower, cfg)
+	catchUp := func(what string) {
+		t.Helper()
+		// Far below MaxWait: a fetch sent with nothing to deliver ends
+		// with this context, failing the catch-up.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := f.CatchUp(ctx); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
+			t.Fatalf("%s: the follower differs from the leader:\nleader:\n%s\nfollower:\n%s", what, l, fo)
+		}
+	}
+	leader.change(2)
+	leader.publish()
+	catchUp("messages pending")
+	catchUp("nothing pending")
+	leader.change(1)
+	leader.publish()
+	catchUp("more messages pending")
+	catchUp("nothing pending again")
+}
