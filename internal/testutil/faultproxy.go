@@ -22,8 +22,9 @@ import (
 // timeout toxic) closes the connections when it is removed anyway, which
 // is what Heal does here. The semantics needed fit in this file.
 type FaultProxy struct {
-	ln     net.Listener
-	target string
+	ln net.Listener
+	// target is where connections go; "" while not known yet (SetTarget).
+	target atomic.Pointer[string]
 	mode   atomic.Int32 // a faultMode
 	delay  atomic.Int64 // added to each chunk, each way, in nanoseconds
 	mu     sync.Mutex
@@ -68,19 +69,24 @@ func (l *proxyLink) close() {
 }
 
 // NewFaultProxy listens on a loopback port the system picks and forwards
-// every connection to target until the test ends.
+// every connection to target until the test ends. An empty target is not
+// known yet: connections are closed once accepted until SetTarget.
 func NewFaultProxy(tb testing.TB, target string) *FaultProxy {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p := &FaultProxy{ln: ln, target: target, links: map[*proxyLink]struct{}{}}
+	p := &FaultProxy{ln: ln, links: map[*proxyLink]struct{}{}}
+	p.SetTarget(target)
 	p.wg.Add(1)
 	go p.accept()
 	tb.Cleanup(p.Close)
 	return p
 }
+
+// SetTarget sends the connections accepted from now on to target.
+func (p *FaultProxy) SetTarget(target string) { p.target.Store(&target) }
 
 // Addr is the proxy's host:port, where clients connect.
 func (p *FaultProxy) Addr() string { return p.ln.Addr().String() }
@@ -197,7 +203,12 @@ func (p *FaultProxy) accept() {
 		case modeBlackHole:
 			l.lost.Store(true) // never reaches the target: closed at Heal
 		default:
-			s, err := net.DialTimeout("tcp", p.target, 2*time.Second)
+			target := *p.target.Load()
+			if target == "" {
+				c.Close()
+				continue
+			}
+			s, err := net.DialTimeout("tcp", target, 2*time.Second)
 			if err != nil {
 				c.Close()
 				continue

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -125,6 +126,51 @@ func TestFaultProxy(t *testing.T) {
 	if err := roundTrip(c5, r5, time.Second); err != nil {
 		t.Fatalf("after Cut and Heal: %v", err)
 	}
+}
+
+// TestFaultProxy_SetTarget: a proxy whose target is not known yet closes
+// each connection it accepts; once told the target, new connections pass.
+// A proxied cluster's route proxies are made so, before their nodes pick
+// their cluster ports.
+func TestFaultProxy_SetTarget(t *testing.T) {
+	p := NewFaultProxy(t, "")
+	c, r := dialProxy(t, p)
+	if err := roundTrip(c, r, time.Second); !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("through a proxy with no target: %v, want the connection closed", err)
+	}
+	p.SetTarget(echoServer(t))
+	c2, r2 := dialProxy(t, p)
+	if err := roundTrip(c2, r2, time.Second); err != nil {
+		t.Fatalf("after SetTarget: %v", err)
+	}
+}
+
+// TestNATSCluster_NodeRestarts: the nodes of a cluster pick their cluster
+// ports as they start; a node stopped and started again keeps its ports,
+// and the cluster answers again with every node routed.
+func TestNATSCluster_NodeRestarts(t *testing.T) {
+	if os.Getenv("SYNCD_TEST_CLUSTER") == "" {
+		t.Skip("make cluster-test runs it (SYNCD_TEST_CLUSTER=1): Raft elections take seconds")
+	}
+	c := NATSClusterOf(t, 3)
+	for _, i := range []int{0, 2} {
+		n := c.Nodes[i]
+		url := n.URL()
+		n.Stop()
+		n.Start()
+		if n.URL() != url {
+			t.Fatalf("node %s came back at %s, was %s", n.Name(), n.URL(), url)
+		}
+	}
+	c.WaitJetStream(t, 30*time.Second)
+	Eventually(t, 30*time.Second, func() error {
+		for _, n := range c.Nodes {
+			if got := n.Server.NumRoutes(); got < 2 {
+				return fmt.Errorf("node %s has %d routes, want 2 or more", n.Name(), got)
+			}
+		}
+		return nil
+	})
 }
 
 // TestProxiedNATSCluster_Isolate: in a cluster routed through fault

@@ -3,7 +3,6 @@ package testutil
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -64,51 +63,53 @@ func natsCluster(
 	client ...nats.Option,
 ) *NATSCluster {
 	tb.Helper()
-	// Routes name every node's cluster port before any starts: take free
-	// ports from the system and give them back.
-	ports := make([]int, n)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-	}
-	c := &NATSCluster{routeProxies: map[string]*FaultProxy{}, clusterPorts: ports, client: client}
+	// Each node takes a cluster port the system picks as it starts. Ports
+	// taken from the system beforehand and given back for the nodes to
+	// bind could be taken meanwhile (by an outgoing connection of the
+	// test, a proxy's listener): a node whose cluster port was taken never
+	// became ready ("not ready in 10s"), and failed a cluster test now and
+	// then. So every route a node is configured with goes through a fault
+	// proxy, which holds its own port and learns its target as that node
+	// starts (a JetStream cluster's first node needs routes configured).
+	// Unproxied, the nodes advertise their own cluster ports, so that the
+	// routes they learn of by gossip go straight to them.
+	c := &NATSCluster{routeProxies: map[string]*FaultProxy{}, client: client}
 	for i := range n {
-		var routes []string
-		for j, p := range ports {
-			if j == i {
-				continue
-			}
-			addr := fmt.Sprintf("127.0.0.1:%d", p)
-			if proxied {
-				px := NewFaultProxy(tb, addr)
-				c.routeProxies[fmt.Sprintf("n%d>n%d", i+1, j+1)] = px
-				addr = px.Addr()
-			}
-			routes = append(routes, "nats://"+addr)
-		}
 		s := &NATSServer{
 			tb: tb,
 			opts: server.Options{ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: server.RANDOM_PORT,
 				JetStream: true, StoreDir: tb.TempDir(), NoLog: true, NoSigs: true,
-				Cluster: server.ClusterOpts{Name: "syncd-test", Host: "127.0.0.1", Port: ports[i]},
-				Routes:  server.RoutesFromStr(strings.Join(routes, ","))},
+				Cluster: server.ClusterOpts{Name: "syncd-test", Host: "127.0.0.1", Port: server.RANDOM_PORT}},
 		}
 		if proxied {
 			// Port 1 refuses: an implicit route is tried once and dropped.
 			s.opts.Cluster.NoAdvertise, s.opts.Cluster.Advertise = true, "127.0.0.1:1"
 		}
+		var routes []string
+		for j := range n {
+			if j != i {
+				px := NewFaultProxy(tb, "")
+				c.routeProxies[fmt.Sprintf("n%d>n%d", i+1, j+1)] = px
+				routes = append(routes, "nats://"+px.Addr())
+			}
+		}
+		s.opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
 		if mutate != nil {
 			mutate(&s.opts)
 		}
 		c.Nodes = append(c.Nodes, s)
 	}
-	for _, s := range c.Nodes {
+	for i, s := range c.Nodes {
 		s.Start()
 		tb.Cleanup(s.Stop)
+		// Restarts keep the port, where the proxies send the routes.
+		s.opts.Cluster.Port = s.Server.ClusterAddr().Port
+		c.clusterPorts = append(c.clusterPorts, s.opts.Cluster.Port)
+		for j := range n {
+			if px := c.routeProxies[fmt.Sprintf("n%d>n%d", j+1, i+1)]; px != nil {
+				px.SetTarget(fmt.Sprintf("127.0.0.1:%d", s.opts.Cluster.Port))
+			}
+		}
 	}
 	c.WaitJetStream(tb, 30*time.Second)
 	return c
