@@ -245,6 +245,10 @@ func measureFollowApply(
 	}
 	start := time.Now()
 	err = fol.CatchUp(ctx)
+	if err == nil {
+		// The history indexes it went without, as a promotion builds them.
+		err = fol.FinishCatchUp(ctx)
+	}
 	r.CatchUpSeconds = time.Since(start).Seconds()
 	stop()
 	if err != nil {

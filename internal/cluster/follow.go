@@ -125,8 +125,9 @@ type Follower struct {
 	rejected   map[uint64]struct{}
 	// deferChecked: the mirror was asked to defer its indexes, once its
 	// consumer (and restore) was set up; indexesDeferred: it did, and the
-	// first fetch that leaves nothing pending builds them. Like cons, only
-	// Run or CatchUp touches them.
+	// first fetch of Run that leaves nothing pending builds them, or
+	// FinishCatchUp. Like cons, only Run, CatchUp or FinishCatchUp touches
+	// them.
 	deferChecked, indexesDeferred bool
 }
 
@@ -811,7 +812,7 @@ func (f *Follower) fetch(ctx context.Context, catchingUp bool) (int, uint64, err
 			}
 		}
 	}
-	if pending == 0 && f.indexesDeferred {
+	if pending == 0 && f.indexesDeferred && !catchingUp {
 		if err := f.buildIndexes(ctx); err != nil {
 			return applied, pending, err
 		}
@@ -837,6 +838,20 @@ func (f *Follower) deferIndexes(ctx context.Context) error {
 	}
 	f.deferChecked, f.indexesDeferred = true, deferred
 	return nil
+}
+
+// FinishCatchUp builds the history indexes a catch-up from nothing went
+// without (IndexDeferrer), if any; CatchUp does not. A promotion's
+// catch-up is bounded by the lease's TTL and tried again when it runs out,
+// and a build cut short keeps nothing: one that takes longer than the TTL
+// (a few million history rows) would start over at every attempt, and the
+// replica never lead. A follower that is following builds them itself
+// once nothing is pending.
+func (f *Follower) FinishCatchUp(ctx context.Context) error {
+	if !f.indexesDeferred {
+		return nil
+	}
+	return f.buildIndexes(ctx)
 }
 
 // buildIndexes builds the indexes deferIndexes had the mirror go without,

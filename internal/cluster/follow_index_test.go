@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"database/sql"
+	"log/slog"
 	"path/filepath"
 	"testing"
 	"time"
@@ -12,13 +13,15 @@ import (
 )
 
 // historyIndexes counts the indexes of tag_history by time and by digest
-// that db has.
+// that db has; -1 when it cannot tell (reported as the test's error, from
+// any goroutine).
 func historyIndexes(t *testing.T, db *sql.DB) int {
 	t.Helper()
 	var n int
 	if err := db.QueryRow(`SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index'
 		AND name IN ('tag_history_time', 'tag_history_digest')`).Scan(&n); err != nil {
-		t.Fatal(err)
+		t.Error(err)
+		return -1
 	}
 	return n
 }
@@ -27,8 +30,9 @@ func historyIndexes(t *testing.T, db *sql.DB) int {
 // whose mirror is empty applies the stream without the indexes of
 // tag_history by time and digest (kept up row by row, they were a third of
 // its catch-up) and builds them once nothing is pending, both in a
-// catch-up and when following; a follower whose mirror holds something
-// keeps them throughout.
+// catch-up (FinishCatchUp, as a promotion does after its catch-up) and
+// when following; a follower whose mirror holds something keeps them
+// throughout.
 func TestFollower_CatchesUpFromNothingWithoutTheHistoryIndexes(t *testing.T) {
 	ctx := context.Background()
 	js, leader := newStreamLeader(t)
@@ -59,7 +63,8 @@ func TestFollower_CatchesUpFromNothingWithoutTheHistoryIndexes(t *testing.T) {
 	t.Run("CatchUp", func(t *testing.T) {
 		st := open("catchup.db")
 		var during []int
-		if err := cluster.NewFollower(js, st, watch("c1", st, &during)).CatchUp(ctx); err != nil {
+		f := cluster.NewFollower(js, st, watch("c1", st, &during))
+		if err := f.CatchUp(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if len(during) == 0 {
@@ -69,6 +74,14 @@ func TestFollower_CatchesUpFromNothingWithoutTheHistoryIndexes(t *testing.T) {
 			if n != 0 {
 				t.Fatalf("after batch %d of the catch-up the mirror had %d of the history indexes, want none", i+1, n)
 			}
+		}
+		// Not built by the catch-up, whose deadline (a promotion's) would
+		// cut the build short.
+		if n := historyIndexes(t, st.Reader()); n != 0 {
+			t.Fatalf("the catch-up built %d of the history indexes, want none before FinishCatchUp", n)
+		}
+		if err := f.FinishCatchUp(ctx); err != nil {
+			t.Fatal(err)
 		}
 		if n := historyIndexes(t, st.Reader()); n != 2 {
 			t.Fatalf("caught up with %d of the 2 history indexes", n)
@@ -110,7 +123,11 @@ func TestFollower_CatchesUpFromNothingWithoutTheHistoryIndexes(t *testing.T) {
 
 	t.Run("NotEmpty", func(t *testing.T) {
 		st := open("notempty.db")
-		if err := cluster.NewFollower(js, st, watch("n1", st, new([]int))).CatchUp(ctx); err != nil {
+		first := cluster.NewFollower(js, st, watch("n1", st, new([]int)))
+		if err := first.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := first.FinishCatchUp(ctx); err != nil {
 			t.Fatal(err)
 		}
 		leader.change(6)
@@ -127,6 +144,45 @@ func TestFollower_CatchesUpFromNothingWithoutTheHistoryIndexes(t *testing.T) {
 				t.Fatalf("after batch %d of a catch-up into a mirror that held events it had %d of the 2 history indexes",
 					i+1, n)
 			}
+		}
+	})
+
+	t.Run("Promotion", func(t *testing.T) {
+		// A standby with an empty mirror that gains the lease leads with
+		// the indexes built, after its catch-up.
+		st := open("promoted.db")
+		lease, err := cluster.NewLease(ctx, js, cluster.LeaseConfig{Bucket: "lease", Key: "leader", Node: "p", TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := gapFollowerConfig
+		cfg.Consumer, cfg.Batch = "p1", 2
+		ledWith := make(chan int, 1)
+		rctx, cancel := context.WithCancel(ctx)
+		r := &cluster.Replica{
+			Lease:    lease,
+			Follower: cluster.NewFollower(js, st, cfg),
+			Lead: func(ctx context.Context) error {
+				ledWith <- historyIndexes(t, st.Reader())
+				<-ctx.Done()
+				return nil
+			},
+			Logger: slog.New(slog.DiscardHandler),
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		defer func() { cancel(); <-done }()
+		select {
+		case n := <-ledWith:
+			if n != 2 {
+				t.Fatalf("led with %d of the 2 history indexes", n)
+			}
+		case <-time.After(10 * ttl):
+			t.Fatal("the standby never led")
+		}
+		want := queryCount(t, leader.st, `SELECT COUNT(*) FROM tag_history`)
+		if got := queryCount(t, st, `SELECT COUNT(*) FROM tag_history`); got != want {
+			t.Fatalf("led with %d history rows, want the leader's %d", got, want)
 		}
 	})
 }

@@ -194,6 +194,14 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 	if r.catchUp(dctx, log) != nil {
 		return nil
 	}
+	if err := r.Follower.FinishCatchUp(dctx); err != nil {
+		if dctx.Err() != nil {
+			return nil
+		}
+		// The end of the leader's next backfill pass builds them, or the
+		// mirror's next open; queries by digest or time scan meanwhile.
+		log.Warn("building the history indexes failed; leading without them", "err", err)
+	}
 	if r.Promote != nil && dctx.Err() == nil {
 		if err := r.Promote(dctx); err != nil && dctx.Err() == nil {
 			log.Warn("readying the mirror for crawling failed; tags not readied are read silently", "err", err)

@@ -20,8 +20,11 @@ import (
 type NATSCluster struct {
 	Nodes []*NATSServer
 	// routeProxies is, by "from>to" node name, the fault proxy through
-	// which the first node dials the second's routes (ProxiedNATSClusterOf).
+	// which the first node dials the second's routes. Only a proxied
+	// cluster's nodes (ProxiedNATSClusterOf) route through nothing else:
+	// the others learn each other's own cluster ports by gossip.
 	routeProxies map[string]*FaultProxy
+	proxied      bool
 	clusterPorts []int
 	// client is the options WaitJetStream connects with.
 	client []nats.Option
@@ -73,7 +76,7 @@ func natsCluster(
 	// starts (a JetStream cluster's first node needs routes configured).
 	// Unproxied, the nodes advertise their own cluster ports, so that the
 	// routes they learn of by gossip go straight to them.
-	c := &NATSCluster{routeProxies: map[string]*FaultProxy{}, client: client}
+	c := &NATSCluster{routeProxies: map[string]*FaultProxy{}, proxied: proxied, client: client}
 	for i := range n {
 		s := &NATSServer{
 			tb: tb,
@@ -164,6 +167,9 @@ func (c *NATSCluster) WaitJetStream(tb testing.TB, within time.Duration) {
 // (ProxiedNATSClusterOf): a partition of that node from the others, its
 // clients still connected to it.
 func (c *NATSCluster) Isolate(name string) {
+	if !c.proxied {
+		panic("testutil: Isolate needs a cluster of ProxiedNATSClusterOf: the others route around the proxies")
+	}
 	for link, p := range c.routeProxies {
 		if from, to, _ := strings.Cut(link, ">"); from == name || to == name {
 			p.BlackHole()
