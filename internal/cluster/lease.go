@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -53,6 +54,9 @@ type Lease struct {
 	// confirmation, release), which Run and StepDown make from different
 	// goroutines: two updates at one revision would fail one of them.
 	op sync.Mutex
+	// sitOutUntil is when this replica may campaign again after SitOut,
+	// in Unix nanoseconds; 0: any time.
+	sitOutUntil atomic.Int64
 }
 
 // NewLease creates the bucket, or updates it to cfg, and returns a lease
@@ -119,9 +123,12 @@ func (l *Lease) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		if l.IsLeader() {
+		switch {
+		case l.IsLeader():
 			l.renew(ctx)
-		} else {
+		case time.Now().UnixNano() < l.sitOutUntil.Load():
+			l.watchHolder(ctx)
+		default:
 			l.campaign(ctx)
 		}
 		if l.IsLeader() {
@@ -145,12 +152,24 @@ func (l *Lease) campaign(ctx context.Context) {
 		l.log.Info("gained the leader lease", "node", l.cfg.Node, "bucket", l.cfg.Bucket, "ttl", l.cfg.TTL.String())
 		return
 	}
-	holder := ""
-	if e, gerr := l.kv.Get(octx, l.cfg.Key); gerr == nil {
-		holder = string(e.Value())
-	}
 	if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil {
 		l.log.Warn("campaign for the leader lease failed", "err", err)
+	}
+	l.readHolder(octx)
+}
+
+// watchHolder records who holds the lease, without campaigning.
+func (l *Lease) watchHolder(ctx context.Context) {
+	octx, cancel := context.WithTimeout(ctx, l.opTimeout())
+	defer cancel()
+	l.readHolder(octx)
+}
+
+// readHolder records the key's holder, "" when it cannot be read.
+func (l *Lease) readHolder(ctx context.Context) {
+	holder := ""
+	if e, err := l.kv.Get(ctx, l.cfg.Key); err == nil {
+		holder = string(e.Value())
 	}
 	l.set(func(s *LeaseState) { s.Holder = holder }, 0)
 }
@@ -200,6 +219,14 @@ func (l *Lease) Confirm(ctx context.Context, term uint64) error {
 // replica still holds it (a fenced write is the sign that it may not):
 // then any replica, this one included, may gain the lease for a new term.
 func (l *Lease) StepDown() {
+	l.release()
+}
+
+// SitOut steps down (StepDown) and campaigns again only once d has
+// passed, so that another replica can take the lease: a leader that
+// cannot lead (its mirror cannot catch up with the stream) gives way.
+func (l *Lease) SitOut(d time.Duration) {
+	l.sitOutUntil.Store(time.Now().Add(d).UnixNano())
 	l.release()
 }
 

@@ -39,6 +39,12 @@ type Replica struct {
 	// change, where "syncd status" reads them.
 	Meta   Meta
 	Logger *slog.Logger
+	// StallLimit is how long a replica that holds the lease goes on
+	// trying to catch up with the stream while its mirror takes nothing
+	// (it cannot read the stream, or write the mirror) before it steps
+	// down and sits out SitOut, so that a standby that can lead does;
+	// defaults: 6 and 2 times the lease's TTL.
+	StallLimit, SitOut time.Duration
 
 	mu      sync.Mutex
 	current string
@@ -233,6 +239,10 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 	return err
 }
 
+// errSteppedDown: the catch-up made no progress for the stall limit, and
+// the replica gave the lease up.
+var errSteppedDown = errors.New("stepped down: the mirror could not catch up with the stream")
+
 // errRepairDue: the catch-up found the mirror diverged from the leader's.
 var errRepairDue = errors.New("the mirror diverged from the leader's checkpoint; repairing it first")
 
@@ -246,13 +256,24 @@ var errRepairDue = errors.New("the mirror diverged from the leader's checkpoint;
 // silent baseline over changes the stream never got (the partition tests
 // saw all three when the catch-up was bounded by a TTL and leading went on
 // regardless). A large backlog takes several attempts, each resuming where
-// the last one stopped.
+// the last one stopped. One that makes no progress for StallLimit (the
+// stream unreadable, the mirror unwritable, a repair without a snapshot)
+// gives the lease up for SitOut instead, so that a standby that can lead
+// does, and returns errSteppedDown.
 func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
 	b := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(250*time.Millisecond),
 		backoff.WithMaxInterval(5*time.Second),
 		backoff.WithMaxElapsedTime(0),
 	)
+	stall, sitOut := r.StallLimit, r.SitOut
+	if stall <= 0 {
+		stall = 6 * r.Lease.cfg.TTL
+	}
+	if sitOut <= 0 {
+		sitOut = 2 * r.Lease.cfg.TTL
+	}
+	applied, progressAt := r.Follower.Applied(), time.Now()
 	for attempt := 1; ; attempt++ {
 		err := r.Follower.Complete(ctx)
 		if err == nil {
@@ -267,6 +288,15 @@ func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
 		}
 		if err == nil || ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if now := r.Follower.Applied(); now != applied {
+			applied, progressAt = now, time.Now()
+		} else if stalled := time.Since(progressAt); stalled >= stall {
+			log.Error("stepping down: the mirror has not caught up with the stream and took nothing for "+
+				stalled.Round(time.Second).String()+"; another replica may lead, and this one campaigns again in "+
+				sitOut.String(), "attempts", attempt, "err", err, "lag", r.Follower.Lag())
+			r.Lease.SitOut(sitOut)
+			return errSteppedDown
 		}
 		wait := b.NextBackOff()
 		log.Warn("not leading yet: the mirror has not caught up with the stream", "attempt", attempt, "err", err,

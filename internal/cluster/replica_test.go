@@ -18,7 +18,8 @@ import (
 
 // TestReplica_LeadsOnlyWithTheStreamInItsMirror: a standby that gains the
 // lease while it cannot read the stream (here: the stream is not there
-// yet) does not lead, however long that lasts; once it can, it leads with
+// yet) does not lead, up to its stall limit (then it steps down:
+// TestReplica_StepsDownWhenItCannotCatchUp); once it can, it leads with
 // every event the stream holds already in its mirror. Before, the
 // catch-up was bounded by one lease TTL and leading went on regardless: the
 // partition tests saw new leaders put older values back into the KV
@@ -73,6 +74,69 @@ func TestReplica_LeadsOnlyWithTheStreamInItsMirror(t *testing.T) {
 	testutil.WaitFor(t, 5*ttl, "the standby to lead", func() bool { return ledWith.Load() != nil })
 	if got, want := *ledWith.Load(), mirrorRows(t, leader.st); got != want {
 		t.Fatalf("led with the mirror:\n%s\nthe stream's (the old leader's):\n%s", got, want)
+	}
+}
+
+// TestReplica_StepsDownWhenItCannotCatchUp: a replica that holds the
+// lease but whose mirror takes nothing of the stream (here: it cannot read
+// the stream, which it names wrong, as one without the permissions would)
+// steps down after its stall limit and sits out, and a standby that can
+// catch up takes the lease and leads with the stream in its mirror.
+// Before, the first held the lease for as long as it failed, and nobody
+// led.
+func TestReplica_StepsDownWhenItCannotCatchUp(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	js, leader := newStreamLeader(t)
+	leader.change(3)
+	leader.publish()
+
+	replica := func(node, stream string) (*cluster.Replica, *atomic.Pointer[string], *countingHandler) {
+		st, err := store.Open(ctx, filepath.Join(t.TempDir(), node+".db"), store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		lease, err := cluster.NewLease(ctx, js, cluster.LeaseConfig{Bucket: "lease", Key: "leader", Node: node, TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ledWith atomic.Pointer[string]
+		steps := &countingHandler{text: "stepping down"}
+		return &cluster.Replica{
+			Lease: lease,
+			Follower: cluster.NewFollower(js, st, cluster.FollowerConfig{Stream: stream, SubjectPrefix: "ev",
+				Consumer: node, MaxWait: 100 * time.Millisecond}),
+			Lead: func(ctx context.Context) error {
+				rows := mirrorRows(t, st)
+				ledWith.Store(&rows)
+				<-ctx.Done()
+				return nil
+			},
+			Logger:     slog.New(steps),
+			StallLimit: ttl,
+			SitOut:     3 * ttl,
+		}, &ledWith, steps
+	}
+	run := func(r *cluster.Replica) {
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	a, aLed, aSteps := replica("a", "NOT_EV")
+	run(a)
+	testutil.WaitFor(t, 5*ttl, "a to hold the lease", a.IsLeader)
+	b, bLed, _ := replica("b", "EV")
+	run(b)
+	testutil.WaitFor(t, 10*ttl, "b to lead", func() bool { return bLed.Load() != nil })
+	if aLed.Load() != nil {
+		t.Fatal("a led with a mirror that could not read the stream")
+	}
+	if aSteps.n.Load() == 0 {
+		t.Error("a never logged that it stepped down")
+	}
+	if got, want := *bLed.Load(), mirrorRows(t, leader.st); got != want {
+		t.Fatalf("b led with the mirror:\n%s\nthe stream's (the old leader's):\n%s", got, want)
 	}
 }
 
