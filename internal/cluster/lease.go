@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -54,9 +53,10 @@ type Lease struct {
 	// confirmation, release), which Run and StepDown make from different
 	// goroutines: two updates at one revision would fail one of them.
 	op sync.Mutex
-	// sitOutUntil is when this replica may campaign again after SitOut,
-	// in Unix nanoseconds; 0: any time.
-	sitOutUntil atomic.Int64
+	// sitOutUntil is when this replica may campaign again after SitOut
+	// (zero: any time), under mu; a time.Time keeps the monotonic clock,
+	// so that a wall clock set back does not lengthen it.
+	sitOutUntil time.Time
 }
 
 // NewLease creates the bucket, or updates it to cfg, and returns a lease
@@ -126,7 +126,7 @@ func (l *Lease) Run(ctx context.Context) error {
 		switch {
 		case l.IsLeader():
 			l.renew(ctx)
-		case time.Now().UnixNano() < l.sitOutUntil.Load():
+		case l.sittingOut():
 			l.watchHolder(ctx)
 		default:
 			l.campaign(ctx)
@@ -226,8 +226,17 @@ func (l *Lease) StepDown() {
 // passed, so that another replica can take the lease: a leader that
 // cannot lead (its mirror cannot catch up with the stream) gives way.
 func (l *Lease) SitOut(d time.Duration) {
-	l.sitOutUntil.Store(time.Now().Add(d).UnixNano())
+	l.mu.Lock()
+	l.sitOutUntil = time.Now().Add(d)
+	l.mu.Unlock()
 	l.release()
+}
+
+// sittingOut reports whether a SitOut keeps this replica from campaigning.
+func (l *Lease) sittingOut() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return time.Now().Before(l.sitOutUntil)
 }
 
 // release deletes the key if this replica still holds it at the revision it

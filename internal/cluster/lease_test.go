@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -176,5 +177,32 @@ func TestLease_ConfirmAndStepDown(t *testing.T) {
 	}
 	if e, err := kv.Get(ctx, "leader"); err != nil || string(e.Value()) != "b" {
 		t.Errorf("lease key after a's stale confirmation: %v, want b's", err)
+	}
+}
+
+// TestLease_SitOut: a leader that sits out gives the key up at once and
+// campaigns again only once the sit-out has passed, though nobody else
+// holds the lease meanwhile.
+func TestLease_SitOut(t *testing.T) {
+	js := mustJetStream(t)
+	l, stop := runLease(t, js, "a")
+	defer stop()
+	testutil.WaitFor(t, 5*ttl, "a to lead", l.IsLeader)
+	d := 3 * ttl / 2
+	start := time.Now()
+	l.SitOut(d)
+	if l.IsLeader() {
+		t.Fatal("still the leader after SitOut")
+	}
+	kv, err := js.KeyValue(context.Background(), "lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(context.Background(), "leader"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the key after SitOut: %v, want it deleted", err)
+	}
+	testutil.WaitFor(t, d+2*ttl, "a to lead again", l.IsLeader)
+	if took := time.Since(start); took < d {
+		t.Fatalf("led again %s after SitOut(%s)", took.Round(time.Millisecond), d)
 	}
 }

@@ -40,11 +40,17 @@ type Replica struct {
 	Meta   Meta
 	Logger *slog.Logger
 	// StallLimit is how long a replica that holds the lease goes on
-	// trying to catch up with the stream while its mirror takes nothing
-	// (it cannot read the stream, or write the mirror) before it steps
-	// down and sits out SitOut, so that a standby that can lead does;
-	// defaults: 6 and 2 times the lease's TTL.
+	// trying to begin its term (Mark) or to catch up with the stream
+	// while its mirror takes nothing (it cannot write to the stream, or
+	// read it) before it steps down and sits out SitOut, so that a
+	// standby that can lead does; defaults: 6 and 2 times the lease's
+	// TTL. Each step-down in a row sits out twice as long as the last, up
+	// to 16 times SitOut, until the replica leads.
 	StallLimit, SitOut time.Duration
+
+	// stepDowns counts the step-downs since the replica last led; only
+	// the goroutine of Run touches it.
+	stepDowns int
 
 	mu      sync.Mutex
 	current string
@@ -216,6 +222,7 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 	if dctx.Err() != nil {
 		return nil
 	}
+	r.stepDowns = 0
 	r.role(RoleLeader, r.Lease.cfg.Node)
 	log.Info(
 		"leading",
@@ -239,6 +246,30 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 	return err
 }
 
+// stalled reports whether the replica has tried to begin its term
+// without progress, from since, for its stall limit; if so, it has
+// stepped down, sitting out, and logged why.
+func (r *Replica) stalled(since time.Time, log *slog.Logger, why string, args ...any) bool {
+	stall, sitOut := r.StallLimit, r.SitOut
+	if stall <= 0 {
+		stall = 6 * r.Lease.cfg.TTL
+	}
+	if sitOut <= 0 {
+		sitOut = 2 * r.Lease.cfg.TTL
+	}
+	took := time.Since(since)
+	if took < stall {
+		return false
+	}
+	sitOut <<= min(r.stepDowns, 4)
+	r.stepDowns++
+	log.Error("stepping down: "+why+" for "+took.Round(time.Second).String()+
+		"; another replica may lead, and this one campaigns again in "+sitOut.String(),
+		append(args, "step_downs_in_a_row", r.stepDowns)...)
+	r.Lease.SitOut(sitOut)
+	return true
+}
+
 // errSteppedDown: the catch-up made no progress for the stall limit, and
 // the replica gave the lease up.
 var errSteppedDown = errors.New("stepped down: the mirror could not catch up with the stream")
@@ -257,8 +288,8 @@ var errRepairDue = errors.New("the mirror diverged from the leader's checkpoint;
 // saw all three when the catch-up was bounded by a TTL and leading went on
 // regardless). A large backlog takes several attempts, each resuming where
 // the last one stopped. One that makes no progress for StallLimit (the
-// stream unreadable, the mirror unwritable, a repair without a snapshot)
-// gives the lease up for SitOut instead, so that a standby that can lead
+// stream unreadable, a restore that fails) gives the lease up for SitOut
+// instead, so that a standby that can lead
 // does, and returns errSteppedDown.
 func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
 	b := backoff.NewExponentialBackOff(
@@ -266,13 +297,6 @@ func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
 		backoff.WithMaxInterval(5*time.Second),
 		backoff.WithMaxElapsedTime(0),
 	)
-	stall, sitOut := r.StallLimit, r.SitOut
-	if stall <= 0 {
-		stall = 6 * r.Lease.cfg.TTL
-	}
-	if sitOut <= 0 {
-		sitOut = 2 * r.Lease.cfg.TTL
-	}
 	applied, progressAt := r.Follower.Applied(), time.Now()
 	for attempt := 1; ; attempt++ {
 		err := r.Follower.Complete(ctx)
@@ -291,11 +315,8 @@ func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
 		}
 		if now := r.Follower.Applied(); now != applied {
 			applied, progressAt = now, time.Now()
-		} else if stalled := time.Since(progressAt); stalled >= stall {
-			log.Error("stepping down: the mirror has not caught up with the stream and took nothing for "+
-				stalled.Round(time.Second).String()+"; another replica may lead, and this one campaigns again in "+
-				sitOut.String(), "attempts", attempt, "err", err, "lag", r.Follower.Lag())
-			r.Lease.SitOut(sitOut)
+		} else if r.stalled(progressAt, log, "the mirror has not caught up with the stream and took nothing",
+			"attempts", attempt, "err", err, "lag", r.Follower.Lag()) {
 			return errSteppedDown
 		}
 		wait := b.NextBackOff()
@@ -320,6 +341,7 @@ func (r *Replica) mark(ctx context.Context, st LeaseState, log *slog.Logger) boo
 	}
 	wait := time.NewTimer(0)
 	defer wait.Stop()
+	start := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -336,6 +358,9 @@ func (r *Replica) mark(ctx context.Context, st LeaseState, log *slog.Logger) boo
 			return false
 		}
 		if ctx.Err() != nil {
+			return false
+		}
+		if r.stalled(start, log, "the lease term could not be marked", "err", err) {
 			return false
 		}
 		log.Warn("marking the lease term failed; trying again", "err", err, "in", r.Lease.cfg.TTL/4)

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/publish"
@@ -19,7 +22,7 @@ import (
 // TestReplica_LeadsOnlyWithTheStreamInItsMirror: a standby that gains the
 // lease while it cannot read the stream (here: the stream is not there
 // yet) does not lead, up to its stall limit (then it steps down:
-// TestReplica_StepsDownWhenItCannotCatchUp); once it can, it leads with
+// TestReplica_StepsDownWhenItCannotLead); once it can, it leads with
 // every event the stream holds already in its mirror. Before, the
 // catch-up was bounded by one lease TTL and leading went on regardless: the
 // partition tests saw new leaders put older values back into the KV
@@ -77,67 +80,89 @@ func TestReplica_LeadsOnlyWithTheStreamInItsMirror(t *testing.T) {
 	}
 }
 
-// TestReplica_StepsDownWhenItCannotCatchUp: a replica that holds the
-// lease but whose mirror takes nothing of the stream (here: it cannot read
-// the stream, which it names wrong, as one without the permissions would)
-// steps down after its stall limit and sits out, and a standby that can
-// catch up takes the lease and leads with the stream in its mirror.
-// Before, the first held the lease for as long as it failed, and nobody
-// led.
-func TestReplica_StepsDownWhenItCannotCatchUp(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	js, leader := newStreamLeader(t)
-	leader.change(3)
-	leader.publish()
+// TestReplica_StepsDownWhenItCannotLead: a replica that holds the lease
+// but cannot begin its term (its fence markers are refused) or whose
+// mirror takes nothing of the stream (it cannot read the stream, which it
+// names wrong, as one without the permissions would) steps down after its
+// stall limit and sits out, and a standby that can lead takes the lease
+// and leads with the stream in its mirror. Before, the first held the
+// lease for as long as it failed, and nobody led.
+func TestReplica_StepsDownWhenItCannotLead(t *testing.T) {
+	refused := func(context.Context) error { return errors.New("permissions violation for publish") }
+	for _, c := range []struct {
+		name   string
+		stream string
+		mark   func(context.Context) error
+	}{
+		{"CatchUp", "NOT_EV", nil},
+		{"Mark", "EV", refused},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			js, leader := newStreamLeader(t)
+			leader.change(3)
+			leader.publish()
+			a, aLed, aSteps := leadingReplica(ctx, t, js, "a", c.stream, c.mark)
+			testutil.WaitFor(t, 5*ttl, "a to hold the lease", a.IsLeader)
+			_, bLed, _ := leadingReplica(ctx, t, js, "b", "EV", nil)
+			testutil.WaitFor(t, 10*ttl, "b to lead", func() bool { return bLed.Load() != nil })
+			if aLed.Load() != nil {
+				t.Fatal("a led")
+			}
+			if aSteps.n.Load() == 0 {
+				t.Error("a never logged that it stepped down")
+			}
+			if got, want := *bLed.Load(), mirrorRows(t, leader.st); got != want {
+				t.Fatalf("b led with the mirror:\n%s\nthe stream's (the old leader's):\n%s", got, want)
+			}
+		})
+	}
+}
 
-	replica := func(node, stream string) (*cluster.Replica, *atomic.Pointer[string], *countingHandler) {
-		st, err := store.Open(ctx, filepath.Join(t.TempDir(), node+".db"), store.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		lease, err := cluster.NewLease(ctx, js, cluster.LeaseConfig{Bucket: "lease", Key: "leader", Node: node, TTL: ttl})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ledWith atomic.Pointer[string]
-		steps := &countingHandler{text: "stepping down"}
-		return &cluster.Replica{
-			Lease: lease,
-			Follower: cluster.NewFollower(js, st, cluster.FollowerConfig{Stream: stream, SubjectPrefix: "ev",
-				Consumer: node, MaxWait: 100 * time.Millisecond}),
-			Lead: func(ctx context.Context) error {
-				rows := mirrorRows(t, st)
-				ledWith.Store(&rows)
-				<-ctx.Done()
-				return nil
-			},
-			Logger:     slog.New(steps),
-			StallLimit: ttl,
-			SitOut:     3 * ttl,
-		}, &ledWith, steps
+// leadingReplica runs a replica named node, following stream, with mark as
+// its Mark, a stall limit of one TTL and a sit-out of three, until ctx
+// ends; it returns the mirror it led with (nil until it leads) and a count
+// of its step-downs.
+func leadingReplica(
+	ctx context.Context,
+	t *testing.T,
+	js jetstream.JetStream,
+	node, stream string,
+	mark func(context.Context) error,
+) (*cluster.Replica, *atomic.Pointer[string], *countingHandler) {
+	t.Helper()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), node+".db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	run := func(r *cluster.Replica) {
-		done := make(chan error, 1)
-		go func() { done <- r.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { st.Close() })
+	lease, err := cluster.NewLease(ctx, js, cluster.LeaseConfig{Bucket: "lease", Key: "leader", Node: node, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
 	}
-	a, aLed, aSteps := replica("a", "NOT_EV")
-	run(a)
-	testutil.WaitFor(t, 5*ttl, "a to hold the lease", a.IsLeader)
-	b, bLed, _ := replica("b", "EV")
-	run(b)
-	testutil.WaitFor(t, 10*ttl, "b to lead", func() bool { return bLed.Load() != nil })
-	if aLed.Load() != nil {
-		t.Fatal("a led with a mirror that could not read the stream")
+	ledWith := &atomic.Pointer[string]{}
+	steps := &countingHandler{text: "stepping down"}
+	r := &cluster.Replica{
+		Lease: lease,
+		Follower: cluster.NewFollower(js, st, cluster.FollowerConfig{Stream: stream, SubjectPrefix: "ev",
+			Consumer: node, MaxWait: 100 * time.Millisecond}),
+		Mark: mark,
+		Lead: func(ctx context.Context) error {
+			rows := mirrorRows(t, st)
+			ledWith.Store(&rows)
+			<-ctx.Done()
+			return nil
+		},
+		Logger:     slog.New(steps),
+		StallLimit: ttl,
+		SitOut:     3 * ttl,
 	}
-	if aSteps.n.Load() == 0 {
-		t.Error("a never logged that it stepped down")
-	}
-	if got, want := *bLed.Load(), mirrorRows(t, leader.st); got != want {
-		t.Fatalf("b led with the mirror:\n%s\nthe stream's (the old leader's):\n%s", got, want)
-	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return r, ledWith, steps
 }
 
 // countingHandler counts log records whose message contains text.
