@@ -682,19 +682,17 @@ func (f *Follower) applyThrough(ctx context.Context, last uint64) error {
 	if f.next == 0 || last < f.next || last-f.next >= maxMissing {
 		return nil
 	}
-	evs, err := f.readRange(ctx, f.next, last)
+	evs, checks, err := f.readRange(ctx, f.next, last)
 	if err != nil {
 		return err
 	}
-	if len(evs) > 0 {
-		res, err := f.mirror.ApplyStream(ctx, evs)
-		if err != nil {
-			return err
-		}
-		f.reject(res.Rejected, nil)
-		if n := res.Applied; n > 0 {
-			f.log.Info("events the consumer skipped were read from the stream", "from", f.next, "to", last, "events", n)
-		}
+	applied, rejected, err := f.applyChecked(ctx, evs, checks)
+	if err != nil {
+		return err
+	}
+	f.reject(rejected, nil)
+	if applied > 0 {
+		f.log.Info("events the consumer skipped were read from the stream", "from", f.next, "to", last, "events", applied)
 	}
 	f.next = last + 1
 	return nil
@@ -871,26 +869,38 @@ func (f *Follower) buildIndexes(ctx context.Context) error {
 // among them once the events before it are applied, and returns how many
 // events it applied.
 func (f *Follower) apply(ctx context.Context, b *pulled) (int, []store.RejectedEvent, error) {
-	var evs []store.StreamEvent
+	evs, checks := b.evs, b.checks
 	if len(b.seqs) > 0 {
 		// A batch of checkpoints alone needs the events skipped before it
 		// too, or it is compared without them.
-		var err error
-		if evs, err = f.withMissing(ctx, b); err != nil {
+		missing, gapChecks, err := f.withMissing(ctx, b)
+		if err != nil {
 			return 0, nil, err
 		}
+		// The gap read from the stream comes before b's first event.
+		evs, checks = append(missing, b.evs...), gapChecks
+		for _, c := range b.checks {
+			c.at += len(missing)
+			checks = append(checks, c)
+		}
 	}
-	// The gap read from the stream comes before b's first event.
-	shift := len(evs) - len(b.evs)
+	return f.applyChecked(ctx, evs, checks)
+}
+
+// applyChecked applies evs, comparing the mirror with each of checks once
+// the events before it (its at) are applied, and returns how many events
+// it applied and those it set aside.
+func (f *Follower) applyChecked(ctx context.Context, evs []store.StreamEvent, checks []pendingCheck) (
+	int, []store.RejectedEvent, error) {
 	applied, from := 0, 0
 	var rejected []store.RejectedEvent
-	for _, c := range b.checks {
-		res, err := f.applyEvents(ctx, evs[from:c.at+shift])
+	for _, c := range checks {
+		res, err := f.applyEvents(ctx, evs[from:c.at])
 		applied, rejected = applied+res.Applied, append(rejected, res.Rejected...)
 		if err != nil {
 			return applied, rejected, err
 		}
-		from = c.at + shift
+		from = c.at
 		if err := f.compare(ctx, c); err != nil {
 			return applied, rejected, err
 		}
@@ -1106,14 +1116,14 @@ const maxMissing = 10_000
 // messages that followed it, and not at all before a promotion's catch-up
 // ends; so the gap is read from the stream directly, in order. The
 // message, when it comes again, changes nothing: its event is applied.
-func (f *Follower) withMissing(ctx context.Context, b *pulled) ([]store.StreamEvent, error) {
+func (f *Follower) withMissing(ctx context.Context, b *pulled) ([]store.StreamEvent, []pendingCheck, error) {
 	first := b.seqs[0]
 	if f.next == 0 || first <= f.next || first-f.next > maxMissing {
-		return b.evs, nil
+		return nil, nil, nil
 	}
-	missing, err := f.readRange(ctx, f.next, first-1)
+	missing, checks, err := f.readRange(ctx, f.next, first-1)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(missing) > 0 {
 		f.log.Info(
@@ -1126,38 +1136,49 @@ func (f *Follower) withMissing(ctx context.Context, b *pulled) ([]store.StreamEv
 			len(missing),
 		)
 	}
-	return append(missing, b.evs...), nil
+	return missing, checks, nil
 }
 
 // readRange reads the syncd events of the stream's sequences from..to.
-func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.StreamEvent, error) {
+func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.StreamEvent, []pendingCheck, error) {
 	stream, err := f.js.Stream(ctx, f.cfg.Stream)
 	if err != nil {
-		return nil, fmt.Errorf("look up stream %s: %w", f.cfg.Stream, err)
+		return nil, nil, fmt.Errorf("look up stream %s: %w", f.cfg.Stream, err)
 	}
 	// Each read is of the first syncd message at or after seq, so that the
 	// messages of other subjects a shared stream holds are not read.
 	subject := f.cfg.SubjectPrefix + ".>"
 	var evs []store.StreamEvent
+	var checks []pendingCheck
 	for seq := from; seq <= to; {
 		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read stream %s from message %d: %w", f.cfg.Stream, seq, err)
+			return nil, nil, fmt.Errorf("read stream %s from message %d: %w", f.cfg.Stream, seq, err)
 		}
 		if m.Sequence > to {
 			break
 		}
 		seq = m.Sequence + 1
-		if publish.Reserved(m.Subject) {
-			continue // checkpoints, term markers and snapshot records apply nothing
+		checkpoint := strings.HasSuffix(m.Subject, "."+publish.CheckpointToken)
+		if publish.Reserved(m.Subject) && !checkpoint {
+			continue // term markers and snapshot records apply nothing
 		}
 		if err := f.verify(m.Subject, m.Header, m.Data); err != nil {
 			// Counted now: the consumer's delivery of it was lost, and
 			// comes again only after the AckWait (it terminates it then).
 			f.rejectUnsigned(m.Sequence, m.Subject, err)
+			continue
+		}
+		if checkpoint {
+			// Compared where it stands, as one the consumer delivered:
+			// read here, it was lost on its way (a promotion's catch-up
+			// that read the stream's tail went without comparing it).
+			if cp, err := publish.DecodeCheckpoint(m.Data); err == nil {
+				checks = append(checks, pendingCheck{at: len(evs), seq: m.Sequence, cp: cp})
+			}
 			continue
 		}
 		ev, err := publish.Decode(m.Data)
@@ -1167,7 +1188,7 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 		ev.Seq = m.Sequence
 		evs = append(evs, ev)
 	}
-	return evs, nil
+	return evs, checks, nil
 }
 
 // dropAhead gives back the batch fetched ahead, if any, for redelivery.

@@ -332,3 +332,59 @@ func TestFollower_ACatchUpWithNothingPendingDoesNotWait(t *testing.T) {
 	catchUp("more messages pending")
 	catchUp("nothing pending again")
 }
+
+// TestFollower_ALostCheckpointIsCompared: a checkpoint the consumer
+// delivered but the follower never received (here fetched by another
+// client of its durable consumer) is read from the stream with the events
+// around it, and compared there: a mirror changed behind the follower's
+// back is found diverged. Before, a read of the stream passed checkpoints
+// over, and a promotion whose catch-up read the stream's tail led without
+// comparing its last one.
+func TestFollower_ALostCheckpointIsCompared(t *testing.T) {
+	ctx := context.Background()
+	js, leader, relay, _ := newSnapshottingLeader(t, "leader")
+	leader.change(2)
+	publishCheckpoint(t, relay)
+	path := filepath.Join(t.TempDir(), "follower.db")
+	follower, err := store.Open(ctx, path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { follower.Close() })
+	f := cluster.NewFollower(js, follower, gapFollowerConfig)
+	if err := f.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := f.LastCheckpoint(); !ok || r.Diff != "" {
+		t.Fatalf("the first checkpoint: %+v (%v), want one matched", r, ok)
+	}
+
+	forgeTag(t, path)
+	leader.change(1)
+	seq := publishCheckpoint(t, relay)
+	cons, err := js.Consumer(ctx, "EV", "f1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range batch.Messages() {
+		n++ // received, never acknowledged: lost for the follower
+	}
+	if n != 3 {
+		t.Fatalf("took %d messages, want 3 (tag.created, history.recorded, the checkpoint) (%v)", n, batch.Error())
+	}
+	if err := f.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, ok := f.LastCheckpoint()
+	if !ok || r.Seq != seq {
+		t.Fatalf("the last checkpoint compared: %+v (%v), want the one at stream seq %d", r, ok, seq)
+	}
+	if r.Diff == "" || !f.Diverged() {
+		t.Fatalf("the forged mirror matched the checkpoint read from the stream: %+v", r)
+	}
+}
