@@ -33,17 +33,7 @@ func TestFollower_DeliveryLostOnTheWay(t *testing.T) {
 	}
 	lose := func() {
 		t.Helper()
-		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for range batch.Messages() {
-			n++ // received, never acknowledged: lost for the follower
-		}
-		if n != 1 {
-			t.Fatalf("took %d messages, want 1 (%v)", n, batch.Error())
-		}
+		takeDeliveries(t, cons, 1, 1, "the next one")
 	}
 	// The stream also holds messages of other subjects, which the reads
 	// of a gap pass over.
@@ -101,18 +91,7 @@ func TestFollower_TailLostWhileFollowing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for range batch.Messages() {
-		n++
-	}
-	if n != 4 {
-		t.Fatalf("took %d messages, want 4 (two new tags: tag.created and history.recorded each) (%v)", n,
-			batch.Error())
-	}
+	takeDeliveries(t, cons, 10, 4, "two new tags: tag.created and history.recorded each")
 	// A restarted process: a new follower of the same mirror and consumer,
 	// which learns from the mirror where it stands.
 	f = cluster.NewFollower(js, follower, gapFollowerConfig)
@@ -238,17 +217,7 @@ func TestFollower_FirstDeliveryLostOnTheWay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := cons.Fetch(2, jetstream.FetchMaxWait(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for range batch.Messages() {
-		n++ // received, never acknowledged: lost for the follower
-	}
-	if n != 2 {
-		t.Fatalf("took %d messages, want 2 (%v)", n, batch.Error())
-	}
+	takeDeliveries(t, cons, 2, 2, "the first two")
 	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -366,17 +335,7 @@ func TestFollower_ALostCheckpointIsCompared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for range batch.Messages() {
-		n++ // received, never acknowledged: lost for the follower
-	}
-	if n != 3 {
-		t.Fatalf("took %d messages, want 3 (tag.created, history.recorded, the checkpoint) (%v)", n, batch.Error())
-	}
+	takeDeliveries(t, cons, 10, 3, "tag.created, history.recorded, the checkpoint")
 	if err := f.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -386,5 +345,23 @@ func TestFollower_ALostCheckpointIsCompared(t *testing.T) {
 	}
 	if r.Diff == "" || !f.Diverged() {
 		t.Fatalf("the forged mirror matched the checkpoint read from the stream: %+v", r)
+	}
+}
+
+// takeDeliveries fetches up to max messages from cons, as another client
+// of a follower's durable consumer, and never acknowledges them: lost for
+// the follower until the AckWait. It fails the test unless want came.
+func takeDeliveries(t *testing.T, cons jetstream.Consumer, max, want int, what string) {
+	t.Helper()
+	batch, err := cons.Fetch(max, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range batch.Messages() {
+		n++
+	}
+	if n != want {
+		t.Fatalf("took %d messages, want %d (%s) (%v)", n, want, what, batch.Error())
 	}
 }
