@@ -700,9 +700,10 @@ func (f *Follower) applyThrough(ctx context.Context, last uint64) error {
 
 // fetch applies one batch and returns how many events it applied and how
 // many messages are still pending. catchingUp: a consumer with nothing
-// pending or delivered is not fetched from, since a fetch with nothing to deliver comes
-// back only after MaxWait (1 s by default), a wait a catch-up that ends
-// there (a promotion, a restored mirror's start) does not need.
+// pending is not fetched from, since a fetch with nothing to
+// deliver comes back only after MaxWait (1 s by default), a wait a
+// catch-up that ends there (a promotion, a restored mirror's start) does
+// not need.
 //
 // While the consumer has more pending, the next batch is fetched before
 // this one is applied, so that fetching and applying overlap. A fetch while
@@ -735,13 +736,11 @@ func (f *Follower) fetch(ctx context.Context, catchingUp bool) (int, uint64, err
 		// The fetch asks for what is pending, not a whole batch, which
 		// it would wait MaxWait for.
 		pending = info.NumPending
-		if info.NumPending == 0 && info.NumAckPending == 0 {
-			// Taken as an empty fetch. Messages delivered and not
-			// acknowledged are fetched as before: delivered to a fetch
-			// that is gone (a follower stopped to lead), the server may
-			// give them back within the wait, checkpoints among them,
-			// which a read of the gap from the stream does not compare
-			// (TestReplica_RepairsADivergenceBeforeLeading).
+		if info.NumPending == 0 {
+			// Taken as an empty fetch: what the consumer delivered and
+			// never had acknowledged (to a fetch that is gone, as a
+			// follower's stopped to lead) is read from the stream below,
+			// its checkpoints compared.
 			b = &pulled{done: make(chan struct{})}
 			close(b.done)
 		}
@@ -1139,7 +1138,8 @@ func (f *Follower) withMissing(ctx context.Context, b *pulled) ([]store.StreamEv
 	return missing, checks, nil
 }
 
-// readRange reads the syncd events of the stream's sequences from..to.
+// readRange reads the syncd events of the stream's sequences from..to,
+// and its checkpoints, each at the events before it.
 func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.StreamEvent, []pendingCheck, error) {
 	stream, err := f.js.Stream(ctx, f.cfg.Stream)
 	if err != nil {

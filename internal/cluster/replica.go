@@ -289,8 +289,8 @@ var errRepairDue = errors.New("the mirror diverged from the leader's checkpoint;
 // regardless). A large backlog takes several attempts, each resuming where
 // the last one stopped. One that makes no progress for StallLimit (the
 // stream unreadable, a restore that fails) gives the lease up for SitOut
-// instead, so that a standby that can lead
-// does, and returns errSteppedDown.
+// instead, so that a standby that can lead does, and returns
+// errSteppedDown.
 func (r *Replica) catchUp(ctx context.Context, log *slog.Logger) error {
 	b := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(250*time.Millisecond),

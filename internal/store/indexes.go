@@ -69,10 +69,10 @@ func dropDeferred(ctx context.Context, tx *sql.Tx) ([]string, error) {
 // mirror is empty (no repo, advisory or event): a follower catching up from
 // the stream's start writes every history row of the leader's baseline,
 // and kept up row by row those indexes were more than half of its time
-// (docs/performance.md), as they were most of a crawl's. It reports whether the mirror goes without them now;
-// BuildIndexes builds them again once the follower has caught up, and until
-// then the baseline's end that the first applied batch records leaves them
-// out. A mirror opened again without them builds them at Open (see
+// (docs/performance.md), as they were most of a crawl's. It reports
+// whether the mirror goes without them now; BuildIndexes builds them again
+// once the follower has caught up, and until then the baseline's end that
+// the first applied batch records leaves them out. A mirror opened again without them builds them at Open (see
 // repairIndexes), so a follower stopped during its catch-up never leaves a
 // mirror without them for good.
 func (s *Store) DeferIndexesForCatchUp(ctx context.Context) (bool, error) {
@@ -98,8 +98,8 @@ func (s *Store) DeferIndexesForCatchUp(ctx context.Context) (bool, error) {
 	return deferred, nil
 }
 
-// BuildIndexes builds whichever of the indexes DeferIndexesForCatchUp
-// dropped are missing, from a sort.
+// BuildIndexes builds whichever deferred indexes are missing (those
+// DeferIndexes or DeferIndexesForCatchUp dropped), from a sort.
 func (s *Store) BuildIndexes(ctx context.Context) error {
 	if err := s.sortingTx(ctx, func(tx *sql.Tx) error { return s.buildIndexes(ctx, tx) }); err != nil {
 		return fmt.Errorf("build the history indexes: %w", err)
@@ -146,7 +146,7 @@ func (s *Store) EndBackfill(ctx context.Context) error {
 	if ready, err := s.HistoryReady(ctx); err != nil || !ready {
 		return err
 	}
-	if err := s.sortingTx(ctx, func(tx *sql.Tx) error { return s.buildIndexes(ctx, tx) }); err != nil {
+	if err := s.BuildIndexes(ctx); err != nil {
 		return fmt.Errorf("end backfill: %w", err)
 	}
 	return nil
@@ -192,7 +192,7 @@ func (s *Store) repairIndexes(ctx context.Context) error {
 			return err
 		}
 		if !ok {
-			return s.sortingTx(ctx, func(tx *sql.Tx) error { return s.buildIndexes(ctx, tx) })
+			return s.BuildIndexes(ctx)
 		}
 	}
 	return nil
