@@ -187,7 +187,11 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		relayOpts = append(relayOpts, publish.WithSigner(a.Trust.Signer))
 	}
 	if cfg.KV.Enabled {
-		kv, err := publish.OpenKV(ctx, a.NATS.JS, kvConfig(cfg, log), a.Store)
+		var kv *publish.KV
+		err := a.NATS.WaitAnswered(ctx, "open the KV buckets", func(ctx context.Context) (err error) {
+			kv, err = publish.OpenKV(ctx, a.NATS.JS, kvConfig(cfg, log), a.Store)
+			return err
+		})
 		if err != nil {
 			a.Close()
 			return nil, err
@@ -230,7 +234,11 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 // lanes as the replica counts of the stream and the KV buckets need
 // (publish.LanesFor).
 func (a *App) newFence(ctx context.Context, pcfg publish.Config, log *slog.Logger) (*publish.Fence, error) {
-	s, err := a.NATS.JS.Stream(ctx, pcfg.Stream)
+	var s jetstream.Stream
+	err := a.NATS.WaitAnswered(ctx, "look up the stream", func(ctx context.Context) (err error) {
+		s, err = a.NATS.JS.Stream(ctx, pcfg.Stream)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("look up stream %s: %w", pcfg.Stream, err)
 	}

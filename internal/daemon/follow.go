@@ -74,7 +74,10 @@ func OpenFollower(
 		f.Close()
 		return nil, err
 	}
-	switch err := publish.CheckStream(ctx, f.NATS.JS, pcfg); {
+	err = f.NATS.WaitAnswered(ctx, "look up the stream", func(ctx context.Context) error {
+		return publish.CheckStream(ctx, f.NATS.JS, pcfg)
+	})
+	switch {
 	case errors.Is(err, publish.ErrStreamNotFound):
 		log.Warn("the stream does not exist yet; following starts when a syncd leader creates it", "stream", cfg.NATS.Stream)
 	case err != nil:

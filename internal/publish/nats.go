@@ -91,6 +91,17 @@ type Conn struct {
 	// status is the connection's nats.Status as its handlers last
 	// reported it (see Status).
 	status atomic.Int32
+	// connectWait is Config.ConnectWait, which WaitAnswered keeps to.
+	connectWait time.Duration
+	// refused is the last permissions violation the server reported on
+	// the connection, and when (see WaitAnswered).
+	refused atomic.Pointer[refusal]
+}
+
+// refusal is a permissions violation and when the server reported it.
+type refusal struct {
+	err error
+	at  time.Time
 }
 
 // Status is the connection's state (nats.CONNECTED, RECONNECTING,
@@ -118,11 +129,16 @@ func Connect(ctx context.Context, cfg Config) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	what := "create or update the stream"
 	if cfg.CheckStreamOnly {
-		err = CheckStream(ctx, c.JS, cfg)
-	} else {
-		err = EnsureStream(ctx, c.JS, cfg)
+		what = "look up the stream"
 	}
+	err = c.WaitAnswered(ctx, what, func(ctx context.Context) error {
+		if cfg.CheckStreamOnly {
+			return CheckStream(ctx, c.JS, cfg)
+		}
+		return EnsureStream(ctx, c.JS, cfg)
+	})
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -139,7 +155,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &Conn{log: log, closed: make(chan struct{})}
+	c := &Conn{log: log, closed: make(chan struct{}), connectWait: cfg.ConnectWait}
 	c.status.Store(int32(nats.CONNECTING))
 	opts, err := connOptions(cfg, log, c)
 	if err != nil {
@@ -281,6 +297,9 @@ func connOptions(cfg Config, log *slog.Logger, c *Conn) ([]nats.Option, error) {
 			subject := ""
 			if sub != nil {
 				subject = sub.Subject
+			}
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				c.refused.Store(&refusal{err, time.Now()})
 			}
 			log.Warn("NATS asynchronous error", "subscription", subject, "err", err)
 		}),
@@ -582,6 +601,98 @@ func (l serverLog) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(fo
 func (l serverLog) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
 func (l serverLog) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
 func (l serverLog) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
+
+// WaitAnswered calls try, a JetStream request on c that syncd cannot
+// start without, until it succeeds or fails otherwise than for want of an
+// answer (Unanswered): a request that went unanswered, or that JetStream
+// refused as unavailable for the moment, is tried again with backoff and a
+// warning per try, as connectWaiting waits for a server: a cluster that is
+// electing its leaders, or has lost a route, answers again shortly, and is
+// not a reason to exit. A request the server refused to carry
+// (a permissions violation, which the client learns of apart from the
+// request, and which leaves the request unanswered) ends the wait with
+// that refusal. It waits up to Config.ConnectWait when that is not 0, then
+// gives up. what names the request in the warning.
+func (c *Conn) WaitAnswered(ctx context.Context, what string, try func(context.Context) error) error {
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(250*time.Millisecond),
+		backoff.WithMaxInterval(15*time.Second),
+		backoff.WithMaxElapsedTime(0),
+	)
+	giveUp := time.Now().Add(c.connectWait)
+	for attempt := 1; ; attempt++ {
+		limit := answerWait
+		if c.connectWait > 0 {
+			limit = min(limit, max(time.Until(giveUp), time.Millisecond))
+		}
+		began := time.Now()
+		err := tryFor(ctx, limit, try)
+		if err == nil {
+			if attempt > 1 {
+				c.log.Info("JetStream answered after waiting", "request", what, "attempts", attempt)
+			}
+			return nil
+		}
+		if !Unanswered(ctx, err) {
+			return err
+		}
+		if r := c.refused.Load(); r != nil && !r.at.Before(began) {
+			return fmt.Errorf("%s: NATS refused the request: %w", what, r.err)
+		}
+		wait := b.NextBackOff()
+		if c.connectWait > 0 && time.Now().Add(wait).After(giveUp) {
+			return fmt.Errorf("giving up after %d attempts: %w", attempt, err)
+		}
+		c.log.Warn("JetStream did not answer; trying again", "request", what, "attempt", attempt,
+			"next_try_in", wait.Round(time.Millisecond).String(), "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (gave up waiting: %w)", err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// answerWait bounds each try of Conn.WaitAnswered, as the client bounds a
+// request made without a deadline: a request whose answer was lost (sent
+// while the cluster elected a leader) is otherwise waited for as long as
+// the caller's context lasts.
+const answerWait = 5 * time.Second
+
+// tryFor calls try with ctx bounded by d.
+func tryFor(ctx context.Context, d time.Duration, try func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return try(ctx)
+}
+
+// JetStream's error codes for a request it cannot answer for the moment:
+// "JetStream system temporarily unavailable" (a cluster without a meta
+// leader) and "incomplete results".
+const (
+	jsErrCodeClusterNotAvail   jetstream.ErrorCode = 10008
+	jsErrCodeClusterIncomplete jetstream.ErrorCode = 10004
+)
+
+// Unanswered reports whether err, from a JetStream request made under ctx,
+// is the want of an answer rather than an answer: the request timed out
+// (its own deadline, not ctx's, which is still alive), or JetStream said
+// it cannot answer for the moment. Such a request may be tried again; a
+// refusal (permissions, a conflicting stream, JetStream not enabled) is
+// an answer.
+func Unanswered(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) &&
+		(apiErr.ErrorCode == jsErrCodeClusterNotAvail || apiErr.ErrorCode == jsErrCodeClusterIncomplete)
+}
 
 // connectWaiting connects to url, waiting with backoff (and a warning per
 // try) while no server answers, as syncd does once connected: a NATS

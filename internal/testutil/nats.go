@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"testing"
@@ -18,6 +19,8 @@ type NATSServer struct {
 	Server *server.Server
 	tb     testing.TB
 	opts   server.Options
+	// log is what the server logged, which a failed test keeps.
+	log *serverLog
 }
 
 // NATS starts a NATS server with JetStream on a loopback port the system
@@ -30,6 +33,7 @@ func NATS(tb testing.TB, mutate ...func(*server.Options)) *NATSServer {
 	for _, m := range mutate {
 		m(&s.opts)
 	}
+	s.keepLog(false)
 	s.Start()
 	tb.Cleanup(s.Stop)
 	return s
@@ -46,6 +50,9 @@ func (s *NATSServer) Start() {
 	if err != nil {
 		s.tb.Fatalf("new NATS server: %v", err)
 	}
+	if s.log != nil {
+		ns.SetLoggerV2(s.log, false, false, false)
+	}
 	go ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()
@@ -53,6 +60,13 @@ func (s *NATSServer) Start() {
 	}
 	s.Server = ns
 	s.opts.Port = ns.Addr().(*net.TCPAddr).Port
+}
+
+// keepLog has the server log into a buffer that a failed test keeps
+// (serverLog.keepOnFailure).
+func (s *NATSServer) keepLog(clustered bool) {
+	s.log = &serverLog{name: cmp.Or(s.opts.ServerName, "nats")}
+	s.log.keepOnFailure(s.tb, clustered)
 }
 
 // Configure changes the options the next Start starts the server with

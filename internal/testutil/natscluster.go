@@ -100,6 +100,7 @@ func natsCluster(
 		if mutate != nil {
 			mutate(&s.opts)
 		}
+		s.keepLog(true)
 		c.Nodes = append(c.Nodes, s)
 	}
 	for i, s := range c.Nodes {
