@@ -8,8 +8,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"testing"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
