@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -148,9 +147,7 @@ type decompressed struct {
 // and decompresses it to a file under dir, and nothing more, as a restore
 // does (one decoder goroutine), and syncs the file to its disk, as a
 // restore does before the file is the mirror's: the restore's ceiling.
-// Dirty pages of earlier writes are synced, and the heap collected, first,
-// so that it neither waits for them nor collects the garbage of what ran
-// before (restoreSnapshot does the same). The file goes after.
+// It settles first (settle), as restoreSnapshot does. The file goes after.
 func decompressToDisk(ctx context.Context, conn *publish.Conn, name, dir string) (decompressed, error) {
 	obj, err := conn.JS.ObjectStore(ctx, "bench_snapshots")
 	if err != nil {
@@ -158,8 +155,7 @@ func decompressToDisk(ctx context.Context, conn *publish.Conn, name, dir string)
 	}
 	path := filepath.Join(dir, "decompressed.db")
 	defer os.Remove(path)
-	syscall.Sync()
-	runtime.GC()
+	settle()
 	start := time.Now()
 	r, err := obj.Get(ctx, name)
 	if err != nil {
@@ -206,10 +202,7 @@ func restoreSnapshot(
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return cluster.SnapshotInfo{}, err
 	}
-	// As decompressToDisk: no earlier writes to wait for, no earlier
-	// garbage to collect.
-	syscall.Sync()
-	runtime.GC()
+	settle() // as decompressToDisk
 	fc := cluster.FollowerConfig{Stream: pcfg.Stream, SubjectPrefix: pcfg.SubjectPrefix, Consumer: consumer,
 		MaxWait: 200 * time.Millisecond, SnapshotBucket: "bench_snapshots", SnapshotDir: dir, Verifier: v}
 	start := time.Now()

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -90,7 +89,7 @@ func measureRelayKV(
 	if err != nil {
 		return kvResult{}, err
 	}
-	runtime.GC()
+	settle()
 	relay := publish.NewRelay(conn.JS, st, pcfg, publish.WithKV(kv))
 	start := time.Now()
 	if err := relay.Flush(ctx); err != nil {
@@ -256,7 +255,7 @@ func relayCopy(
 		return 0, 0, err
 	}
 	defer stop()
-	runtime.GC()
+	settle()
 	start, used := time.Now(), selfCPU()
 	err = publish.NewRelay(conn.JS, st, pcfg, opts...).Flush(ctx)
 	return time.Since(start), selfCPU() - used, err

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -75,7 +74,7 @@ func measureRelay(ctx context.Context, conn *publish.Conn, st *store.Store, pcfg
 			msgs[i] = &nats.Msg{Subject: prefix + r.subject, Data: r.data,
 				Header: nats.Header{"Content-Type": []string{publish.ContentType}, jetstream.MsgIDHeader: []string{r.id}}}
 		}
-		runtime.GC()
+		settle()
 		return jetstreamCeiling(ctx, conn.JS, stream, msgs, publish.DefaultMaxInFlight)
 	}
 	// The loop runs before and after the relay, and the faster run is
@@ -84,7 +83,7 @@ func measureRelay(ctx context.Context, conn *publish.Conn, st *store.Store, pcfg
 	if err != nil {
 		return relayResult{}, err
 	}
-	runtime.GC()
+	settle()
 	stopProfile, err := startProfile(os.Getenv("BENCH_RELAYPROFILE"))
 	if err != nil {
 		return relayResult{}, err
