@@ -38,6 +38,8 @@ type testConfig struct {
 	// credentials replaces the [platform] token line, for tests of other
 	// credentials (an identity to assume, a registry token).
 	credentials string
+	// nats is more lines of [nats].
+	nats string
 }
 
 func (c testConfig) write(t *testing.T) string {
@@ -66,6 +68,7 @@ timeout = "2s"
 
 [nats]
 url = %[4]q
+%[8]s
 
 [store]
 path = %[5]q
@@ -77,7 +80,7 @@ listen = %[6]q
 [log]
 level = "debug"
 format = "json"
-`, c.simURL, c.credentials, c.crawl, c.natsURL, c.dbPath, c.adminListen, store)
+`, c.simURL, c.credentials, c.crawl, c.natsURL, c.dbPath, c.adminListen, store, c.nats)
 	if c.events != "" {
 		fmt.Fprintf(&b, "\n[events]\n%s\n", c.events)
 	}

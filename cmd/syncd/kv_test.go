@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -119,4 +120,47 @@ func kvBucket(t *testing.T, js jetstream.JetStream, bucket string) map[string][]
 		out[e.Key()] = e.Value()
 	}
 	return out
+}
+
+// TestSyncOnce_KVBucketsBehindAreReported: a "syncd sync --once" whose
+// events all reach the stream but whose KV writes JetStream refuses (a
+// tags bucket, made by the operator, that takes no value as large as a
+// tag's) exits 1 saying so, with the refusal; what it could not write is
+// the next start's to reconcile, and the events stay published.
+func TestSyncOnce_KVBucketsBehindAreReported(t *testing.T) {
+	_, simURL := startSim(t, 29, platformsim.Scale{Repos: 3, TagsPerRepo: 3, HistoryPerTag: 2, Advisories: 2})
+	ns := testutil.NATS(t)
+	js := testutil.JetStream(t, ns.URL())
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SYNCD", Subjects: []string{"syncd.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []jetstream.KeyValueConfig{
+		{Bucket: "syncd_tags", MaxValueSize: 16},
+		{Bucket: "syncd_repos"},
+		{Bucket: "syncd_advisories"},
+	} {
+		if _, err := js.CreateKeyValue(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := testConfig{simURL: simURL, natsURL: ns.URL(), dbPath: t.TempDir() + "/syncd.db",
+		crawl: "schedule = \"@hourly\"\njitter = \"0s\"\nrequests_per_second = 0.0", initialEvents: "snapshot",
+		nats: "manage_stream = false"}.write(t)
+	code, _, stderr := runMain(ctx, "sync", "--once", "--config", cfg)
+	if code != exitFailure {
+		t.Fatalf("sync --once exited %d, want %d; stderr:\n%s", code, exitFailure, stderr)
+	}
+	for _, want := range []string{"every event is published, but the KV buckets are behind", "syncd_tags"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, stderr)
+		}
+	}
+	s, err := js.Stream(ctx, "SYNCD")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n == 0 {
+		t.Error("the stream holds no event")
+	}
 }

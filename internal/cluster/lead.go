@@ -71,7 +71,14 @@ func (d *Duties) Run(ctx context.Context) error {
 
 	select {
 	case err := <-workDone:
-		return err
+		if ctx.Err() == nil {
+			return err
+		}
+		// The work ended with the shutdown, and its goroutine ran before
+		// this select (a shutdown as Run starts, work that returns at once):
+		// shut down all the same, flush included, rather than return its
+		// context.Canceled as a failure with nothing flushed.
+		workDone <- err
 	case <-ctx.Done():
 	}
 	deadline := time.Now().Add(d.Grace)

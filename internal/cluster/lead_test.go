@@ -3,11 +3,15 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/cluster"
+	"github.com/syncd-dev/syncd/internal/publish"
 )
 
 // fakeRelay publishes nothing; it records what the duties asked of it.
@@ -15,6 +19,8 @@ type fakeRelay struct {
 	mu      sync.Mutex
 	running bool
 	flushes int
+	// flushErr is what Flush returns.
+	flushErr error
 	// stoppedBeforeWork is whether Run had returned when the work ended.
 	stoppedBeforeWork bool
 }
@@ -28,7 +34,7 @@ func (r *fakeRelay) Run(ctx context.Context) error {
 
 func (r *fakeRelay) Flush(context.Context) error {
 	r.set(func() { r.flushes++ })
-	return nil
+	return r.flushErr
 }
 
 func (r *fakeRelay) set(fn func()) {
@@ -105,5 +111,47 @@ func TestDuties_WorkFails(t *testing.T) {
 	}
 	if err := d.Run(context.Background()); !errors.Is(err, boom) {
 		t.Fatalf("Run = %v, want %v", err, boom)
+	}
+}
+
+// countedOutbox is an outbox of n unpublished events.
+type countedOutbox int
+
+func (n countedOutbox) UnpublishedCount(context.Context) (int, time.Time, error) {
+	return int(n), time.Time{}, nil
+}
+
+// TestDuties_ShutdownSaysWhatTheFlushLeft: a flush at shutdown that
+// failed only in the KV buckets, with every event published, says so
+// (the next leader reconciles them); one that left events behind says
+// how many; one that succeeded says stopped.
+func TestDuties_ShutdownSaysWhatTheFlushLeft(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		outbox countedOutbox
+		want   string
+	}{
+		{"KVBehind", fmt.Errorf("write the KV buckets: %w", publish.ErrKV), 0,
+			`level=WARN msg="stopped with every event published; the KV buckets are reconciled by the next leader"`},
+		{"EventsLeft", errors.New("nats: timeout"), 7,
+			`level=WARN msg="stopped with events unpublished; they are published at the next start, or recorded again by the next leader" unpublished=7`},
+		{"KVFailedWithEventsLeft", publish.ErrKV, 3, `msg="stopped with events unpublished;`},
+		{"Flushed", nil, 0, `level=INFO msg=stopped`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs strings.Builder
+			r := &fakeRelay{flushErr: tc.err}
+			d := &cluster.Duties{Work: []func(context.Context) error{r.work(0)}, Relay: r, Outbox: tc.outbox,
+				Grace: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if err := d.Run(ctx); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if !strings.Contains(logs.String(), tc.want) {
+				t.Errorf("the log does not say %s:\n%s", tc.want, logs.String())
+			}
+		})
 	}
 }
