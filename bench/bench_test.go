@@ -579,6 +579,8 @@ func printTable(w io.Writer, r results) {
 			f("decompressed to disk %.1f s (in the restore %.1f s)", fo.SnapshotDecompressSec, fo.SnapshotDownloadSec),
 			f("%.2f", fo.SnapshotRestoreRatio),
 			status["snapshot restore / decompress to disk"])
+		row("    every run, the faster of each side counting", "restore "+seconds(fo.SnapshotRestoreRuns),
+			"decompression "+seconds(fo.SnapshotDecompressRuns), "", "")
 	}
 	row(
 		"push to NATS: p50 / p99",

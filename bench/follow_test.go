@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,6 +58,10 @@ type followResult struct {
 	SnapshotDecompressSec         float64 `json:"snapshot_decompress_s"`
 	SnapshotDecompressUnsyncedSec float64 `json:"snapshot_decompress_unsynced_s"`
 	SnapshotRestoreRatio          float64 `json:"snapshot_restore_ratio"`
+	// SnapshotRestoreRuns and SnapshotDecompressRuns are every run of
+	// each side, in seconds; the faster counts.
+	SnapshotRestoreRuns    []float64 `json:"snapshot_restore_runs_s"`
+	SnapshotDecompressRuns []float64 `json:"snapshot_decompress_runs_s"`
 }
 
 // measureFollow runs a follower of the stream into an empty mirror, then
@@ -80,13 +85,36 @@ func measureFollow(
 		return r, err
 	}
 	r.SnapshotRawBytes, r.SnapshotBytes, r.SnapshotWriteSec = info.RawBytes, info.Bytes, info.Took.Seconds()
-	decompress, err := decompressToDisk(ctx, conn, info.Name, dir)
-	if err != nil {
-		return r, err
-	}
-	restored, err := restoreSnapshot(ctx, conn, pcfg, filepath.Join(dir, "restored"), "bench-restored", v, false)
-	if err != nil {
-		return r, err
+	// Each side twice, in the order reference, restore, restore,
+	// reference, and each side's faster run counts, as the relay's
+	// ceiling's does: a run that the machine held up (its writeback, the
+	// server's background work) says nothing of the code.
+	var decompress decompressed
+	var restored cluster.SnapshotInfo
+	for i, side := range []string{"decompress", "restore", "restore", "decompress"} {
+		if side == "decompress" {
+			d, err := decompressToDisk(ctx, conn, info.Name, dir)
+			if err != nil {
+				return r, err
+			}
+			r.SnapshotDecompressRuns = append(r.SnapshotDecompressRuns, d.Total.Seconds())
+			if decompress.Total == 0 || d.Total < decompress.Total {
+				decompress = d
+			}
+			continue
+		}
+		rdir := filepath.Join(dir, fmt.Sprintf("restored-%d", i))
+		got, err := restoreSnapshot(ctx, conn, pcfg, rdir, fmt.Sprintf("bench-restored-%d", i), v, false)
+		if err != nil {
+			return r, err
+		}
+		if err := os.RemoveAll(rdir); err != nil {
+			return r, err
+		}
+		r.SnapshotRestoreRuns = append(r.SnapshotRestoreRuns, got.Took.Seconds())
+		if restored.Took == 0 || got.Took < restored.Took {
+			restored = got
+		}
 	}
 	r.SnapshotRestoreSec, r.SnapshotDownloadSec = restored.Took.Seconds(), restored.Download.Seconds()
 	r.SnapshotDecompressSec = decompress.Total.Seconds()
@@ -374,4 +402,13 @@ func syncedMirror(
 	}
 	b.Cleanup(conn.Close)
 	return l, conn, pcfg
+}
+
+// seconds lists runs, in seconds, in the order they ran.
+func seconds(runs []float64) string {
+	s := make([]string, len(runs))
+	for i, r := range runs {
+		s[i] = fmt.Sprintf("%.2f", r)
+	}
+	return strings.Join(s, ", ") + " s"
 }
