@@ -71,7 +71,7 @@ func (d *Duties) Run(ctx context.Context) error {
 
 	select {
 	case err := <-workDone:
-		if ctx.Err() == nil {
+		if ctx.Err() == nil || (err != nil && !errors.Is(err, context.Canceled)) {
 			return err
 		}
 		// The work ended with the shutdown, and its goroutine ran before

@@ -155,3 +155,29 @@ func TestDuties_ShutdownSaysWhatTheFlushLeft(t *testing.T) {
 		})
 	}
 }
+
+// shutDown is a context that has ended (Err is context.Canceled) but whose
+// Done channel never says so: Run then sees the work end before it sees
+// the shutdown, as it can when the shutdown comes as Run starts and the
+// work's goroutine runs first.
+type shutDown struct{ context.Context }
+
+func (shutDown) Done() <-chan struct{} { return nil }
+func (shutDown) Err() error            { return context.Canceled }
+
+// TestDuties_WorkEndingWithTheShutdownStillDrains: work that ended with
+// the shutdown (context.Canceled) before Run saw the shutdown is a
+// shutdown all the same: what was committed is flushed, and Run returns
+// no error. Before, Run returned the work's context.Canceled, with
+// nothing flushed.
+func TestDuties_WorkEndingWithTheShutdownStillDrains(t *testing.T) {
+	r := &fakeRelay{}
+	d := &cluster.Duties{Relay: r, Grace: time.Second,
+		Work: []func(context.Context) error{func(context.Context) error { return context.Canceled }}}
+	if err := d.Run(shutDown{context.Background()}); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	if r.flushes != 1 {
+		t.Errorf("%d flushes, want the drain's 1", r.flushes)
+	}
+}

@@ -70,9 +70,10 @@ type Config struct {
 	// FailFast connects once, for callers that report a server that is
 	// down (syncd check) rather than wait for it as the daemon does.
 	FailFast bool
-	// ConnectWait bounds the wait for a server that does not answer at the
-	// first connection (syncd sync --once); 0: wait for ever, as the
-	// daemon does.
+	// ConnectWait bounds the waits at the start, counted from Dial: for a
+	// server that does not answer the first connection, and for JetStream
+	// to answer what the start needs of it (Conn.WaitAnswered; syncd sync
+	// --once); 0: wait for ever, as the daemon does.
 	ConnectWait time.Duration
 	// OnAck, when set, is told of every acknowledgement of an asynchronous
 	// publish on Conn.JS (the relay's, the snapshots' chunks), from the
@@ -91,11 +92,26 @@ type Conn struct {
 	// status is the connection's nats.Status as its handlers last
 	// reported it (see Status).
 	status atomic.Int32
-	// connectWait is Config.ConnectWait, which WaitAnswered keeps to.
-	connectWait time.Duration
+	// waitUntil is when the waits at the start give up (the connection's
+	// and WaitAnswered's, Config.ConnectWait from Dial); zero: never.
+	waitUntil time.Time
 	// refused is the last permissions violation the server reported on
 	// the connection, and when (see WaitAnswered).
 	refused atomic.Pointer[refusal]
+}
+
+// refusesJetStream reports whether a permissions violation is of a
+// JetStream subject (its API, a KV bucket's or an object store's keys):
+// what a request of Conn.WaitAnswered publishes. Another (a request for
+// the user's account, a subscription) does not end its wait.
+func refusesJetStream(err error) bool {
+	msg := err.Error()
+	for _, prefix := range []string{`Publish to "$JS.`, `Publish to "$KV.`, `Publish to "$O.`} {
+		if strings.Contains(msg, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // refusal is a permissions violation and when the server reported it.
@@ -155,7 +171,10 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &Conn{log: log, closed: make(chan struct{}), connectWait: cfg.ConnectWait}
+	c := &Conn{log: log, closed: make(chan struct{})}
+	if cfg.ConnectWait > 0 {
+		c.waitUntil = time.Now().Add(cfg.ConnectWait)
+	}
 	c.status.Store(int32(nats.CONNECTING))
 	opts, err := connOptions(cfg, log, c)
 	if err != nil {
@@ -298,7 +317,7 @@ func connOptions(cfg Config, log *slog.Logger, c *Conn) ([]nats.Option, error) {
 			if sub != nil {
 				subject = sub.Subject
 			}
-			if errors.Is(err, nats.ErrPermissionViolation) {
+			if errors.Is(err, nats.ErrPermissionViolation) && refusesJetStream(err) {
 				c.refused.Store(&refusal{err, time.Now()})
 			}
 			log.Warn("NATS asynchronous error", "subscription", subject, "err", err)
@@ -514,6 +533,11 @@ func CheckStream(ctx context.Context, js jetstream.JetStream, cfg Config) error 
 			cfg.SubjectPrefix,
 		)
 	}
+	if Unanswered(ctx, err) {
+		// Asking for the account would go unanswered too (and to a user
+		// who may not ask it, be refused: see Conn.WaitAnswered).
+		return fmt.Errorf("look up stream %q: %w", cfg.Stream, err)
+	}
 	if err != nil {
 		return fmt.Errorf("look up stream %q in NATS account %s: %w", cfg.Stream, accountName(ctx, js.Conn()), err)
 	}
@@ -611,18 +635,19 @@ func (l serverLog) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(fo
 // not a reason to exit. A request the server refused to carry
 // (a permissions violation, which the client learns of apart from the
 // request, and which leaves the request unanswered) ends the wait with
-// that refusal. It waits up to Config.ConnectWait when that is not 0, then
-// gives up. what names the request in the warning.
+// that refusal. With Config.ConnectWait set, it gives up once that much
+// has passed since Dial: the connection's wait and every WaitAnswered on
+// it share the one bound. what names the request in the warning.
 func (c *Conn) WaitAnswered(ctx context.Context, what string, try func(context.Context) error) error {
 	b := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(250*time.Millisecond),
 		backoff.WithMaxInterval(15*time.Second),
 		backoff.WithMaxElapsedTime(0),
 	)
-	giveUp := time.Now().Add(c.connectWait)
+	giveUp := c.waitUntil
 	for attempt := 1; ; attempt++ {
 		limit := answerWait
-		if c.connectWait > 0 {
+		if !giveUp.IsZero() {
 			limit = min(limit, max(time.Until(giveUp), time.Millisecond))
 		}
 		began := time.Now()
@@ -640,7 +665,7 @@ func (c *Conn) WaitAnswered(ctx context.Context, what string, try func(context.C
 			return fmt.Errorf("%s: NATS refused the request: %w", what, r.err)
 		}
 		wait := b.NextBackOff()
-		if c.connectWait > 0 && time.Now().Add(wait).After(giveUp) {
+		if !giveUp.IsZero() && time.Now().Add(wait).After(giveUp) {
 			return fmt.Errorf("giving up after %d attempts: %w", attempt, err)
 		}
 		c.log.Warn("JetStream did not answer; trying again", "request", what, "attempt", attempt,
@@ -679,14 +704,20 @@ const (
 // Unanswered reports whether err, from a JetStream request made under ctx,
 // is the want of an answer rather than an answer: the request timed out
 // (its own deadline, not ctx's, which is still alive), or JetStream said
-// it cannot answer for the moment. Such a request may be tried again; a
-// refusal (permissions, a conflicting stream, JetStream not enabled) is
-// an answer.
+// it cannot answer for the moment, or the client refused it while it
+// reconnects. Such a request may be tried again; a refusal (permissions,
+// a conflicting stream, JetStream not enabled) is an answer.
 func Unanswered(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+		return true
+	}
+	// The server went away meanwhile (a node restarting): the client
+	// buffers nothing while it reconnects (ReconnectBufSize -1), and
+	// refuses the request at once.
+	if errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionReconnecting) {
 		return true
 	}
 	var apiErr *jetstream.APIError

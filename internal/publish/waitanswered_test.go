@@ -2,11 +2,14 @@ package publish_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/testutil"
@@ -41,10 +44,41 @@ func TestConnect_WaitsForJetStreamToAnswer(t *testing.T) {
 		}
 	})
 
+	waitsThenConnects(t, n1.URL(), n2)
+}
+
+// waitsThenConnects connects to url while the cluster has no meta leader,
+// and expects Connect to wait until down is started again, and then to
+// succeed, with the stream there.
+func waitsThenConnects(t *testing.T, url string, down *testutil.NATSServer) {
+	t.Helper()
 	var logs logBuffer
-	cfg := configFor(n1.URL(), logs.logger())
+	c, err := connectAcrossOutage(t, configFor(url, logs.logger()), &logs, down)
+	if err != nil {
+		t.Fatalf("Connect: %v\n%s", err, logs.String())
+	}
+	defer c.Close()
+	if _, err := c.JS.Stream(context.Background(), testStream); err != nil {
+		t.Fatalf("the stream after Connect: %v", err)
+	}
+	if !strings.Contains(logs.String(), "JetStream answered after waiting") {
+		t.Errorf("no line saying JetStream answered after the wait:\n%s", logs.String())
+	}
+}
+
+// connectAcrossOutage runs Connect with cfg (logging to logs) while the
+// cluster has no meta leader, fails the test unless Connect says it waits
+// (instead of returning), starts down, and returns what Connect returns
+// then.
+func connectAcrossOutage(
+	t *testing.T,
+	cfg publish.Config,
+	logs *logBuffer,
+	down *testutil.NATSServer,
+) (*publish.Conn, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	type result struct {
 		c   *publish.Conn
 		err error
@@ -68,22 +102,50 @@ func TestConnect_WaitsForJetStreamToAnswer(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	n2.Start()
-	var r result
+	down.Start()
 	select {
-	case r = <-done:
+	case r := <-done:
+		return r.c, r.err
 	case <-time.After(90 * time.Second):
 		t.Fatalf("Connect still waiting 90s after a second node came back:\n%s", logs.String())
+		return nil, nil
 	}
-	if r.err != nil {
-		t.Fatalf("Connect: %v\n%s", r.err, logs.String())
+}
+
+// TestConnect_ARefusalOfAnotherSubjectDoesNotEndTheWait: a user that may
+// use JetStream's API but not ask the server for its account (a
+// follower's or manage_stream = false's least privilege) waits for the
+// stream's lookup like anyone, until JetStream answers it (here: there is
+// no such stream). Before, the lookup's error asked for the account, and
+// the refusal of that request ended the wait as if the lookup had been
+// refused.
+func TestConnect_ARefusalOfAnotherSubjectDoesNotEndTheWait(t *testing.T) {
+	user := nats.UserInfo("syncd", "secret")
+	cl := testutil.NATSClusterWith(t, 3, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "syncd", Password: "secret", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{"$JS.API.>", "_INBOX.>"}}}}}
+	}, user)
+	n1, n2, n3 := cl.Nodes[0], cl.Nodes[1], cl.Nodes[2]
+	n2.Stop()
+	n3.Stop()
+	js := testutil.JetStream(t, n1.URL(), user)
+	testutil.Eventually(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if _, err := js.Stream(ctx, testStream); !publish.Unanswered(context.Background(), err) {
+			return fmt.Errorf("a stream lookup on n1 alone: %v, not yet unanswered", err)
+		}
+		return nil
+	})
+	var logs logBuffer
+	cfg := configFor(n1.URL(), logs.logger())
+	cfg.User, cfg.Password, cfg.CheckStreamOnly = "syncd", "secret", true
+	c, err := connectAcrossOutage(t, cfg, &logs, n2)
+	if c != nil {
+		c.Close()
 	}
-	defer r.c.Close()
-	if _, err := r.c.JS.Stream(ctx, testStream); err != nil {
-		t.Fatalf("the stream after Connect: %v", err)
-	}
-	if !strings.Contains(logs.String(), "JetStream answered after waiting") {
-		t.Errorf("no line saying JetStream answered after the wait:\n%s", logs.String())
+	if !errors.Is(err, publish.ErrStreamNotFound) {
+		t.Fatalf("Connect: %v; want the answer, that the stream does not exist\n%s", err, logs.String())
 	}
 }
 

@@ -65,8 +65,10 @@ func (s *NATSServer) Start() {
 // keepLog has the server log into a buffer that a failed test keeps
 // (serverLog.keepOnFailure).
 func (s *NATSServer) keepLog(clustered bool) {
-	s.log = &serverLog{name: cmp.Or(s.opts.ServerName, "nats")}
-	s.log.keepOnFailure(s.tb, clustered)
+	s.log = &serverLog{}
+	// Named once it has its port: servers of no name in one test each
+	// keep a log of their own.
+	s.log.keepOnFailure(s.tb, clustered, func() string { return cmp.Or(s.opts.ServerName, fmt.Sprint(s.opts.Port)) })
 }
 
 // Configure changes the options the next Start starts the server with

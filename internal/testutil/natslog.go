@@ -14,7 +14,6 @@ import (
 // warnings and errors), so that a failed test can say what the server saw:
 // a JetStream request that went unanswered is otherwise a bare timeout.
 type serverLog struct {
-	name  string
 	mu    sync.Mutex
 	lines []string
 	next  int // where the next line goes once lines is full
@@ -53,29 +52,30 @@ func (l *serverLog) Tracef(string, ...any)           {}
 // $SYNCD_TEST_LOGDIR names, if any, as <test>-nats-<server>.log; otherwise
 // its last lines in the test's output, for the servers of a cluster
 // (where a node's view of its peers is what a failure turns on).
-func (l *serverLog) keepOnFailure(tb testing.TB, clustered bool) {
+func (l *serverLog) keepOnFailure(tb testing.TB, clustered bool, nameOf func() string) {
 	tb.Cleanup(func() {
 		if !tb.Failed() {
 			return
 		}
+		server := nameOf()
 		dir := os.Getenv("SYNCD_TEST_LOGDIR")
 		if dir == "" {
 			if clustered {
-				tb.Logf("NATS server %s, last lines of its log:\n%s", l.name, tailLines(l.String(), 40))
+				tb.Logf("NATS server %s, last lines of its log:\n%s", server, tailLines(l.String(), 40))
 			}
 			return
 		}
-		name := strings.NewReplacer("/", "_", " ", "_").Replace(tb.Name()) + "-nats-" + l.name + ".log"
+		name := strings.NewReplacer("/", "_", " ", "_").Replace(tb.Name()) + "-nats-" + server + ".log"
 		path := filepath.Join(dir, name)
 		err := os.MkdirAll(dir, 0o700)
 		if err == nil {
 			err = os.WriteFile(path, []byte(l.String()), 0o600)
 		}
 		if err != nil {
-			tb.Logf("keep the log of NATS server %s: %v", l.name, err)
+			tb.Logf("keep the log of NATS server %s: %v", server, err)
 			return
 		}
-		tb.Logf("NATS server %s log: %s", l.name, path)
+		tb.Logf("NATS server %s log: %s", server, path)
 	})
 }
 
