@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/testutil"
@@ -178,5 +179,42 @@ func TestConnect_APermissionViolationEndsTheWait(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "trying again") {
 		t.Errorf("Connect tried a refused request again:\n%s", logs.String())
+	}
+}
+
+// TestUnanswered: what a start's request may be tried again after: its
+// own timeout, JetStream unavailable for the moment, the client refusing
+// it while it reconnects; not a refusal, nor anything once the caller's
+// context has ended.
+func TestUnanswered(t *testing.T) {
+	alive := context.Background()
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"TimedOut", alive, fmt.Errorf("create or update stream S: %w", context.DeadlineExceeded), true},
+		{"ClientTimeout", alive, nats.ErrTimeout, true},
+		{"Reconnecting", alive, fmt.Errorf("look up stream: %w", nats.ErrReconnectBufExceeded), true},
+		{"ConnectionReconnecting", alive, nats.ErrConnectionReconnecting, true},
+		{"TemporarilyUnavailable", alive,
+			&jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
+		{"IncompleteResults", alive, &jetstream.APIError{Code: 503, ErrorCode: 10004, Description: "incomplete results"},
+			true},
+		{"NotEnabled", alive, jetstream.ErrJetStreamNotEnabled, false},
+		{"StreamNotFound", alive, jetstream.ErrStreamNotFound, false},
+		{"SubjectsOverlap", alive, &jetstream.APIError{Code: 400, ErrorCode: 10065, Description: "subjects overlap"},
+			false},
+		{"PermissionViolation", alive, nats.ErrPermissionViolation, false},
+		{"CallerGaveUp", ended, context.DeadlineExceeded, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := publish.Unanswered(tc.ctx, tc.err); got != tc.want {
+				t.Errorf("Unanswered(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
 	}
 }
