@@ -130,6 +130,14 @@ func TestRun_WaitsForNATSAtStart(t *testing.T) {
 		t.Fatalf("syncd exited (%d) with NATS down instead of waiting:\n%s", code, d.stderr.String())
 	}
 	ns.Start()
+	waitAllPublished(t, dbPath)
+	d.stop(t)
+}
+
+// waitAllPublished waits for the baseline of the mirror at dbPath, and
+// then for every event it recorded to be published.
+func waitAllPublished(t *testing.T, dbPath string) {
+	t.Helper()
 	waitBaseline(t, dbPath)
 	db := openReader(t, dbPath)
 	testutil.WaitFor(t, 30*time.Second, "every event published", func() bool {
@@ -138,6 +146,35 @@ func TestRun_WaitsForNATSAtStart(t *testing.T) {
 		db.QueryRow(`SELECT count(*) FROM outbox`).Scan(&unpublished)
 		return events > 0 && unpublished == 0
 	})
+}
+
+// TestRun_WaitsForJetStreamAtStart: "syncd run" connected to a node of a
+// JetStream cluster that cannot elect a meta leader (two of its three
+// nodes down) waits for JetStream to answer, saying so, instead of
+// exiting, and syncs and publishes once a second node is back. Before,
+// the stream's creation timed out after 5 s and syncd exited.
+func TestRun_WaitsForJetStreamAtStart(t *testing.T) {
+	_, simURL := testutil.Sim(
+		t,
+		platformsim.Options{Seed: 16, Tokens: []string{e2eToken}},
+		platformsim.Scale{Repos: 2, TagsPerRepo: 2, HistoryPerTag: 2},
+	)
+	cl := testutil.NATSClusterOf(t, 3)
+	n1, n2, n3 := cl.Nodes[0], cl.Nodes[1], cl.Nodes[2]
+	n2.Stop()
+	n3.Stop()
+	dbPath := filepath.Join(t.TempDir(), "syncd.db")
+	cfg := testConfig{simURL: simURL, natsURL: n1.URL(), dbPath: dbPath, initialEvents: "snapshot"}.write(t)
+	d := startDaemon(t, cfg)
+	testutil.WaitFor(t, 60*time.Second, "syncd to say it waits for JetStream, or to exit", func() bool {
+		_, exited := d.exited()
+		return exited || strings.Contains(d.stderr.String(), "JetStream did not answer; trying again")
+	})
+	if code, ok := d.exited(); ok {
+		t.Fatalf("syncd exited (%d) with JetStream unable to answer instead of waiting:\n%s", code, d.stderr.String())
+	}
+	n2.Start()
+	waitAllPublished(t, dbPath)
 	d.stop(t)
 }
 
