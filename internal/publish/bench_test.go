@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -105,21 +104,21 @@ func benchmarkRelay(b *testing.B, inMemory bool) {
 		// outbox.
 		runtime.GC()
 		b.StartTimer()
-		start, cpu := time.Now(), cpuTime()
+		start, cpu := time.Now(), publish.CPUTime()
 		publishPlain(b, plainJS, plain)
 		plainTime += time.Since(start)
-		plainCPU += cpuTime() - cpu
+		plainCPU += publish.CPUTime() - cpu
 		b.StopTimer()
 		plain = nil
 		runtime.GC()
 		b.StartTimer()
 
-		start, cpu = time.Now(), cpuTime()
+		start, cpu = time.Now(), publish.CPUTime()
 		if err := relay.Flush(ctx); err != nil {
 			b.Fatalf("relay: %v", err)
 		}
 		relayTime += time.Since(start)
-		relayCPU += cpuTime() - cpu
+		relayCPU += publish.CPUTime() - cpu
 		events += n
 
 		b.StopTimer()
@@ -153,15 +152,6 @@ func reportVersus(b *testing.B, events int, measured, plain side) {
 		b.ReportMetric(float64(s.used.Microseconds())/float64(events), s.cpu)
 	}
 	b.ReportMetric(plain.wall.Seconds()/measured.wall.Seconds(), "ratio")
-}
-
-// cpuTime is the CPU time the process has used, user and system.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // publishPlain is the ceiling: async publishes as fast as the library takes
@@ -277,15 +267,15 @@ func BenchmarkRelayKV(b *testing.B) {
 		}
 		runs := []func(){
 			func() {
-				start, cpu := time.Now(), cpuTime()
+				start, cpu := time.Now(), publish.CPUTime()
 				if err := publish.NewRelay(conn.JS, sts[0], cfg).Flush(ctx); err != nil {
 					b.Fatalf("relay: %v", err)
 				}
 				plainTime += time.Since(start)
-				plainCPU += cpuTime() - cpu
+				plainCPU += publish.CPUTime() - cpu
 			},
 			func() {
-				start, cpu := time.Now(), cpuTime()
+				start, cpu := time.Now(), publish.CPUTime()
 				kc := cfg
 				if os.Getenv("BENCH_KVLOG") != "" {
 					kc.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -294,7 +284,7 @@ func BenchmarkRelayKV(b *testing.B) {
 					b.Fatalf("relay keeping KV: %v", err)
 				}
 				kvTime += time.Since(start)
-				kvCPU += cpuTime() - cpu
+				kvCPU += publish.CPUTime() - cpu
 			},
 		}
 		if i%2 == 1 {
@@ -351,12 +341,12 @@ func BenchmarkRelaySync(b *testing.B) {
 		for _, j := range order {
 			runtime.GC()
 			b.StartTimer()
-			start, cpu := time.Now(), cpuTime()
+			start, cpu := time.Now(), publish.CPUTime()
 			if err := publish.NewRelay(conns[j].JS, sts[j], cfg).Flush(ctx); err != nil {
 				b.Fatalf("relay (side %d): %v", j, err)
 			}
 			times[j] += time.Since(start)
-			cpus[j] += cpuTime() - cpu
+			cpus[j] += publish.CPUTime() - cpu
 			b.StopTimer()
 		}
 		events += n

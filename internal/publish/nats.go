@@ -196,7 +196,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	if cfg.FailFast {
 		nc, err = nats.Connect(url, opts...)
 	} else {
-		nc, err = connectWaiting(ctx, url, opts, cfg.ConnectWait, log)
+		nc, err = connectWaiting(ctx, url, opts, c.waitUntil, log)
 	}
 	if err != nil {
 		c.Close()
@@ -639,37 +639,58 @@ func (l serverLog) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(fo
 // has passed since Dial: the connection's wait and every WaitAnswered on
 // it share the one bound. what names the request in the warning.
 func (c *Conn) WaitAnswered(ctx context.Context, what string, try func(context.Context) error) error {
+	return retryAtStart(ctx, c.waitUntil, func(attempt int) (bool, error) {
+		limit := answerWait
+		if !c.waitUntil.IsZero() {
+			limit = min(limit, max(time.Until(c.waitUntil), time.Millisecond))
+		}
+		began := time.Now()
+		err := tryFor(ctx, limit, try)
+		switch {
+		case err == nil:
+			if attempt > 1 {
+				c.log.Info("JetStream answered after waiting", "request", what, "attempts", attempt)
+			}
+			return false, nil
+		case !Unanswered(ctx, err):
+			return false, err
+		}
+		if r := c.refused.Load(); r != nil && !r.at.Before(began) {
+			return false, fmt.Errorf("%s: NATS refused the request: %w", what, r.err)
+		}
+		return true, err
+	}, func(attempt int, wait time.Duration, err error) {
+		c.log.Warn("JetStream did not answer; trying again", "request", what, "attempt", attempt,
+			"next_try_in", wait.Round(time.Millisecond).String(), "err", err)
+	})
+}
+
+// retryAtStart is the waiting of syncd's start (connectWaiting,
+// Conn.WaitAnswered): it calls try until try says not to try again, and
+// returns try's error then; between tries it waits with backoff, telling
+// warn of each wait. It gives up, with try's last error, when ctx ends or
+// before a wait would end past giveUp (zero: never).
+func retryAtStart(
+	ctx context.Context,
+	giveUp time.Time,
+	try func(attempt int) (again bool, err error),
+	warn func(attempt int, wait time.Duration, err error),
+) error {
 	b := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(250*time.Millisecond),
 		backoff.WithMaxInterval(15*time.Second),
 		backoff.WithMaxElapsedTime(0),
 	)
-	giveUp := c.waitUntil
 	for attempt := 1; ; attempt++ {
-		limit := answerWait
-		if !giveUp.IsZero() {
-			limit = min(limit, max(time.Until(giveUp), time.Millisecond))
-		}
-		began := time.Now()
-		err := tryFor(ctx, limit, try)
-		if err == nil {
-			if attempt > 1 {
-				c.log.Info("JetStream answered after waiting", "request", what, "attempts", attempt)
-			}
-			return nil
-		}
-		if !Unanswered(ctx, err) {
+		again, err := try(attempt)
+		if !again {
 			return err
-		}
-		if r := c.refused.Load(); r != nil && !r.at.Before(began) {
-			return fmt.Errorf("%s: NATS refused the request: %w", what, r.err)
 		}
 		wait := b.NextBackOff()
 		if !giveUp.IsZero() && time.Now().Add(wait).After(giveUp) {
 			return fmt.Errorf("giving up after %d attempts: %w", attempt, err)
 		}
-		c.log.Warn("JetStream did not answer; trying again", "request", what, "attempt", attempt,
-			"next_try_in", wait.Round(time.Millisecond).String(), "err", err)
+		warn(attempt, wait, err)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -728,54 +749,29 @@ func Unanswered(ctx context.Context, err error) bool {
 // connectWaiting connects to url, waiting with backoff (and a warning per
 // try) while no server answers, as syncd does once connected: a NATS
 // server that starts after syncd, or is restarting, is waited for, not a
-// reason to exit; up to maxWait when it is not 0, then it gives up as the
+// reason to exit; until giveUp when it is set, then it gives up as the
 // platform client does. Other failures (credentials, TLS) are returned at
 // once.
 func connectWaiting(
 	ctx context.Context,
 	url string,
 	opts []nats.Option,
-	maxWait time.Duration,
+	giveUp time.Time,
 	log *slog.Logger,
 ) (*nats.Conn, error) {
-	b := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(250*time.Millisecond),
-		backoff.WithMaxInterval(15*time.Second),
-		backoff.WithMaxElapsedTime(0),
-	)
-	giveUp := time.Now().Add(maxWait)
-	for attempt := 1; ; attempt++ {
-		nc, err := nats.Connect(url, opts...)
-		if err == nil {
-			if attempt > 1 {
-				log.Info("NATS reachable after waiting", "attempts", attempt)
-			}
-			return nc, nil
+	var nc *nats.Conn
+	err := retryAtStart(ctx, giveUp, func(attempt int) (bool, error) {
+		var err error
+		if nc, err = nats.Connect(url, opts...); err == nil && attempt > 1 {
+			log.Info("NATS reachable after waiting", "attempts", attempt)
 		}
-		if !errors.Is(err, nats.ErrNoServers) {
-			return nil, err
-		}
-		wait := b.NextBackOff()
-		if maxWait > 0 && time.Now().Add(wait).After(giveUp) {
-			return nil, fmt.Errorf("giving up after %d attempts: %w", attempt, err)
-		}
-		log.Warn(
-			"NATS not reachable; waiting for it",
-			"url",
-			RedactURL(url),
-			"attempt",
-			attempt,
-			"next_try_in",
-			wait.Round(time.Millisecond).String(),
-			"err",
-			err,
-		)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("%w (gave up waiting: %w)", err, ctx.Err())
-		case <-t.C:
-		}
+		return errors.Is(err, nats.ErrNoServers), err
+	}, func(attempt int, wait time.Duration, err error) {
+		log.Warn("NATS not reachable; waiting for it", "url", RedactURL(url), "attempt", attempt,
+			"next_try_in", wait.Round(time.Millisecond).String(), "err", err)
+	})
+	if err != nil {
+		return nil, err
 	}
+	return nc, nil
 }
