@@ -83,10 +83,11 @@ func metaValue(t *testing.T, st *store.Store, key string) string {
 }
 
 // TestFollower_JoinedBeforeTheFirstSnapshot: a follower that starts before
-// any snapshot exists builds what the stream carries, which lacks the
-// history the baseline read silently; the first checkpoint tells it, and it
-// ends with the leader's whole history, from before and after the
-// baseline, once the first snapshot exists.
+// any snapshot exists builds what the stream carries, which here lacks the
+// history the baseline read (a mirror whose baseline predates the
+// replication records of reads made during it); the first checkpoint tells
+// it, and it ends with the leader's whole history, from before and after
+// the baseline, once the first snapshot exists.
 func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 	ctx := context.Background()
 	js := mustJetStream(t)
@@ -94,7 +95,8 @@ func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 	if err := publish.EnsureStream(ctx, js, pcfg); err != nil {
 		t.Fatal(err)
 	}
-	lst, err := store.Open(ctx, filepath.Join(t.TempDir(), "leader.db"), store.Options{InitialEvents: "snapshot"})
+	lpath := filepath.Join(t.TempDir(), "leader.db")
+	lst, err := store.Open(ctx, lpath, store.Options{InitialEvents: "snapshot"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +124,23 @@ func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 	if err := lst.EndBaseline(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The baseline's reads, as an older syncd recorded them: without
+	// replication records.
+	db, err := sql.Open("sqlite", "file:"+lpath+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`DELETE FROM outbox WHERE seq IN (SELECT seq FROM event_log WHERE type = 'history.recorded')`,
+		`DELETE FROM event_log WHERE type = 'history.recorded'`,
+	} {
+		if res, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		} else if n, _ := res.RowsAffected(); n != 1 {
+			t.Fatalf("%s: %d rows, want the baseline's one", q, n)
+		}
+	}
+	db.Close()
 	if err := relay.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -146,7 +146,7 @@ func (c *Crawler) backfill(ctx context.Context, s *summary) error {
 				mu.Lock()
 				reading[ref.UID] = true
 				mu.Unlock()
-				err := c.startHistoryRead(gctx, g, ref, s, func(err error) error {
+				err := c.startHistoryRead(gctx, g, ref, s, nil, func(err error) error {
 					mu.Lock()
 					delete(reading, ref.UID)
 					justRead[ref.UID] = true

@@ -44,13 +44,29 @@ func newHarnessWith(t *testing.T, sc platformsim.Scale, mutate func(*crawler.Con
 // harnessOn is a mirror and a crawler of the simulator sim served at url.
 func harnessOn(t *testing.T, sim *platformsim.Sim, url string, mutate func(*crawler.Config)) *harness {
 	t.Helper()
+	return harnessClient(t, sim, url, nil, mutate)
+}
+
+// harnessClient is harnessOn with the client's config adjusted by client.
+func harnessClient(
+	t *testing.T,
+	sim *platformsim.Sim,
+	url string,
+	client func(*platform.Config),
+	mutate func(*crawler.Config),
+) *harness {
+	t.Helper()
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "syncd.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	client, err := platform.New(platform.Config{BaseURL: url, RegistryURL: url, Token: platform.StaticToken(token),
-		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", MaxRetryTime: 2 * time.Second})
+	pcfg := platform.Config{BaseURL: url, RegistryURL: url, Token: platform.StaticToken(token),
+		Organization: "acme", PublicOrg: "chainguard", Vendor: "chainguard", MaxRetryTime: 2 * time.Second}
+	if client != nil {
+		client(&pcfg)
+	}
+	pc, err := platform.New(pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +74,7 @@ func harnessOn(t *testing.T, sim *platformsim.Sim, url string, mutate func(*craw
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	return &harness{sim: sim, store: st, client: client, crawler: crawler.New(client, st, cfg)}
+	return &harness{sim: sim, store: st, client: pc, crawler: crawler.New(pc, st, cfg)}
 }
 
 func (h *harness) count(t *testing.T, q string, args ...any) int {

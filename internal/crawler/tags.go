@@ -38,6 +38,10 @@ type tagListing struct {
 	// grow the crawl's memory with the organization.
 	read  sync.Map
 	track bool
+	// spare holds, during a baseline's listing, the tags whose history
+	// the places the listings leave free may read (spare.go); nil when
+	// none are free.
+	spare *spareQueue
 }
 
 // listAllTags lists the organization's tags (those updated at or after
@@ -54,22 +58,10 @@ func (c *Crawler) listAllTags(ctx context.Context, l *tagListing, q platform.Lis
 
 func (c *Crawler) listTagsOnce(ctx context.Context, l *tagListing, q platform.ListQuery, s *summary) error {
 	g, gctx := errgroup.WithContext(ctx)
-	// Pages go to one applier through a short queue, so the next page is
-	// asked for while the writer takes the last: the listing's requests do
-	// not wait for commits. The applier hands the histories to read to a
-	// dispatcher through a queue of their own, so that reads go on
-	// starting while the applier waits for the writer.
-	pages := make(chan []platform.Tag, 8)
+	// The applier hands the histories to read to a dispatcher through a
+	// queue of their own, so that reads go on starting while the applier
+	// waits for the writer.
 	refs := make(chan store.TagRef, 4*tagPageSize)
-	g.Go(func() error {
-		defer close(refs)
-		for page := range pages {
-			if err := c.applyTagPage(gctx, l, page, refs, s); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
 	g.Go(func() error {
 		for ref := range refs {
 			if err := c.readHistory(gctx, g, l, ref, s); err != nil {
@@ -78,25 +70,24 @@ func (c *Crawler) listTagsOnce(ctx context.Context, l *tagListing, q platform.Li
 		}
 		return nil
 	})
+	closeSpare := func() {}
+	if n := c.spareReads(); s.listOnly && n > 0 {
+		sq := newSpareQueue()
+		l.spare, closeSpare = sq, sq.close
+		g.Go(func() error { return c.readSpare(gctx, sq, n, s) })
+	}
 	lister := c.client.Tags(c.cfg.Families.tagQuery(q))
-	listErr := func() error {
-		defer close(pages)
-		for page, err := range lister.Pages(gctx) {
-			if err != nil {
-				return err
-			}
-			if q.ChildrenOf == "" { // the organization's listing, not one repo's
-				s.tagsTotal.Store(lister.Total())
-			}
-			s.tags.Add(int64(len(page)))
-			select {
-			case pages <- page:
-			case <-gctx.Done():
-				return gctx.Err()
-			}
+	listed := func(page []platform.Tag) {
+		if q.ChildrenOf == "" { // the organization's listing, not one repo's
+			s.tagsTotal.Store(lister.Total())
 		}
-		return nil
-	}()
+		s.tags.Add(int64(len(page)))
+	}
+	apply := func(page []platform.Tag) error { return c.applyTagPage(gctx, l, page, refs, s) }
+	listErr := listPipelined(gctx, g, lister.Pages(gctx), listed, apply, func() {
+		close(refs)
+		closeSpare()
+	})
 	// A failed history read or apply cancels gctx, which stops the listing
 	// with a context error: report the cause.
 	if err := g.Wait(); err != nil {
@@ -141,6 +132,9 @@ func (c *Crawler) applyTagPage(
 		}
 		s.events.Add(int64(n))
 		if s.listOnly {
+			if l.spare != nil {
+				l.spare.add(need)
+			}
 			continue
 		}
 		for _, ref := range need {
@@ -184,18 +178,20 @@ func (c *Crawler) readHistory(
 			return nil
 		}
 	}
-	return c.startHistoryRead(ctx, g, ref, s, nil)
+	return c.startHistoryRead(ctx, g, ref, s, nil, nil)
 }
 
 // startHistoryRead starts the history read of ref in g once a slot of the
-// crawler's pool of history reads is free, counting it queued in s; then,
-// when set, ended is called with the read's outcome and returns the
-// goroutine's. The one way every crawl and the backfill start a read.
+// crawler's pool of history reads is free, counting it queued in s; when
+// set, requested is called once its requests are done (before the commit),
+// and ended with the read's outcome, returning the goroutine's. The one
+// way every crawl and the backfill start a read.
 func (c *Crawler) startHistoryRead(
 	ctx context.Context,
 	g *errgroup.Group,
 	ref store.TagRef,
 	s *summary,
+	requested func(),
 	ended func(error) error,
 ) error {
 	s.historyQueued.Add(1)
@@ -204,7 +200,12 @@ func (c *Crawler) startHistoryRead(
 	}
 	// The read's slot is given back as soon as the request is done, not
 	// after its commit: the next request need not wait for the writer.
-	release := sync.OnceFunc(func() { c.histories.Release(1) })
+	release := sync.OnceFunc(func() {
+		c.histories.Release(1)
+		if requested != nil {
+			requested()
+		}
+	})
 	g.Go(func() error {
 		defer release()
 		err := c.syncHistory(ctx, ref, s, release)

@@ -152,9 +152,11 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		// its time.
 		prev, prevTime := st.historyLastDigest, b.LastTime
 		// What is stored without a move (the first record, or a silent
-		// read's) after the baseline goes on the stream as a replication
-		// record; the baseline's own reach followers in a snapshot.
-		if unannounced := unannouncedRecords(fresh, b.Count, quiet); !baseline && unannounced > 0 {
+		// read's) goes on the stream as a replication record, so that
+		// followers hold the whole history: the backfill's reads, and
+		// those made during the baseline in the places its listings
+		// leave free (crawler: spare reads).
+		if unannounced := unannouncedRecords(fresh, b.Count, quiet); unannounced > 0 {
 			recorded = append(recorded, recordedChange(ref.UID, cur.Path, b.Count, fresh[:unannounced]))
 		}
 		if !baseline && b.Count == 0 && !st.baseline && !st.backfill && !st.deleted && (len(fresh) > 0 || u.Complete) {

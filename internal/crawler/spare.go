@@ -1,0 +1,181 @@
+package crawler
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// Spare reads. The baseline lists the current state before any history is
+// read (the backfill's), but its listings are pages one after another: the
+// tag listing and the advisories' keep two requests on the wire, and the
+// client's other places stay empty until they end, 6 of a 77 s
+// latency-bound first sync of 50,000 tags. When no request rate bounds the
+// client, those places read the histories of the tags listed so far, the
+// newest update first, and what they read is out of the backfill. With a
+// rate, the listings take every request it allows, and nothing is read
+// before they end.
+
+// listingPlaces are the places on the wire a baseline's listings keep: the
+// tag listing's and the advisories'.
+const listingPlaces = 2
+
+// spareCap bounds the tags waiting for a spare read: the newest ones are
+// kept; those dropped are the backfill's.
+const spareCap = 4096
+
+// spareReads is how many history reads may go on during a baseline's
+// listings: the places of the client's bound on the wire (MaxInFlight)
+// the listings leave, when no request rate bounds it; else none. A client
+// without a bound has no count of its places to spare.
+func (c *Crawler) spareReads() int {
+	if c.client.RequestsPerSecond() > 0 {
+		return 0
+	}
+	return max(0, c.client.MaxInFlight()-listingPlaces)
+}
+
+// spareQueue holds the tags listed so far whose history a spare read may
+// read: the spareCap newest, handed out newest first.
+type spareQueue struct {
+	mu   sync.Mutex
+	refs oldestFirst
+	// out are the tags handed out: a tag the listing shows twice (it
+	// moved between two pages) is read once.
+	out    map[string]bool
+	more   chan struct{} // a tag was added
+	closed bool
+	done   chan struct{} // closed by close
+}
+
+func newSpareQueue() *spareQueue {
+	return &spareQueue{out: map[string]bool{}, more: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// add queues refs, dropping the oldest past spareCap.
+func (q *spareQueue) add(refs []store.TagRef) {
+	if len(refs) == 0 {
+		return
+	}
+	q.mu.Lock()
+	for _, r := range refs {
+		if q.out[r.UID] {
+			continue
+		}
+		heap.Push(&q.refs, r)
+		if q.refs.Len() > spareCap {
+			heap.Pop(&q.refs)
+		}
+	}
+	q.mu.Unlock()
+	select {
+	case q.more <- struct{}{}:
+	default:
+	}
+}
+
+// close ends the queue: the listing is over, and what it holds is the
+// backfill's.
+func (q *spareQueue) close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed {
+		q.closed = true
+		close(q.done)
+	}
+}
+
+// next returns the newest tag queued, waiting for one; false once the
+// queue is closed or ctx done.
+func (q *spareQueue) next(ctx context.Context) (store.TagRef, bool) {
+	for {
+		q.mu.Lock()
+		if q.closed {
+			q.mu.Unlock()
+			return store.TagRef{}, false
+		}
+		for q.refs.Len() > 0 {
+			newest := 0
+			for i := 1; i < q.refs.Len(); i++ {
+				if q.refs[i].UpdateTime.After(q.refs[newest].UpdateTime) {
+					newest = i
+				}
+			}
+			r := heap.Remove(&q.refs, newest).(store.TagRef)
+			if q.out[r.UID] {
+				continue
+			}
+			q.out[r.UID] = true
+			q.mu.Unlock()
+			return r, true
+		}
+		q.mu.Unlock()
+		select {
+		case <-q.more:
+		case <-q.done:
+		case <-ctx.Done():
+			return store.TagRef{}, false
+		}
+	}
+}
+
+// oldestFirst is a heap of tags by update time, the oldest on top: the one
+// dropped when the queue is full.
+type oldestFirst []store.TagRef
+
+func (h oldestFirst) Len() int           { return len(h) }
+func (h oldestFirst) Less(i, j int) bool { return h[i].UpdateTime.Before(h[j].UpdateTime) }
+func (h oldestFirst) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *oldestFirst) Push(x any)        { *h = append(*h, x.(store.TagRef)) }
+func (h *oldestFirst) Pop() any {
+	old := *h
+	r := old[len(old)-1]
+	old[len(old)-1] = store.TagRef{}
+	*h = old[:len(old)-1]
+	return r
+}
+
+// readSpare reads the histories q hands out, at most places at a time on
+// the wire, until q is closed: the listings are over, and so are the reads
+// still under way, whose tags stay the backfill's. The end of the listings
+// never waits for a history read (one whose repo does not answer is
+// retried for minutes).
+func (c *Crawler) readSpare(ctx context.Context, q *spareQueue, places int, s *summary) error {
+	base, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(base)
+	go func() {
+		select {
+		case <-q.done:
+			cancel()
+		case <-gctx.Done():
+		}
+	}()
+	slots := semaphore.NewWeighted(int64(places))
+	for {
+		ref, ok := q.next(gctx)
+		if !ok || slots.Acquire(gctx, 1) != nil {
+			break
+		}
+		// The read's place goes back when its request ends, not its commit.
+		if c.startHistoryRead(gctx, g, ref, s, func() { slots.Release(1) }, nil) != nil {
+			break
+		}
+	}
+	err := g.Wait()
+	select {
+	case <-q.done:
+		// Reads cut short by the end of the listings did not fail.
+		if ctx.Err() == nil && errors.Is(err, context.Canceled) {
+			return nil
+		}
+	default:
+	}
+	return err
+}
