@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -99,8 +100,9 @@ func (c *Crawler) listTagsOnce(ctx context.Context, l *tagListing, q platform.Li
 // tagPageSize is how many tags a page of the listing holds.
 const tagPageSize = 200
 
-// applyTagPage applies one page of the listing, repo by repo, and queues
-// the history reads the store asks for.
+// applyTagPage applies one page of the listing, the tags of every repo it
+// holds in one transaction, and queues the history reads the store asks
+// for (during the baseline: to the spare reads, if any).
 func (c *Crawler) applyTagPage(
 	ctx context.Context,
 	l *tagListing,
@@ -108,6 +110,7 @@ func (c *Crawler) applyTagPage(
 	refs chan<- store.TagRef,
 	s *summary,
 ) error {
+	var rts []store.RepoTags
 	for repoUID, tags := range byRepo(page) {
 		repo, ok := l.repos[repoUID]
 		if !ok {
@@ -126,23 +129,30 @@ func (c *Crawler) applyTagPage(
 				seen[t.UID] = true
 			}
 		}
-		need, n, err := c.store.ApplyTags(finish(ctx), repo, tags)
-		if err != nil {
-			return err
+		rts = append(rts, store.RepoTags{Repo: repo, Tags: tags})
+	}
+	if len(rts) == 0 {
+		return nil
+	}
+	slices.SortFunc(rts, func(a, b store.RepoTags) int { return strings.Compare(a.Repo.UID, b.Repo.UID) })
+	// The page's repos in one transaction: a commit each was most of the
+	// listing's time between its requests.
+	need, n, err := c.store.ApplyTagPage(finish(ctx), rts)
+	if err != nil {
+		return err
+	}
+	s.events.Add(int64(n))
+	if s.listOnly {
+		if l.spare != nil {
+			l.spare.add(need)
 		}
-		s.events.Add(int64(n))
-		if s.listOnly {
-			if l.spare != nil {
-				l.spare.add(need)
-			}
-			continue
-		}
-		for _, ref := range need {
-			select {
-			case refs <- ref:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		return nil
+	}
+	for _, ref := range need {
+		select {
+		case refs <- ref:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 	return nil

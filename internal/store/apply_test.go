@@ -493,3 +493,36 @@ func deprecation(t *testing.T, st *store.Store, uid string) (deprecated int, upd
 	}
 	return deprecated, updated
 }
+
+// TestApplyTagPage_OneTransaction: a page's repos are applied together, and
+// a tag that cannot be stored fails the page naming its repo and tag, with
+// nothing of the page applied.
+func TestApplyTagPage_OneTransaction(t *testing.T) {
+	ctx := context.Background()
+	st, _ := openTemp(t, newClock(), false, store.Options{})
+	r1, r2 := nginx(), store.Repo{UID: "g1/r2", Name: "redis", CreateTime: ts("2025-01-01T00:00:00Z"),
+		UpdateTime: ts("2025-01-01T00:00:00Z")}
+	mustApplyRepos(t, st, r1, r2)
+	bad := tag("g1/r2/t9", "broken", 9)
+	bad.Raw = []byte(`{"name": `)
+	_, _, err := st.ApplyTagPage(ctx, []store.RepoTags{
+		{Repo: r1, Tags: []store.Tag{tag("g1/r1/t1", "latest", 1)}},
+		{Repo: r2, Tags: []store.Tag{tag("g1/r2/t1", "7", 2), bad}},
+	})
+	if err == nil || !strings.Contains(err.Error(), "repo redis") || !strings.Contains(err.Error(), "g1/r2/t9") {
+		t.Fatalf("err = %v, want one naming repo redis and tag g1/r2/t9", err)
+	}
+	if n := queryInt(t, st.Reader(), `SELECT count(*) FROM tags`); n != 0 {
+		t.Fatalf("%d tags stored from a failed page, want none", n)
+	}
+	need, _, err := st.ApplyTagPage(ctx, []store.RepoTags{
+		{Repo: r1, Tags: []store.Tag{tag("g1/r1/t1", "latest", 1)}},
+		{Repo: r2, Tags: []store.Tag{tag("g1/r2/t1", "7", 2)}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, st.Reader(), `SELECT count(*) FROM tags`); n != 2 || len(need) != 2 {
+		t.Fatalf("%d tags stored, %d histories to read; want 2 and 2", n, len(need))
+	}
+}

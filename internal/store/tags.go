@@ -92,18 +92,44 @@ const tagColumns = 11
 // are taken as the baseline would have taken them: not news, and their
 // past moves the starting point.
 func (s *Store) ApplyTags(ctx context.Context, repo Repo, tags []Tag) (need []TagRef, events int, err error) {
-	tags = lastByUID(tags, func(t Tag) string { return t.UID })
+	return s.ApplyTagPage(ctx, []RepoTags{{Repo: repo, Tags: tags}})
+}
+
+// RepoTags are tags of one repo.
+type RepoTags struct {
+	Repo Repo
+	Tags []Tag
+}
+
+// ApplyTagPage is ApplyTags for the tags of several repos (a page of the
+// organization's listing), in one transaction.
+func (s *Store) ApplyTagPage(ctx context.Context, page []RepoTags) (need []TagRef, events int, err error) {
 	events, err = s.commit(ctx, func(tx *sql.Tx) (int, error) {
+		need = need[:0]
 		baseline, err := s.inBaseline(ctx, tx)
 		if err != nil {
 			return 0, err
 		}
-		var n int
-		need, n, err = s.applyTags(ctx, tx, baseline, repo, tags)
-		return n, err
+		events := 0
+		for _, rt := range page {
+			tags := lastByUID(rt.Tags, func(t Tag) string { return t.UID })
+			more, n, err := s.applyTags(ctx, tx, baseline, rt.Repo, tags)
+			if err != nil && len(page) > 1 {
+				err = fmt.Errorf("repo %s: %w", repoPath(rt.Repo), err)
+			}
+			if err != nil {
+				return 0, err
+			}
+			need = append(need, more...)
+			events += n
+		}
+		return events, nil
 	})
-	if err != nil {
-		return nil, 0, fmt.Errorf("apply %d tags of repo %s: %w", len(tags), repoPath(repo), err)
+	switch {
+	case err != nil && len(page) == 1:
+		return nil, 0, fmt.Errorf("apply %d tags of repo %s: %w", len(page[0].Tags), repoPath(page[0].Repo), err)
+	case err != nil:
+		return nil, 0, fmt.Errorf("apply a page of tags of %d repos: %w", len(page), err)
 	}
 	return need, events, nil
 }
