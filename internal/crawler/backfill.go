@@ -60,7 +60,7 @@ func (c *Crawler) backfillPass(ctx context.Context, s *summary) error {
 	}
 	start, read0 := c.cfg.Now(), s.historyReads.Load()
 	c.log.Info("backfill: reading the tags' histories behind the current state", "tags", left)
-	stop := c.backfillProgress(ctx, s, left)
+	stop := c.backfillProgress(ctx, s, read0, left)
 	err = c.backfill(ctx, s)
 	stop()
 	if err != nil {
@@ -170,9 +170,10 @@ func (c *Crawler) backfill(ctx context.Context, s *summary) error {
 }
 
 // backfillProgress logs how far the backfill is until the returned func is
-// called: the histories read, those left, and the time left at the
+// called: the histories read (past read0, s's count at its start), those
+// left, and the time left at the
 // client's rate limit (or, without one, at the rate of the reads so far).
-func (c *Crawler) backfillProgress(ctx context.Context, s *summary, total int64) func() {
+func (c *Crawler) backfillProgress(ctx context.Context, s *summary, read0, total int64) func() {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	start := c.cfg.Now()
@@ -185,7 +186,7 @@ func (c *Crawler) backfillProgress(ctx context.Context, s *summary, total int64)
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				read := s.historyReads.Load()
+				read := s.historyReads.Load() - read0 // a crawl's own reads came before
 				left := max(total-read, 0)
 				rate := c.client.RequestsPerSecond()
 				if rate <= 0 {

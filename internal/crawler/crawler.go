@@ -225,9 +225,10 @@ type summary struct {
 	failures, reposRead, reposFailed, historiesFailed atomic.Int64
 	historyQueued                                     atomic.Int64
 	firstFailure                                      atomic.Pointer[error]
-	// listOnly: the crawl lists and reads no history, as the baseline
-	// crawl does; the backfill reads the histories after it.
-	listOnly bool
+	// listOnly: the crawl lists and reads no history but in the places its
+	// listings leave free (spare reads), as the baseline crawl does; the
+	// backfill reads the histories after it.
+	listOnly atomic.Bool
 }
 
 // fail counts a failed scope and keeps the first error.
@@ -259,7 +260,7 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep, backfill bool) e
 		// The baseline is the listings alone: the current state of every
 		// repo, tag and advisory. The histories are the backfill's, once
 		// the mirror serves that state.
-		s.listOnly = true
+		s.listOnly.Store(true)
 	}
 	if err := c.failed.load(ctx); err != nil {
 		return err
@@ -325,7 +326,7 @@ func (c *Crawler) crawl(ctx context.Context, s *summary, sweep, backfill bool) e
 	if !backfill {
 		return nil
 	}
-	s.listOnly = false
+	s.listOnly.Store(false)
 	if err := c.backfillPass(ctx, s); err != nil {
 		return err
 	}
@@ -532,7 +533,9 @@ func (c *Crawler) progressNow(s *summary, start time.Time, req0 int64) Progress 
 			r.Err,
 		)
 	}
-	if p.HistoryRead > 0 {
+	// The baseline's listings read only the histories their free places
+	// allow, which say nothing of the time left.
+	if p.HistoryRead > 0 && !s.listOnly.Load() {
 		// The histories still to read: those queued, and as many again
 		// per tag as so far for the tags not listed yet.
 		left := float64(p.HistoryQueued - p.HistoryRead)

@@ -91,6 +91,16 @@ func (q *spareQueue) close() {
 	}
 }
 
+// isClosed reports whether close was called.
+func (q *spareQueue) isClosed() bool {
+	select {
+	case <-q.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // next returns the newest tag queued, waiting for one; false once the
 // queue is closed or ctx done.
 func (q *spareQueue) next(ctx context.Context) (store.TagRef, bool) {
@@ -164,18 +174,16 @@ func (c *Crawler) readSpare(ctx context.Context, q *spareQueue, places int, s *s
 			break
 		}
 		// The read's place goes back when its request ends, not its commit.
-		if c.startHistoryRead(gctx, g, ref, s, func() { slots.Release(1) }, nil) != nil {
+		if c.startHistoryRead(gctx, g, ref, s, func() { slots.Release(1) }, func(err error) error {
+			// A read cut short by the end of the listings did not fail;
+			// any other error is the crawl's.
+			if errors.Is(err, context.Canceled) && ctx.Err() == nil && q.isClosed() {
+				return nil
+			}
+			return err
+		}) != nil {
 			break
 		}
 	}
-	err := g.Wait()
-	select {
-	case <-q.done:
-		// Reads cut short by the end of the listings did not fail.
-		if ctx.Err() == nil && errors.Is(err, context.Canceled) {
-			return nil
-		}
-	default:
-	}
-	return err
+	return g.Wait()
 }

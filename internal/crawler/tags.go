@@ -72,7 +72,7 @@ func (c *Crawler) listTagsOnce(ctx context.Context, l *tagListing, q platform.Li
 		return nil
 	})
 	closeSpare := func() {}
-	if n := c.spareReads(); s.listOnly && n > 0 {
+	if n := c.spareReads(); s.listOnly.Load() && n > 0 {
 		sq := newSpareQueue()
 		l.spare, closeSpare = sq, sq.close
 		g.Go(func() error { return c.readSpare(gctx, sq, n, s) })
@@ -142,7 +142,7 @@ func (c *Crawler) applyTagPage(
 		return err
 	}
 	s.events.Add(int64(n))
-	if s.listOnly {
+	if s.listOnly.Load() {
 		if l.spare != nil {
 			l.spare.add(need)
 		}

@@ -13,13 +13,17 @@ import (
 // silent baseline); a tag leaves it when its history is applied. Being in
 // SQLite, it survives a crash: a restart reads only what is left.
 
-// startBackfill puts every live tag whose history was never read into the
-// backfill, with its update time as the listing left it, and returns how
-// many it queued.
+// startBackfill puts every live tag whose history was never read, or read
+// only up to an older listing than the last, into the backfill, with its
+// update time as the listing left it, and returns how many it queued.
 func startBackfill(ctx context.Context, tx *sql.Tx) (int64, error) {
+	// A tag whose history was read during the baseline (a spare read) is
+	// left out, unless the listing showed it later than that read did.
 	res, err := tx.ExecContext(ctx, `INSERT INTO backfill (tag_uid, listed_time)
 		SELECT uid, update_time FROM tags
-		WHERE deleted_time IS NULL AND history_count = 0 AND history_update_time IS NULL
+		WHERE deleted_time IS NULL AND (history_count = 0 AND history_update_time IS NULL
+			OR history_update_time IS NOT NULL AND history_update_time IS NOT update_time
+			OR history_count > 0 AND history_last_digest IS NOT digest)
 		ON CONFLICT(tag_uid) DO NOTHING`)
 	if err != nil {
 		return 0, fmt.Errorf("start the history backfill: %w", err)

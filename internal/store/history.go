@@ -144,6 +144,13 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		b, cur := st.bookmark, st.Tag
 		cur.RepoUID, cur.Repo, cur.Path = ref.RepoUID, ref.Repo, scopeOf(st.Path, ref.Path)
 		fresh := newRecords(storedPrecision(u.Records), b)
+		if baseline {
+			// A read during the baseline stops at the listing it was asked
+			// for: a move after that is news once the baseline ends. The
+			// records left out come after the bookmark, so the next read
+			// (the listing shows the move) gets them, as tag.moved events.
+			fresh = upToListing(fresh, ref.UpdateTime)
+		}
 		quiet := silentRecords(fresh, baseline, st)
 		if st.backfill {
 			backfilled = append(backfilled, ref.UID)
@@ -210,8 +217,8 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 			ctx,
 			`UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3,
 			history_last_digest = ?4, history_update_time = COALESCE(?5, history_update_time),
-			digest = CASE WHEN ?6 THEN ?4 ELSE digest END,
-			update_time = CASE WHEN ?6 AND (update_time IS NULL OR update_time < ?1) THEN ?1 ELSE update_time END
+			digest = CASE WHEN ?6 AND NOT ?8 THEN ?4 ELSE digest END,
+			update_time = CASE WHEN ?6 AND NOT ?8 AND (update_time IS NULL OR update_time < ?1) THEN ?1 ELSE update_time END
 			WHERE uid = ?7`,
 		)
 		if err != nil {
@@ -227,7 +234,10 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 			if !m.b.LastTime.IsZero() {
 				last = FormatTime(m.b.LastTime)
 			}
-			if _, err := stmt.ExecContext(ctx, last, m.b.LastCount, m.b.Count, m.digest, read, m.moved, m.ref.UID); err != nil {
+			// During the baseline the tag's state is its listing's, which
+			// a read that ended before a later listing must not take back.
+			_, err := stmt.ExecContext(ctx, last, m.b.LastCount, m.b.Count, m.digest, read, m.moved, m.ref.UID, baseline)
+			if err != nil {
 				return 0, fmt.Errorf("move bookmark of tag %s:%s: %w", m.ref.Repo, m.ref.Name, err)
 			}
 		}
@@ -285,6 +295,20 @@ func (s *Store) applyListed(ctx context.Context, tx *sql.Tx, baseline bool, ups 
 	return n, nil
 }
 
+// upToListing returns the records of fresh up to the update time a listing
+// showed (all of them when it showed none).
+func upToListing(fresh []HistoryRecord, listed time.Time) []HistoryRecord {
+	if listed.IsZero() {
+		return fresh
+	}
+	cutoff := listed.UTC().Truncate(time.Millisecond)
+	n := 0
+	for n < len(fresh) && !fresh[n].Time.After(cutoff) {
+		n++
+	}
+	return fresh[:n]
+}
+
 // silentRecords is how many of the fresh records of the tag st, from the
 // first, are the starting point rather than news, and so no tag.moved
 // events: every record read during the baseline; of a tag the backfill
@@ -297,12 +321,7 @@ func silentRecords(fresh []HistoryRecord, baseline bool, st storedTag) int {
 	case baseline:
 		return len(fresh)
 	case st.backfill && !st.listedTime.IsZero():
-		cutoff := st.listedTime.UTC().Truncate(time.Millisecond)
-		n := 0
-		for n < len(fresh) && !fresh[n].Time.After(cutoff) {
-			n++
-		}
-		return n
+		return len(upToListing(fresh, st.listedTime))
 	case st.backfill, st.baseline && st.bookmark.Count == 0:
 		return len(fresh)
 	}

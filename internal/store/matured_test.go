@@ -212,11 +212,13 @@ func TestMature_NotDuringTheBaseline(t *testing.T) {
 	st, _ := openTemp(t, clk, true, store.Options{})
 	repo := nginx()
 	mustApplyRepos(t, st, repo)
-	need := mustApplyTags(t, st, repo, tag("g1/r1/t1", "1.27", 1))
+	tg := tag("g1/r1/t1", "1.27", 1)
+	tg.UpdateTime = clk.Now().Add(-time.Hour) // as the listing shows its one record
+	need := mustApplyTags(t, st, repo, tg)
 	if _, err := st.ApplyHistory(
 		context.Background(),
 		need[0],
-		[]store.HistoryRecord{{Time: clk.Now().Add(-time.Hour), Digest: digest(1)}},
+		[]store.HistoryRecord{{Time: tg.UpdateTime, Digest: digest(1)}},
 		true,
 	); err != nil {
 		t.Fatal(err)

@@ -175,7 +175,11 @@ func (s *Store) applyTags(
 				moved = append(moved, t.UID)
 			}
 			var held *Tag
-			if seen && !o.deleted && (o.bookmark.Count > 0 || backfill) {
+			// During the baseline the listing is the state: a tag read
+			// then (a spare read) and listed again after a move takes the
+			// listing as it is, and its history is the backfill's from the
+			// record it ends at (startBackfill).
+			if !baseline && seen && !o.deleted && (o.bookmark.Count > 0 || backfill) {
 				// The digest moves with the history read this listing
 				// asks for, with its tag.moved events: a digest changed
 				// here, silently, would be state no event carries.
@@ -209,7 +213,9 @@ func (s *Store) applyTags(
 							time: eventTime(t.CreateTime, s.now()), after: t},
 					)
 				}
-			case t.Deprecated && !o.Deprecated:
+			case t.Deprecated && !o.Deprecated && s.announce(baseline):
+				// (Without the snapshot's announcements, a deprecation the
+				// baseline's listings show is its starting point too.)
 				before := o.Tag
 				before.Repo, before.Path = repo.Name, path
 				cs = append(cs, change{typ: TagDeprecated, scope: path, subject: t.UID, disc: FormatTime(t.UpdateTime),
