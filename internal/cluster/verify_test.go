@@ -92,35 +92,9 @@ func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 	ctx := context.Background()
 	js := mustJetStream(t)
 	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
-	if err := publish.EnsureStream(ctx, js, pcfg); err != nil {
-		t.Fatal(err)
-	}
-	lpath := filepath.Join(t.TempDir(), "leader.db")
-	lst, err := store.Open(ctx, lpath, store.Options{InitialEvents: "snapshot"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lst.Close() })
+	lst, lpath, repo, old, recs := baselineRead(t, js)
 	relay := publish.NewRelay(js, lst, pcfg, publish.WithCheckpoints(lst, time.Hour, "leader"))
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	repo := store.Repo{UID: "g/r1", Name: "nginx", CreateTime: t0, UpdateTime: t0}
-	if _, err := lst.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
-		t.Fatal(err)
-	}
-	// The baseline: a tag with three records, read silently.
-	old := store.Tag{UID: "g/r1/old", Name: "1.0", Digest: "sha256:c", CreateTime: t0, UpdateTime: t0.Add(2 * time.Hour)}
-	need, _, err := lst.ApplyTags(ctx, repo, []store.Tag{old})
-	if err != nil {
-		t.Fatal(err)
-	}
-	recs := []store.HistoryRecord{
-		{Time: t0, Digest: "sha256:a"},
-		{Time: t0.Add(time.Hour), Digest: "sha256:b"},
-		{Time: t0.Add(2 * time.Hour), Digest: "sha256:c"},
-	}
-	if _, err := lst.ApplyHistory(ctx, need[0], recs, true); err != nil {
-		t.Fatal(err)
-	}
+	t0 := recs[0].Time
 	if err := lst.EndBaseline(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +145,7 @@ func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 		UpdateTime: t0.Add(3 * time.Hour),
 	}
 	old.Digest, old.UpdateTime = "sha256:d", t0.Add(4*time.Hour)
-	need, _, err = lst.ApplyTags(ctx, repo, []store.Tag{old, fresh})
+	need, _, err := lst.ApplyTags(ctx, repo, []store.Tag{old, fresh})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,11 +175,81 @@ func TestFollower_JoinedBeforeTheFirstSnapshot(t *testing.T) {
 		r, ok := f.LastCheckpoint()
 		return ok && r.Seq >= last && r.Diff == "" && !f.Diverged()
 	})
+	if n := queryCount(t, fst, `SELECT count(*) FROM tag_history`); n != 5 {
+		t.Fatalf("the follower holds %d history rows, want 5", n)
+	}
+	sameHistory(t, lst, fst)
+}
+
+// TestFollower_GetsTheBaselinesReadsFromTheStream: the histories a leader
+// reads during its baseline (in the places its listings leave free) reach a
+// follower on the stream, as history.recorded, without a snapshot.
+func TestFollower_GetsTheBaselinesReadsFromTheStream(t *testing.T) {
+	ctx := context.Background()
+	js := mustJetStream(t)
+	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
+	lst, _, _, _, recs := baselineRead(t, js)
+	relay := publish.NewRelay(js, lst, pcfg)
+	if err := lst.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, fst, _ := runFollower(t, js)
+	testutil.WaitFor(t, 10*time.Second, "the follower to hold the baseline's history", func() bool {
+		return queryCount(t, fst, `SELECT count(*) FROM tag_history`) == len(recs)
+	})
+	sameHistory(t, lst, fst)
+}
+
+// baselineRead is a leader's mirror (file path lpath, stream EV made) in
+// its baseline, with one repo and one tag whose three history records the
+// baseline read.
+func baselineRead(t *testing.T, js jetstream.JetStream) (lst *store.Store, lpath string, repo store.Repo,
+	old store.Tag, recs []store.HistoryRecord,
+) {
+	t.Helper()
+	ctx := context.Background()
+	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
+	if err := publish.EnsureStream(ctx, js, pcfg); err != nil {
+		t.Fatal(err)
+	}
+	lpath = filepath.Join(t.TempDir(), "leader.db")
+	lst, err := store.Open(ctx, lpath, store.Options{InitialEvents: "snapshot"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lst.Close() })
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	repo = store.Repo{UID: "g/r1", Name: "nginx", CreateTime: t0, UpdateTime: t0}
+	if _, err := lst.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
+		t.Fatal(err)
+	}
+	old = store.Tag{UID: "g/r1/old", Name: "1.0", Digest: "sha256:c", CreateTime: t0, UpdateTime: t0.Add(2 * time.Hour)}
+	need, _, err := lst.ApplyTags(ctx, repo, []store.Tag{old})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs = []store.HistoryRecord{
+		{Time: t0, Digest: "sha256:a"},
+		{Time: t0.Add(time.Hour), Digest: "sha256:b"},
+		{Time: t0.Add(2 * time.Hour), Digest: "sha256:c"},
+	}
+	if _, err := lst.ApplyHistory(ctx, need[0], recs, true); err != nil {
+		t.Fatal(err)
+	}
+	return lst, lpath, repo, old, recs
+}
+
+// sameHistory fails t unless the two mirrors hold the same tag_history.
+func sameHistory(t *testing.T, leader, follower *store.Store) {
+	t.Helper()
 	q := `SELECT group_concat(tag_uid || ':' || seq || ':' || update_time || ':' || digest, ',') FROM (SELECT * FROM tag_history ORDER BY tag_uid, seq)`
 	var l, fo string
-	lst.Reader().QueryRow(q).Scan(&l)
-	fst.Reader().QueryRow(q).Scan(&fo)
-	if l != fo || queryCount(t, fst, `SELECT count(*) FROM tag_history`) != 5 {
+	leader.Reader().QueryRow(q).Scan(&l)
+	follower.Reader().QueryRow(q).Scan(&fo)
+	if l != fo {
 		t.Fatalf("history:\n leader:   %s\n follower: %s", l, fo)
 	}
 }
