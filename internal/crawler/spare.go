@@ -65,7 +65,9 @@ func (q *spareQueue) add(refs []store.TagRef) {
 	}
 	q.mu.Lock()
 	for _, r := range refs {
-		if q.out[r.UID] {
+		// A read stops at the time its listing showed: without one, the
+		// tag is the backfill's.
+		if q.out[r.UID] || r.UpdateTime.IsZero() {
 			continue
 		}
 		heap.Push(&q.refs, r)

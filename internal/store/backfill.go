@@ -18,12 +18,14 @@ import (
 // update time as the listing left it, and returns how many it queued.
 func startBackfill(ctx context.Context, tx *sql.Tx) (int64, error) {
 	// A tag whose history was read during the baseline (a spare read) is
-	// left out, unless the listing showed it later than that read did.
+	// left out when that read was whole and of the last listing's state;
+	// one that found no record is read again (its records may come just
+	// after the time its listing showed).
 	res, err := tx.ExecContext(ctx, `INSERT INTO backfill (tag_uid, listed_time)
 		SELECT uid, update_time FROM tags
-		WHERE deleted_time IS NULL AND (history_count = 0 AND history_update_time IS NULL
-			OR history_update_time IS NOT NULL AND history_update_time IS NOT update_time
-			OR history_count > 0 AND history_last_digest IS NOT digest)
+		WHERE deleted_time IS NULL AND (history_count = 0 OR history_update_time IS NULL
+			OR history_update_time != COALESCE(update_time, '')
+			OR history_last_digest IS NOT digest)
 		ON CONFLICT(tag_uid) DO NOTHING`)
 	if err != nil {
 		return 0, fmt.Errorf("start the history backfill: %w", err)

@@ -287,6 +287,19 @@ func TestBaseline_FailedRepos(t *testing.T) {
 			t.Fatalf("types=%v, want %v", got, want)
 		}
 	})
+	t.Run("ADeprecationInAPendingRepoIsNews", func(t *testing.T) {
+		st := setup(t, store.Options{})
+		listAndRead(t, st, unlisted, tag("g1/unlisted/t1", "latest", 2))
+		dep := tag("g1/unlisted/t1", "latest", 2)
+		dep.Deprecated = true
+		if _, n, err := st.ApplyTags(ctx, unlisted, []store.Tag{dep}); err != nil || n != 1 {
+			t.Fatalf("events for a deprecation after the baseline, in a repo whose own is pending = %d (%v), want 1",
+				n, err)
+		}
+		if got := types(allEvents(t, st)); !slices.Equal(got, []string{store.TagDeprecated}) {
+			t.Fatalf("types=%v, want one tag.deprecated", got)
+		}
+	})
 	t.Run("SnapshotAnnouncesThemAsTheBaselineWould", func(t *testing.T) {
 		st := setup(t, store.Options{InitialEvents: "snapshot"})
 		before := len(allEvents(t, st))

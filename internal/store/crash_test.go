@@ -66,11 +66,16 @@ func TestCrash_KilledMidTransaction(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustApplyRepos(t, st, nginx())
-			need := mustApplyTags(t, st, nginx(), tag("g1/r1/t1", "latest", 0))
-			if _, err := st.ApplyHistory(ctx, need[0], crashPage()[:1], false); err != nil {
+			mustApplyTags(t, st, nginx(), tag("g1/r1/t1", "latest", 0))
+			if err := st.EndBaseline(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if err := st.EndBaseline(ctx); err != nil {
+			// The backfill's read of its first record.
+			need, err := st.BackfillNext(ctx, 1, func(string) bool { return false })
+			if err != nil || len(need) != 1 {
+				t.Fatalf("backfill = %v (%v), want the tag", need, err)
+			}
+			if _, err := st.ApplyHistory(ctx, need[0], crashPage()[:1], false); err != nil {
 				t.Fatal(err)
 			}
 			eventsBefore := queryInt(t, st.Reader(), `SELECT COUNT(*) FROM events`)

@@ -147,6 +147,10 @@ func (s *Store) applyTags(
 		if err != nil {
 			return 0, err
 		}
+		// listing: the store's baseline, whose listings are the state; a
+		// repo whose own baseline is pending after it takes its tags as
+		// the baseline would, but holds and announces as after it.
+		listing := baseline
 		baseline = baseline || pending
 		uids := make([]string, len(tags))
 		for i, t := range tags {
@@ -179,7 +183,7 @@ func (s *Store) applyTags(
 			// then (a spare read) and listed again after a move takes the
 			// listing as it is, and its history is the backfill's from the
 			// record it ends at (startBackfill).
-			if !baseline && seen && !o.deleted && (o.bookmark.Count > 0 || backfill) {
+			if !listing && seen && !o.deleted && (o.bookmark.Count > 0 || backfill) {
 				// The digest moves with the history read this listing
 				// asks for, with its tag.moved events: a digest changed
 				// here, silently, would be state no event carries.
@@ -213,7 +217,7 @@ func (s *Store) applyTags(
 							time: eventTime(t.CreateTime, s.now()), after: t},
 					)
 				}
-			case t.Deprecated && !o.Deprecated && s.announce(baseline):
+			case t.Deprecated && !o.Deprecated && s.announce(listing):
 				// (Without the snapshot's announcements, a deprecation the
 				// baseline's listings show is its starting point too.)
 				before := o.Tag
