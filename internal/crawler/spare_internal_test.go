@@ -30,13 +30,26 @@ func TestSpareQueue_NewestFirstTheOldestDropped(t *testing.T) {
 			t.Fatalf("next = %s (%v), want %s", got.UID, ok, ref(want).UID)
 		}
 	}
-	// Listed again (it moved between two pages): not handed out twice.
+	// Listed again (it moved between two pages) while its read is under
+	// way: not handed out twice at once.
 	q.add([]store.TagRef{ref(spareCap + 9), ref(spareCap + 20)})
 	if got, _ := q.next(ctx); got.UID != ref(spareCap+20).UID {
 		t.Fatalf("next = %s, want the newly listed %s", got.UID, ref(spareCap+20).UID)
 	}
 	if got, _ := q.next(ctx); got.UID != ref(spareCap+5).UID {
-		t.Fatalf("next = %s, want %s: a tag handed out came back", got.UID, ref(spareCap+5).UID)
+		t.Fatalf("next = %s, want %s: a tag whose read is under way came back", got.UID, ref(spareCap+5).UID)
+	}
+	// Once its read has ended, a later listing may ask for it again; the
+	// queue keeps no set of every tag read.
+	for _, i := range []int{spareCap + 9, spareCap + 8, spareCap + 7, spareCap + 6, spareCap + 20, spareCap + 5} {
+		q.ended(ref(i).UID)
+	}
+	if n := len(q.out); n != 0 {
+		t.Fatalf("%d reads remembered after all ended, want none", n)
+	}
+	q.add([]store.TagRef{ref(spareCap + 30)})
+	if got, _ := q.next(ctx); got.UID != ref(spareCap+30).UID {
+		t.Fatalf("next = %s, want %s", got.UID, ref(spareCap+30).UID)
 	}
 	if n := q.refs.Len(); n != spareCap-5 {
 		t.Fatalf("queued = %d, want %d: the oldest past the cap are dropped", n, spareCap-5)
