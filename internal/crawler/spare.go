@@ -51,10 +51,10 @@ type spareQueue struct {
 	// read twice at once. Once its read is committed, the store asks for
 	// it again only if a later listing moved it. (A set of every tag read
 	// grew with the organization: 10 MB of a 200,000-tag first sync.)
-	out    map[string]bool
-	more   chan struct{} // a tag was added
-	closed bool
-	done   chan struct{} // closed by close
+	out       map[string]bool
+	more      chan struct{} // a tag was added
+	done      chan struct{} // closed by close
+	closeOnce sync.Once
 }
 
 func newSpareQueue() *spareQueue {
@@ -87,14 +87,7 @@ func (q *spareQueue) add(refs []store.TagRef) {
 
 // close ends the queue: the listing is over, and what it holds is the
 // backfill's.
-func (q *spareQueue) close() {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if !q.closed {
-		q.closed = true
-		close(q.done)
-	}
-}
+func (q *spareQueue) close() { q.closeOnce.Do(func() { close(q.done) }) }
 
 // ended forgets that the read of uid is under way.
 func (q *spareQueue) ended(uid string) {
@@ -117,11 +110,10 @@ func (q *spareQueue) isClosed() bool {
 // queue is closed or ctx done.
 func (q *spareQueue) next(ctx context.Context) (store.TagRef, bool) {
 	for {
-		q.mu.Lock()
-		if q.closed {
-			q.mu.Unlock()
+		if q.isClosed() {
 			return store.TagRef{}, false
 		}
+		q.mu.Lock()
 		for q.refs.Len() > 0 {
 			newest := 0
 			for i := 1; i < q.refs.Len(); i++ {

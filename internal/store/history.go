@@ -149,7 +149,7 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 			// for: a move after that is news once the baseline ends. The
 			// records left out come after the bookmark, so the next read
 			// (the listing shows the move) gets them, as tag.moved events.
-			fresh = upToListing(fresh, ref.UpdateTime)
+			fresh = upToListing(fresh, ref.UpdateTime, st.Digest, st.historyLastDigest)
 		}
 		quiet := silentRecords(fresh, baseline, st)
 		if st.backfill {
@@ -295,15 +295,25 @@ func (s *Store) applyListed(ctx context.Context, tx *sql.Tx, baseline bool, ups 
 	return n, nil
 }
 
-// upToListing returns the records of fresh up to the update time a listing
-// showed (all of them when it showed none).
-func upToListing(fresh []HistoryRecord, listed time.Time) []HistoryRecord {
+// upToListing returns the records of fresh (which follow a history ending
+// at before) up to the update time a listing showed with digest (all of
+// them when it showed no time). The platform does not say that a tag's
+// updateTime is its newest record's time: a record of the listed digest
+// just after that time, where the records up to it end elsewhere, is the
+// one the listing showed, and is kept too.
+func upToListing(fresh []HistoryRecord, listed time.Time, digest, before string) []HistoryRecord {
 	if listed.IsZero() {
 		return fresh
 	}
 	cutoff := listed.UTC().Truncate(time.Millisecond)
 	n := 0
 	for n < len(fresh) && !fresh[n].Time.After(cutoff) {
+		n++
+	}
+	if n > 0 {
+		before = fresh[n-1].Digest
+	}
+	if n < len(fresh) && before != digest && fresh[n].Digest == digest {
 		n++
 	}
 	return fresh[:n]
@@ -321,7 +331,7 @@ func silentRecords(fresh []HistoryRecord, baseline bool, st storedTag) int {
 	case baseline:
 		return len(fresh)
 	case st.backfill && !st.listedTime.IsZero():
-		return len(upToListing(fresh, st.listedTime))
+		return len(upToListing(fresh, st.listedTime, st.Digest, st.historyLastDigest))
 	case st.backfill, st.baseline && st.bookmark.Count == 0:
 		return len(fresh)
 	}

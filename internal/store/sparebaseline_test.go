@@ -123,3 +123,52 @@ func TestSpareRead_StopsAtItsListing(t *testing.T) {
 		t.Fatalf("digest = %s, want %s", got, digest(2))
 	}
 }
+
+// TestListedTime_ARecordJustAfterIt: the platform does not say that a
+// tag's updateTime is its newest record's time. A listing whose time is
+// just before the record of the digest it shows takes that record for the
+// one it showed: silent, in the backfill's read and in a read during the
+// baseline alike, not a move after the listing.
+func TestListedTime_ARecordJustAfterIt(t *testing.T) {
+	recs := spareRecords(2)
+	recs[1].Time = recs[1].Time.Add(time.Millisecond)
+	listed := spareTag(1, recs[1].Time.Add(-time.Millisecond))
+	for _, during := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Backfill", true: "DuringTheBaseline"}[during], func(t *testing.T) {
+			ctx := context.Background()
+			st, _ := openTemp(t, newClock(), true, store.Options{})
+			mustApplyRepos(t, st, nginx())
+			need := mustApplyTags(t, st, nginx(), listed)
+			if during {
+				if _, err := st.ApplyHistory(ctx, need[0], recs, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := st.EndBaseline(ctx); err != nil {
+				t.Fatal(err)
+			}
+			left, err := st.BackfillRemaining(ctx)
+			if err != nil || left != map[bool]int64{false: 1, true: 0}[during] {
+				t.Fatalf("backfill remaining = %d (%v)", left, err)
+			}
+			if !during {
+				refs, err := st.BackfillNext(ctx, 1, func(string) bool { return false })
+				if err != nil || len(refs) != 1 {
+					t.Fatalf("backfill = %v (%v)", refs, err)
+				}
+				if _, err := st.ApplyHistory(ctx, refs[0], recs, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := types(allEvents(t, st)); len(got) != 0 {
+				t.Fatalf("events = %v, want none: the record is the one the listing showed", got)
+			}
+			if n := queryInt(t, st.Reader(), `SELECT count(*) FROM tag_history`); n != 2 {
+				t.Fatalf("history rows = %d, want 2", n)
+			}
+			if got := queryString(t, st.Reader(), `SELECT digest FROM tags`); got != digest(1) {
+				t.Fatalf("digest = %s, want %s", got, digest(1))
+			}
+		})
+	}
+}

@@ -114,22 +114,16 @@ func (s *Store) ApplyTagPage(ctx context.Context, page []RepoTags) (need []TagRe
 		for _, rt := range page {
 			tags := lastByUID(rt.Tags, func(t Tag) string { return t.UID })
 			more, n, err := s.applyTags(ctx, tx, baseline, rt.Repo, tags)
-			if err != nil && len(page) > 1 {
-				err = fmt.Errorf("repo %s: %w", repoPath(rt.Repo), err)
-			}
 			if err != nil {
-				return 0, err
+				return 0, fmt.Errorf("apply %d tags of repo %s: %w", len(tags), repoPath(rt.Repo), err)
 			}
 			need = append(need, more...)
 			events += n
 		}
 		return events, nil
 	})
-	switch {
-	case err != nil && len(page) == 1:
-		return nil, 0, fmt.Errorf("apply %d tags of repo %s: %w", len(page[0].Tags), repoPath(page[0].Repo), err)
-	case err != nil:
-		return nil, 0, fmt.Errorf("apply a page of tags of %d repos: %w", len(page), err)
+	if err != nil {
+		return nil, 0, err
 	}
 	return need, events, nil
 }
