@@ -415,7 +415,7 @@ func TestCluster_ThreeNodes(t *testing.T) {
 	// matched it. A change makes a checkpoint after the restarted standby's
 	// own last publication, which it cannot be compared at (it holds what
 	// it published itself); without one, the next is a minute away.
-	sim.Step(2)
+	moveATag(t, sim)
 	var cpSeq string
 	testutil.WaitFor(t, 30*time.Second, "the standby and the follower to match the same checkpoint", func() bool {
 		cpSeq = metaOf(old.dbPath, "checkpoint_seq")

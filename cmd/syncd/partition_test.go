@@ -274,7 +274,7 @@ func (pw *partitionWorld) finish(leader, standby *node) string {
 	waitSameState(t, 30*time.Second, standby.dbPath, leader.dbPath)
 	waitSameMirror(t, 30*time.Second, pw.f.dbPath, leader.dbPath)
 	// A change makes a checkpoint after the replicas' last own publications.
-	pw.w.sim.Step(2)
+	moveATag(t, pw.w.sim)
 	var cpSeq string
 	testutil.WaitFor(t, 30*time.Second, "the standby and the follower to match the same checkpoint", func() bool {
 		cpSeq = metaOf(standby.dbPath, "checkpoint_seq")

@@ -438,6 +438,25 @@ func (w *world) converge(rcv *received, within time.Duration) {
 // changesOnly makes the simulator's scenario move, deprecate and create
 // tags and touch repos and advisories, but delete nothing, so every change
 // stays visible to the oracle.
+// moveATag moves an ordinary tag of sim to a new digest: a change every
+// crawl sees, where a random step may make none (an epoch tag created, a
+// family the replicas do not list), and a test waiting on the checkpoint
+// the change makes would wait on nothing (cluster-test, 2026-11-27).
+func moveATag(t *testing.T, sim *platformsim.Sim) {
+	t.Helper()
+	for _, tg := range sim.Truth().Tags {
+		if tg.Family != "" {
+			continue
+		}
+		d := fmt.Sprintf("sha256:%064x", time.Now().UnixNano())
+		if err := sim.MoveTag(tg.UID, d); err != nil {
+			t.Fatalf("move tag %s: %v", tg.UID, err)
+		}
+		return
+	}
+	t.Fatal("no ordinary tag to move")
+}
+
 func changesOnly() platformsim.Rates {
 	return platformsim.Rates{MoveTag: 80, Deprecate: 5, CreateTag: 5, UpdateRepo: 3, CreateAdvisory: 4, UpdateAdvisory: 3}
 }
