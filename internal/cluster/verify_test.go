@@ -338,3 +338,81 @@ func forgeTag(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 }
+
+// TestFollower_ABaselineReadOfATagListedAgain: during the leader's
+// baseline (announced as a snapshot) a tag is listed, its history read is
+// asked for, and a second listing shows it moved (which announces nothing)
+// before the read is stored. The leader keeps the second listing's digest,
+// with the move's record if the read found it (the listed digest just
+// after the listing the read was asked for). The follower, which has only
+// the first listing's tag.created and the read's history.recorded, must
+// end with the same tag and history: the mirrors' digests equal.
+func TestFollower_ABaselineReadOfATagListedAgain(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tag := store.Tag{UID: "g/r1/t", Name: "1.0", Digest: "sha256:a", CreateTime: t0, UpdateTime: t0.Add(time.Hour)}
+	moved := tag
+	moved.Digest, moved.UpdateTime = "sha256:b", t0.Add(2*time.Hour)
+	read := []store.HistoryRecord{{Time: t0, Digest: "sha256:0"}, {Time: tag.UpdateTime, Digest: tag.Digest}}
+	t.Run("TheMoveAmongTheRecords", func(t *testing.T) {
+		recs := append(read, store.HistoryRecord{Time: moved.UpdateTime, Digest: moved.Digest})
+		baselineReadOfATagListedAgain(t, tag, moved, recs)
+	})
+	t.Run("TheMoveAfterTheRecords", func(t *testing.T) {
+		baselineReadOfATagListedAgain(t, tag, moved, read)
+	})
+}
+
+func baselineReadOfATagListedAgain(t *testing.T, tag, moved store.Tag, recs []store.HistoryRecord) {
+	ctx := context.Background()
+	js := mustJetStream(t)
+	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute, Source: "test"}
+	if err := publish.EnsureStream(ctx, js, pcfg); err != nil {
+		t.Fatal(err)
+	}
+	lst, err := store.Open(ctx, filepath.Join(t.TempDir(), "leader.db"), store.Options{InitialEvents: "snapshot"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lst.Close() })
+	repo := store.Repo{UID: "g/r1", Name: "nginx", CreateTime: tag.CreateTime, UpdateTime: tag.CreateTime}
+	if _, err := lst.ApplyRepos(ctx, []store.Repo{repo}); err != nil {
+		t.Fatal(err)
+	}
+	need, _, err := lst.ApplyTags(ctx, repo, []store.Tag{tag})
+	if err != nil || len(need) != 1 {
+		t.Fatalf("first listing: %v, %d to read", err, len(need))
+	}
+	if _, _, err := lst.ApplyTags(ctx, repo, []store.Tag{moved}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lst.ApplyHistory(ctx, need[0], recs, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := lst.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := publish.NewRelay(js, lst, pcfg).Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, fst, _ := runFollower(t, js)
+	testutil.WaitFor(t, 10*time.Second, "the follower to hold the read's records", func() bool {
+		const q = `SELECT count(*) FROM tag_history`
+		return queryCount(t, fst, q) == queryCount(t, lst, q)
+	})
+	sameHistory(t, lst, fst)
+	var digest string
+	if err := fst.Reader().QueryRow(`SELECT digest FROM tags WHERE uid = ?`, tag.UID).Scan(&digest); err != nil {
+		t.Fatal(err)
+	}
+	if digest != moved.Digest {
+		t.Errorf("the follower's tag points at %s, want %s as the leader's second listing showed", digest, moved.Digest)
+	}
+	ld, lerr := lst.ReplicaDigest(ctx)
+	fd, ferr := fst.ReplicaDigest(ctx)
+	if lerr != nil || ferr != nil {
+		t.Fatal(lerr, ferr)
+	}
+	if diff := ld.Diff(fd); diff != "" {
+		t.Errorf("the mirrors' digests differ in %s", diff)
+	}
+}

@@ -45,6 +45,12 @@ type RecordedHistory struct {
 	Tag     string           `json:"tag"`
 	Path    string           `json:"path"`
 	Records []RecordedRecord `json:"records"`
+	// Digest is the tag's digest after the records, when it is not the
+	// last record's: a read during the baseline leaves the tag as its
+	// newest listing showed it, which may be past the records (the tag
+	// listed again, moved, before the read was stored). Empty otherwise,
+	// and in the events of a syncd before it.
+	Digest string `json:"digest,omitempty"`
 }
 
 // RecordedRecord is one record of RecordedHistory, at its position.
@@ -55,9 +61,13 @@ type RecordedRecord struct {
 }
 
 // recordedChange is the history.recorded event of records stored without
-// events, the first at position first, of the tag at path.
-func recordedChange(tag, path string, first int, records []HistoryRecord) change {
+// events, the first at position first, of the tag at path, which points at
+// digest after them.
+func recordedChange(tag, path string, first int, records []HistoryRecord, digest string) change {
 	d := RecordedHistory{Tag: tag, Path: path, Records: make([]RecordedRecord, len(records))}
+	if digest != records[len(records)-1].Digest {
+		d.Digest = digest
+	}
 	for i, r := range records {
 		d.Records[i] = RecordedRecord{Seq: first + i, Time: r.Time, Digest: r.Digest}
 	}

@@ -501,6 +501,7 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 	// Moves after these records that came first (a lost message published
 	// again by the leader's audit arrives after the later ones) are in
 	// tag_history already: the bookmark and digest go on over them.
+	recorded := len(fresh)
 	for seq := old.Count + len(fresh); ; seq++ {
 		r, ok := stored[seq]
 		if !ok {
@@ -509,10 +510,17 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 		fresh = append(fresh, r)
 	}
 	nb, last := bookmarkAfter(old, fresh), fresh[len(fresh)-1]
+	// The tag points where the leader's did after the records: the last
+	// one's digest, or the one the event names (a read during the
+	// leader's baseline leaves its tag as listed).
+	digest := last.Digest
+	if d.Digest != "" && len(fresh) == recorded {
+		digest = d.Digest
+	}
 	_, err = b.exec(
 		ctx,
 		`UPDATE tags SET history_last_time = ?1, history_last_count = ?2, history_count = ?3, history_last_digest = ?4,
-			digest = ?4,
+			digest = ?6,
 		update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END,
 		history_update_time = CASE WHEN update_time IS NULL OR update_time < ?1 THEN ?1 ELSE update_time END
 		WHERE uid = ?5`,
@@ -521,6 +529,7 @@ func (b *followBatch) appendRecorded(ctx context.Context, d RecordedHistory) err
 		nb.Count,
 		last.Digest,
 		d.Tag,
+		digest,
 	)
 	if err != nil {
 		return fmt.Errorf("move bookmark of tag %s: %w", d.Tag, err)

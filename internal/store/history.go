@@ -164,7 +164,13 @@ func (s *Store) applyHistories(ctx context.Context, tx *sql.Tx, baseline bool, u
 		// those made during the baseline in the places its listings
 		// leave free (crawler: spare reads).
 		if unannounced := unannouncedRecords(fresh, b.Count, quiet); unannounced > 0 {
-			recorded = append(recorded, recordedChange(ref.UID, cur.Path, b.Count, fresh[:unannounced]))
+			// The tag points at the last of them, but during the baseline,
+			// where it stays as listed (see the bookmarks' update below).
+			after := fresh[unannounced-1].Digest
+			if baseline {
+				after = st.Digest
+			}
+			recorded = append(recorded, recordedChange(ref.UID, cur.Path, b.Count, fresh[:unannounced], after))
 		}
 		if !baseline && b.Count == 0 && !st.baseline && !st.backfill && !st.deleted && (len(fresh) > 0 || u.Complete) {
 			// The tag's first read: it is announced now, as it was
