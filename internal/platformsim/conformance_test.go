@@ -396,6 +396,23 @@ func TestTagHistoryRules(t *testing.T) {
 				t.Fatalf("history=%v, want %d records ending at %s", h, smallScale().HistoryPerTag, tg.Digest)
 			}
 		}},
+		{name: "HistoryRule1_ARenamedRepoAtItsNewPathOnly", run: func(t *testing.T, e *env) {
+			tg, repoName := e.someTag("")
+			tok := e.registryToken("acme/"+repoName, testToken)
+			e.mustStatus(e.history("acme/"+repoName, tg.Name, tok, ""), http.StatusOK)
+			rename := e.do(http.MethodPatch, "/registry/v2/repos/"+tg.RepoUID+"?updateMask=name", testToken,
+				map[string]any{"name": "renamed"})
+			e.mustStatus(rename, http.StatusOK)
+			if r := e.history("acme/"+repoName, tg.Name, tok, ""); r.status != http.StatusNotFound {
+				t.Fatalf("history at the old path after the rename: %d %s, want 404", r.status, r.raw)
+			}
+			tok = e.registryToken("acme/renamed", testToken)
+			r := e.history("acme/renamed", tg.Name, tok, "")
+			e.mustStatus(r, http.StatusOK)
+			if h := historyOf(r); len(h) == 0 || str(h[len(h)-1], "digest") != tg.Digest {
+				t.Fatalf("history at the new path = %v, want it to end at %s", h, tg.Digest)
+			}
+		}},
 		{name: "HistoryRule1_PublicImageUnderPublicOrg", run: func(t *testing.T, e *env) {
 			pub := e.sim.Truth().PublicTags[0]
 			tok := e.registryToken("chainguard/"+pub.Image, "")

@@ -36,11 +36,21 @@ func (s *Sim) pathLocked(uid string) (string, bool) {
 // repoByPathLocked finds the organization's repo at a registry path.
 func (s *Sim) repoByPathLocked(path string) *repo {
 	last := path[strings.LastIndexByte(path, '/')+1:]
-	for _, rp := range s.repos {
+	at := func(rp *repo) bool {
 		if rp.name != last {
-			continue
+			return false
 		}
-		if p, ok := s.pathLocked(rp.uid); ok && p == path {
+		p, ok := s.pathLocked(rp.uid)
+		return ok && p == path
+	}
+	if v, ok := s.atPath.Load(path); ok {
+		if rp := v.(*repo); s.repos[rp.uid] == rp && at(rp) {
+			return rp
+		}
+	}
+	for _, rp := range s.repos {
+		if at(rp) {
+			s.atPath.Store(path, rp)
 			return rp
 		}
 	}
