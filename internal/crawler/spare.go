@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/syncd-dev/syncd/internal/platform"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -21,10 +22,14 @@ import (
 // newest update first, and what they read is out of the backfill. With a
 // rate, the listings take every request it allows, and nothing is read
 // before they end.
+//
+// The reads are the client's background work (platform.InBackground): a
+// place that frees goes to a listing's next page first, and the reads hold
+// all the places but listingPlaces, which the listings keep for when every
+// read is stalled.
 
-// listingPlaces are the places on the wire a baseline's listings keep: the
-// tag listing's and the advisories'.
-const listingPlaces = 2
+// listingPlaces are the places on the wire no spare read takes.
+const listingPlaces = 1
 
 // spareCap bounds the tags waiting for a spare read: the newest ones are
 // kept; those dropped are the backfill's.
@@ -171,14 +176,19 @@ func (c *Crawler) readSpare(ctx context.Context, q *spareQueue, places int, s *s
 		case <-gctx.Done():
 		}
 	}()
-	slots := semaphore.NewWeighted(int64(places))
+	// Twice as many reads go as they have places, as in the backfill
+	// (Crawler.histories): the one waiting for a place takes it the moment
+	// a request ends, where one started then left the place empty while
+	// it was dispatched (the places 13 of 16 busy during the listings).
+	slots := semaphore.NewWeighted(int64(2 * places))
+	bg := platform.InBackground(gctx, places)
 	for {
 		ref, ok := q.next(gctx)
 		if !ok || slots.Acquire(gctx, 1) != nil {
 			break
 		}
 		// The read's place goes back when its request ends, not its commit.
-		if c.startHistoryRead(gctx, g, ref, s, func() { slots.Release(1) }, func(err error) error {
+		if c.startHistoryRead(bg, g, ref, s, func() { slots.Release(1) }, func(err error) error {
 			q.ended(ref.UID)
 			// A read cut short by the end of the listings did not fail;
 			// any other error is the crawl's.

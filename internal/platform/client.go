@@ -84,9 +84,9 @@ type Client struct {
 	registry *url.URL
 	limiter  *rate.Limiter
 	log      *slog.Logger
-	// inFlight holds a token per request on the wire, when MaxInFlight
-	// bounds them; nil otherwise.
-	inFlight chan struct{}
+	// inFlight bounds the requests on the wire, when MaxInFlight does;
+	// nil otherwise.
+	inFlight *places
 
 	requests atomic.Int64
 	retries  atomic.Int64
@@ -179,7 +179,7 @@ func New(cfg Config) (*Client, error) {
 		warnRetries: rate.Sometimes{First: 1, Interval: time.Minute},
 	}
 	if cfg.MaxInFlight > 0 {
-		c.inFlight = make(chan struct{}, cfg.MaxInFlight)
+		c.inFlight = newPlaces(cfg.MaxInFlight)
 	}
 	return c, nil
 }
@@ -189,17 +189,12 @@ func New(cfg Config) (*Client, error) {
 func (c *Client) MaxInFlight() int { return c.cfg.MaxInFlight }
 
 // enter waits for a place on the wire, when MaxInFlight bounds them, and
-// returns the func that gives it back.
+// returns the func that gives it back (see InBackground).
 func (c *Client) enter(ctx context.Context) (func(), error) {
 	if c.inFlight == nil {
 		return func() {}, nil
 	}
-	select {
-	case c.inFlight <- struct{}{}:
-		return sync.OnceFunc(func() { <-c.inFlight }), nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+	return c.inFlight.enter(ctx)
 }
 
 // Requests returns how many HTTP requests the client has sent, retries included.
