@@ -75,6 +75,9 @@ type Crawler struct {
 	commits    *historyCommitter
 	// reading counts the history reads whose request is under way.
 	reading atomic.Int64
+	// waitingForBaseline counts the pushes' refreshes waiting for the end
+	// of the baseline (afterBaseline).
+	waitingForBaseline atomic.Int64
 	// advisoriesListed is when a crawl last listed every advisory (unix
 	// nanoseconds of cfg.Now), as a baseline crawl does.
 	advisoriesListed atomic.Int64

@@ -201,7 +201,12 @@ func TestRefreshTag_ByRegistryPath(t *testing.T) {
 	if plain.UID == "" || epoch.UID == "" {
 		t.Fatalf("no plain and epoch tags in a nested repo: %+v", truth.Tags)
 	}
-	// Not mirrored yet: found by listing the repos of that name.
+	// Not mirrored yet: found by listing the repos of that name. (Past the
+	// baseline of an empty listing: a push during the baseline waits for
+	// its end.)
+	if err := h.store.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := h.crawler.RefreshTag(ctx, "acme/"+path, plain.Name); err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +268,11 @@ func TestCrawl_CredentialFailureIsNotAScopeFailure(t *testing.T) {
 		t.Errorf("%d scope failures recorded for a credential that could not be had", n)
 	}
 
-	// A push before the first crawl of a fresh crawler, whose read fails.
+	// A push before the first crawl of a fresh crawler, whose read fails
+	// (the mirror past its baseline: a push during it waits for its end).
+	if err := h.store.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
 	truth := h.sim.Truth()
 	h.sim.AddFaults(platformsim.Fault{Name: "gone", Image: "acme/" + truth.Repos[0].Path, Status: 404})
 	fresh := crawler.New(h.client, h.store, crawler.Config{Group: "org1"})

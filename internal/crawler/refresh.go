@@ -13,9 +13,31 @@ import (
 // scheduled crawl rather than after it, so a push reaches NATS in seconds;
 // the store's transactions make overlapping reads of the same tag harmless
 // (ApplyHistory drops what it already has).
+//
+// A push during the baseline waits for its end (afterBaseline): the
+// baseline's listings are its starting point, and a change after a tag's
+// listing is news, which a refresh made then would take in silently, with
+// its history read up to the move, so that no event announced it (not even
+// with initial_events = "snapshot", where the tag's created event carried
+// its state before the move).
+
+// afterBaseline waits until the mirror is past its baseline.
+func (c *Crawler) afterBaseline(ctx context.Context, what string) error {
+	in, err := c.store.InBaseline(ctx)
+	if err != nil || !in {
+		return err
+	}
+	c.log.Debug("a push waits for the end of the baseline's listings", "refresh", what)
+	c.waitingForBaseline.Add(1)
+	defer c.waitingForBaseline.Add(-1)
+	return c.store.WaitBaselineOver(ctx)
+}
 
 // RefreshRepos re-reads the repo list.
 func (c *Crawler) RefreshRepos(ctx context.Context) error {
+	if err := c.afterBaseline(ctx, "repos"); err != nil {
+		return err
+	}
 	_, err := c.listRepos(ctx, &summary{})
 	return err
 }
@@ -23,6 +45,9 @@ func (c *Crawler) RefreshRepos(ctx context.Context) error {
 // RefreshRepo re-reads one repo and its tags, and the history of the tags
 // that changed.
 func (c *Crawler) RefreshRepo(ctx context.Context, repoUID string) error {
+	if err := c.afterBaseline(ctx, "repo "+repoUID); err != nil {
+		return err
+	}
 	r, err := c.client.GetRepo(ctx, repoUID)
 	if err != nil {
 		if platform.IsNotFound(err) {
@@ -53,6 +78,9 @@ func (c *Crawler) RefreshTag(ctx context.Context, repo, tag string) error {
 	if !c.cfg.Families.Includes(tag) {
 		c.log.Debug("push for a tag of a family not mirrored", "repo", repo, "tag", tag)
 		return nil
+	}
+	if err := c.afterBaseline(ctx, "tag "+repo+":"+tag); err != nil {
+		return err
 	}
 	r, err := c.resolveRepo(ctx, repo)
 	if err != nil || r == nil {

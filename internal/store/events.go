@@ -225,7 +225,35 @@ func (s *Store) EndBaseline(ctx context.Context) error {
 	// the tags' histories are known now, and mature.
 	s.signal()
 	s.signalHistory()
+	s.endBaselineOnce.Do(func() { close(s.baselineOver) })
 	return nil
+}
+
+// baselineRecheck is how often WaitBaselineOver reads the baseline's state
+// again without a word from EndBaseline: a mirror's baseline can also end
+// otherwise (a follower's, from the stream).
+const baselineRecheck = 5 * time.Second
+
+// WaitBaselineOver returns once the mirror is past its baseline (at once
+// if it is), or with ctx's error when ctx ends first.
+func (s *Store) WaitBaselineOver(ctx context.Context) error {
+	over := s.baselineOver
+	for {
+		in, err := s.InBaseline(ctx)
+		if err != nil || !in {
+			return err
+		}
+		t := time.NewTimer(baselineRecheck)
+		select {
+		case <-over:
+			over = nil // told once; the timer from now on
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		t.Stop()
+	}
 }
 
 // InBaseline reports whether the first complete crawl has yet to finish.

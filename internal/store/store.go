@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -94,6 +95,10 @@ type Store struct {
 	notify   chan struct{}
 	// history receives a value after a write of history (HistoryWritten).
 	history chan struct{}
+	// baselineOver is closed once EndBaseline has ended the baseline
+	// (WaitBaselineOver).
+	baselineOver    chan struct{}
+	endBaselineOnce sync.Once
 	// beforeCommit is Options.BeforeCommit.
 	beforeCommit func(ctx context.Context) error
 	onEvents     func(map[string]int)
@@ -144,7 +149,8 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		notify: make(
 			chan struct{},
 			1,
-		), history: make(chan struct{}, 1), beforeCommit: opts.BeforeCommit, onEvents: opts.OnEvents}
+		), history: make(chan struct{}, 1), baselineOver: make(chan struct{}),
+		beforeCommit: opts.BeforeCommit, onEvents: opts.OnEvents}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, explain(path, err))
