@@ -201,7 +201,7 @@ type Sim struct {
 	ranked      rankedListings // rankings of listings under way (paginateCached)
 	// atPath remembers the repo last found at each registry path
 	// (repoByPathLocked), checked again at every use: a path lookup
-	// scanned every repo, a tenth of the simulator's CPU in a
+	// scanned every repo: a fifth of the simulator's CPU in a
 	// latency-bound sync of 1,000 repos.
 	atPath sync.Map // string → *repo
 }
