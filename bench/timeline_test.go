@@ -247,9 +247,14 @@ func BenchmarkLatency(b *testing.B) {
 	}
 	defer l.Close()
 	o.sim.SetFaults(platformsim.Fault{Pattern: "*", RespondAfter: p.Latency})
+	stop, err := startProfile(os.Getenv("BENCH_LATENCYPROFILE"))
+	if err != nil {
+		b.Fatal(err)
+	}
 	tr.start = time.Now()
 	cpu0 := selfCPU()
 	res, err := syncOnce(ctx, o, l)
+	stop()
 	if err != nil {
 		b.Fatal(err)
 	}
