@@ -171,9 +171,15 @@ func (s *Store) appendEvents(ctx context.Context, tx *sql.Tx, cs []change) (int,
 		if c.data != nil {
 			v = c.data
 		}
-		data, err := json.Marshal(v)
-		if err != nil {
-			return 0, fmt.Errorf("encode %s event of %s: %w", c.typ, c.subject, err)
+		data, ok := []byte(nil), false
+		if d, recorded := c.data.(RecordedHistory); recorded {
+			data, ok = d.appendJSON(make([]byte, 0, 64+len(d.Tag)+len(d.Path)+160*len(d.Records)))
+		}
+		if !ok {
+			var err error
+			if data, err = json.Marshal(v); err != nil {
+				return 0, fmt.Errorf("encode %s event of %s: %w", c.typ, c.subject, err)
+			}
 		}
 		resource, action, _ := strings.Cut(c.typ, ".")
 		args = append(args, eventID(c.typ, c.subject, c.disc), c.typ, resource, action, c.scope, c.subject,
