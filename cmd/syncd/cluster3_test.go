@@ -542,7 +542,7 @@ func streamIDs(
 		if err := json.Unmarshal(m.Data, &ev); err != nil {
 			t.Fatalf("stream message %d: %v", seq, err)
 		}
-		if ev.Type != publish.CheckpointType && publish.Reserved(m.Subject) {
+		if ev.Type != publish.CheckpointType && publish.Reserved("syncd", m.Subject) {
 			continue // term markers and snapshot records: unsigned, and no replica acts on them
 		}
 		if m.Header.Get(signing.Header) == "" {

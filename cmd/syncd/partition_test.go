@@ -347,7 +347,7 @@ func streamReceived(ctx context.Context, t *testing.T, js jetstream.JetStream) *
 		if err := json.Unmarshal(m.Data, &ev); err != nil {
 			t.Fatalf("stream message %d: %v", seq, err)
 		}
-		if publish.Reserved(m.Subject) {
+		if publish.Reserved("syncd", m.Subject) {
 			continue // checkpoints, term markers, snapshot records: no events
 		}
 		rcv.total++

@@ -1162,8 +1162,8 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 			break
 		}
 		seq = m.Sequence + 1
-		checkpoint := strings.HasSuffix(m.Subject, "."+publish.CheckpointToken)
-		if publish.Reserved(m.Subject) && !checkpoint {
+		checkpoint := m.Subject == publish.CheckpointSubject(f.cfg.SubjectPrefix)
+		if publish.Reserved(f.cfg.SubjectPrefix, m.Subject) && !checkpoint {
 			continue // term markers and snapshot records apply nothing
 		}
 		if err := f.verify(m.Subject, m.Header, m.Data); err != nil {
@@ -1260,7 +1260,8 @@ func (b *pulled) collect(ctx context.Context, batch jetstream.MessageBatch, f *F
 		if md, err := m.Metadata(); err == nil {
 			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream
 		}
-		if !strings.HasSuffix(m.Subject(), "."+publish.CheckpointToken) && publish.Reserved(m.Subject()) {
+		checkpoint := m.Subject() == publish.CheckpointSubject(f.cfg.SubjectPrefix)
+		if !checkpoint && publish.Reserved(f.cfg.SubjectPrefix, m.Subject()) {
 			// A lease term's marker or a snapshot's record: nothing to
 			// apply, so nothing to verify (the leader does not sign
 			// them); acknowledged with the batch.
@@ -1275,7 +1276,7 @@ func (b *pulled) collect(ctx context.Context, batch jetstream.MessageBatch, f *F
 			}
 			continue
 		}
-		if strings.HasSuffix(m.Subject(), "."+publish.CheckpointToken) {
+		if checkpoint {
 			cp, err := publish.DecodeCheckpoint(m.Data())
 			if err != nil || seq == 0 {
 				log.Warn("not a syncd checkpoint; set aside, never to be retried", "stream_seq", seq, "subject", m.Subject(),

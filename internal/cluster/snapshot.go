@@ -906,6 +906,9 @@ func (r restorer) restoreOne(
 		}
 		object, hash, bound = info.manifest.object, false, raw
 	}
+	if err := r.checkChunks(ctx, obj, info.Name); err != nil {
+		return 0, err
+	}
 	sum, err := downloadWatched(ctx, obj, info.Name, path, info.Bytes, bound, object, hash)
 	if err != nil {
 		return 0, err
@@ -931,6 +934,39 @@ func (r restorer) restoreOne(
 		return took, fmt.Errorf("%w: restore snapshot %s: %w", errSnapshotRefused, info.Name, err)
 	}
 	return took, nil
+}
+
+// checkChunks refuses (errSnapshotRefused) the object name of obj when its
+// bucket's stream holds none of its chunks, or fewer than its description
+// counts: an object whose chunks were lost or purged, or a description
+// planted without them. Its download would wait for a first chunk that
+// never comes, and be given up as the link's failure (errDownloadFailed),
+// not the snapshot's: every attempt would stop at it, never trying the
+// older snapshot, and a follower with an empty mirror never followed the
+// stream. (An object missing only some chunks ends early, and fails its
+// digest.) A lookup that fails is the download's failure, as before.
+func (r restorer) checkChunks(ctx context.Context, obj jetstream.ObjectStore, name string) error {
+	oi, err := obj.GetInfo(ctx, name)
+	if err != nil {
+		return downloadErr(ctx, fmt.Errorf("snapshot %s: %w", name, err))
+	}
+	if oi.Size == 0 {
+		return nil // nothing to read; CheckSnapshot refuses an empty file
+	}
+	stream, subject := "OBJ_"+r.bucket, "$O."+r.bucket+".C."+oi.NUID
+	st, err := r.js.Stream(ctx, stream)
+	var si *jetstream.StreamInfo
+	if err == nil {
+		si, err = st.Info(ctx, jetstream.WithSubjectFilter(subject))
+	}
+	if err != nil {
+		return downloadErr(ctx, fmt.Errorf("snapshot %s: count its chunks: %w", name, err))
+	}
+	if n := si.State.Subjects[subject]; n == 0 || n < uint64(oi.Chunks) {
+		return fmt.Errorf("%w: snapshot %s: the bucket holds %d of its %d chunks (%d bytes)", errSnapshotRefused, name,
+			n, oi.Chunks, oi.Size)
+	}
+	return nil
 }
 
 // download writes the decompressed object name of obj to path, 0600, and

@@ -454,3 +454,78 @@ func restoringFollower(t *testing.T, js jetstream.JetStream) (*cluster.Follower,
 	}
 	return f, follower
 }
+
+// TestSnapshot_ATruncatedSnapshotIsPassedOver: the newest snapshot in the
+// bucket has its object's description but none of its chunks (lost, or
+// purged: nothing of it can ever be read). A follower with an empty
+// mirror passes it over for the older genuine one, as it does a damaged
+// one, instead of failing on it at every attempt, never restoring the
+// older one nor following the stream.
+func TestSnapshot_ATruncatedSnapshotIsPassedOver(t *testing.T) {
+	defer cluster.SetDownloadStall(500 * time.Millisecond)()
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	leader.change(3)
+	leader.publish()
+	snaps := cluster.NewSnapshotter(js, leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 10, Dir: t.TempDir()})
+	genuine, err := snaps.Write(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader.change(2)
+	leader.publish()
+	newer, err := snaps.Write(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The newer one's chunks are gone; its description stays.
+	obj, err := js.ObjectStore(ctx, "snaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oi, err := obj.GetInfo(ctx, newer.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objStream, err := js.Stream(ctx, "OBJ_snaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := objStream.Purge(ctx, jetstream.WithPurgeSubject("$O.snaps.C."+oi.NUID)); err != nil {
+		t.Fatal(err)
+	}
+
+	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { follower.Close() })
+	var rej reasonCounts
+	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
+		MaxWait: 200 * time.Millisecond, SnapshotBucket: "snaps", SnapshotDir: t.TempDir(), OnReject: rej.add})
+	// A standby's catch-up, or Run, tries again and again; a few attempts
+	// show whether one ever gets past the truncated snapshot.
+	var errs []error
+	for range 3 {
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := f.CatchUp(cctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 3 {
+		t.Fatalf("every catch-up failed on the truncated snapshot: %v", errs)
+	}
+	if got := f.Restored().Name; got != genuine.Name {
+		t.Errorf("restored %q, want the older genuine %q", got, genuine.Name)
+	}
+	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
+		t.Errorf("the follower differs from the leader:\nleader:\n%s\nfollower:\n%s", l, fo)
+	}
+	if got := rej.get(); got[cluster.RejectSnapshot] != 1 {
+		t.Errorf("reasonCounts %v, want one snapshot", got)
+	}
+}

@@ -80,13 +80,16 @@ const TermType = TypePrefix + "term"
 // TermSubject is where the term markers of the event stream go.
 func TermSubject(prefix string) string { return prefix + "." + TermToken }
 
-// Reserved reports whether subject is one of syncd's control records on the
-// event stream rather than a resource's event: a last token that begins
-// with "_" (checkpoints, term markers, snapshot records), which no
-// resource's event subject has.
-func Reserved(subject string) bool {
-	i := strings.LastIndexByte(subject, '.')
-	return strings.HasPrefix(subject[i+1:], "_")
+// Reserved reports whether subject, under prefix, is one of syncd's control
+// records on the event stream rather than a resource's event: one token
+// after the prefix, beginning with "_" (<prefix>._checkpoint, ._term,
+// ._term_i, ._snapshot). A resource's event has three tokens after the
+// prefix, <resource>.<action>.<scope>, and its last, the escaped scope,
+// may begin with "_" too (EscapeToken keeps it): a repo named "_internal"
+// is no control record.
+func Reserved(prefix, subject string) bool {
+	rest, ok := strings.CutPrefix(subject, prefix+".")
+	return ok && strings.HasPrefix(rest, "_") && !strings.Contains(rest, ".")
 }
 
 // ErrFenced is the error of a write the fence refused: another replica's
