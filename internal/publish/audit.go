@@ -27,7 +27,10 @@ import (
 // lost (a DeleteMsg does not forget it) and drops a re-publish as a
 // duplicate. A re-publish it drops all the same (its clock or window
 // differ from what the audit read) is not counted as repaired: the audit
-// stops before that event and tries again at the next audit.
+// holds that event (meta audit_held) and tries again at the next audit.
+// So does it hold an event it repaired: its copy, and the later events
+// moved behind it, are at the stream's tail, which a crash before the
+// server's next fsync loses, and the next audit must find them there.
 //
 // A re-published event lands after the later events of its resource, and
 // a reader of the stream applies the last it reads: so the later events
@@ -41,7 +44,8 @@ type AuditStore interface {
 	AuditEvents(ctx context.Context, after int64, limit int) ([]store.AuditEvent, error)
 	ResourceEvents(ctx context.Context, subject string, from int64) ([]store.AuditEvent, error)
 	AuditPosition(ctx context.Context) (int64, error)
-	SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64) error
+	AuditHeld(ctx context.Context) ([]int64, error)
+	SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64, held []int64) error
 }
 
 // AuditConfig configures an Auditor.
@@ -173,7 +177,12 @@ type audit struct {
 	window  time.Duration
 	cutoff  time.Time // events published after it are not audited yet
 	retains time.Time // events published before it are past what the stream retains
-	rep     AuditReport
+	held    []int64   // events before the position a later audit looks at again
+	// first and firstSeq are the time and sequence of the stream's first
+	// message (firstSeq 0: the stream is empty).
+	first    time.Time
+	firstSeq uint64
+	rep      AuditReport
 }
 
 // Audit checks the events published since the last audit, from where it
@@ -184,6 +193,18 @@ func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
 	au, err := a.begin(ctx)
 	if err != nil {
 		return AuditReport{}, err
+	}
+	// The events before the position that an earlier audit held: their
+	// repair waited, or their copies were to be found again.
+	if len(au.held) > 0 {
+		held, err := au.recheck(ctx, au.held)
+		if err != nil {
+			return au.rep, err
+		}
+		au.held = held
+		if err := a.st.SetAuditPosition(ctx, au.rep.Position, au.rep.StreamSeq, au.held); err != nil {
+			return au.rep, err
+		}
 	}
 	for {
 		if err := a.yield(ctx); err != nil {
@@ -203,17 +224,19 @@ func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
 		if n == 0 {
 			break
 		}
-		end, err := au.check(ctx, evs[:n])
+		// The position moves past the events checked; those that a later
+		// audit must look at again are held, so that one resource whose
+		// repair waits does not keep the audit from every event after it.
+		held, err := au.check(ctx, evs[:n])
 		if err != nil {
 			return au.rep, err
 		}
-		if end > au.rep.Position {
-			au.rep.Position = end
-			if err := a.st.SetAuditPosition(ctx, end, au.rep.StreamSeq); err != nil {
-				return au.rep, err
-			}
+		au.held = append(au.held, held...)
+		au.rep.Position = evs[n-1].Seq
+		if err := a.st.SetAuditPosition(ctx, au.rep.Position, au.rep.StreamSeq, au.held); err != nil {
+			return au.rep, err
 		}
-		if end < evs[n-1].Seq || n < len(evs) || len(evs) < a.cfg.Batch {
+		if n < len(evs) || len(evs) < a.cfg.Batch {
 			break
 		}
 	}
@@ -246,6 +269,10 @@ func (a *Auditor) begin(ctx context.Context) (*audit, error) {
 	if err != nil {
 		return nil, err
 	}
+	held, err := a.st.AuditHeld(ctx)
+	if err != nil {
+		return nil, err
+	}
 	s, err := a.js.Stream(ctx, a.cfg.Stream)
 	if err != nil {
 		return nil, fmt.Errorf("audit: look up stream %s: %w", a.cfg.Stream, err)
@@ -258,6 +285,7 @@ func (a *Auditor) begin(ctx context.Context) (*audit, error) {
 		a:      a,
 		stream: s,
 		window: info.Config.Duplicates,
+		held:   held,
 		rep:    AuditReport{Position: pos, StreamSeq: info.State.LastSeq},
 	}
 	margin := a.cfg.Margin
@@ -278,6 +306,7 @@ func (a *Auditor) begin(ctx context.Context) (*audit, error) {
 	if info.State.Msgs > 0 {
 		// Publication times are kept to the millisecond.
 		au.retains = info.State.FirstTime.Truncate(time.Millisecond)
+		au.first, au.firstSeq = info.State.FirstTime, info.State.FirstSeq
 	}
 	if age := info.Config.MaxAge; age > 0 {
 		au.retains = later(au.retains, now.Add(-age+readSlack))
@@ -293,9 +322,8 @@ func later(a, b time.Time) time.Time {
 }
 
 // check looks for evs, in seq order, on the stream, repairs what it lacks
-// and returns the seq up to which every event is on the stream.
-func (au *audit) check(ctx context.Context, evs []store.AuditEvent) (int64, error) {
-	end := evs[len(evs)-1].Seq
+// and returns the seqs of the events a later audit must look at again.
+func (au *audit) check(ctx context.Context, evs []store.AuditEvent) ([]int64, error) {
 	want := make(map[string]bool, len(evs))
 	from := time.Time{}
 	for _, e := range evs {
@@ -309,11 +337,11 @@ func (au *audit) check(ctx context.Context, evs []store.AuditEvent) (int64, erro
 	}
 	au.rep.Checked += len(want)
 	if len(want) == 0 {
-		return end, nil
+		return nil, nil
 	}
 	found, err := au.scan(ctx, byTime(from.Add(-au.a.cfg.Slack)), au.rep.StreamSeq, want)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	// The first missing event of each resource, in seq order.
 	var first []store.AuditEvent
@@ -325,16 +353,18 @@ func (au *audit) check(ctx context.Context, evs []store.AuditEvent) (int64, erro
 		}
 	}
 	if len(first) == 0 {
-		return end, nil
+		return nil, nil
 	}
-	return au.repair(ctx, first, end)
+	return au.repair(ctx, first)
 }
 
 // repair publishes again the missing events of the resources of first
 // (each resource's first missing event) and moves their later events
-// behind them. It returns the seq up to which every event is on the
-// stream: end, or less when a repair waits.
-func (au *audit) repair(ctx context.Context, first []store.AuditEvent, end int64) (int64, error) {
+// behind them. It returns the seqs of the events a later audit must look
+// at again: those whose repair waits, and those it repaired, whose copies
+// (and the later events it moved behind them) are at the stream's tail,
+// which a crash before the server's next fsync loses.
+func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]int64, error) {
 	// The resources' events from their first missing one on, looked for
 	// from a duplicate window before it: a message stored then and
 	// acknowledged again as a duplicate of itself is marked that late.
@@ -344,7 +374,7 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent, end int64
 	for i, f := range first {
 		evs, err := au.a.st.ResourceEvents(ctx, f.Subject, f.Seq)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		tails[i] = evs
 		for _, e := range evs {
@@ -354,27 +384,89 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent, end int64
 			from = f.Published
 		}
 	}
-	found, err := au.scan(ctx, byTime(from.Add(-au.window-au.a.cfg.Slack)), au.rep.StreamSeq, want)
+	start := from.Add(-au.window - au.a.cfg.Slack)
+	found, err := au.scan(ctx, byTime(start), au.rep.StreamSeq, want)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	hold := end + 1
+	// A mirror may have marked an event published long after the stream
+	// stored it: a standby that caught up from the stream marks what it
+	// applies at its apply time, and audits its whole log when it first
+	// leads. What the read from the publication times did not find is
+	// looked for from the stream's first message before it is taken for
+	// lost, or the audit would put a second copy on the stream.
+	if au.firstSeq > 0 && au.first.Before(start) {
+		missing := map[string]bool{}
+		for id := range want {
+			if !found[id].ok() {
+				missing[id] = true
+			}
+		}
+		if len(missing) > 0 {
+			more, err := au.scan(ctx, bySeq(au.firstSeq), au.rep.StreamSeq, missing)
+			if err != nil {
+				return nil, err
+			}
+			for id, pos := range more {
+				found[id] = pos
+			}
+		}
+	}
+	var held []int64
 	for _, tail := range tails {
 		at, err := au.repairResource(ctx, tail, found)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		if at > 0 {
-			hold = min(hold, at)
+			held = append(held, at)
 		}
 	}
-	return min(end, hold-1), nil
+	return held, nil
+}
+
+// recheck looks again at the held events, each with the later events of
+// its resource, and returns those still held.
+func (au *audit) recheck(ctx context.Context, held []int64) ([]int64, error) {
+	var still []int64
+	done := map[string]bool{}
+	for _, seq := range held {
+		evs, err := au.a.st.AuditEvents(ctx, seq-1, 1)
+		if err != nil {
+			return nil, err
+		}
+		if len(evs) == 0 || evs[0].Seq != seq || done[evs[0].Subject] {
+			continue // pruned from the log, or looked at with its resource
+		}
+		done[evs[0].Subject] = true
+		tail, err := au.a.st.ResourceEvents(ctx, evs[0].Subject, seq)
+		if err != nil {
+			return nil, err
+		}
+		// A resource with events still too young to move behind a repair
+		// stays held, without a read of the stream.
+		n := 0
+		for n < len(tail) && !tail[n].Published.IsZero() && !tail[n].Published.After(au.cutoff) {
+			n++
+		}
+		if n < len(tail) {
+			still = append(still, seq)
+			continue
+		}
+		again, err := au.check(ctx, tail)
+		if err != nil {
+			return nil, err
+		}
+		still = append(still, again...)
+	}
+	return still, nil
 }
 
 // repairResource repairs one resource from its events tail (in seq order,
 // from the first the first read missed), found being where the stream has
-// them. It returns 0, or the seq of an event that is not on the stream
-// yet, before which the audit's position stays.
+// them. It returns 0, or the seq of the resource's first event that a
+// later audit must look at again (its repair waits, or its copies are to
+// be found on the stream).
 func (au *audit) repairResource(
 	ctx context.Context,
 	tail []store.AuditEvent,
@@ -443,7 +535,7 @@ func (au *audit) repairResource(
 			au.rep.Duplicates++
 			a.log.Warn("stream lacks an event, but JetStream dropped it again as a duplicate; trying again at the next audit",
 				"id", e.ID, "type", e.Type, "seq", e.Seq, "window", au.window.String())
-			return e.Seq, nil
+			return tail[0].Seq, nil
 		}
 		lastCopy = ack.Sequence
 		if pos.ok() {
@@ -466,7 +558,9 @@ func (au *audit) repairResource(
 			a.cfg.OnRepaired(e.Event)
 		}
 	}
-	return 0, au.behindCopies(ctx, tail[len(tail)-1], lastCopy)
+	// Held: the next audit finds the copies on the stream, or publishes
+	// again what it lost of them.
+	return tail[0].Seq, au.behindCopies(ctx, tail[len(tail)-1], lastCopy)
 }
 
 // behindCopies deletes the events of last's resource recorded after last

@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -19,6 +21,12 @@ import (
 const (
 	AuditSeqKey       = "audit_event_seq"
 	AuditStreamSeqKey = "audit_stream_seq"
+	// AuditHeldKey holds the seqs, comma-separated, of the events before
+	// the position that a later audit must look at again: a lost event
+	// whose repair waits (its resource's later events still in the
+	// duplicate window, a re-publish dropped as a duplicate), and a
+	// repaired one, whose copies the stream may lose before it syncs them.
+	AuditHeldKey = "audit_held"
 )
 
 // AuditEvent is an event of the log and when JetStream acknowledged it.
@@ -148,13 +156,38 @@ func (s *Store) AuditPosition(ctx context.Context) (int64, error) {
 	return seq, nil
 }
 
+// AuditHeld returns the seqs of the events before the audit's position
+// that the next audit looks at again, in seq order.
+func (s *Store) AuditHeld(ctx context.Context) ([]int64, error) {
+	v, err := s.meta(ctx, s.r, AuditHeldKey)
+	if err != nil || v == "" {
+		return nil, err
+	}
+	var held []int64
+	for _, f := range strings.Split(v, ",") {
+		seq, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("meta %s: %w", AuditHeldKey, err)
+		}
+		held = append(held, seq)
+	}
+	slices.Sort(held)
+	return slices.Compact(held), nil
+}
+
 // SetAuditPosition records that the stream audit checked the events up to
-// seq, reading the stream up to its sequence streamSeq.
-func (s *Store) SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64) error {
+// seq, reading the stream up to its sequence streamSeq, but for those of
+// held, which the next audit looks at again.
+func (s *Store) SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64, held []int64) error {
+	list := make([]string, len(held))
+	for i, h := range held {
+		list[i] = strconv.FormatInt(h, 10)
+	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		for k, v := range map[string]string{
 			AuditSeqKey:       strconv.FormatInt(seq, 10),
 			AuditStreamSeqKey: strconv.FormatUint(streamSeq, 10),
+			AuditHeldKey:      strings.Join(list, ","),
 		} {
 			if _, err := tx.ExecContext(
 				ctx,

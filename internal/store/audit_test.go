@@ -66,7 +66,7 @@ func TestAuditEvents(t *testing.T) {
 	if pos, err := st.AuditPosition(ctx); err != nil || pos != 0 {
 		t.Errorf("AuditPosition = %d, %v; want 0 before any audit", pos, err)
 	}
-	if err := st.SetAuditPosition(ctx, evs[1].Seq, 7); err != nil {
+	if err := st.SetAuditPosition(ctx, evs[1].Seq, 7, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Close(); err != nil {

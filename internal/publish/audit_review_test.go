@@ -1,0 +1,186 @@
+package publish_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
+	"github.com/syncd-dev/syncd/internal/testutil"
+)
+
+// streamSeqs maps the Nats-Msg-Id of every message on the stream to its
+// stream sequence.
+func streamSeqs(t *testing.T, w *auditWorld, n int) map[string]uint64 {
+	t.Helper()
+	seqOf := map[string]uint64{}
+	for _, m := range consumeAll(t, w.conn.JS, n) {
+		seqOf[first(m.Header, jetstream.MsgIDHeader)] = m.StreamSeq
+	}
+	return seqOf
+}
+
+// TestAuditor_ACopyLostBeforeItWasDurableIsRepaired: the audit repairs a
+// lost tag creation, which deletes the tag's move (durable, long on the
+// stream) and publishes both again at the stream's tail. JetStream then
+// loses that tail, as a crash before its next fsync does (the very fault
+// the audit is for). The audit must see it: the copies were never checked
+// once older than the window, as the documented contract has every
+// published message checked. Before the fix, the position had moved past
+// both events at the repair, and the tag's creation and its move (which
+// the stream had not lost) were gone for good.
+func TestAuditor_ACopyLostBeforeItWasDurableIsRepaired(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "again", 1, 1) // the repo, then its tag's creation
+	w.flush(t)
+	w.p.moveAll(ctx, 1) // the tag's move
+	w.flush(t)
+	stored := storedEvents(t, w.st)
+	seqOf := streamSeqs(t, w, len(stored))
+	creation := stored[1]
+	w.deleteMsgs(t, seqOf[creation.ID])
+
+	au := w.auditor(time.Now)
+	testutil.WaitFor(t, 20*time.Second, "an audit to publish the lost creation again", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return w.repaired.Load() >= 1
+	})
+	// The tail the repair wrote (the creation and the move behind it) is
+	// lost before it was synced.
+	var tail []uint64
+	for _, seq := range streamSeqs(t, w, len(stored)) {
+		if seq > uint64(len(stored)) {
+			tail = append(tail, seq)
+		}
+	}
+	if len(tail) != len(stored)-1 {
+		t.Fatalf("the repair wrote %d messages, want the tag's %d events", len(tail), len(stored)-1)
+	}
+	w.deleteMsgs(t, tail...)
+
+	testutil.WaitFor(t, 20*time.Second, "an audit to publish the lost copies again", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s, err := w.conn.JS.Stream(ctx, testStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs == uint64(len(stored))
+	})
+	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(stored)), stored)
+}
+
+// TestAuditor_ADeferredRepairDoesNotStopTheAudit: a tag whose creation the
+// stream lost changes again within the duplicate window (a tag that moves
+// more often than the window, `latest`, keeps it so): its repair waits, as
+// documented. That must not keep the audit from every event after it: a
+// repo's creation lost later in the log, long out of the window, is
+// published again. Before the fix, the audit stopped at the first batch
+// for as long as the tag kept moving, and the repo's creation stayed lost.
+func TestAuditor_ADeferredRepairDoesNotStopTheAudit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "busy", 1, 1) // seq 1 the repo, 2 its tag's creation
+	w.p.addRepos(ctx, "calm", 4, 0) // seqs 3-6
+	w.flush(t)
+	stored := storedEvents(t, w.st)
+	seqOf := streamSeqs(t, w, len(stored))
+	tagCreation, lastRepo := stored[1], stored[len(stored)-1]
+	w.deleteMsgs(t, seqOf[tagCreation.ID], seqOf[lastRepo.ID])
+	time.Sleep(2 * time.Second) // all of them out of the window and margin
+	w.p.moveAll(ctx, 1)         // the tag moves again: young
+	w.flush(t)
+
+	// Batches of 2: the tag's creation is in the first.
+	au := publish.NewAuditor(w.conn.JS, w.st, w.relay.Message, publish.AuditConfig{
+		Stream: testStream, SubjectPrefix: testPrefix, Every: time.Hour, Now: time.Now,
+		Batch: 2, Logger: w.log.logger(), MsgID: w.relay.MsgID,
+		OnRepaired: func(store.Event) { w.repaired.Add(1) },
+	})
+	rep, err := au.Audit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Deferred != 1 || w.repaired.Load() != 1 || rep.Checked < len(stored)-1 {
+		t.Fatalf("audit in batches of 2 = %+v (%d repaired), want the tag's creation deferred and the calm repo's "+
+			"lost creation (seq %d) checked and published again", rep, w.repaired.Load(), lastRepo.Seq)
+	}
+	// The tag's creation is not forgotten: the next audits look at it
+	// again, and repair it once the tag's move left the window.
+	testutil.WaitFor(t, 20*time.Second, "an audit to publish the tag's creation again", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return w.repaired.Load() >= 2
+	})
+	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(storedEvents(t, w.st))), storedEvents(t, w.st))
+}
+
+// TestAuditor_LateMarkedEventsAreNotPublishedTwice: a mirror that marked
+// its events published well after the stream stored them (a standby that
+// caught up from the stream after an outage, and marks each event at its
+// apply time; it audits its whole log the first time it leads) must not
+// take them for lost: the stream holds them, earlier than the audit's reads
+// begin. Before the fix, the audit published every one again, a second
+// copy on the stream, and counted them as repaired.
+func TestAuditor_LateMarkedEventsAreNotPublishedTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "late", 3, 0)
+	w.flush(t)
+	stored := storedEvents(t, w.st)
+	_ = streamSeqs(t, w, len(stored))
+
+	// A standby's mirror: the same events, marked when it applied them,
+	// 5 s after the stream stored them.
+	time.Sleep(5 * time.Second)
+	standby, err := store.Open(ctx, filepath.Join(t.TempDir(), "standby.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { standby.Close() })
+	if err := standby.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var sevs []store.StreamEvent
+	for _, m := range consumeAll(t, w.conn.JS, len(stored)) {
+		se, err := publish.Decode(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		se.Seq = m.StreamSeq
+		sevs = append(sevs, se)
+	}
+	if _, err := standby.ApplyStreamEvents(ctx, sevs); err != nil {
+		t.Fatal(err)
+	}
+	au := publish.NewAuditor(w.conn.JS, standby, w.relay.Message, publish.AuditConfig{
+		Stream: testStream, SubjectPrefix: testPrefix, Every: time.Hour,
+		Now:   func() time.Time { return time.Now().Add(10 * time.Second) },
+		Slack: 100 * time.Millisecond, Logger: w.log.logger(), MsgID: w.relay.MsgID,
+		OnRepaired: func(store.Event) { w.repaired.Add(1) },
+	})
+	rep, err := au.Audit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Checked != len(stored) || rep.Repaired+rep.Reordered+rep.Duplicates != 0 {
+		t.Errorf("audit of a whole stream = %+v, want %d checked and nothing published again", rep, len(stored))
+	}
+	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(stored)), stored)
+}
