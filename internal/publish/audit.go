@@ -1,10 +1,12 @@
 package publish
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -426,40 +428,44 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]int64,
 }
 
 // recheck looks again at the held events, each with the later events of
-// its resource, and returns those still held.
+// its resource, and returns those still held. The resources' events are
+// checked together, with one read of the stream, as a batch is.
 func (au *audit) recheck(ctx context.Context, held []int64) ([]int64, error) {
 	var still []int64
+	var evs []store.AuditEvent
 	done := map[string]bool{}
 	for _, seq := range held {
-		evs, err := au.a.st.AuditEvents(ctx, seq-1, 1)
+		e, err := au.a.st.AuditEvents(ctx, seq-1, 1)
 		if err != nil {
 			return nil, err
 		}
-		if len(evs) == 0 || evs[0].Seq != seq || done[evs[0].Subject] {
+		if len(e) == 0 || e[0].Seq != seq || done[e[0].Subject] {
 			continue // pruned from the log, or looked at with its resource
 		}
-		done[evs[0].Subject] = true
-		tail, err := au.a.st.ResourceEvents(ctx, evs[0].Subject, seq)
+		done[e[0].Subject] = true
+		tail, err := au.a.st.ResourceEvents(ctx, e[0].Subject, seq)
 		if err != nil {
 			return nil, err
 		}
 		// A resource with events still too young to move behind a repair
 		// stays held, without a read of the stream.
-		n := 0
-		for n < len(tail) && !tail[n].Published.IsZero() && !tail[n].Published.After(au.cutoff) {
-			n++
-		}
-		if n < len(tail) {
+		if slices.ContainsFunc(tail, func(e store.AuditEvent) bool {
+			return e.Published.IsZero() || e.Published.After(au.cutoff)
+		}) {
 			still = append(still, seq)
 			continue
 		}
-		again, err := au.check(ctx, tail)
-		if err != nil {
-			return nil, err
-		}
-		still = append(still, again...)
+		evs = append(evs, tail...)
 	}
-	return still, nil
+	if len(evs) == 0 {
+		return still, nil
+	}
+	slices.SortFunc(evs, func(a, b store.AuditEvent) int { return cmp.Compare(a.Seq, b.Seq) })
+	again, err := au.check(ctx, evs)
+	if err != nil {
+		return nil, err
+	}
+	return append(still, again...), nil
 }
 
 // repairResource repairs one resource from its events tail (in seq order,
