@@ -516,8 +516,12 @@ func keyPrefix(ctx context.Context, kv jetstream.KeyValue) (prefix, local string
 // in each of them (their key TermKey).
 func (k *KV) setFence(f *Fence) {
 	k.fence, k.lanes = f, f.Pipeline()
-	for _, kind := range []string{"tag", "repo", "advisory"} {
-		f.Guard(k.prefix[kind]+TermKey, k.local[kind]+TermKey)
+	// Every bucket the writer keeps, the matured one included: a write to
+	// a bucket without a marker is refused before it is sent.
+	for _, kind := range []string{"tag", "repo", "advisory", "matured"} {
+		if k.buckets[kind] != nil {
+			f.Guard(k.prefix[kind]+TermKey, k.local[kind]+TermKey)
+		}
 	}
 }
 
