@@ -534,7 +534,7 @@ func (au *audit) repairResource(
 		m := a.message(e.Event)
 		ack, err := a.republish(ctx, m)
 		if err != nil {
-			a.cfg.Fence.Check(err)
+			a.cfg.Fence.Check(err, m)
 			return 0, fmt.Errorf("audit: publish %s %s again: %w", e.Type, e.ID, err)
 		}
 		if ack.Duplicate {

@@ -427,7 +427,12 @@ func (f *Fence) Refused() int64 {
 // ErrFenced). A refusal is counted; the first of a term ends the term,
 // is logged at WARN and calls OnFenced, so that the replica steps down
 // and nothing of this term is sent again.
-func (f *Fence) Check(err error) bool {
+//
+// sent, when given, is the refused message: its stamp names the marker
+// subject it was conditional on, whose sequence alone tells this term's
+// own marker from a newer term's (sequences of different streams are
+// different counts, and may be equal).
+func (f *Fence) Check(err error, sent ...*nats.Msg) bool {
 	if f == nil || err == nil {
 		return false
 	}
@@ -451,7 +456,7 @@ func (f *Fence) Check(err error) bool {
 		return true
 	}
 	newest, named := newestSeq(apiErr)
-	if named && newest != 0 && slices.Contains(slices.Collect(maps.Values(f.seqs)), newest) {
+	if named && newest != 0 && f.ownMarker(newest, sent) {
 		// A write sent before this term's markers were laid again, refused
 		// for the marker now newest: this term's own, no newer term's.
 		f.mu.Unlock()
@@ -488,6 +493,20 @@ func (f *Fence) Check(err error) bool {
 		go f.explain(seqs)
 	}
 	return true
+}
+
+// ownMarker reports whether newest, the sequence a refusal names as the
+// newest on the checked subject, is this term's marker there: of the
+// subject the refused message was stamped with when it is known, else of
+// any of the term's markers. Under f.mu.
+func (f *Fence) ownMarker(newest uint64, sent []*nats.Msg) bool {
+	if len(sent) > 0 && sent[0] != nil {
+		if subj := sent[0].Header.Get("Nats-Expected-Last-Subject-Sequence-Subject"); subj != "" {
+			seq, ok := f.seqs[subj]
+			return ok && seq == newest
+		}
+	}
+	return slices.Contains(slices.Collect(maps.Values(f.seqs)), newest)
 }
 
 // SetRemark has a write refused for a marker the stream no longer holds
@@ -642,7 +661,7 @@ func (f *Fence) RecordSnapshot(ctx context.Context, name string, streamSeq uint6
 		return fmt.Errorf("record snapshot %s: %w", name, err)
 	}
 	if _, err := f.js.PublishMsg(ctx, m); err != nil {
-		if f.Check(err) {
+		if f.Check(err, m) {
 			err = fmt.Errorf("%w: %w", ErrFenced, err)
 		}
 		return fmt.Errorf("record snapshot %s: %w", name, err)

@@ -660,7 +660,7 @@ func (p *kvPipe) pop(ack *jetstream.PubAck, err error) {
 	p.inflight[0] = kvFlight{}
 	p.inflight = p.inflight[1:]
 	if err != nil {
-		p.fail(f.op, err)
+		p.fail(f.op, err, f.fut.Msg())
 		return
 	}
 	if ack != nil && p.k.log.Enabled(context.Background(), slog.LevelDebug) {
@@ -669,8 +669,8 @@ func (p *kvPipe) pop(ack *jetstream.PubAck, err error) {
 	}
 }
 
-func (p *kvPipe) fail(o kvOp, err error) {
-	p.k.fence.Check(err)
+func (p *kvPipe) fail(o kvOp, err error, sent ...*nats.Msg) {
+	p.k.fence.Check(err, sent...)
 	if p.err != nil {
 		return
 	}

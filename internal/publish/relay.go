@@ -546,7 +546,8 @@ func (p *relayPass) run(ctx context.Context) error {
 			p.answered()
 			p.resume()
 		case err := <-failed:
-			p.refused(p.pop(), err)
+			msg := p.inflight[0].fut.Msg()
+			p.refused(p.pop(), err, msg)
 			p.answered()
 			p.resume()
 		case <-ctx.Done():
@@ -594,7 +595,8 @@ func (p *relayPass) answered() {
 		case ack := <-f.Ok():
 			p.acknowledged(p.pop(), ack)
 		case err := <-f.Err():
-			p.refused(p.pop(), err)
+			msg := p.inflight[0].fut.Msg()
+			p.refused(p.pop(), err, msg)
 		default:
 			return
 		}
@@ -712,7 +714,7 @@ func (p *relayPass) acknowledged(e store.Event, ack *jetstream.PubAck) {
 // refused handles the refusal of e's publish: sent again at once, on the
 // next lane, when its lane was still held on the server (a few times at
 // most); otherwise failed.
-func (p *relayPass) refused(e store.Event, err error) {
+func (p *relayPass) refused(e store.Event, err error, sent *nats.Msg) {
 	if LaneConflict(err) && p.conflicts[e.Seq] < maxLaneConflicts {
 		if p.conflicts == nil {
 			p.conflicts = map[int64]int{}
@@ -721,7 +723,7 @@ func (p *relayPass) refused(e store.Event, err error) {
 		p.publish(e) // still the head of its resource: nothing overtook it
 		return
 	}
-	p.failed(e, err)
+	p.failed(e, err, sent)
 }
 
 // maxLaneConflicts bounds how often one event is sent again after a lane
@@ -730,14 +732,14 @@ const maxLaneConflicts = 3
 
 // failed blocks e's resource for the rest of the pass: its later events must
 // not overtake e.
-func (p *relayPass) failed(e store.Event, err error) {
+func (p *relayPass) failed(e store.Event, err error, sent ...*nats.Msg) {
 	p.queued -= len(p.lanes[e.Subject])
 	delete(p.lanes, e.Subject)
 	p.blocked[e.Subject] = true
 	if len(p.errs) < 3 {
 		p.errs = append(p.errs, fmt.Errorf("publish %s %s (seq %d): %w", e.Type, e.ID, e.Seq, err))
 	}
-	if wholesale(p.r.js.Conn(), err) || p.r.fence.Check(err) {
+	if wholesale(p.r.js.Conn(), err) || p.r.fence.Check(err, sent...) {
 		p.stop = true
 	}
 }
@@ -917,7 +919,7 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	select {
 	case ack = <-fut.Ok():
 	case err := <-fut.Err():
-		r.fence.Check(err)
+		r.fence.Check(err, fut.Msg())
 		return 0, "", fmt.Errorf("publish checkpoint: %w", err)
 	case <-ctx.Done():
 		return 0, "", ctx.Err()
