@@ -299,7 +299,7 @@ func measureVerifyRelay(ctx context.Context, conn *publish.Conn, dir string, eve
 	// old enough for the audit's clock.
 	au := sides[2]
 	time.Sleep(2 * verifyRecent)
-	if err := au.st.SetAuditPosition(ctx, 0, 0); err != nil {
+	if err := au.st.SetAuditPosition(ctx, 0, 0, nil); err != nil {
 		return res, err
 	}
 	start := time.Now()

@@ -105,6 +105,9 @@ type FenceConfig struct {
 	// "Lanes" above): 1 (the default) for unreplicated streams,
 	// ReplicatedLanes when any is replicated.
 	Lanes int
+	// Stream is the event stream's name, where an earlier term's lane
+	// markers are looked for (see markerLanes); empty: not looked for.
+	Stream string
 	// OnFenced is called once a term, from the writer's goroutine, when the
 	// server refused a write of the term: the replica steps down.
 	OnFenced func()
@@ -140,7 +143,9 @@ type Fence struct {
 // fenceTarget is one stream's marker: pub is the subject it is published
 // to, check the subject of the stream it is stored under (they differ for
 // a KV bucket mirrored from another domain).
-type fenceTarget struct{ pub, check string }
+// fenceTarget is a guarded stream: its term marker is published to pub,
+// stored under check, in the stream named stream ("": unknown).
+type fenceTarget struct{ pub, check, stream string }
 
 // NewFence returns a fence of the event stream of cfg.Format; Guard adds
 // the KV buckets.
@@ -151,19 +156,19 @@ func NewFence(js jetstream.JetStream, cfg FenceConfig) *Fence {
 	cfg.Lanes = max(cfg.Lanes, 1)
 	f := &Fence{js: js, cfg: cfg, log: cfg.Logger}
 	subj := TermSubject(cfg.Format.SubjectPrefix)
-	f.targets = []fenceTarget{{pub: subj, check: subj}}
+	f.targets = []fenceTarget{{pub: subj, check: subj, stream: cfg.Stream}}
 	return f
 }
 
-// Guard adds a stream whose term marker is published to pub and stored
-// under check; from the next term on, its writes are fenced.
-func (f *Fence) Guard(pub, check string) {
+// Guard adds the stream named stream, whose term marker is published to
+// pub and stored under check; from the next term on, its writes are fenced.
+func (f *Fence) Guard(pub, check, stream string) {
 	if f == nil {
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.targets = append(f.targets, fenceTarget{pub: pub, check: check})
+	f.targets = append(f.targets, fenceTarget{pub: pub, check: check, stream: stream})
 }
 
 // termMarker is a marker's body: the replica and when its term began.
@@ -215,7 +220,7 @@ func (f *Fence) lay(ctx context.Context) (map[string]uint64, error) {
 	}
 	var sent []marking
 	for i, t := range targets {
-		for lane := range f.cfg.Lanes {
+		for lane := range f.markerLanes(ctx, t) {
 			data := body
 			if i == 0 {
 				// On the event stream, a CloudEvent, as the checkpoints
@@ -254,6 +259,27 @@ func (f *Fence) lay(ctx context.Context) (map[string]uint64, error) {
 	f.log.Info("lease term marked", "node", f.cfg.Node, "markers", len(seqs), "lanes", f.cfg.Lanes,
 		"stream_seq", seqs[targets[0].check])
 	return seqs, nil
+}
+
+// markerLanes is how many lanes' markers a new term lays on the guarded
+// stream t: its own lanes, or all ReplicatedLanes when an earlier term
+// laid lane markers there. The lanes are each replica's own reckoning (the
+// stream's replicas as it found them at start, its own [kv] replicas), and
+// a deposed leader that writes on lane i is refused only when the newer
+// term moved lane i's marker too. When it cannot tell, it lays them all;
+// on a stream whose name it was not given, its own.
+func (f *Fence) markerLanes(ctx context.Context, t fenceTarget) int {
+	if f.cfg.Lanes >= ReplicatedLanes || t.stream == "" {
+		return f.cfg.Lanes
+	}
+	s, err := f.js.Stream(ctx, t.stream)
+	if err == nil {
+		_, err = s.GetLastMsgForSubject(ctx, laneSubject(t.check, 1))
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return f.cfg.Lanes
+	}
+	return ReplicatedLanes
 }
 
 // End ends the term: every write is refused before it is sent.

@@ -48,7 +48,7 @@ func TestFence_MaturedBucketWritableInTerm(t *testing.T) {
 	// Another replica's term fences this bucket's writes too.
 	b := newFencedNode(c.JS, cfg, "b")
 	guardBuckets(b.fence)
-	b.fence.Guard("$KV."+kc.Matured+"."+publish.TermKey, "$KV."+kc.Matured+"."+publish.TermKey)
+	b.fence.Guard("$KV."+kc.Matured+"."+publish.TermKey, "$KV."+kc.Matured+"."+publish.TermKey, "KV_"+kc.Matured)
 	mark(t, b.fence)
 	if _, err := matured.Put(ctx, "stray.key.P2D", []byte(`{}`)); err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ func newLanedNode(js jetstream.JetStream, cfg publish.Config, node string, lanes
 	n := &fencedNode{log: &logBuffer{}}
 	n.fence = publish.NewFence(
 		js,
-		publish.FenceConfig{Node: node, Format: cfg.Format(), Lanes: lanes, OnFenced: func() { n.stepDown.Add(1) },
+		publish.FenceConfig{Node: node, Format: cfg.Format(), Lanes: lanes, Stream: cfg.Stream, OnFenced: func() { n.stepDown.Add(1) },
 			Logger: n.log.logger()},
 	)
 	return n
@@ -44,7 +44,7 @@ func newLanedNode(js jetstream.JetStream, cfg publish.Config, node string, lanes
 func guardBuckets(f *publish.Fence) {
 	c := kvTestConfig()
 	for _, b := range []string{c.Tags, c.Repos, c.Advisories} {
-		f.Guard("$KV."+b+"."+publish.TermKey, "$KV."+b+"."+publish.TermKey)
+		f.Guard("$KV."+b+"."+publish.TermKey, "$KV."+b+"."+publish.TermKey, "KV_"+b)
 	}
 }
 

@@ -520,7 +520,7 @@ func (k *KV) setFence(f *Fence) {
 	// a bucket without a marker is refused before it is sent.
 	for _, kind := range []string{"tag", "repo", "advisory", "matured"} {
 		if k.buckets[kind] != nil {
-			f.Guard(k.prefix[kind]+TermKey, k.local[kind]+TermKey)
+			f.Guard(k.prefix[kind]+TermKey, k.local[kind]+TermKey, "KV_"+k.buckets[kind].Bucket())
 		}
 	}
 }
