@@ -174,11 +174,16 @@ func (l *Lease) readHolder(ctx context.Context) {
 	l.set(func(s *LeaseState) { s.Holder = holder }, 0)
 }
 
-func (l *Lease) renew(ctx context.Context) {
+func (l *Lease) renew(ctx context.Context) { l.renewed(ctx) }
+
+// renewed renews the lease and reports whether the server took the
+// renewal: false also when ctx ended first, which leaves the leadership
+// to release (shutting down) but confirms nothing.
+func (l *Lease) renewed(ctx context.Context) bool {
 	l.op.Lock()
 	defer l.op.Unlock()
 	if !l.IsLeader() {
-		return // stepped down meanwhile
+		return false // stepped down meanwhile
 	}
 	octx, cancel := context.WithTimeout(ctx, l.opTimeout())
 	defer cancel()
@@ -190,13 +195,14 @@ func (l *Lease) renew(ctx context.Context) {
 		l.mu.Lock()
 		l.rev = next
 		l.mu.Unlock()
-		return
+		return true
 	}
 	if ctx.Err() != nil {
-		return // shutting down: release decides
+		return false // shutting down: release decides
 	}
 	l.set(func(s *LeaseState) { s.Leader, s.Holder = false, "" }, 0)
 	l.log.Warn("lost the leader lease: renewal failed; stepping down", "node", l.cfg.Node, "err", err)
+	return false
 }
 
 // Confirm renews the lease of term now, and ends the leadership when that
@@ -208,9 +214,12 @@ func (l *Lease) Confirm(ctx context.Context, term uint64) error {
 	if st := l.State(); !st.Leader || st.Term != term {
 		return errors.New("no longer the leader")
 	}
-	l.renew(ctx)
-	if st := l.State(); !st.Leader || st.Term != term {
-		return errors.New("the lease was lost while the term was marked")
+	// Only a renewal the server took confirms: one whose context ended
+	// first (a process frozen past its deadline) says nothing of who holds
+	// the key now.
+	renewed := l.renewed(ctx)
+	if st := l.State(); !renewed || !st.Leader || st.Term != term {
+		return errors.New("the lease was lost while the term was marked, or could not be confirmed")
 	}
 	return nil
 }
