@@ -1185,7 +1185,7 @@ func (f *Follower) readRange(ctx context.Context, from, to uint64) ([]store.Stre
 		if err != nil {
 			continue // the consumer terminates it when it comes
 		}
-		ev.Seq = m.Sequence
+		ev.Seq, ev.Stored = m.Sequence, m.Time
 		evs = append(evs, ev)
 	}
 	return evs, checks, nil
@@ -1257,8 +1257,9 @@ func (b *pulled) collect(ctx context.Context, batch jetstream.MessageBatch, f *F
 	}()
 	for m := range publish.Fetched(ctx, batch, fetchGrace, &stuck) {
 		var seq uint64
+		var stored time.Time
 		if md, err := m.Metadata(); err == nil {
-			b.pending, b.known, seq = md.NumPending, true, md.Sequence.Stream
+			b.pending, b.known, seq, stored = md.NumPending, true, md.Sequence.Stream, md.Timestamp
 		}
 		checkpoint := m.Subject() == publish.CheckpointSubject(f.cfg.SubjectPrefix)
 		if !checkpoint && publish.Reserved(f.cfg.SubjectPrefix, m.Subject()) {
@@ -1302,7 +1303,7 @@ func (b *pulled) collect(ctx context.Context, batch jetstream.MessageBatch, f *F
 			}
 			continue
 		}
-		ev.Seq = seq
+		ev.Seq, ev.Stored = seq, stored
 		ev.Predecode() // here, beside the batch being applied
 		b.msgs, b.evs, b.seqs = append(b.msgs, m), append(b.evs, ev), append(b.seqs, seq)
 	}

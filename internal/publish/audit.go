@@ -46,8 +46,8 @@ type AuditStore interface {
 	AuditEvents(ctx context.Context, after int64, limit int) ([]store.AuditEvent, error)
 	ResourceEvents(ctx context.Context, subject string, from int64) ([]store.AuditEvent, error)
 	AuditPosition(ctx context.Context) (int64, error)
-	AuditHeld(ctx context.Context) ([]int64, error)
-	SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64, held []int64) error
+	AuditHeld(ctx context.Context) ([]store.HeldEvent, error)
+	SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64, held []store.HeldEvent) error
 }
 
 // AuditConfig configures an Auditor.
@@ -177,14 +177,14 @@ type audit struct {
 	a       *Auditor
 	stream  jetstream.Stream
 	window  time.Duration
-	cutoff  time.Time // events published after it are not audited yet
-	retains time.Time // events published before it are past what the stream retains
-	held    []int64   // events before the position a later audit looks at again
-	// first and firstSeq are the time and sequence of the stream's first
-	// message (firstSeq 0: the stream is empty).
-	first    time.Time
-	firstSeq uint64
-	rep      AuditReport
+	cutoff  time.Time         // events published after it are not audited yet
+	retains time.Time         // events published before it are past what the stream retains
+	held    []store.HeldEvent // events before the position a later audit looks at again
+	// rechecked are the resources whose events the recheck of the held
+	// ones checked, every one of them: the batches pass over them (a
+	// repair's copies are past the stream's end the batches read to).
+	rechecked map[string]bool
+	rep       AuditReport
 }
 
 // Audit checks the events published since the last audit, from where it
@@ -229,7 +229,9 @@ func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
 		// The position moves past the events checked; those that a later
 		// audit must look at again are held, so that one resource whose
 		// repair waits does not keep the audit from every event after it.
-		held, err := au.check(ctx, evs[:n])
+		held, err := au.check(ctx, slices.DeleteFunc(slices.Clone(evs[:n]), func(e store.AuditEvent) bool {
+			return au.rechecked[e.Subject]
+		}))
 		if err != nil {
 			return au.rep, err
 		}
@@ -308,7 +310,6 @@ func (a *Auditor) begin(ctx context.Context) (*audit, error) {
 	if info.State.Msgs > 0 {
 		// Publication times are kept to the millisecond.
 		au.retains = info.State.FirstTime.Truncate(time.Millisecond)
-		au.first, au.firstSeq = info.State.FirstTime, info.State.FirstSeq
 	}
 	if age := info.Config.MaxAge; age > 0 {
 		au.retains = later(au.retains, now.Add(-age+readSlack))
@@ -324,8 +325,8 @@ func later(a, b time.Time) time.Time {
 }
 
 // check looks for evs, in seq order, on the stream, repairs what it lacks
-// and returns the seqs of the events a later audit must look at again.
-func (au *audit) check(ctx context.Context, evs []store.AuditEvent) ([]int64, error) {
+// and returns the events a later audit must look at again.
+func (au *audit) check(ctx context.Context, evs []store.AuditEvent) ([]store.HeldEvent, error) {
 	want := make(map[string]bool, len(evs))
 	from := time.Time{}
 	for _, e := range evs {
@@ -362,11 +363,11 @@ func (au *audit) check(ctx context.Context, evs []store.AuditEvent) ([]int64, er
 
 // repair publishes again the missing events of the resources of first
 // (each resource's first missing event) and moves their later events
-// behind them. It returns the seqs of the events a later audit must look
-// at again: those whose repair waits, and those it repaired, whose copies
-// (and the later events it moved behind them) are at the stream's tail,
-// which a crash before the server's next fsync loses.
-func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]int64, error) {
+// behind them. It returns the events a later audit must look at again:
+// those whose repair waits, and those it repaired, whose copies (and the
+// later events it moved behind them) are at the stream's tail, which a
+// crash before the server's next fsync loses.
+func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]store.HeldEvent, error) {
 	// The resources' events from their first missing one on, looked for
 	// from a duplicate window before it: a message stored then and
 	// acknowledged again as a duplicate of itself is marked that late.
@@ -386,42 +387,18 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]int64,
 			from = f.Published
 		}
 	}
-	start := from.Add(-au.window - au.a.cfg.Slack)
-	found, err := au.scan(ctx, byTime(start), au.rep.StreamSeq, want)
+	found, err := au.scan(ctx, byTime(from.Add(-au.window-au.a.cfg.Slack)), au.rep.StreamSeq, want)
 	if err != nil {
 		return nil, err
 	}
-	// A mirror may have marked an event published long after the stream
-	// stored it: a standby that caught up from the stream marks what it
-	// applies at its apply time, and audits its whole log when it first
-	// leads. What the read from the publication times did not find is
-	// looked for from the stream's first message before it is taken for
-	// lost, or the audit would put a second copy on the stream.
-	if au.firstSeq > 0 && au.first.Before(start) {
-		missing := map[string]bool{}
-		for id := range want {
-			if !found[id].ok() {
-				missing[id] = true
-			}
-		}
-		if len(missing) > 0 {
-			more, err := au.scan(ctx, bySeq(au.firstSeq), au.rep.StreamSeq, missing)
-			if err != nil {
-				return nil, err
-			}
-			for id, pos := range more {
-				found[id] = pos
-			}
-		}
-	}
-	var held []int64
+	var held []store.HeldEvent
 	for _, tail := range tails {
-		at, err := au.repairResource(ctx, tail, found)
+		hold, err := au.repairResource(ctx, tail, found)
 		if err != nil {
 			return nil, err
 		}
-		if at > 0 {
-			held = append(held, at)
+		if hold {
+			held = append(held, store.HeldEvent{Seq: tail[0].Seq, Subject: tail[0].Subject})
 		}
 	}
 	return held, nil
@@ -429,30 +406,31 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]int64,
 
 // recheck looks again at the held events, each with the later events of
 // its resource, and returns those still held. The resources' events are
-// checked together, with one read of the stream, as a batch is.
-func (au *audit) recheck(ctx context.Context, held []int64) ([]int64, error) {
-	var still []int64
+// checked together, with one read of the stream, as a batch is. A held
+// event the log no longer has (pruned) is looked at from its resource's
+// next event.
+func (au *audit) recheck(ctx context.Context, held []store.HeldEvent) ([]store.HeldEvent, error) {
+	var still []store.HeldEvent
 	var evs []store.AuditEvent
-	done := map[string]bool{}
-	for _, seq := range held {
-		e, err := au.a.st.AuditEvents(ctx, seq-1, 1)
+	au.rechecked = map[string]bool{}
+	for _, h := range held {
+		if au.rechecked[h.Subject] {
+			continue // looked at with its resource
+		}
+		tail, err := au.a.st.ResourceEvents(ctx, h.Subject, h.Seq)
 		if err != nil {
 			return nil, err
 		}
-		if len(e) == 0 || e[0].Seq != seq || done[e[0].Subject] {
-			continue // pruned from the log, or looked at with its resource
+		if len(tail) == 0 {
+			continue // pruned from the log, with every later event of it
 		}
-		done[e[0].Subject] = true
-		tail, err := au.a.st.ResourceEvents(ctx, e[0].Subject, seq)
-		if err != nil {
-			return nil, err
-		}
+		au.rechecked[h.Subject] = true
 		// A resource with events still too young to move behind a repair
 		// stays held, without a read of the stream.
 		if slices.ContainsFunc(tail, func(e store.AuditEvent) bool {
 			return e.Published.IsZero() || e.Published.After(au.cutoff)
 		}) {
-			still = append(still, seq)
+			still = append(still, store.HeldEvent{Seq: tail[0].Seq, Subject: h.Subject})
 			continue
 		}
 		evs = append(evs, tail...)
@@ -470,14 +448,14 @@ func (au *audit) recheck(ctx context.Context, held []int64) ([]int64, error) {
 
 // repairResource repairs one resource from its events tail (in seq order,
 // from the first the first read missed), found being where the stream has
-// them. It returns 0, or the seq of the resource's first event that a
-// later audit must look at again (its repair waits, or its copies are to
-// be found on the stream).
+// them. It reports whether a later audit must look at the resource again
+// from tail's first event (its repair waits, or its copies are to be found
+// on the stream).
 func (au *audit) repairResource(
 	ctx context.Context,
 	tail []store.AuditEvent,
 	found map[string]streamPos,
-) (int64, error) {
+) (bool, error) {
 	a := au.a
 	start := -1
 	for i, e := range tail {
@@ -487,7 +465,7 @@ func (au *audit) repairResource(
 		}
 	}
 	if start < 0 {
-		return 0, nil // on the stream after all, before the first read's start
+		return false, nil // on the stream after all, before the first read's start
 	}
 	tail = tail[start:]
 	for _, e := range tail {
@@ -512,7 +490,7 @@ func (au *audit) repairResource(
 				"waits_for",
 				e.ID,
 			)
-			return tail[0].Seq, nil
+			return true, nil
 		}
 	}
 	var lastCopy uint64
@@ -521,7 +499,7 @@ func (au *audit) repairResource(
 		if pos.ok() {
 			// Behind the repaired event goes every later one, once.
 			if err := au.stream.DeleteMsg(ctx, pos.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-				return 0, fmt.Errorf(
+				return false, fmt.Errorf(
 					"audit: move %s %s (stream seq %d) behind the repaired events of %s: %w",
 					e.Type,
 					e.ID,
@@ -535,13 +513,13 @@ func (au *audit) repairResource(
 		ack, err := a.republish(ctx, m)
 		if err != nil {
 			a.cfg.Fence.Check(err, m)
-			return 0, fmt.Errorf("audit: publish %s %s again: %w", e.Type, e.ID, err)
+			return false, fmt.Errorf("audit: publish %s %s again: %w", e.Type, e.ID, err)
 		}
 		if ack.Duplicate {
 			au.rep.Duplicates++
 			a.log.Warn("stream lacks an event, but JetStream dropped it again as a duplicate; trying again at the next audit",
 				"id", e.ID, "type", e.Type, "seq", e.Seq, "window", au.window.String())
-			return tail[0].Seq, nil
+			return true, nil
 		}
 		lastCopy = ack.Sequence
 		if pos.ok() {
@@ -566,7 +544,7 @@ func (au *audit) repairResource(
 	}
 	// Held: the next audit finds the copies on the stream, or publishes
 	// again what it lost of them.
-	return tail[0].Seq, au.behindCopies(ctx, tail[len(tail)-1], lastCopy)
+	return true, au.behindCopies(ctx, tail[len(tail)-1], lastCopy)
 }
 
 // behindCopies deletes the events of last's resource recorded after last

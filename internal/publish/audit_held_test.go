@@ -3,6 +3,8 @@ package publish_test
 import (
 	"context"
 	"path/filepath"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,13 +132,14 @@ func TestAuditor_ADeferredRepairDoesNotStopTheAudit(t *testing.T) {
 	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(storedEvents(t, w.st))), storedEvents(t, w.st))
 }
 
-// TestAuditor_LateMarkedEventsAreNotPublishedTwice: a mirror that marked
-// its events published well after the stream stored them (a standby that
-// caught up from the stream after an outage, and marks each event at its
-// apply time; it audits its whole log the first time it leads) must not
-// take them for lost: the stream holds them, earlier than the audit's reads
-// begin. Before the fix, the audit published every one again, a second
-// copy on the stream, and counted them as repaired.
+// TestAuditor_LateMarkedEventsAreNotPublishedTwice: a standby applies
+// what it catches up on from the stream long after the stream stored it
+// (after an outage, or joining late), and audits its whole log the first
+// time it leads. It marks each event published when the stream stored it
+// (store.StreamEvent.Stored, as the cluster's follower sets it), so the
+// audit, which reads the stream from an event's publication time, finds
+// them all: before, marked at the apply time, every one was taken for lost
+// and published again, a second copy on the stream.
 func TestAuditor_LateMarkedEventsAreNotPublishedTwice(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -146,10 +149,10 @@ func TestAuditor_LateMarkedEventsAreNotPublishedTwice(t *testing.T) {
 	stored := storedEvents(t, w.st)
 	_ = streamSeqs(t, w, len(stored))
 
-	// A standby's mirror: the same events, marked when it applied them,
-	// 5 s after the stream stored them.
-	time.Sleep(5 * time.Second)
-	standby, err := store.Open(ctx, filepath.Join(t.TempDir(), "standby.db"), store.Options{})
+	// A standby's mirror, whose clock says it applies the events 5 s after
+	// the stream stored them.
+	standby, err := store.Open(ctx, filepath.Join(t.TempDir(), "standby.db"),
+		store.Options{Now: func() time.Time { return time.Now().Add(5 * time.Second) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +166,7 @@ func TestAuditor_LateMarkedEventsAreNotPublishedTwice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		se.Seq = m.StreamSeq
+		se.Seq, se.Stored = m.StreamSeq, m.Stored
 		sevs = append(sevs, se)
 	}
 	if _, err := standby.ApplyStreamEvents(ctx, sevs); err != nil {
@@ -183,4 +186,62 @@ func TestAuditor_LateMarkedEventsAreNotPublishedTwice(t *testing.T) {
 		t.Errorf("audit of a whole stream = %+v, want %d checked and nothing published again", rep, len(stored))
 	}
 	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(stored)), stored)
+}
+
+// TestAuditor_ARecheckedRepairIsNotTakenForLostAgain: a tag's lost
+// creation waits (its move is young); at the next audit the recheck
+// repairs it and moves the move behind it. The main loop of the same
+// audit then reaches the move (it was past the position, young at the
+// first audit), reads the stream only up to the sequence of the audit's
+// start, misses the copy the recheck just wrote, and publishes the move
+// once more: JetStream drops it as a duplicate, and the audit reports a
+// stream that lacks an event it holds. The relay published >1000
+// messages meanwhile (here: before the recheck's first read).
+func TestAuditor_ARecheckedRepairIsNotTakenForLostAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "busy", 1, 1) // the repo, its tag's creation
+	w.flush(t)
+	stored := storedEvents(t, w.st)
+	seqOf := streamSeqs(t, w, len(stored))
+	w.deleteMsgs(t, seqOf[stored[1].ID])
+	time.Sleep(2 * time.Second)
+	w.p.moveAll(ctx, 1) // young
+	w.flush(t)
+
+	var filled atomic.Bool
+	au := publish.NewAuditor(w.conn.JS, w.st, w.relay.Message, publish.AuditConfig{
+		Stream: testStream, SubjectPrefix: testPrefix, Every: time.Hour, Now: time.Now,
+		Slack: 100 * time.Millisecond, Logger: w.log.logger(), MsgID: w.relay.MsgID,
+		OnRepaired: func(store.Event) { w.repaired.Add(1) },
+		Yield: func(ctx context.Context) error {
+			if held, _ := w.st.AuditHeld(ctx); len(held) > 0 && filled.CompareAndSwap(false, true) {
+				// other resources' events, published while the audit runs
+				for i := range 1500 {
+					if _, err := w.conn.JS.Publish(ctx, testPrefix+".repo.created.filler"+strconv.Itoa(i), []byte("{}")); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+	})
+	rep, err := au.Audit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Deferred != 1 {
+		t.Fatalf("first audit = %+v, want the creation deferred", rep)
+	}
+	time.Sleep(2 * time.Second) // the move is old now
+	rep, err = au.Audit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("second audit = %+v", rep)
+	if rep.Duplicates != 0 {
+		t.Errorf("second audit = %+v: the recheck repaired the tag, and the main loop took the move it had just "+
+			"moved for lost and published it once more (dropped as a duplicate)", rep)
+	}
 }

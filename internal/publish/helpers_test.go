@@ -235,6 +235,7 @@ func digest(n int) string { return fmt.Sprintf("sha256:%064x", n) }
 // received is a message read from the stream by a consumer.
 type received struct {
 	StreamSeq uint64
+	Stored    time.Time // when the stream stored it
 	Subject   string
 	Header    map[string][]string
 	Data      []byte
@@ -266,7 +267,7 @@ func consumeAll(tb testing.TB, js jetstream.JetStream, want int) []received {
 			if err != nil {
 				tb.Fatalf("metadata: %v", err)
 			}
-			got = append(got, received{StreamSeq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+			got = append(got, received{StreamSeq: md.Sequence.Stream, Stored: md.Timestamp, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
 		}
 		if err := batch.Error(); err != nil {
 			tb.Fatalf("fetch: %v", err)

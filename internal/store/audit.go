@@ -1,12 +1,13 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -21,8 +22,8 @@ import (
 const (
 	AuditSeqKey       = "audit_event_seq"
 	AuditStreamSeqKey = "audit_stream_seq"
-	// AuditHeldKey holds the seqs, comma-separated, of the events before
-	// the position that a later audit must look at again: a lost event
+	// AuditHeldKey holds the events (HeldEvent, a JSON list) before the
+	// position that a later audit must look at again: a lost event
 	// whose repair waits (its resource's later events still in the
 	// duplicate window, a re-publish dropped as a duplicate), and a
 	// repaired one, whose copies the stream may lose before it syncs them.
@@ -156,38 +157,53 @@ func (s *Store) AuditPosition(ctx context.Context) (int64, error) {
 	return seq, nil
 }
 
-// AuditHeld returns the seqs of the events before the audit's position
-// that the next audit looks at again, in seq order.
-func (s *Store) AuditHeld(ctx context.Context) ([]int64, error) {
+// HeldEvent is an event before the stream audit's position that the next
+// audit looks at again, with the resource it is of.
+type HeldEvent struct {
+	Seq     int64  `json:"seq"`
+	Subject string `json:"subject"`
+}
+
+// maxHeldBytes bounds meta audit_held as read back: a value past it is
+// not syncd's (a held event leaves the list at the audit that finds it on
+// the stream, and few are held at once).
+const maxHeldBytes = 16 << 20
+
+// AuditHeld returns the events before the audit's position that the next
+// audit looks at again, in seq order.
+func (s *Store) AuditHeld(ctx context.Context) ([]HeldEvent, error) {
 	v, err := s.meta(ctx, s.r, AuditHeldKey)
 	if err != nil || v == "" {
 		return nil, err
 	}
-	var held []int64
-	for _, f := range strings.Split(v, ",") {
-		seq, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("meta %s: %w", AuditHeldKey, err)
-		}
-		held = append(held, seq)
+	if len(v) > maxHeldBytes {
+		return nil, fmt.Errorf("meta %s: %d bytes, more than %d", AuditHeldKey, len(v), maxHeldBytes)
 	}
-	slices.Sort(held)
+	var held []HeldEvent
+	if err := json.Unmarshal([]byte(v), &held); err != nil {
+		return nil, fmt.Errorf("meta %s: %w", AuditHeldKey, err)
+	}
+	slices.SortFunc(held, func(a, b HeldEvent) int { return cmp.Compare(a.Seq, b.Seq) })
 	return slices.Compact(held), nil
 }
 
 // SetAuditPosition records that the stream audit checked the events up to
 // seq, reading the stream up to its sequence streamSeq, but for those of
 // held, which the next audit looks at again.
-func (s *Store) SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64, held []int64) error {
-	list := make([]string, len(held))
-	for i, h := range held {
-		list[i] = strconv.FormatInt(h, 10)
+func (s *Store) SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64, held []HeldEvent) error {
+	list := "" // none held
+	if len(held) > 0 {
+		b, err := json.Marshal(held)
+		if err != nil {
+			return err
+		}
+		list = string(b)
 	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		for k, v := range map[string]string{
 			AuditSeqKey:       strconv.FormatInt(seq, 10),
 			AuditStreamSeqKey: strconv.FormatUint(streamSeq, 10),
-			AuditHeldKey:      strings.Join(list, ","),
+			AuditHeldKey:      list,
 		} {
 			if _, err := tx.ExecContext(
 				ctx,

@@ -33,6 +33,12 @@ type StreamEvent struct {
 	Data    json.RawMessage // {"before": …, "after": …}
 	// Seq is the message's stream sequence; 0: not known.
 	Seq uint64
+	// Stored is when the stream stored the message; zero: not known. The
+	// mirror marks the event published then, not when it applied it: the
+	// stream audit of a replica that leads later reads the stream from an
+	// event's publication time, and a standby applies what it catches up
+	// on long after (TestApplyStreamEvents_MarkedPublishedWhenStored).
+	Stored time.Time
 	// decoded is Data as Predecode decoded it; nil: not predecoded.
 	decoded any
 }
@@ -231,6 +237,7 @@ func (s *Store) applyStreamTx(ctx context.Context, tx *sql.Tx, evs []StreamEvent
 		return 0, nil
 	}
 	now := FormatTime(s.now())
+	published := storedTime(fresh, now)
 	b := newFollowBatch(s, tx, now)
 	rows := make([]any, 0, eventColumns*len(fresh))
 	for _, e := range fresh {
@@ -267,8 +274,9 @@ func (s *Store) applyStreamTx(ctx context.Context, tx *sql.Tx, evs []StreamEvent
 	if err != nil {
 		return 0, fmt.Errorf("read the recorded events' seqs: %w", err)
 	}
-	// The stream holds these events already: they are published.
-	if err := markPublished(ctx, tx, seqs, now); err != nil {
+	// The stream holds these events already: they are published, when
+	// the stream stored them.
+	if err := markPublished(ctx, tx, seqs, published); err != nil {
 		return 0, err
 	}
 	// A mirror that holds the stream's events is past its baseline: if
@@ -277,6 +285,24 @@ func (s *Store) applyStreamTx(ctx context.Context, tx *sql.Tx, evs []StreamEvent
 		return 0, err
 	}
 	return len(fresh), nil
+}
+
+// storedTime is when the stream stored the first of evs, the batch's
+// publication time (one for the batch, so that its events are one run of
+// event_publishes): the earliest Stored, no later than now; now when none
+// is known. The audit reads the stream from an event's publication time
+// on, so a time before an event's own is safe and one after it is not.
+func storedTime(evs []StreamEvent, now string) string {
+	var first time.Time
+	for _, e := range evs {
+		if !e.Stored.IsZero() && (first.IsZero() || e.Stored.Before(first)) {
+			first = e.Stored
+		}
+	}
+	if first.IsZero() {
+		return now
+	}
+	return min(FormatTime(first), now)
 }
 
 // recordStreamSeq records the highest stream sequence of evs as the

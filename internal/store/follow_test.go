@@ -173,3 +173,70 @@ func TestFollow_RecordedHistoryIsRead(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyStreamEvents_MarkedPublishedWhenStored: a follower marks the
+// events it applies published when the stream stored them (the batch's
+// earliest), not when it applied them, which for a standby catching up
+// can be hours later: the stream audit of a replica that leads reads the
+// stream from an event's publication time, and found nothing of an event
+// marked later than its message.
+func TestApplyStreamEvents_MarkedPublishedWhenStored(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	leader, _ := openTemp(t, clk, false, store.Options{})
+	follower, _ := openTemp(t, clk, false, store.Options{})
+	at := clk.Now()
+	repos := []store.Repo{
+		{UID: "org1/r1", Name: "a", CreateTime: at, UpdateTime: at},
+		{UID: "org1/r2", Name: "b", CreateTime: at, UpdateTime: at},
+		{UID: "org1/r3", Name: "c", CreateTime: at, UpdateTime: at},
+	}
+	if _, err := leader.ApplyRepos(ctx, repos); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := leader.Unpublished(ctx, 0, 1000)
+	if err != nil || len(evs) != 3 {
+		t.Fatalf("leader's events = %d (%v), want 3", len(evs), err)
+	}
+	stored := []time.Time{at.Add(-2 * time.Hour), at.Add(-3 * time.Hour), {}}
+	stream := make([]store.StreamEvent, len(evs))
+	for i, e := range evs {
+		stream[i] = store.StreamEvent{ID: e.ID, Type: e.Type, Subject: e.Subject, Time: e.Time, Data: e.Data,
+			Seq: uint64(i + 1), Stored: stored[i]}
+	}
+	// The first applied alone, then the others: each batch at its
+	// earliest stored time, or now when none is known.
+	for _, batch := range [][]store.StreamEvent{stream[:1], stream[1:]} {
+		if _, err := follower.ApplyStreamEvents(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := follower.AuditEvents(ctx, 0, 10)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("follower's events = %d (%v), want 3", len(got), err)
+	}
+	want := []time.Time{stored[0], stored[1], stored[1]}
+	for i, e := range got {
+		if !e.Published.Equal(want[i].Truncate(time.Millisecond)) {
+			t.Errorf("event %d published %v, want %v (applied at %v)", i, e.Published, want[i], clk.Now())
+		}
+	}
+	// A message stored after the follower's now (a server clock ahead)
+	// is published now.
+	if _, err := leader.ApplyRepos(ctx, []store.Repo{{UID: "org1/r4", Name: "d", CreateTime: at, UpdateTime: at}}); err != nil {
+		t.Fatal(err)
+	}
+	more, err := leader.Unpublished(ctx, evs[len(evs)-1].Seq, 10)
+	if err != nil || len(more) != 1 {
+		t.Fatalf("leader's new events = %d (%v), want 1", len(more), err)
+	}
+	e := more[0]
+	if _, err := follower.ApplyStreamEvents(ctx, []store.StreamEvent{{ID: e.ID, Type: e.Type, Subject: e.Subject,
+		Time: e.Time, Data: e.Data, Seq: 4, Stored: clk.Now().Add(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := follower.AuditEvents(ctx, got[2].Seq, 10); err != nil || len(got) != 1 ||
+		!got[0].Published.Equal(clk.Now().Truncate(time.Millisecond)) {
+		t.Fatalf("event stored in the future published %+v (%v), want now %v", got, err, clk.Now())
+	}
+}
