@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -30,11 +29,7 @@ func TestFollower_AScopeThatBeginsWithAnUnderscoreIsApplied(t *testing.T) {
 	leader.change(1)
 	leader.publish()
 
-	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { follower.Close() })
+	follower := openFollowerStore(t, store.Options{})
 	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
 		MaxWait: 200 * time.Millisecond})
 	if err := f.CatchUp(ctx); err != nil {

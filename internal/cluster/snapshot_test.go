@@ -496,11 +496,7 @@ func TestSnapshot_ATruncatedSnapshotIsPassedOver(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { follower.Close() })
+	follower := openFollowerStore(t, store.Options{})
 	var rej reasonCounts
 	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
 		MaxWait: 200 * time.Millisecond, SnapshotBucket: "snaps", SnapshotDir: t.TempDir(), OnReject: rej.add})

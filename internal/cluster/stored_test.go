@@ -22,11 +22,7 @@ func TestFollower_MarksEventsPublishedWhenStored(t *testing.T) {
 	before := time.Now()
 
 	late := func() time.Time { return time.Now().Add(time.Hour) }
-	follower, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{Now: late})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { follower.Close() })
+	follower := openFollowerStore(t, store.Options{Now: late})
 	f := cluster.NewFollower(js, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
 		MaxWait: 200 * time.Millisecond})
 	if err := f.CatchUp(ctx); err != nil {
@@ -42,4 +38,16 @@ func TestFollower_MarksEventsPublishedWhenStored(t *testing.T) {
 				e.Type, e.ID, e.Published, before)
 		}
 	}
+}
+
+// openFollowerStore opens an empty mirror for a follower in t's temporary
+// directory, closed when t ends.
+func openFollowerStore(t *testing.T, opts store.Options) *store.Store {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "follower.db"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }
