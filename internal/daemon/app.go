@@ -247,7 +247,8 @@ func (a *App) newFence(ctx context.Context, pcfg publish.Config, log *slog.Logge
 		replicas = append(replicas, a.Config.BucketReplicas())
 	}
 	return publish.NewFence(a.NATS.JS, publish.FenceConfig{Node: a.Config.Cluster.Node(), Format: pcfg.Format(),
-		Lanes: publish.LanesFor(replicas...), Stream: pcfg.Stream, OnFenced: a.fenced, Logger: log.With("part", "fence")}), nil
+		Lanes: publish.LanesFor(replicas...), Stream: pcfg.Stream, OnFenced: a.fenced,
+		Logger: log.With("part", "fence")}), nil
 }
 
 // fenced steps the replica down after JetStream refused one of its writes.

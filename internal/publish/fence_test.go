@@ -34,8 +34,9 @@ func newLanedNode(js jetstream.JetStream, cfg publish.Config, node string, lanes
 	n := &fencedNode{log: &logBuffer{}}
 	n.fence = publish.NewFence(
 		js,
-		publish.FenceConfig{Node: node, Format: cfg.Format(), Lanes: lanes, Stream: cfg.Stream, OnFenced: func() { n.stepDown.Add(1) },
-			Logger: n.log.logger()},
+		publish.FenceConfig{Node: node, Format: cfg.Format(), Lanes: lanes, Stream: cfg.Stream,
+			OnFenced: func() { n.stepDown.Add(1) },
+			Logger:   n.log.logger()},
 	)
 	return n
 }

@@ -267,7 +267,8 @@ func consumeAll(tb testing.TB, js jetstream.JetStream, want int) []received {
 			if err != nil {
 				tb.Fatalf("metadata: %v", err)
 			}
-			got = append(got, received{StreamSeq: md.Sequence.Stream, Stored: md.Timestamp, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+			got = append(got, received{StreamSeq: md.Sequence.Stream, Stored: md.Timestamp, Subject: m.Subject(),
+				Header: m.Headers(), Data: m.Data()})
 		}
 		if err := batch.Error(); err != nil {
 			tb.Fatalf("fetch: %v", err)

@@ -223,7 +223,8 @@ func TestApplyStreamEvents_MarkedPublishedWhenStored(t *testing.T) {
 	}
 	// A message stored after the follower's now (a server clock ahead)
 	// is published now.
-	if _, err := leader.ApplyRepos(ctx, []store.Repo{{UID: "org1/r4", Name: "d", CreateTime: at, UpdateTime: at}}); err != nil {
+	r4 := store.Repo{UID: "org1/r4", Name: "d", CreateTime: at, UpdateTime: at}
+	if _, err := leader.ApplyRepos(ctx, []store.Repo{r4}); err != nil {
 		t.Fatal(err)
 	}
 	more, err := leader.Unpublished(ctx, evs[len(evs)-1].Seq, 10)

@@ -40,7 +40,8 @@ func TestRecordedHistory_AppendJSONIsJSONMarshal(t *testing.T) {
 		if n := rng.IntN(4); n > 0 || i%7 != 0 {
 			d.Records = make([]RecordedRecord, n)
 			for j := range d.Records {
-				d.Records[j] = RecordedRecord{Seq: rng.IntN(1 << 20), Time: times[rng.IntN(len(times)*3)%len(times)], Digest: pick()}
+				at := times[rng.IntN(len(times)*3)%len(times)]
+				d.Records[j] = RecordedRecord{Seq: rng.IntN(1 << 20), Time: at, Digest: pick()}
 			}
 		}
 		want, wantErr := json.Marshal(d)
