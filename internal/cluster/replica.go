@@ -30,6 +30,11 @@ type Replica struct {
 	// written: it lays the term's fence markers (publish.Fence.Mark).
 	// Leading waits until it succeeded and the lease was confirmed after it.
 	Mark func(ctx context.Context) error
+	// Unmark, when set, ends a term begun by Mark that is not led (the
+	// lease lost before it was confirmed, a catch-up that stalled): its
+	// writes are refused before they are sent (publish.Fence.End). Lead
+	// ends a term it led itself.
+	Unmark func()
 	// Lead does the leader's work until ctx is done; ctx ends as soon as
 	// the lease is lost. An error from Lead ends Run.
 	Lead func(ctx context.Context) error
@@ -200,6 +205,12 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 		cancel()
 		<-watchDone
 	}()
+	led := false
+	defer func() {
+		if !led && r.Unmark != nil {
+			r.Unmark()
+		}
+	}()
 	if !r.mark(dctx, st, log) {
 		return nil
 	}
@@ -233,6 +244,7 @@ func (r *Replica) lead(ctx context.Context, st LeaseState, log *slog.Logger) err
 		"promotion",
 		time.Since(start).Round(time.Millisecond).String(),
 	)
+	led = true
 	err := r.Lead(dctx)
 	select {
 	case <-lost:

@@ -103,15 +103,28 @@ func TestReplica_StepsDownWhenItCannotLead(t *testing.T) {
 			js, leader := newStreamLeader(t)
 			leader.change(3)
 			leader.publish()
-			a, aLed, aSteps := leadingReplica(ctx, t, js, "a", c.stream, c.mark)
+			// a's terms, begun and never led, are ended: their writes
+			// refused before they are sent.
+			var marks, unmarks atomic.Int64
+			mark := func(ctx context.Context) error {
+				if c.mark != nil {
+					return c.mark(ctx)
+				}
+				marks.Add(1)
+				return nil
+			}
+			a, aLed, aSteps := leadingReplica(ctx, t, js, "a", c.stream, mark, func() { unmarks.Add(1) })
 			testutil.WaitFor(t, 5*ttl, "a to hold the lease", a.IsLeader)
-			_, bLed, _ := leadingReplica(ctx, t, js, "b", "EV", nil)
+			_, bLed, _ := leadingReplica(ctx, t, js, "b", "EV", nil, nil)
 			testutil.WaitFor(t, 10*ttl, "b to lead", func() bool { return bLed.Load() != nil })
 			if aLed.Load() != nil {
 				t.Fatal("a led")
 			}
 			if aSteps.n.Load() == 0 {
 				t.Error("a never logged that it stepped down")
+			}
+			if m, u := marks.Load(), unmarks.Load(); u < m || u == 0 {
+				t.Errorf("a began %d terms it never led and ended %d of them", m, u)
 			}
 			if got, want := *bLed.Load(), mirrorRows(t, leader.st); got != want {
 				t.Fatalf("b led with the mirror:\n%s\nthe stream's (the old leader's):\n%s", got, want)
@@ -121,7 +134,7 @@ func TestReplica_StepsDownWhenItCannotLead(t *testing.T) {
 }
 
 // leadingReplica runs a replica named node, following stream, with mark as
-// its Mark, a stall limit of one TTL and a sit-out of three, until ctx
+// its Mark and unmark as its Unmark, a stall limit of one TTL and a sit-out of three, until ctx
 // ends; it returns the mirror it led with (nil until it leads) and a count
 // of its step-downs.
 func leadingReplica(
@@ -130,6 +143,7 @@ func leadingReplica(
 	js jetstream.JetStream,
 	node, stream string,
 	mark func(context.Context) error,
+	unmark func(),
 ) (*cluster.Replica, *atomic.Pointer[string], *countingHandler) {
 	t.Helper()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), node+".db"), store.Options{})
@@ -147,7 +161,8 @@ func leadingReplica(
 		Lease: lease,
 		Follower: cluster.NewFollower(js, st, cluster.FollowerConfig{Stream: stream, SubjectPrefix: "ev",
 			Consumer: node, MaxWait: 100 * time.Millisecond}),
-		Mark: mark,
+		Mark:   mark,
+		Unmark: unmark,
 		Lead: func(ctx context.Context) error {
 			rows := mirrorRows(t, st)
 			ledWith.Store(&rows)

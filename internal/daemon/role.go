@@ -114,6 +114,7 @@ func (a *App) Leadership(ctx context.Context, grace time.Duration) (Leadership, 
 		),
 		Promote: a.Crawler.ResolveFollowed,
 		Mark:    a.Fence.Mark,
+		Unmark:  a.Fence.End,
 		Meta:    a.Store,
 		Logger:  a.Log.With("part", "cluster"),
 		Lead: func(ctx context.Context) error {
