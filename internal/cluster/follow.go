@@ -698,6 +698,12 @@ func (f *Follower) applyThrough(ctx context.Context, last uint64) error {
 	return nil
 }
 
+// gapBefore reports whether the consumer skipped messages before the
+// stream sequence first (0: not known) that the follower has not read.
+func (f *Follower) gapBefore(first uint64) bool {
+	return f.next > 0 && first > f.next
+}
+
 // fetch applies one batch and returns how many events it applied and how
 // many messages are still pending. catchingUp: a consumer with nothing
 // pending is not fetched from, since a fetch with nothing to
@@ -759,7 +765,11 @@ func (f *Follower) fetch(ctx context.Context, catchingUp bool) (int, uint64, err
 	applied := 0
 	if len(b.msgs) > 0 {
 		var rejected []store.RejectedEvent
-		if len(b.evs) > 0 || len(b.checks) > 0 {
+		// A batch of control records alone (a new term's markers, a
+		// snapshot's record) applies nothing, but the events the consumer
+		// skipped before it are read all the same: the position moves
+		// past the batch below.
+		if len(b.evs) > 0 || len(b.checks) > 0 || f.gapBefore(b.seqs[0]) {
 			var err error
 			if applied, rejected, err = f.apply(ctx, b); err != nil {
 				// Redelivered in order: this batch, then the one fetched
@@ -788,6 +798,13 @@ func (f *Follower) fetch(ctx context.Context, catchingUp bool) (int, uint64, err
 	}
 	if b.maxSeq > 0 {
 		// The rejected messages are terminated: none of them is missing.
+		// What the consumer skipped before them, in a batch of them alone,
+		// is read first.
+		if len(b.msgs) == 0 && f.gapBefore(b.minSeq) {
+			if err := f.applyThrough(ctx, b.minSeq-1); err != nil {
+				return applied, 0, err
+			}
+		}
 		f.next = max(f.next, b.maxSeq+1)
 	}
 	pending = b.pending
@@ -1216,9 +1233,9 @@ type pulled struct {
 	// known: there was a message to tell.
 	pending uint64
 	known   bool
-	// maxSeq is the highest stream sequence of a message rejected for its
-	// signature (0: none).
-	maxSeq uint64
+	// minSeq and maxSeq are the lowest and highest stream sequences of the
+	// messages rejected for their signature (0: none).
+	minSeq, maxSeq uint64
 }
 
 // wait waits for the fetch to end and returns its error.
@@ -1272,6 +1289,9 @@ func (b *pulled) collect(ctx context.Context, batch jetstream.MessageBatch, f *F
 		if err := f.verify(m.Subject(), m.Headers(), m.Data()); err != nil {
 			f.rejectUnsigned(seq, m.Subject(), err)
 			b.maxSeq = max(b.maxSeq, seq)
+			if b.minSeq == 0 || seq < b.minSeq {
+				b.minSeq = seq
+			}
 			if err := m.TermWithReason("syncd: " + signing.Reason(err)); err != nil {
 				log.Warn("terminate rejected message", "err", err)
 			}

@@ -365,3 +365,39 @@ func takeDeliveries(t *testing.T, cons jetstream.Consumer, max, want int, what s
 		t.Fatalf("took %d messages, want %d (%s) (%v)", n, want, what, batch.Error())
 	}
 }
+
+// TestFollower_AGapBeforeControlRecordsAlone: deliveries lost on the way
+// (a fetch lost to a stream leader's failure), and then a batch of
+// control records alone (a new term's markers, which a failover lays just
+// when deliveries get lost; a snapshot's record). The batch applies
+// nothing, but the events before it are read from the stream all the
+// same: before, the follower's position moved past them with the batch,
+// and they came only after the consumer's 30 s AckWait, after a
+// promotion's catch-up had ended.
+func TestFollower_AGapBeforeControlRecordsAlone(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	f, follower := caughtUpFollower(t, js, leader)
+	cons, err := js.Consumer(ctx, "EV", "f1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader.change(2)
+	leader.publish()
+	info, err := cons.Info(ctx)
+	if err != nil || info.NumPending == 0 {
+		t.Fatalf("consumer pending = %v (%v), want the change's events", info, err)
+	}
+	takeDeliveries(t, cons, int(info.NumPending), int(info.NumPending), "the change's events")
+	for range 3 {
+		if _, err := js.Publish(ctx, "ev._term", []byte(`{"node":"other"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, follower); l != fo {
+		t.Fatalf("the follower differs from the leader after its catch-up:\nleader:\n%s\nfollower:\n%s", l, fo)
+	}
+}

@@ -517,3 +517,47 @@ func TestSnapshot_SignedManifest(t *testing.T) {
 		t.Errorf("snapshot rejections = %d, want 1 (the replaced content)", refused.get(cluster.RejectSnapshot))
 	}
 }
+
+// TestFollower_AGapBeforeForgeriesAlone: deliveries lost on the way, and
+// then a batch of forged messages alone, which the follower rejects. The
+// events before them are read from the stream all the same: before, the
+// follower's position moved past the rejected messages and the events
+// came only after the consumer's 30 s AckWait.
+func TestFollower_AGapBeforeForgeriesAlone(t *testing.T) {
+	ctx := context.Background()
+	key := newKey(t)
+	js, leader := signedLeader(t, key)
+	v, err := signing.NewVerifier([]string{key.PublicKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rej rejections
+	f, fst := verifyingFollower(t, js, "verifying", v, &rej)
+	leader.change(2)
+	leader.publish()
+	catchUp(t, f)
+	leader.change(2)
+	leader.publish()
+	cons, err := js.Consumer(ctx, "EV", "verifying")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil || info.NumPending == 0 {
+		t.Fatalf("consumer pending = %v (%v), want the change's events", info, err)
+	}
+	takeDeliveries(t, cons, int(info.NumPending), int(info.NumPending), "the change's events")
+	attacker := attackerConn(t, js)
+	for _, m := range forgeries(t)[:3] { // the events, not the checkpoint
+		if _, err := attacker.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	catchUp(t, f)
+	if l, fo := mirrorRows(t, leader.st), mirrorRows(t, fst); l != fo {
+		t.Fatalf("the follower differs from the leader after its catch-up:\nleader:\n%s\nfollower:\n%s", l, fo)
+	}
+	if n := rej.get(signing.ReasonUnsigned); n == 0 {
+		t.Errorf("rejected %d unsigned messages, want the forgeries", n)
+	}
+}
