@@ -716,10 +716,15 @@ func tryFor(ctx context.Context, d time.Duration, try func(context.Context) erro
 
 // JetStream's error codes for a request it cannot answer for the moment:
 // "JetStream system temporarily unavailable" (a cluster without a meta
-// leader) and "incomplete results".
+// leader), "incomplete results", and "no suitable peers for placement"
+// (a cluster whose nodes have not all joined its meta group yet, as at the
+// cluster's own start, or with too few of them up for the stream's
+// replicas: make cluster-test's replicas, started as the cluster formed,
+// exited with it).
 const (
 	jsErrCodeClusterNotAvail   jetstream.ErrorCode = 10008
 	jsErrCodeClusterIncomplete jetstream.ErrorCode = 10004
+	jsErrCodeClusterNoPeers    jetstream.ErrorCode = 10005
 )
 
 // Unanswered reports whether err, from a JetStream request made under ctx,
@@ -743,7 +748,8 @@ func Unanswered(ctx context.Context, err error) bool {
 	}
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) &&
-		(apiErr.ErrorCode == jsErrCodeClusterNotAvail || apiErr.ErrorCode == jsErrCodeClusterIncomplete)
+		(apiErr.ErrorCode == jsErrCodeClusterNotAvail || apiErr.ErrorCode == jsErrCodeClusterIncomplete ||
+			apiErr.ErrorCode == jsErrCodeClusterNoPeers)
 }
 
 // connectWaiting connects to url, waiting with backoff (and a warning per

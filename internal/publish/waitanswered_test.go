@@ -204,6 +204,8 @@ func TestUnanswered(t *testing.T) {
 			&jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
 		{"IncompleteResults", alive, &jetstream.APIError{Code: 503, ErrorCode: 10004, Description: "incomplete results"},
 			true},
+		{"NoPeersYet", alive,
+			&jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement"}, true},
 		{"NotEnabled", alive, jetstream.ErrJetStreamNotEnabled, false},
 		{"StreamNotFound", alive, jetstream.ErrStreamNotFound, false},
 		{"SubjectsOverlap", alive, &jetstream.APIError{Code: 400, ErrorCode: 10065, Description: "subjects overlap"},
