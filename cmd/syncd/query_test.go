@@ -260,7 +260,9 @@ func TestQuery_Command(t *testing.T) {
 	dbPath := filepath.Join(t.TempDir(), "syncd.db")
 	cfg := e2eConfig(t, simURL, ns.URL(), dbPath, "@every 1h")
 	startDaemon(t, cfg)
-	waitBaseline(t, dbPath)
+	// The histories are read behind the baseline (the backfill); the
+	// queries below ask for them.
+	waitBaseline(t, dbPath, `SELECT COUNT(*) = 0 FROM backfill`)
 	truth := sim.Truth()
 	tt := testutil.TagsWithHistory(truth)[0]
 	h := tt.History
