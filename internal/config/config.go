@@ -50,6 +50,13 @@ type Verify struct {
 	// leader: every event its mirror marks published must be on the stream,
 	// and is published again, under the same id, when it is not.
 	AuditEvery Duration `toml:"audit_every"`
+	// SweepEvery is the time between two sweeps: audits that check the
+	// whole event log again from its start, for messages the stream lost
+	// after an audit had found them there (a lost head, which the
+	// stream's state cannot tell from its limits' work). Losses its state
+	// shows (the stream created again, its tail gone, messages gone
+	// between its first and last) start a sweep at the next audit.
+	SweepEvery Duration `toml:"sweep_every"`
 }
 
 // Query configures the query service every replica runs on NATS (a NATS
@@ -338,6 +345,7 @@ func Default() Config {
 		Verify: Verify{
 			CheckpointEvery: Duration{time.Minute},
 			AuditEvery:      Duration{5 * time.Minute},
+			SweepEvery:      Duration{24 * time.Hour},
 		},
 		Sync: Sync{Timeout: Duration{DefaultSyncTimeout}},
 		Query: Query{

@@ -14,4 +14,8 @@ func (v *Verify) validate(p *problems) {
 			p.addf(d.key, "must be a duration of at least 1s (minutes, in practice), got %s", d.value)
 		}
 	}
+	// A sweep reads the whole stream back.
+	if d := v.SweepEvery.Duration; d < time.Minute {
+		p.addf("verify.sweep_every", "must be a duration of at least 1m (hours, in practice), got %s", d)
+	}
 }

@@ -19,8 +19,9 @@ func TestVerify_Defaults(t *testing.T) {
 	if got, want := cfg.Verify, config.Default().Verify; !reflect.DeepEqual(got, want) {
 		t.Fatalf("example [verify] = %+v, want the defaults %+v", got, want)
 	}
-	if v := cfg.Verify; v.CheckpointEvery.Duration != time.Minute || v.AuditEvery.Duration != 5*time.Minute {
-		t.Errorf("[verify] = %+v, want checkpoint_every 1m and audit_every 5m", v)
+	if v := cfg.Verify; v.CheckpointEvery.Duration != time.Minute || v.AuditEvery.Duration != 5*time.Minute ||
+		v.SweepEvery.Duration != 24*time.Hour {
+		t.Errorf("[verify] = %+v, want checkpoint_every 1m, audit_every 5m and sweep_every 24h", v)
 	}
 	if got := cfg.NATS.SyncInterval; got != "1s" {
 		t.Errorf("nats.sync_interval = %q, want 1s", got)
@@ -44,6 +45,7 @@ func TestVerify_Validate(t *testing.T) {
 		{"SyncDuration", "[nats]\nsync_interval = \"2m\"\n", nil, "", ""},
 		{"AuditNotADuration", "[verify]\naudit_every = \"5\"\n", nil, "verify.audit_every", "not a duration"},
 		{"AuditZero", "[verify]\naudit_every = \"0s\"\n", nil, "verify.audit_every", "at least 1s"},
+		{"SweepTooShort", "[verify]\nsweep_every = \"30s\"\n", nil, "verify.sweep_every", "at least 1m"},
 		{"CheckpointTooShort", "[verify]\ncheckpoint_every = \"500ms\"\n", nil, "verify.checkpoint_every", "at least 1s"},
 		{"SyncWord", "[nats]\nsync_interval = \"sometimes\"\n", nil, "nats.sync_interval", `"always" or a positive duration`},
 		{"SyncNegative", "[nats]\nsync_interval = \"-1s\"\n", nil, "nats.sync_interval", `"always" or a positive duration`},

@@ -48,6 +48,8 @@ type AuditStore interface {
 	AuditPosition(ctx context.Context) (int64, error)
 	AuditHeld(ctx context.Context) ([]store.HeldEvent, error)
 	SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64, held []store.HeldEvent) error
+	AuditStream(ctx context.Context) (store.AuditStream, error)
+	SetAuditStream(ctx context.Context, rec store.AuditStream, sweep bool) error
 }
 
 // AuditConfig configures an Auditor.
@@ -55,6 +57,11 @@ type AuditConfig struct {
 	Stream, SubjectPrefix string
 	// Every is the time between two audits.
 	Every time.Duration
+	// SweepEvery is the time between two sweeps, audits that go through
+	// the whole log again from its start, for what the stream lost after
+	// an audit found it there; zero: 24 hours; negative: only when the
+	// stream's state shows a loss (see sweepReason).
+	SweepEvery time.Duration
 	// Margin is how much older than the stream's duplicate window an
 	// event's publication must be to be audited, for the clocks of syncd
 	// and the server and the server's timer; zero: half the window, at
@@ -136,6 +143,9 @@ func NewAuditor(js jetstream.JetStream, st AuditStore, message func(store.Event)
 	if cfg.Slack <= 0 {
 		cfg.Slack = readSlack
 	}
+	if cfg.SweepEvery == 0 {
+		cfg.SweepEvery = 24 * time.Hour
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -180,11 +190,15 @@ type audit struct {
 	cutoff  time.Time         // events published after it are not audited yet
 	retains time.Time         // events published before it are past what the stream retains
 	held    []store.HeldEvent // events before the position a later audit looks at again
-	// rechecked are the resources whose events the recheck of the held
-	// ones checked, every one of them: the batches pass over them (a
-	// repair's copies are past the stream's end the batches read to).
+	// rechecked are the resources whose events this audit checked, every
+	// one of them, from a held one (the recheck) or the first one a batch
+	// found missing (a repair, or its wait): the later batches pass over
+	// them, as a repair's copies are past the stream's end the batches
+	// read to, and the events after it are held.
 	rechecked map[string]bool
 	rep       AuditReport
+	info      *jetstream.StreamInfo // the stream at the audit's start
+	seen      store.AuditStream     // what the last audit saw of it
 }
 
 // Audit checks the events published since the last audit, from where it
@@ -236,6 +250,9 @@ func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
 			return au.rep, err
 		}
 		au.held = append(au.held, held...)
+		for _, h := range held {
+			au.rechecked[h.Subject] = true
+		}
 		au.rep.Position = evs[n-1].Seq
 		if err := a.st.SetAuditPosition(ctx, au.rep.Position, au.rep.StreamSeq, au.held); err != nil {
 			return au.rep, err
@@ -243,6 +260,9 @@ func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
 		if n < len(evs) || len(evs) < a.cfg.Batch {
 			break
 		}
+	}
+	if err := au.end(ctx); err != nil {
+		return au.rep, err
 	}
 	a.last.Store(&au.rep)
 	if au.rep.Repaired+au.rep.Deferred+au.rep.Duplicates > 0 {
@@ -285,12 +305,19 @@ func (a *Auditor) begin(ctx context.Context) (*audit, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit: stream %s info: %w", a.cfg.Stream, err)
 	}
+	seen, err := a.st.AuditStream(ctx)
+	if err != nil {
+		return nil, err
+	}
 	au := &audit{
-		a:      a,
-		stream: s,
-		window: info.Config.Duplicates,
-		held:   held,
-		rep:    AuditReport{Position: pos, StreamSeq: info.State.LastSeq},
+		a:         a,
+		stream:    s,
+		window:    info.Config.Duplicates,
+		held:      held,
+		rechecked: map[string]bool{},
+		rep:       AuditReport{Position: pos, StreamSeq: info.State.LastSeq},
+		info:      info,
+		seen:      seen,
 	}
 	margin := a.cfg.Margin
 	if margin <= 0 {
@@ -298,23 +325,91 @@ func (a *Auditor) begin(ctx context.Context) (*audit, error) {
 	}
 	now := a.cfg.Now()
 	au.cutoff = now.Add(-au.window - margin)
-	// What the stream no longer holds because of its limits (max_age) or
-	// an operator (a purge, the stream deleted and created again) is not
-	// for the audit to bring back: it checks only events published after
-	// the stream's first message and younger than max_age. An event is
+	// What the stream no longer holds because of its limits is not for
+	// the audit to bring back. max_age, syncd's own limit, says which
+	// events those are: the audit checks the events younger than it, so
+	// that a head the stream lost (a damaged file, the stream lost whole
+	// and created again, a purge: the audit cannot tell them apart) is
+	// published again. A stream with a limit on its messages or bytes
+	// (set by its operator, manage_stream = false) drops its head as it
+	// fills, at times the audit cannot know: there it checks only the
+	// events published after the stream's first message. An event is
 	// marked after its message was stored, so one marked before the first
 	// message was stored before it (the clocks of syncd and the server
 	// agreeing); one stored before it but marked after (the same relay
 	// pass) is published again.
-	au.retains = now.Add(time.Hour) // an empty stream retains nothing
-	if info.State.Msgs > 0 {
-		// Publication times are kept to the millisecond.
-		au.retains = info.State.FirstTime.Truncate(time.Millisecond)
+	if c := info.Config; c.MaxMsgs > 0 || c.MaxBytes > 0 || c.MaxMsgsPerSubject > 0 {
+		au.retains = now.Add(time.Hour) // an empty stream retains nothing
+		if info.State.Msgs > 0 {
+			// Publication times are kept to the millisecond.
+			au.retains = info.State.FirstTime.Truncate(time.Millisecond)
+		}
 	}
 	if age := info.Config.MaxAge; age > 0 {
 		au.retains = later(au.retains, now.Add(-age+readSlack))
 	}
+	if why := au.sweepReason(now); why != "" {
+		if err := au.sweep(ctx, now, why); err != nil {
+			return nil, err
+		}
+	}
 	return au, nil
+}
+
+// sweepReason says why this audit must go through the whole log again,
+// or "" if it need not. Each event is checked once, a duplicate window
+// after its publication; what the stream loses after that (a damaged
+// file, the stream lost whole: Jepsen found both in NATS 2.12.1) only a
+// sweep finds. The stream's state says when it lost something the last
+// audit saw there; the sweeps every SweepEvery find the rest (a lost
+// head looks like the limits' work to the stream's state).
+func (au *audit) sweepReason(now time.Time) string {
+	seen, st := au.seen, au.info.State
+	first := seen.Created.IsZero() // no audit recorded the stream yet
+	switch {
+	case !first && !au.info.Created.Equal(seen.Created):
+		return fmt.Sprintf("the stream was created again (at %s; the last audit saw one created at %s)",
+			au.info.Created.UTC().Format(time.RFC3339Nano), seen.Created.UTC().Format(time.RFC3339Nano))
+	case !first && st.LastSeq < seen.LastSeq:
+		return fmt.Sprintf("the stream's last sequence went back from %d to %d: it lost its tail", seen.LastSeq, st.LastSeq)
+	case !first && uint64(max(st.NumDeleted, 0)) > seen.Deleted:
+		return fmt.Sprintf(
+			"%d messages between the stream's first and last are gone, %d when the last audit ended: "+
+				"lost, or deleted by another than the audit",
+			st.NumDeleted,
+			seen.Deleted,
+		)
+	case au.a.cfg.SweepEvery > 0 && (seen.Swept.IsZero() || !now.Before(seen.Swept.Add(au.a.cfg.SweepEvery))):
+		return fmt.Sprintf("the last sweep began at %s, more than %s ago",
+			seen.Swept.UTC().Format(time.RFC3339), au.a.cfg.SweepEvery)
+	}
+	return ""
+}
+
+// sweep moves the audit's position back to the log's start.
+func (au *audit) sweep(ctx context.Context, now time.Time, why string) error {
+	au.seen.Swept = now
+	if err := au.a.st.SetAuditStream(ctx, au.seen, true); err != nil {
+		return err
+	}
+	if au.rep.Position > 0 {
+		au.a.log.Info("stream audit: checking the whole event log again", "why", why, "from_position", au.rep.Position)
+	}
+	au.rep.Position = 0
+	return nil
+}
+
+// end records what the audit saw of the stream at its end, its own
+// deletions made, for the next audit's sweepReason.
+func (au *audit) end(ctx context.Context) error {
+	info, err := au.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("audit: stream %s info: %w", au.a.cfg.Stream, err)
+	}
+	au.seen.Created = info.Created
+	au.seen.LastSeq = info.State.LastSeq
+	au.seen.Deleted = uint64(max(info.State.NumDeleted, 0))
+	return au.a.st.SetAuditStream(ctx, au.seen, false)
 }
 
 func later(a, b time.Time) time.Time {
@@ -412,7 +507,6 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]store.
 func (au *audit) recheck(ctx context.Context, held []store.HeldEvent) ([]store.HeldEvent, error) {
 	var still []store.HeldEvent
 	var evs []store.AuditEvent
-	au.rechecked = map[string]bool{}
 	for _, h := range held {
 		if au.rechecked[h.Subject] {
 			continue // looked at with its resource

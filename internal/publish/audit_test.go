@@ -22,6 +22,7 @@ import (
 // a duplicate window of window, and an auditor of the stream.
 type auditWorld struct {
 	st       *store.Store
+	cfg      publish.Config
 	conn     *publish.Conn
 	relay    *publish.Relay
 	p        *producer
@@ -35,6 +36,7 @@ func newAuditWorld(t *testing.T, window time.Duration, opts ...publish.RelayOpti
 	w := &auditWorld{log: &logBuffer{}}
 	cfg := srv.config(w.log.logger())
 	cfg.DuplicateWindow = window
+	w.cfg = cfg
 	w.conn = mustConnect(t, cfg)
 	w.st = mustOpenStore(t)
 	w.p = newProducer(t, w.st)
@@ -42,23 +44,23 @@ func newAuditWorld(t *testing.T, window time.Duration, opts ...publish.RelayOpti
 	return w
 }
 
-// auditor returns an auditor of the world's stream with the clock now.
-func (w *auditWorld) auditor(now func() time.Time) *publish.Auditor {
-	return publish.NewAuditor(
-		w.conn.JS,
-		w.st,
-		w.relay.Message,
-		publish.AuditConfig{
-			Stream:        testStream,
-			SubjectPrefix: testPrefix,
-			Every:         time.Hour,
-			Now:           now,
-			Batch:         7,
-			Logger:        w.log.logger(),
-			OnRepaired:    func(store.Event) { w.repaired.Add(1) },
-			MsgID:         w.relay.MsgID,
-		},
-	)
+// auditor returns an auditor of the world's stream with the clock now,
+// its configuration changed by opts.
+func (w *auditWorld) auditor(now func() time.Time, opts ...func(*publish.AuditConfig)) *publish.Auditor {
+	cfg := publish.AuditConfig{
+		Stream:        testStream,
+		SubjectPrefix: testPrefix,
+		Every:         time.Hour,
+		Now:           now,
+		Batch:         7,
+		Logger:        w.log.logger(),
+		OnRepaired:    func(store.Event) { w.repaired.Add(1) },
+		MsgID:         w.relay.MsgID,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return publish.NewAuditor(w.conn.JS, w.st, w.relay.Message, cfg)
 }
 
 // flush publishes the outbox.
@@ -207,10 +209,12 @@ func TestAuditor_DuplicateIsNotARepair(t *testing.T) {
 	}
 }
 
-// TestAuditor_LeavesWhatTheStreamDropped: events whose messages an operator
-// purged from the head of the stream (or max_age removed) are not the
-// audit's to bring back: it checks only what was published after the
-// stream's first message, and publishes nothing.
+// TestAuditor_LeavesWhatTheStreamDropped: events whose messages the
+// stream dropped from its head by a limit on its messages (its operator's,
+// with manage_stream = false) are not the audit's to bring back: on such a
+// stream it checks only what was published after the stream's first
+// message, and publishes nothing. (On a stream limited by max_age alone, a
+// lost head is published again: TestAuditor_BringsBackALostHead.)
 func TestAuditor_LeavesWhatTheStreamDropped(t *testing.T) {
 	t.Parallel() // a server of its own; it mostly waits
 	ctx := context.Background()
@@ -223,7 +227,9 @@ func TestAuditor_LeavesWhatTheStreamDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Purge(ctx, jetstream.WithPurgeKeep(2)); err != nil {
+	sc := s.CachedInfo().Config
+	sc.MaxMsgs = 2
+	if _, err := w.conn.JS.UpdateStream(ctx, sc); err != nil {
 		t.Fatal(err)
 	}
 	// The clock past every window: everything is due for the audit.

@@ -28,7 +28,79 @@ const (
 	// duplicate window, a re-publish dropped as a duplicate), and a
 	// repaired one, whose copies the stream may lose before it syncs them.
 	AuditHeldKey = "audit_held"
+	// AuditStreamKey holds what the last audit saw of the stream at its
+	// end (AuditStream, a JSON object), for the next to tell whether the
+	// stream lost messages the audits had already found.
+	AuditStreamKey = "audit_stream"
 )
+
+// AuditStream is what an audit saw of the stream at its end, and when the
+// audits last went through the whole log again (a sweep).
+type AuditStream struct {
+	// Created is when the stream was created: another time is another
+	// stream, which holds none of what the audits found on the first.
+	Created time.Time `json:"created"`
+	// LastSeq is the stream's last sequence: one lower later is a lost
+	// tail.
+	LastSeq uint64 `json:"last_seq"`
+	// Deleted is how many messages between the stream's first and last
+	// were gone: more later is messages lost, or deleted by someone else.
+	Deleted uint64 `json:"deleted"`
+	// Swept is when the last sweep began.
+	Swept time.Time `json:"swept"`
+}
+
+// maxAuditStreamBytes bounds meta audit_stream as read back.
+const maxAuditStreamBytes = 4 << 10
+
+// AuditStream returns what the last audit saw of the stream; the zero
+// AuditStream before any.
+func (s *Store) AuditStream(ctx context.Context) (AuditStream, error) {
+	var rec AuditStream
+	v, err := s.meta(ctx, s.r, AuditStreamKey)
+	if err != nil || v == "" {
+		return rec, err
+	}
+	if len(v) > maxAuditStreamBytes {
+		return rec, fmt.Errorf("meta %s: %d bytes, more than %d", AuditStreamKey, len(v), maxAuditStreamBytes)
+	}
+	if err := json.Unmarshal([]byte(v), &rec); err != nil {
+		return AuditStream{}, fmt.Errorf("meta %s: %w", AuditStreamKey, err)
+	}
+	return rec, nil
+}
+
+// SetAuditStream records rec; with sweep, it also moves the audit's
+// position back to the log's start, in the same transaction, so that the
+// audits from then on check the whole log again.
+func (s *Store) SetAuditStream(ctx context.Context, rec AuditStream, sweep bool) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		if err := putMeta(ctx, tx, AuditStreamKey, string(b)); err != nil {
+			return fmt.Errorf("record the audit's view of the stream: %w", err)
+		}
+		if sweep {
+			if err := putMeta(ctx, tx, AuditSeqKey, "0"); err != nil {
+				return fmt.Errorf("move the audit's position to the log's start: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// putMeta sets the meta key to value.
+func putMeta(ctx context.Context, tx *sql.Tx, key, value string) error {
+	_, err := tx.ExecContext(
+		ctx,
+		`INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
+		key,
+		value,
+	)
+	return err
+}
 
 // AuditEvent is an event of the log and when JetStream acknowledged it.
 type AuditEvent struct {
@@ -205,12 +277,7 @@ func (s *Store) SetAuditPosition(ctx context.Context, seq int64, streamSeq uint6
 			AuditStreamSeqKey: strconv.FormatUint(streamSeq, 10),
 			AuditHeldKey:      list,
 		} {
-			if _, err := tx.ExecContext(
-				ctx,
-				`INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
-				k,
-				v,
-			); err != nil {
+			if err := putMeta(ctx, tx, k, v); err != nil {
 				return fmt.Errorf("record the audit's position: %w", err)
 			}
 		}

@@ -1,0 +1,219 @@
+package publish_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/testutil"
+)
+
+// The sweeps: what the stream loses after an audit found it there, and a
+// head it loses, are published again (Jepsen's analysis of NATS 2.12.1
+// found acknowledged messages lost to a damaged block file, and streams
+// lost whole).
+
+// ahead is a clock past the test worlds' duplicate window and its margin.
+func ahead(d time.Duration) func() time.Time {
+	return func() time.Time { return time.Now().Add(d) }
+}
+
+// auditUntilWhole audits with au until the stream holds every event of the
+// store once (a re-publish within the server's real-time duplicate window
+// is dropped, held, and made again by a later audit), then checks that
+// each resource's events are in order.
+func auditUntilWhole(t *testing.T, w *auditWorld, au *publish.Auditor) {
+	t.Helper()
+	ctx := context.Background()
+	stored := storedEvents(t, w.st)
+	s, err := w.conn.JS.Stream(ctx, testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "audits to bring back every event", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep := au.Last()
+		return info.State.Msgs == uint64(len(stored)) && rep.Deferred+rep.Duplicates == 0
+	})
+	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(stored)), stored)
+}
+
+// streamIDs returns the event ids of the stream's messages at seqs.
+func streamIDs(t *testing.T, w *auditWorld, seqs ...uint64) []string {
+	t.Helper()
+	ctx := context.Background()
+	s, err := w.conn.JS.Stream(ctx, testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, seq := range seqs {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("stream message %d: %v", seq, err)
+		}
+		ids = append(ids, m.Header.Get(jetstream.MsgIDHeader))
+	}
+	return ids
+}
+
+// seqsTo returns the stream sequences 1 to n.
+func seqsTo(n int) []uint64 {
+	seqs := make([]uint64, n)
+	for i := range seqs {
+		seqs[i] = uint64(i + 1)
+	}
+	return seqs
+}
+
+// assertRepaired fails unless the log names each event of ids as
+// published again, and the counter counts at least as many. (It may count
+// more: a later event moved behind a repaired one whose copy the server
+// dropped, its original still in the real-time duplicate window, is lost
+// then, and published again by a later audit.)
+func assertRepaired(t *testing.T, w *auditWorld, ids []string) {
+	t.Helper()
+	for _, id := range ids {
+		if !strings.Contains(w.log.String(), `msg="event missing from the stream published again" id=`+id) {
+			t.Errorf("the log does not name %s as published again", id)
+		}
+	}
+	if n := w.repaired.Load(); n < int64(len(ids)) {
+		t.Errorf("repaired %d events, want at least the %d lost", n, len(ids))
+	}
+}
+
+// assertSweptBecause fails unless the log says that a sweep began, for
+// the reason why names.
+func assertSweptBecause(t *testing.T, w *auditWorld, why string) {
+	t.Helper()
+	if !strings.Contains(w.log.String(), `msg="stream audit: checking the whole event log again" why="`) ||
+		!strings.Contains(w.log.String(), why) {
+		t.Errorf("the log does not say that the audit went through the whole log again because %s:\n%s", why, w.log)
+	}
+}
+
+// auditAll audits the world's stream with a clock past every window and
+// fails unless every event was found there.
+func auditAll(t *testing.T, w *auditWorld, au *publish.Auditor) {
+	t.Helper()
+	rep, err := au.Audit(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := storedEvents(t, w.st)
+	if rep.Repaired+rep.Reordered+rep.Deferred+rep.Duplicates != 0 || rep.Position != stored[len(stored)-1].Seq {
+		t.Fatalf("audit of a whole stream = %+v, want nothing published and the position at %d",
+			rep, stored[len(stored)-1].Seq)
+	}
+}
+
+// TestAuditor_BringsBackALostHead: on a stream whose only limit is max_age,
+// the events of a head the stream lost (purged here, as a damaged first
+// block loses it) are published again, each resource's in order.
+func TestAuditor_BringsBackALostHead(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "old", 3, 2)
+	w.flush(t)
+	w.p.moveAll(ctx, 1)
+	w.flush(t)
+	s, err := w.conn.JS.Stream(ctx, testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := storedEvents(t, w.st)
+	lost := streamIDs(t, w, seqsTo(len(stored)-4)...)
+	if err := s.Purge(ctx, jetstream.WithPurgeKeep(4)); err != nil {
+		t.Fatal(err)
+	}
+	auditUntilWhole(t, w, w.auditor(ahead(3*time.Minute)))
+	assertRepaired(t, w, lost)
+}
+
+// TestAuditor_SweepsAStreamCreatedAgain: the stream lost whole after an
+// audit found every event on it, and created again (as syncd's start
+// does), gets the whole log again from the next audit, with the events
+// published to the new stream moved behind their resources' older ones.
+func TestAuditor_SweepsAStreamCreatedAgain(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "lost", 3, 2)
+	w.flush(t)
+	au := w.auditor(ahead(3 * time.Minute))
+	auditAll(t, w, au)
+
+	if err := w.conn.JS.DeleteStream(ctx, testStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := publish.EnsureStream(ctx, w.conn.JS, w.cfg); err != nil {
+		t.Fatal(err)
+	}
+	w.p.moveAll(ctx, 1) // on the new stream: the moves, ahead of their tags' creations
+	w.p.addRepos(ctx, "after", 1, 1)
+	w.flush(t)
+	auditUntilWhole(t, w, au)
+	assertSweptBecause(t, w, "the stream was created again")
+}
+
+// TestAuditor_SweepsWhatWasLostAfterItWasChecked: a message the stream
+// loses after an audit found it there (deleted here, as a damaged block
+// loses messages between the first and the last) is published again by
+// the next audit, which sees more messages gone than the last one left.
+func TestAuditor_SweepsWhatWasLostAfterItWasChecked(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "checked", 4, 1)
+	w.flush(t)
+	au := w.auditor(ahead(3 * time.Minute))
+	auditAll(t, w, au)
+
+	lost := streamIDs(t, w, 2, 5)
+	w.deleteMsgs(t, 2, 5)
+	auditUntilWhole(t, w, au)
+	assertRepaired(t, w, lost)
+	assertSweptBecause(t, w, "are gone")
+}
+
+// TestAuditor_SweepsEverySweepEvery: a lost head that the stream's state
+// cannot tell from its limits' work, after the audit had found it, is
+// published again by the first audit SweepEvery after the last sweep, and
+// not before.
+func TestAuditor_SweepsEverySweepEvery(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "swept", 3, 1)
+	w.flush(t)
+	every := func(c *publish.AuditConfig) { c.SweepEvery = 10 * time.Minute }
+	auditAll(t, w, w.auditor(ahead(3*time.Minute), every))
+
+	s, err := w.conn.JS.Stream(ctx, testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := streamIDs(t, w, seqsTo(len(storedEvents(t, w.st))-3)...)
+	if err := s.Purge(ctx, jetstream.WithPurgeKeep(3)); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := w.auditor(ahead(8*time.Minute), every).Audit(ctx)
+	if err != nil || rep.Checked != 0 || rep.Repaired != 0 {
+		t.Fatalf("audit before the sweep is due = %+v, %v; want nothing checked", rep, err)
+	}
+	auditUntilWhole(t, w, w.auditor(ahead(14*time.Minute), every))
+	assertRepaired(t, w, lost)
+	assertSweptBecause(t, w, "the last sweep began")
+}
