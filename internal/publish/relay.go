@@ -45,7 +45,10 @@ const (
 
 // Relay publishes the outbox to JetStream.
 type Relay struct {
-	js          jetstream.JetStream
+	js jetstream.JetStream
+	// stream is the configuration the stream is created again with, when
+	// it is gone (see recreate).
+	stream      Config
 	outbox      Outbox
 	format      Format
 	log         *slog.Logger
@@ -195,6 +198,7 @@ func NewRelay(js jetstream.JetStream, outbox Outbox, cfg Config, opts ...RelayOp
 	}
 	r := &Relay{
 		js:          js,
+		stream:      cfg,
 		outbox:      outbox,
 		format:      cfg.Format(),
 		log:         log,
@@ -265,6 +269,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.state.Store(&passState{errors.Join(err, r.kvErr)})
 		wait := time.Minute
 		if err != nil {
+			r.recreate(ctx, err)
 			wait = b.NextBackOff()
 			r.log.Warn(
 				"publishing events failed; will retry",
@@ -317,6 +322,36 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// recreate creates the stream again when the pass failed with its
+// publishes unanswered and the stream is gone: NATS can lose a stream
+// whole (Jepsen's analysis of NATS 2.12.1 saw damaged snapshot files do
+// it), or an operator deleted it. Until it is back every publish goes
+// unanswered; the audit's next sweep publishes the event log again (see
+// audit.go). With manage_stream = false it only says so.
+func (r *Relay) recreate(ctx context.Context, err error) {
+	if r.stream.Stream == "" || !(errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)) {
+		return
+	}
+	if _, err := r.js.Stream(ctx, r.stream.Stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return // there, or not answering: the connection's trouble, not the stream's
+	}
+	if r.stream.CheckStreamOnly {
+		r.log.Error(
+			"the stream is gone, and nats.manage_stream = false forbids syncd to create it: nothing is published until it is created again",
+			"stream", r.stream.Stream, "subjects", r.stream.SubjectPrefix+".>",
+		)
+		return
+	}
+	if err := EnsureStream(ctx, r.js, r.stream); err != nil {
+		r.log.Warn("the stream is gone; creating it again failed", "stream", r.stream.Stream, "err", err)
+		return
+	}
+	r.log.Warn(
+		"the stream was gone (lost by NATS, or deleted); created it again: the next audit publishes the event log again",
+		"stream", r.stream.Stream,
+	)
 }
 
 // Flush publishes until the outbox is empty or an error stops it. It also
