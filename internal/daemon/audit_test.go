@@ -62,41 +62,8 @@ func auditConfig(t *testing.T, simURL, natsURL string) config.Config {
 // alone into an empty mirror, then equals the leader.
 func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 	ctx := context.Background()
-	ns := testutil.NATS(t)
-	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: 28, Tokens: []string{auditToken}},
-		platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 3, Advisories: 3, PublicImages: -1})
-	sim.SetRates(
-		platformsim.Rates{MoveTag: 80, Deprecate: 5, CreateTag: 5, UpdateRepo: 3, CreateAdvisory: 4, UpdateAdvisory: 3},
-	)
-	cfg := auditConfig(t, simURL, ns.URL())
-	logs := &testutil.Buffer{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-
-	app, err := daemon.Open(ctx, cfg, log, daemon.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { app.Close() })
-	role, err := app.Leadership(ctx, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- role.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("leader: %v", err)
-		}
-	})
-	// The first sync, its backfill of the histories included: the audit is
-	// tested on the changes after it.
-	testutil.WaitFor(t, 30*time.Second, "the first sync to end and be published", func() bool {
-		ready, _ := app.Store.HistoryReady(ctx)
-		n, _, _ := app.Store.UnpublishedCount(ctx)
-		return ready && n == 0
-	})
+	app, sim, cfg, logs := startAuditedLeader(t, 28,
+		platformsim.Rates{MoveTag: 80, Deprecate: 5, CreateTag: 5, UpdateRepo: 3, CreateAdvisory: 4, UpdateAdvisory: 3})
 
 	// The data changes; messages go missing from the stream meanwhile.
 	changeCtx, stopChanges := context.WithCancel(ctx)
@@ -110,10 +77,9 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		first := streamLast(t, s)
 		testutil.WaitFor(t, 20*time.Second, "moves to reach the stream", func() bool { return streamLast(t, s) >= first+6 })
-		// Every third message since the last round (never the stream's
-		// first: a stream that lost its head looks purged, see the docs),
-		// while it is young: a message lost after the audit checked it is
-		// not the audit's to find (it checks each event once).
+		// Every third message since the last round, while it is young:
+		// the audit finds it on its own, where a message lost after the
+		// audit checked it waits for a sweep (TestAudit_RefillsAStreamLostWhole).
 		for seq := first + 1; seq <= streamLast(t, s); seq += 3 {
 			m, err := s.GetMsg(ctx, seq)
 			if err != nil {
@@ -136,10 +102,7 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 	}
 	stopChanges()
 	<-changing
-	testutil.WaitFor(t, 30*time.Second, "the leader to publish what it crawled", func() bool {
-		n, _, _ := app.Store.UnpublishedCount(ctx)
-		return n == 0 && sameAsTruth(app.Store.Reader(), sim.Truth()) == nil
-	})
+	caughtUp(t, app, sim)
 	// Every event is marked published by now: once the window and its
 	// margin (half of it) have passed, the next audit leaves the stream
 	// whole. The audits before that find too young what they do not repair.
@@ -181,6 +144,14 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 	}
 
 	// A follower that starts now builds its mirror from the stream alone.
+	followerEqualsLeader(t, app, cfg)
+}
+
+// followerEqualsLeader starts a follower of app's stream into an empty
+// mirror and waits until it equals the leader's.
+func followerEqualsLeader(t *testing.T, app *daemon.App, cfg config.Config) {
+	t.Helper()
+	ctx := context.Background()
 	fst, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -202,6 +173,60 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 		}
 	}()
 	testutil.Eventually(t, 20*time.Second, func() error { return testutil.SameMirror(fst.Reader(), app.Store.Reader()) })
+}
+
+// startAuditedLeader starts a leader (auditConfig) on a simulator seeded
+// with seed, whose data changes at rates once the test runs it, and
+// waits until its first sync, the backfill of the histories included,
+// is published: the audit is tested on what comes after.
+func startAuditedLeader(
+	t *testing.T,
+	seed int64,
+	rates platformsim.Rates,
+) (*daemon.App, *platformsim.Sim, config.Config, *testutil.Buffer) {
+	t.Helper()
+	ctx := context.Background()
+	ns := testutil.NATS(t)
+	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: seed, Tokens: []string{auditToken}},
+		platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 3, Advisories: 3, PublicImages: -1})
+	sim.SetRates(rates)
+	cfg := auditConfig(t, simURL, ns.URL())
+	logs := &testutil.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	app, err := daemon.Open(ctx, cfg, log, daemon.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { app.Close() })
+	role, err := app.Leadership(ctx, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- role.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("leader: %v", err)
+		}
+	})
+	testutil.WaitFor(t, 30*time.Second, "the first sync to end and be published", func() bool {
+		ready, _ := app.Store.HistoryReady(ctx)
+		n, _, _ := app.Store.UnpublishedCount(ctx)
+		return ready && n == 0
+	})
+	return app, sim, cfg, logs
+}
+
+// caughtUp waits until the leader mirrors the simulator and published
+// what it crawled.
+func caughtUp(t *testing.T, app *daemon.App, sim *platformsim.Sim) {
+	t.Helper()
+	testutil.WaitFor(t, 30*time.Second, "the leader to publish what it crawled", func() bool {
+		n, _, _ := app.Store.UnpublishedCount(context.Background())
+		return n == 0 && sameAsTruth(app.Store.Reader(), sim.Truth()) == nil
+	})
 }
 
 // audit has the leader audit the stream now and waits until it did.
