@@ -698,6 +698,16 @@ func (f *Follower) applyThrough(ctx context.Context, last uint64) error {
 	return nil
 }
 
+// consumerGone reports whether a fetch's err says that its consumer no
+// longer exists: deleted (by an operator, or with its stream, which NATS
+// can lose whole), or not answering at all. A consumer that is there
+// again is made again as it was; one whose stream is unavailable fails
+// to be made until it is back.
+func consumerGone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+		errors.Is(err, nats.ErrNoResponders)
+}
+
 // gapBefore reports whether the consumer skipped messages before the
 // stream sequence first (0: not known) that the follower has not read.
 func (f *Follower) gapBefore(first uint64) bool {
@@ -757,6 +767,12 @@ func (f *Follower) fetch(ctx context.Context, catchingUp bool) (int, uint64, err
 	if err := b.wait(); err != nil {
 		// What did arrive comes again at once, not after the AckWait.
 		b.nak()
+		if consumerGone(err) {
+			// Deleted, or lost with its stream: fetched from again, it
+			// would answer nothing forever. The next fetch makes it anew.
+			f.dropAhead()
+			f.cons = nil
+		}
 		return 0, 0, fmt.Errorf("fetch from consumer %s: %w", f.cfg.Consumer, err)
 	}
 	if b.known && b.pending > 0 {
