@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -173,34 +174,80 @@ func OpenKV(ctx context.Context, js jetstream.JetStream, cfg KVConfig, source KV
 		return nil, fmt.Errorf("open KV buckets: %w", err)
 	}
 	k.pub = pub
-	for _, b := range []struct{ kind, name, what string }{
-		{"tag", cfg.Tags, "tags: <repo path>.<tag>"},
-		{"repo", cfg.Repos, "repos: <repo path>"},
-		{"advisory", cfg.Advisories, "advisories: <advisory id>"},
-		{"matured", cfg.Matured, "matured digests: <repo path>.<tag>.<age>"},
-	} {
+	for _, b := range k.bucketList() {
 		if b.name == "" && b.kind == "matured" {
 			continue
 		}
-		var kv jetstream.KeyValue
-		var err error
-		if cfg.CheckOnly {
-			kv, err = js.KeyValue(ctx, b.name)
-		} else {
-			kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-				Bucket: b.name, Description: "syncd current state of " + b.what,
-				History: uint8(max(cfg.History, 1)), Replicas: max(cfg.Replicas, 1), Storage: jetstream.FileStorage,
-			})
-		}
-		if err != nil {
-			return nil, fmt.Errorf("open KV bucket %s: %w", b.name, err)
-		}
-		k.buckets[b.kind] = kv
-		if k.prefix[b.kind], k.local[b.kind], err = keyPrefix(ctx, kv); err != nil {
-			return nil, fmt.Errorf("open KV bucket %s: %w", b.name, err)
+		if err := k.open(ctx, js, b); err != nil {
+			return nil, err
 		}
 	}
 	return k, nil
+}
+
+// bucket is one of the KV buckets: its kind, name and what it holds.
+type bucket struct{ kind, name, what string }
+
+func (k *KV) bucketList() []bucket {
+	return []bucket{
+		{"tag", k.cfg.Tags, "tags: <repo path>.<tag>"},
+		{"repo", k.cfg.Repos, "repos: <repo path>"},
+		{"advisory", k.cfg.Advisories, "advisories: <advisory id>"},
+		{"matured", k.cfg.Matured, "matured digests: <repo path>.<tag>.<age>"},
+	}
+}
+
+// open creates or updates the bucket b (binds to it when cfg.CheckOnly).
+func (k *KV) open(ctx context.Context, js jetstream.JetStream, b bucket) error {
+	var kv jetstream.KeyValue
+	var err error
+	if k.cfg.CheckOnly {
+		kv, err = js.KeyValue(ctx, b.name)
+	} else {
+		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: b.name, Description: "syncd current state of " + b.what,
+			History: uint8(max(k.cfg.History, 1)), Replicas: max(k.cfg.Replicas, 1), Storage: jetstream.FileStorage,
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("open KV bucket %s: %w", b.name, err)
+	}
+	k.buckets[b.kind] = kv
+	if k.prefix[b.kind], k.local[b.kind], err = keyPrefix(ctx, kv); err != nil {
+		return fmt.Errorf("open KV bucket %s: %w", b.name, err)
+	}
+	return nil
+}
+
+// remake makes the bucket of kind again if it is gone (NATS can lose a
+// stream whole, and a bucket is one; an operator can delete it), after
+// its read by the reconciliation failed with failed; it reports whether
+// it did. With cfg.CheckOnly (manage_stream = false) it only says so.
+func (k *KV) remake(ctx context.Context, kind string, failed error) (bool, error) {
+	// Only a read that found no stream is looked into: one that stalled
+	// (the server unreachable) would stall the lookup too.
+	if !errors.Is(failed, jetstream.ErrStreamNotFound) && !errors.Is(failed, nats.ErrStreamNotFound) &&
+		!errors.Is(failed, jetstream.ErrBucketNotFound) {
+		return false, nil
+	}
+	name := k.buckets[kind].Bucket()
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := k.pub.KeyValue(lctx, name); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return false, nil // there, or not answering: the read's failure stands
+	}
+	if k.cfg.CheckOnly {
+		return false, fmt.Errorf(
+			"KV bucket %s is gone, and nats.manage_stream = false forbids syncd to create it: create it again: %w",
+			name, failed)
+	}
+	i := slices.IndexFunc(k.bucketList(), func(b bucket) bool { return b.kind == kind })
+	if err := k.open(ctx, k.pub, k.bucketList()[i]); err != nil {
+		return false, err
+	}
+	k.log.Warn("KV bucket was gone (lost by NATS, or deleted); made it again: reconciling writes it every key",
+		"bucket", name)
+	return true, nil
 }
 
 // TagValue is a tag's value in the tags bucket.
@@ -903,7 +950,14 @@ func (k *KV) reconcile(ctx context.Context) (ReconcileStats, error) {
 	for kind, kv := range k.buckets {
 		have, err := bucketValues(ctx, kv)
 		if err != nil {
-			return st, fmt.Errorf("reconcile KV bucket %s: %w", kv.Bucket(), err)
+			remade, rerr := k.remake(ctx, kind, err)
+			if rerr != nil {
+				return st, fmt.Errorf("reconcile KV bucket %s: %w", kv.Bucket(), rerr)
+			}
+			if !remade {
+				return st, fmt.Errorf("reconcile KV bucket %s: %w", kv.Bucket(), err)
+			}
+			have = nil // a new bucket holds nothing
 		}
 		for key, v := range have {
 			w, live := want[kind][key]
