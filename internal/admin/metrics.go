@@ -22,6 +22,7 @@ type Metrics struct {
 	published      *prometheus.CounterVec
 	publishLatency prometheus.Histogram
 	streamRepaired prometheus.Counter
+	streamSweeps   *prometheus.CounterVec
 	rejected       *prometheus.CounterVec
 }
 
@@ -57,6 +58,9 @@ func NewMetrics(version string) *Metrics {
 		}),
 		streamRepaired: prometheus.NewCounter(prometheus.CounterOpts{Name: "syncd_stream_repaired_total",
 			Help: "Events the mirror marks published that the stream audit found missing from the stream and published again."}),
+		streamSweeps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "syncd_stream_sweeps_total",
+			Help: "Audits that checked the whole event log again, by why: the stream created again, its tail gone, " +
+				"messages gone between its first and last, or [verify] sweep_every."}, []string{"reason"}),
 		rejected: prometheus.NewCounterVec(
 			prometheus.CounterOpts{Name: "syncd_rejected_messages_total",
 				Help: "Messages and snapshots read back from NATS that were set aside, by reason (docs/reliability.md, Trust)."},
@@ -85,6 +89,9 @@ func NewMetrics(version string) *Metrics {
 	for _, reason := range []string{"unsigned", "bad_signature"} {
 		m.rejected.WithLabelValues(reason)
 	}
+	for _, reason := range []string{"recreated", "tail_lost", "messages_gone", "scheduled"} {
+		m.streamSweeps.WithLabelValues(reason)
+	}
 	for _, job := range []string{"crawl", "sweep", "advisories"} {
 		for _, outcome := range []string{"ok", "partial", "failed", "canceled"} {
 			m.crawlRuns.WithLabelValues(job, outcome)
@@ -101,6 +108,7 @@ func NewMetrics(version string) *Metrics {
 		m.published,
 		m.publishLatency,
 		m.streamRepaired,
+		m.streamSweeps,
 		m.rejected,
 		build,
 		collectors.NewGoCollector(),
@@ -151,6 +159,10 @@ func (m *Metrics) EventPublished(typ string, latency time.Duration) {
 
 // StreamRepaired counts an event the stream audit published again.
 func (m *Metrics) StreamRepaired() { m.streamRepaired.Inc() }
+
+// StreamSwept counts an audit that checked the whole event log again,
+// and why (publish.SweepRecreated and the like).
+func (m *Metrics) StreamSwept(reason string) { m.streamSweeps.WithLabelValues(reason).Inc() }
 
 // MessageRejected counts a message or snapshot read back from NATS that
 // was set aside, and why.

@@ -75,5 +75,8 @@ func TestAudit_RefillsAStreamLostWhole(t *testing.T) {
 	if got := counter(t, app, "syncd_stream_repaired_total"); got == 0 {
 		t.Error("syncd_stream_repaired_total = 0, want the events published again counted")
 	}
+	if got := counter(t, app, "syncd_stream_sweeps_total"); got == 0 {
+		t.Error("syncd_stream_sweeps_total = 0, want the sweep of the stream created again counted")
+	}
 	followerEqualsLeader(t, app, cfg)
 }

@@ -84,6 +84,10 @@ type AuditConfig struct {
 	// OnRepaired, when set, is called for every event the stream lacked
 	// that was published again.
 	OnRepaired func(store.Event)
+	// OnSweep, when set, is called when an audit goes through the whole
+	// log again, with why: SweepRecreated, SweepTailLost,
+	// SweepMessagesGone or SweepScheduled.
+	OnSweep func(reason string)
 	// Fence, when set, stamps every re-publish with the lease term
 	// (fence.go). The deletions that move later events behind a repaired
 	// one cannot carry it: JetStream's delete request takes no condition.
@@ -348,52 +352,63 @@ func (a *Auditor) begin(ctx context.Context) (*audit, error) {
 	if age := info.Config.MaxAge; age > 0 {
 		au.retains = later(au.retains, now.Add(-age+readSlack))
 	}
-	if why := au.sweepReason(now); why != "" {
-		if err := au.sweep(ctx, now, why); err != nil {
+	if reason, why := au.sweepReason(now); reason != "" {
+		if err := au.sweep(ctx, now, reason, why); err != nil {
 			return nil, err
 		}
 	}
 	return au, nil
 }
 
+// Why a sweep began (AuditConfig.OnSweep, syncd_stream_sweeps_total).
+const (
+	SweepRecreated    = "recreated"
+	SweepTailLost     = "tail_lost"
+	SweepMessagesGone = "messages_gone"
+	SweepScheduled    = "scheduled"
+)
+
 // sweepReason says why this audit must go through the whole log again,
-// or "" if it need not. Each event is checked once, a duplicate window
+// one of the Sweep reasons and in words, or "" if it need not. Each event is checked once, a duplicate window
 // after its publication; what the stream loses after that (a damaged
 // file, the stream lost whole: Jepsen found both in NATS 2.12.1) only a
 // sweep finds. The stream's state says when it lost something the last
 // audit saw there; the sweeps every SweepEvery find the rest (a lost
 // head looks like the limits' work to the stream's state).
-func (au *audit) sweepReason(now time.Time) string {
+func (au *audit) sweepReason(now time.Time) (string, string) {
 	seen, st := au.seen, au.info.State
 	first := seen.Created.IsZero() // no audit recorded the stream yet
 	switch {
 	case !first && !au.info.Created.Equal(seen.Created):
-		return fmt.Sprintf("the stream was created again (at %s; the last audit saw one created at %s)",
+		return SweepRecreated, fmt.Sprintf("the stream was created again (at %s; the last audit saw one created at %s)",
 			au.info.Created.UTC().Format(time.RFC3339Nano), seen.Created.UTC().Format(time.RFC3339Nano))
 	case !first && st.LastSeq < seen.LastSeq:
-		return fmt.Sprintf("the stream's last sequence went back from %d to %d: it lost its tail", seen.LastSeq, st.LastSeq)
+		return SweepTailLost, fmt.Sprintf("the stream's last sequence went back from %d to %d: it lost its tail", seen.LastSeq, st.LastSeq)
 	case !first && uint64(max(st.NumDeleted, 0)) > seen.Deleted:
-		return fmt.Sprintf(
+		return SweepMessagesGone, fmt.Sprintf(
 			"%d messages between the stream's first and last are gone, %d when the last audit ended: "+
 				"lost, or deleted by another than the audit",
 			st.NumDeleted,
 			seen.Deleted,
 		)
 	case au.a.cfg.SweepEvery > 0 && (seen.Swept.IsZero() || !now.Before(seen.Swept.Add(au.a.cfg.SweepEvery))):
-		return fmt.Sprintf("the last sweep began at %s, more than %s ago",
+		return SweepScheduled, fmt.Sprintf("the last sweep began at %s, more than %s ago",
 			seen.Swept.UTC().Format(time.RFC3339), au.a.cfg.SweepEvery)
 	}
-	return ""
+	return "", ""
 }
 
 // sweep moves the audit's position back to the log's start.
-func (au *audit) sweep(ctx context.Context, now time.Time, why string) error {
+func (au *audit) sweep(ctx context.Context, now time.Time, reason, why string) error {
 	au.seen.Swept = now
 	if err := au.a.st.SetAuditStream(ctx, au.seen, true); err != nil {
 		return err
 	}
 	if au.rep.Position > 0 {
 		au.a.log.Info("stream audit: checking the whole event log again", "why", why, "from_position", au.rep.Position)
+		if au.a.cfg.OnSweep != nil {
+			au.a.cfg.OnSweep(reason)
+		}
 	}
 	au.rep.Position = 0
 	return nil
