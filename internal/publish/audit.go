@@ -383,7 +383,8 @@ func (au *audit) sweepReason(now time.Time) (string, string) {
 		return SweepRecreated, fmt.Sprintf("the stream was created again (at %s; the last audit saw one created at %s)",
 			au.info.Created.UTC().Format(time.RFC3339Nano), seen.Created.UTC().Format(time.RFC3339Nano))
 	case !first && st.LastSeq < seen.LastSeq:
-		return SweepTailLost, fmt.Sprintf("the stream's last sequence went back from %d to %d: it lost its tail", seen.LastSeq, st.LastSeq)
+		return SweepTailLost, fmt.Sprintf("the stream's last sequence went back from %d to %d: it lost its tail",
+			seen.LastSeq, st.LastSeq)
 	case !first && uint64(max(st.NumDeleted, 0)) > seen.Deleted:
 		return SweepMessagesGone, fmt.Sprintf(
 			"%d messages between the stream's first and last are gone, %d when the last audit ended: "+
