@@ -93,6 +93,9 @@ type Follower struct {
 	// cons is created on first use; Run and CatchUp are never called
 	// concurrently, so it and recorded need no lock.
 	cons jetstream.Consumer
+	// lost: the consumer was found gone under a running follower (see
+	// consumerGone), and is made again from where the mirror stands.
+	lost bool
 	// recorded is the lag last recorded in Meta; -1: none yet.
 	recorded int64
 	// restored is the snapshot this follower restored; nil: none. Run
@@ -251,9 +254,16 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	if f.cons != nil {
 		return f.cons, nil
 	}
-	after, err := f.prepare(ctx)
-	if err != nil {
-		return nil, err
+	var after uint64
+	if f.lost && !f.repair && f.next > 0 {
+		// The consumer was lost under a running follower: it is made
+		// again where the mirror stands, nothing restored.
+		after = f.next - 1
+	} else {
+		var err error
+		if after, err = f.prepare(ctx); err != nil {
+			return nil, err
+		}
 	}
 	cc := jetstream.ConsumerConfig{
 		Durable:       f.cfg.Consumer,
@@ -296,7 +306,7 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create or update consumer %s on stream %s: %w", f.cfg.Consumer, f.cfg.Stream, err)
 	}
-	f.cons = cons
+	f.cons, f.lost = cons, false
 	f.lag.Store(cons.CachedInfo().NumPending)
 	if f.next == 0 {
 		// Where the mirror stands, so that messages lost on their way
@@ -700,12 +710,18 @@ func (f *Follower) applyThrough(ctx context.Context, last uint64) error {
 
 // consumerGone reports whether a fetch's err says that its consumer no
 // longer exists: deleted (by an operator, or with its stream, which NATS
-// can lose whole), or not answering at all. A consumer that is there
-// again is made again as it was; one whose stream is unavailable fails
-// to be made until it is back.
-func consumerGone(err error) bool {
-	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
-		errors.Is(err, nats.ErrNoResponders)
+// can lose whole). A fetch nobody answered (as during the election of
+// the consumer's leader too) counts only if the server says the
+// consumer is not there.
+func (f *Follower) consumerGone(ctx context.Context, err error) bool {
+	if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return true
+	}
+	if !errors.Is(err, nats.ErrNoResponders) {
+		return false
+	}
+	_, err = f.js.Consumer(ctx, f.cfg.Stream, f.cfg.Consumer)
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 // gapBefore reports whether the consumer skipped messages before the
@@ -767,11 +783,12 @@ func (f *Follower) fetch(ctx context.Context, catchingUp bool) (int, uint64, err
 	if err := b.wait(); err != nil {
 		// What did arrive comes again at once, not after the AckWait.
 		b.nak()
-		if consumerGone(err) {
+		if f.consumerGone(ctx, err) {
 			// Deleted, or lost with its stream: fetched from again, it
-			// would answer nothing forever. The next fetch makes it anew.
+			// would answer nothing forever. The next fetch makes it anew,
+			// from where the mirror stands.
 			f.dropAhead()
-			f.cons = nil
+			f.cons, f.lost = nil, true
 		}
 		return 0, 0, fmt.Errorf("fetch from consumer %s: %w", f.cfg.Consumer, err)
 	}

@@ -40,23 +40,37 @@ func TestAudit_RefillsAStreamLostWhole(t *testing.T) {
 		return app.Auditor.Last().Position == last
 	})
 
-	changeCtx, stopChanges := context.WithCancel(ctx)
-	changing := make(chan struct{})
-	go func() { defer close(changing); sim.Run(changeCtx, 20*time.Millisecond, 1) }()
+	// The data changes; the stream is lost between two of the relay's
+	// passes (one with publishes in flight waits out the client's 30 s
+	// publish timeout first: docs/cluster.md), and the changes go on.
+	changes := func() (stop func()) {
+		changeCtx, stopChanges := context.WithCancel(ctx)
+		changing := make(chan struct{})
+		go func() { defer close(changing); sim.Run(changeCtx, 20*time.Millisecond, 1) }()
+		return func() { stopChanges(); <-changing }
+	}
+	stop := changes()
 	s, err := app.NATS.JS.Stream(ctx, cfg.NATS.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := streamLast(t, s)
 	testutil.WaitFor(t, 20*time.Second, "moves to reach the stream", func() bool { return streamLast(t, s) >= first+6 })
+	stop()
+	caughtUp(t, app, sim)
 	if err := app.NATS.JS.DeleteStream(ctx, cfg.NATS.Stream); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 20*time.Second, "the relay to create the stream again", func() bool {
-		return strings.Contains(logs.String(), "created it again")
-	})
-	stopChanges()
-	<-changing
+	stop = changes()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(logs.String(), "the stream was gone (lost by NATS, or deleted); created it again") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay did not create the stream again within 20s:\n%s",
+				tail(grepLines(logs.String(), "part=publish"), 40))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
 	caughtUp(t, app, sim)
 	s, err = app.NATS.JS.Stream(ctx, cfg.NATS.Stream)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -203,6 +204,29 @@ type audit struct {
 	rep       AuditReport
 	info      *jetstream.StreamInfo // the stream at the audit's start
 	seen      store.AuditStream     // what the last audit saw of it
+	deleted   uint64                // the messages this audit deleted (moved behind a repair)
+	// again: this audit held more events than maxHeldEvents; it holds
+	// none, and the next audit sweeps.
+	again bool
+}
+
+// maxHeldEvents bounds the events an audit holds for the next (meta
+// audit_held, rewritten after every batch): a sweep that repairs a
+// stream lost whole would hold every resource. Past it the audit holds
+// none, and the next audit sweeps again instead.
+var maxHeldEvents = 100_000
+
+// deleteMsg deletes the stream's message at seq (gone already: nothing
+// to do), counting what it deleted.
+func (au *audit) deleteMsg(ctx context.Context, seq uint64) error {
+	err := au.stream.DeleteMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err == nil {
+		au.deleted++
+	}
+	return err
 }
 
 // Audit checks the events published since the last audit, from where it
@@ -256,6 +280,13 @@ func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
 		au.held = append(au.held, held...)
 		for _, h := range held {
 			au.rechecked[h.Subject] = true
+		}
+		if len(au.held) > maxHeldEvents {
+			if !au.again {
+				a.log.Warn("stream audit: more events to look at again than it keeps; the next audit checks the whole log again",
+					"held", len(au.held), "max", maxHeldEvents)
+			}
+			au.held, au.again = nil, true
 		}
 		au.rep.Position = evs[n-1].Seq
 		if err := a.st.SetAuditPosition(ctx, au.rep.Position, au.rep.StreamSeq, au.held); err != nil {
@@ -377,6 +408,13 @@ const (
 // head looks like the limits' work to the stream's state).
 func (au *audit) sweepReason(now time.Time) (string, string) {
 	seen, st := au.seen, au.info.State
+	if au.info.Config.MaxMsgsPerSubject > 0 {
+		// Its operator's limit per subject drops older events of a
+		// subject from the middle of the stream, where a sweep would find
+		// them missing and publish them again, only to drop the newer
+		// ones: such a stream is audited once an event, without sweeps.
+		return "", ""
+	}
 	first := seen.Created.IsZero() // no audit recorded the stream yet
 	switch {
 	case !first && !au.info.Created.Equal(seen.Created):
@@ -392,6 +430,8 @@ func (au *audit) sweepReason(now time.Time) (string, string) {
 			st.NumDeleted,
 			seen.Deleted,
 		)
+	case seen.Again:
+		return SweepScheduled, "the last audit had more events to look at again than it keeps"
 	case au.a.cfg.SweepEvery > 0 && (seen.Swept.IsZero() || !now.Before(seen.Swept.Add(au.a.cfg.SweepEvery))):
 		return SweepScheduled, fmt.Sprintf("the last sweep began at %s, more than %s ago",
 			seen.Swept.UTC().Format(time.RFC3339), au.a.cfg.SweepEvery)
@@ -401,7 +441,15 @@ func (au *audit) sweepReason(now time.Time) (string, string) {
 
 // sweep moves the audit's position back to the log's start.
 func (au *audit) sweep(ctx context.Context, now time.Time, reason, why string) error {
-	au.seen.Swept = now
+	// The stream as it is now goes with the position's move, so that a
+	// sweep cut short (a crash, a lost lease) resumes from its position
+	// rather than begins again.
+	au.seen = store.AuditStream{
+		Created: au.info.Created,
+		LastSeq: au.info.State.LastSeq,
+		Deleted: uint64(max(au.info.State.NumDeleted, 0)),
+		Swept:   now,
+	}
 	if err := au.a.st.SetAuditStream(ctx, au.seen, true); err != nil {
 		return err
 	}
@@ -416,15 +464,26 @@ func (au *audit) sweep(ctx context.Context, now time.Time, reason, why string) e
 }
 
 // end records what the audit saw of the stream at its end, its own
-// deletions made, for the next audit's sweepReason.
+// deletions made, for the next audit's sweepReason. A stream that lost
+// something while the audit ran (created again, its tail gone, more
+// messages gone than the audit deleted) is recorded as it was at the
+// audit's start, so that the next audit sweeps.
 func (au *audit) end(ctx context.Context) error {
 	info, err := au.stream.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("audit: stream %s info: %w", au.a.cfg.Stream, err)
 	}
-	au.seen.Created = info.Created
-	au.seen.LastSeq = info.State.LastSeq
-	au.seen.Deleted = uint64(max(info.State.NumDeleted, 0))
+	start, now := au.info, info
+	deletedThen, deletedNow := uint64(max(start.State.NumDeleted, 0)), uint64(max(now.State.NumDeleted, 0))
+	if !now.Created.Equal(start.Created) || now.State.LastSeq < start.State.LastSeq ||
+		deletedNow > deletedThen+au.deleted {
+		now = start
+		deletedNow = deletedThen
+	}
+	au.seen.Created = now.Created
+	au.seen.LastSeq = now.State.LastSeq
+	au.seen.Deleted = deletedNow
+	au.seen.Again = au.again
 	return au.a.st.SetAuditStream(ctx, au.seen, false)
 }
 
@@ -608,7 +667,7 @@ func (au *audit) repairResource(
 		pos := found[e.ID]
 		if pos.ok() {
 			// Behind the repaired event goes every later one, once.
-			if err := au.stream.DeleteMsg(ctx, pos.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			if err := au.deleteMsg(ctx, pos.seq); err != nil {
 				return false, fmt.Errorf(
 					"audit: move %s %s (stream seq %d) behind the repaired events of %s: %w",
 					e.Type,
@@ -677,7 +736,7 @@ func (au *audit) behindCopies(ctx context.Context, last store.AuditEvent, lastCo
 	}
 	for _, e := range newer {
 		if pos := found[e.ID]; pos.ok() && pos.seq < lastCopy {
-			if err := au.stream.DeleteMsg(ctx, pos.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			if err := au.deleteMsg(ctx, pos.seq); err != nil {
 				return fmt.Errorf("audit: delete %s %s, ahead of the repaired events of its resource: %w", e.Type, e.ID, err)
 			}
 			au.a.log.Warn(
@@ -692,6 +751,21 @@ func (au *audit) behindCopies(ctx context.Context, last store.AuditEvent, lastCo
 		}
 	}
 	return nil
+}
+
+// eventID is the id of the event a message's Nats-Msg-Id names: by the
+// ids this audit derives (byMsgID), or else by the id before its first
+// dot, for an event published under another signing key than today's,
+// or unsigned (the key changed, or signing was turned on). Without that
+// a sweep after a key's change took every event for missing and
+// published it again, a second copy. (Whether a message is the leader's
+// own is the followers' check: docs/cluster.md, "Signed messages".)
+func (au *audit) eventID(byMsgID map[string]string, msgID string) (string, bool) {
+	if id, ok := byMsgID[msgID]; ok {
+		return id, true
+	}
+	id, _, _ := strings.Cut(msgID, ".")
+	return id, id != ""
 }
 
 // yield gives way to what the audit's Yield names, if anything.
@@ -811,7 +885,7 @@ func (au *audit) scan(
 				)
 			}
 			next++
-			if id, ok := byMsgID[m.Headers().Get(jetstream.MsgIDHeader)]; ok && want[id] {
+			if id, ok := au.eventID(byMsgID, m.Headers().Get(jetstream.MsgIDHeader)); ok && want[id] {
 				found[id] = streamPos{md.Sequence.Stream}
 			}
 			// Once all it looks for is found, the rest need not be read:

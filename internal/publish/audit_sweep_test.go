@@ -2,13 +2,17 @@ package publish_test
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
@@ -216,4 +220,137 @@ func TestAuditor_SweepsEverySweepEvery(t *testing.T) {
 	auditUntilWhole(t, w, w.auditor(ahead(14*time.Minute), every))
 	assertRepaired(t, w, lost)
 	assertSweptBecause(t, w, "the last sweep began")
+}
+
+// recreateStream deletes the world's stream and creates it again, as
+// NATS losing it and syncd's start would.
+func recreateStream(t *testing.T, w *auditWorld) {
+	ctx := context.Background()
+	if err := w.conn.JS.DeleteStream(ctx, testStream); err != nil {
+		t.Error(err)
+	}
+	if err := publish.EnsureStream(ctx, w.conn.JS, w.cfg); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestAuditor_ALossDuringAnAuditIsSweptAfter: the stream lost whole while
+// an audit runs (after it read the stream's state) is not taken for the
+// stream as it should be: the next audit sweeps and brings every event
+// back.
+func TestAuditor_ALossDuringAnAuditIsSweptAfter(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "lost", 3, 1)
+	w.flush(t)
+	var lose atomic.Bool
+	au := w.auditor(ahead(3*time.Minute), func(c *publish.AuditConfig) {
+		c.Yield = func(context.Context) error {
+			if lose.CompareAndSwap(true, false) {
+				recreateStream(t, w)
+			}
+			return nil
+		}
+	})
+	auditAll(t, w, au)
+	lose.Store(true)
+	if _, err := au.Audit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	auditUntilWhole(t, w, au)
+	assertSweptBecause(t, w, "the stream was created again")
+}
+
+// TestAuditor_ASweepCutShortResumes: a sweep that a loss began and that
+// was cut short (here by its Yield failing, as a lost lease or a crash
+// would) resumes from its position at the next audit, and does not begin
+// again.
+func TestAuditor_ASweepCutShortResumes(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "lost", 4, 1) // 8 events, batches of 7
+	w.flush(t)
+	var sweeps atomic.Int64
+	var fail atomic.Bool
+	au := w.auditor(ahead(3*time.Minute), func(c *publish.AuditConfig) {
+		c.OnSweep = func(string) { sweeps.Add(1) }
+		c.Yield = func(context.Context) error {
+			if pos, _ := w.st.AuditPosition(ctx); pos > 0 && fail.Load() {
+				return errors.New("cut short")
+			}
+			return nil
+		}
+	})
+	auditAll(t, w, au)
+	recreateStream(t, w)
+	fail.Store(true)
+	if _, err := au.Audit(ctx); err == nil {
+		t.Fatal("the audit was not cut short")
+	}
+	fail.Store(false)
+	auditUntilWhole(t, w, au)
+	if n := sweeps.Load(); n != 1 {
+		t.Errorf("%d sweeps began, want 1", n)
+	}
+}
+
+// TestAuditor_ASweepAfterAKeyChangeFindsEveryEvent: after the signing key
+// changed (docs/cluster.md, "Signed messages"), the events published
+// under the old key carry other Nats-Msg-Ids than the new key derives;
+// a sweep finds them all the same, and publishes nothing again.
+func TestAuditor_ASweepAfterAKeyChangeFindsEveryEvent(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	key := func() *signing.Signer {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seed, _ := kp.Seed()
+		k, err := signing.ParseSigner(seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	w := newAuditWorld(t, time.Second, publish.WithSigner(key()))
+	w.p.addRepos(ctx, "old", 3, 1)
+	w.flush(t)
+	every := func(c *publish.AuditConfig) { c.SweepEvery = 10 * time.Minute }
+	auditAll(t, w, w.auditor(ahead(3*time.Minute), every))
+	relay := publish.NewRelay(w.conn.JS, w.st, w.cfg, publish.WithSigner(key()))
+	au := publish.NewAuditor(w.conn.JS, w.st, relay.Message, publish.AuditConfig{Stream: testStream,
+		SubjectPrefix: testPrefix, Every: time.Hour, SweepEvery: 10 * time.Minute,
+		Now: ahead(14 * time.Minute), Batch: 7, MsgID: relay.MsgID, Logger: w.log.logger()})
+	rep, err := au.Audit(ctx)
+	if err != nil || rep.Checked == 0 || rep.Repaired+rep.Reordered != 0 {
+		t.Fatalf("sweep after a key change = %+v, %v; want every event checked and nothing published again", rep, err)
+	}
+	assertSweptBecause(t, w, "the last sweep began")
+}
+
+// TestAuditor_MoreToHoldThanItKeepsSweepsAgain: an audit that would hold
+// more events for the next than it keeps (a sweep repairing a stream lost
+// whole holds every resource it repaired) holds none, says so, and the
+// next audit sweeps again; the stream ends whole.
+func TestAuditor_MoreToHoldThanItKeepsSweepsAgain(t *testing.T) {
+	ctx := context.Background()
+	publish.SetMaxHeldEvents(t, 2)
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "many", 4, 1)
+	w.flush(t)
+	au := w.auditor(ahead(3 * time.Minute))
+	auditAll(t, w, au)
+	recreateStream(t, w)
+	auditUntilWhole(t, w, au)
+	rep, err := au.Audit(ctx)
+	if err != nil || rep.Checked == 0 || rep.Repaired+rep.Reordered+rep.Duplicates != 0 {
+		t.Errorf("the audit after = %+v, %v; want the whole log checked again and nothing published", rep, err)
+	}
+	if !strings.Contains(w.log.String(), "more events to look at again than it keeps") {
+		t.Errorf("the log does not say the audit held none:\n%s", w.log)
+	}
+	assertSweptBecause(t, w, "the last audit had more events to look at again than it keeps")
 }

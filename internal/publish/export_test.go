@@ -41,3 +41,11 @@ func SetKVRetry(tb interface{ Cleanup(func()) }, initial, longest time.Duration)
 func BucketValues(ctx context.Context, kv jetstream.KeyValue) (map[string][]byte, error) {
 	return bucketValues(ctx, kv)
 }
+
+// SetMaxHeldEvents sets how many events an audit holds for the next at
+// most, restoring it when tb ends.
+func SetMaxHeldEvents(tb interface{ Cleanup(func()) }, n int) {
+	old := maxHeldEvents
+	maxHeldEvents = n
+	tb.Cleanup(func() { maxHeldEvents = old })
+}

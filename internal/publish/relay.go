@@ -331,8 +331,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // unanswered; the audit's next sweep publishes the event log again (see
 // audit.go). With manage_stream = false it only says so.
 func (r *Relay) recreate(ctx context.Context, err error) {
-	if r.stream.Stream == "" || !(errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)) {
-		return
+	if r.stream.Stream == "" || !(errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, errStreamGone)) {
+		return // only publishes nobody answered, or that were dropped with the stream, say it may be gone
 	}
 	if _, err := r.js.Stream(ctx, r.stream.Stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return // there, or not answering: the connection's trouble, not the stream's
@@ -548,6 +549,12 @@ func (p *relayPass) run(ctx context.Context) error {
 		}
 	}()
 	src := batches
+	// While publishes wait longer than stallAfter, the pass looks once a
+	// stallAfter whether the stream is still there: publishes to a stream
+	// deleted under them are dropped unanswered, and would hold the pass
+	// for the client's whole publish timeout.
+	stall := time.NewTicker(stallAfter)
+	defer stall.Stop()
 	for {
 		// Take a batch only while there is room for all of it in flight,
 		// and for the events waiting behind busy resources.
@@ -585,18 +592,35 @@ func (p *relayPass) run(ctx context.Context) error {
 			p.refused(p.pop(), err, msg)
 			p.answered()
 			p.resume()
-		case <-ctx.Done():
-			// What is in flight gets published again next time; JetStream
-			// drops the duplicates. On lanes, the next pass waits for it.
-			if p.fenced.Depth() > 0 {
-				for _, f := range p.inflight {
-					r.left.add(f.fut)
-				}
+		case <-stall.C:
+			if len(p.inflight) == 0 || r.stream.Stream == "" || time.Since(time.Unix(0, r.progress.Load())) < stallAfter {
+				continue
 			}
+			if _, err := r.js.Stream(ctx, r.stream.Stream); errors.Is(err, jetstream.ErrStreamNotFound) {
+				p.leave()
+				return fmt.Errorf("%d publishes waited %s for their acknowledgement: %w",
+					len(p.inflight), stallAfter, errStreamGone)
+			}
+		case <-ctx.Done():
+			p.leave()
 			return ctx.Err()
 		}
 	}
 	return nil
+}
+
+// errStreamGone: the stream the pass publishes to does not exist.
+var errStreamGone = errors.New("the stream is gone")
+
+// leave gives up the publishes in flight: their events are published
+// again next time, and JetStream drops the duplicates. On lanes, the next
+// pass waits for them.
+func (p *relayPass) leave() {
+	if p.fenced.Depth() > 0 {
+		for _, f := range p.inflight {
+			p.r.left.add(f.fut)
+		}
+	}
 }
 
 // read sends the unpublished events to out, batch by batch in commit order,

@@ -48,6 +48,9 @@ type AuditStream struct {
 	Deleted uint64 `json:"deleted"`
 	// Swept is when the last sweep began.
 	Swept time.Time `json:"swept"`
+	// Again: the last audit had more events to look at again than it
+	// keeps, and held none; the next sweeps.
+	Again bool `json:"again,omitempty"`
 }
 
 // maxAuditStreamBytes bounds meta audit_stream as read back.
