@@ -96,6 +96,10 @@ type Follower struct {
 	// lost: the consumer was found gone under a running follower (see
 	// consumerGone), and is made again from where the mirror stands.
 	lost bool
+	// streamCreated is when the stream the consumer was made on was
+	// created: another time, found when the consumer is lost, is another
+	// stream, counting its sequences from 1 again.
+	streamCreated time.Time
 	// recorded is the lag last recorded in Meta; -1: none yet.
 	recorded int64
 	// restored is the snapshot this follower restored; nil: none. Run
@@ -255,10 +259,22 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		return f.cons, nil
 	}
 	var after uint64
+	fromStart := false
 	if f.lost && !f.repair && f.next > 0 {
 		// The consumer was lost under a running follower: it is made
-		// again where the mirror stands, nothing restored.
+		// again where the mirror stands, nothing restored; or, if its
+		// stream was lost with it and created again (counting from 1),
+		// from the new stream's start.
 		after = f.next - 1
+		if s, err := f.js.Stream(ctx, f.cfg.Stream); err == nil {
+			info := s.CachedInfo()
+			if (!f.streamCreated.IsZero() && !info.Created.Equal(f.streamCreated)) || info.State.LastSeq < after {
+				f.log.Warn("the stream was created again (or lost its tail) under the follower: "+
+					"following it from its first message",
+					"stream", f.cfg.Stream, "created", info.Created, "last_seq", info.State.LastSeq, "was_at", after)
+				after, f.next, fromStart = 0, 0, true
+			}
+		}
 	} else {
 		var err error
 		if after, err = f.prepare(ctx); err != nil {
@@ -308,7 +324,10 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	f.cons, f.lost = cons, false
 	f.lag.Store(cons.CachedInfo().NumPending)
-	if f.next == 0 {
+	if s, err := f.js.Stream(ctx, f.cfg.Stream); err == nil {
+		f.streamCreated = s.CachedInfo().Created
+	}
+	if f.next == 0 && !fromStart {
 		// Where the mirror stands, so that messages lost on their way
 		// before the first that arrives are read from the stream (see
 		// fetch): a durable consumer resumes where its acknowledgements

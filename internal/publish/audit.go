@@ -210,6 +210,14 @@ type audit struct {
 	again bool
 }
 
+// sweepable reports whether the stream may be swept. Its operator's limit
+// per subject (max_msgs_per_subject) drops older events of a subject from
+// the middle of the stream, where a sweep would find them missing and
+// publish them again, only to drop the newer ones: such a stream is
+// audited once an event, without sweeps (and its held events are kept,
+// however many).
+func (au *audit) sweepable() bool { return au.info.Config.MaxMsgsPerSubject <= 0 }
+
 // maxHeldEvents bounds the events an audit holds for the next (meta
 // audit_held, rewritten after every batch): a sweep that repairs a
 // stream lost whole would hold every resource. Past it the audit holds
@@ -281,12 +289,18 @@ func (a *Auditor) Audit(ctx context.Context) (AuditReport, error) {
 		for _, h := range held {
 			au.rechecked[h.Subject] = true
 		}
-		if len(au.held) > maxHeldEvents {
+		if len(au.held) > maxHeldEvents && au.sweepable() {
 			if !au.again {
 				a.log.Warn("stream audit: more events to look at again than it keeps; the next audit checks the whole log again",
 					"held", len(au.held), "max", maxHeldEvents)
+				// Recorded before the held events are dropped: an audit
+				// cut short after it still leaves the next one to sweep.
+				au.seen.Again, au.again = true, true
+				if err := a.st.SetAuditStream(ctx, au.seen, false); err != nil {
+					return au.rep, err
+				}
 			}
-			au.held, au.again = nil, true
+			au.held = nil
 		}
 		au.rep.Position = evs[n-1].Seq
 		if err := a.st.SetAuditPosition(ctx, au.rep.Position, au.rep.StreamSeq, au.held); err != nil {
@@ -408,11 +422,7 @@ const (
 // head looks like the limits' work to the stream's state).
 func (au *audit) sweepReason(now time.Time) (string, string) {
 	seen, st := au.seen, au.info.State
-	if au.info.Config.MaxMsgsPerSubject > 0 {
-		// Its operator's limit per subject drops older events of a
-		// subject from the middle of the stream, where a sweep would find
-		// them missing and publish them again, only to drop the newer
-		// ones: such a stream is audited once an event, without sweeps.
+	if !au.sweepable() {
 		return "", ""
 	}
 	first := seen.Created.IsZero() // no audit recorded the stream yet
@@ -764,9 +774,16 @@ func (au *audit) eventID(byMsgID map[string]string, msgID string) (string, bool)
 	if id, ok := byMsgID[msgID]; ok {
 		return id, true
 	}
-	id, _, _ := strings.Cut(msgID, ".")
+	id, mac, signed := strings.Cut(msgID, ".")
+	if signed && len(mac) != msgIDMACLen {
+		return "", false // not an id syncd derives
+	}
 	return id, id != ""
 }
+
+// msgIDMACLen is the length of what follows the event id in a signed
+// Nats-Msg-Id (signing.Signer.MsgID).
+const msgIDMACLen = 22
 
 // yield gives way to what the audit's Yield names, if anything.
 func (a *Auditor) yield(ctx context.Context) error {

@@ -354,3 +354,101 @@ func TestAuditor_MoreToHoldThanItKeepsSweepsAgain(t *testing.T) {
 	}
 	assertSweptBecause(t, w, "the last audit had more events to look at again than it keeps")
 }
+
+// lostTagCreations deletes from the stream the creation of every tag of
+// the world's log, and returns those events.
+func lostTagCreations(t *testing.T, w *auditWorld) []storedEvent {
+	t.Helper()
+	stored := storedEvents(t, w.st)
+	seqOf := streamSeqs(t, w, len(stored))
+	var lost []storedEvent
+	seen := map[string]bool{}
+	for _, e := range stored {
+		if strings.Contains(e.Subject, "-tag-") && !seen[e.Subject] {
+			seen[e.Subject] = true
+			lost = append(lost, e)
+			w.deleteMsgs(t, seqOf[e.ID])
+		}
+	}
+	return lost
+}
+
+// heldAuditor is an auditor on the real clock reading two events a
+// batch, with yield as its Yield.
+func heldAuditor(w *auditWorld, yield func(context.Context) error) *publish.Auditor {
+	return w.auditor(time.Now, func(c *publish.AuditConfig) {
+		c.Batch, c.Yield = 2, yield
+	})
+}
+
+// TestAuditor_HeldDroppedThenCutShortIsNotForgotten: an audit that drops
+// its held events (more than it keeps) and is then cut short (a lost
+// lease) still leaves the next audit to sweep: the lost events whose
+// repair waited are published again.
+func TestAuditor_HeldDroppedThenCutShortIsNotForgotten(t *testing.T) {
+	ctx := context.Background()
+	publish.SetMaxHeldEvents(t, 1)
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "busy", 2, 1)
+	w.p.addRepos(ctx, "calm", 4, 0)
+	w.flush(t)
+	lost := lostTagCreations(t, w)
+	if len(lost) != 2 {
+		t.Fatalf("%d tag creations, want 2", len(lost))
+	}
+	time.Sleep(2 * time.Second) // past the server's real-time duplicate window and the margin
+	w.p.moveAll(ctx, 1)         // the tags move: their repairs wait, held
+	w.flush(t)
+	var fail atomic.Bool
+	fail.Store(true)
+	au := heldAuditor(w, func(context.Context) error {
+		if pos, _ := w.st.AuditPosition(ctx); fail.Load() && pos >= lost[1].Seq {
+			return errors.New("cut short: the lease was lost")
+		}
+		return nil
+	})
+	if _, err := au.Audit(ctx); err == nil {
+		t.Fatal("the audit was not cut short")
+	}
+	if !strings.Contains(w.log.String(), "more events to look at again than it keeps") {
+		t.Fatalf("the held events were not dropped:\n%s", w.log)
+	}
+	fail.Store(false)
+	testutil.WaitFor(t, 10*time.Second, "the lost tag creations to be published again", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return w.repaired.Load() >= int64(len(lost))
+	})
+}
+
+// TestAuditor_NoSweepsKeepsItsHeldEvents: on a stream that is not swept
+// (a limit per subject), the audit keeps every held event however many,
+// and publishes the lost ones again once their repair may go.
+func TestAuditor_NoSweepsKeepsItsHeldEvents(t *testing.T) {
+	ctx := context.Background()
+	publish.SetMaxHeldEvents(t, 1)
+	w := newAuditWorld(t, time.Second)
+	s, err := w.conn.JS.Stream(ctx, testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := s.CachedInfo().Config
+	sc.MaxMsgsPerSubject = 1000
+	if _, err := w.conn.JS.UpdateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	w.p.addRepos(ctx, "busy", 2, 1)
+	w.flush(t)
+	lost := lostTagCreations(t, w)
+	time.Sleep(2 * time.Second) // past the server's real-time duplicate window and the margin
+	w.p.moveAll(ctx, 1)
+	w.flush(t)
+	au := heldAuditor(w, nil)
+	testutil.WaitFor(t, 10*time.Second, "the lost tag creations to be published again", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return w.repaired.Load() >= int64(len(lost))
+	})
+}

@@ -49,3 +49,11 @@ func SetMaxHeldEvents(tb interface{ Cleanup(func()) }, n int) {
 	maxHeldEvents = n
 	tb.Cleanup(func() { maxHeldEvents = old })
 }
+
+// SetGoneCheck sets how long a relay pass's publishes wait before it looks
+// whether the stream is gone, restoring it when tb ends.
+func SetGoneCheck(tb interface{ Cleanup(func()) }, d time.Duration) {
+	old := goneCheckAfter
+	goneCheckAfter = d
+	tb.Cleanup(func() { goneCheckAfter = old })
+}

@@ -137,6 +137,10 @@ func (r *Relay) RequestCheckpoint() {
 // far below the publish timeout (30s) after which the pass fails.
 const stallAfter = 5 * time.Second
 
+// goneCheckAfter is how long a pass's publishes wait before it looks
+// whether the stream is gone (see relayPass.run): stallAfter.
+var goneCheckAfter = stallAfter
+
 // passState is the outcome of a pass: nil err when it published all it read.
 type passState struct{ err error }
 
@@ -553,7 +557,7 @@ func (p *relayPass) run(ctx context.Context) error {
 	// stallAfter whether the stream is still there: publishes to a stream
 	// deleted under them are dropped unanswered, and would hold the pass
 	// for the client's whole publish timeout.
-	stall := time.NewTicker(stallAfter)
+	stall := time.NewTicker(goneCheckAfter)
 	defer stall.Stop()
 	for {
 		// Take a batch only while there is room for all of it in flight,
@@ -593,13 +597,14 @@ func (p *relayPass) run(ctx context.Context) error {
 			p.answered()
 			p.resume()
 		case <-stall.C:
-			if len(p.inflight) == 0 || r.stream.Stream == "" || time.Since(time.Unix(0, r.progress.Load())) < stallAfter {
+			if len(p.inflight) == 0 || r.stream.Stream == "" ||
+				time.Since(time.Unix(0, r.progress.Load())) < goneCheckAfter {
 				continue
 			}
 			if _, err := r.js.Stream(ctx, r.stream.Stream); errors.Is(err, jetstream.ErrStreamNotFound) {
 				p.leave()
 				return fmt.Errorf("%d publishes waited %s for their acknowledgement: %w",
-					len(p.inflight), stallAfter, errStreamGone)
+					len(p.inflight), goneCheckAfter, errStreamGone)
 			}
 		case <-ctx.Done():
 			p.leave()

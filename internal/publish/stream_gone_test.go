@@ -79,3 +79,34 @@ func TestRelay_LeavesAStreamItMayNotManageGone(t *testing.T) {
 		t.Error("the outbox is empty, want the events waiting for the stream")
 	}
 }
+
+// TestRelay_GivesUpPublishesDroppedWithTheStream: publishes the server
+// took and never answered, as it drops those in flight to a stream
+// deleted under them (here a subscriber that takes the stream's subjects
+// and answers nothing stands for the dying stream), would hold the pass
+// for the client's 30 s publish timeout; once they waited the check's
+// time the pass looks, finds the stream gone, gives them up, and the
+// relay creates the stream again and publishes.
+func TestRelay_GivesUpPublishesDroppedWithTheStream(t *testing.T) {
+	ctx := context.Background()
+	publish.SetGoneCheck(t, 200*time.Millisecond)
+	conn, st, p, logs := startRelayOfItsOwn(t, false)
+	if err := conn.JS.DeleteStream(ctx, testStream); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := conn.NC.SubscribeSync(testPrefix + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addRepos(ctx, "dropped", 1, 1)
+	testutil.WaitFor(t, 10*time.Second, "the relay to create the stream again", func() bool {
+		return strings.Contains(logs.String(), "created it again")
+	})
+	if err := sink.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, unpublished(t, st))
+	if !strings.Contains(logs.String(), "the stream is gone") {
+		t.Errorf("the relay's log does not say the stream was gone:\n%s", logs.String())
+	}
+}
