@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
@@ -451,4 +452,32 @@ func TestAuditor_NoSweepsKeepsItsHeldEvents(t *testing.T) {
 		}
 		return w.repaired.Load() >= int64(len(lost))
 	})
+}
+
+// TestAuditor_AnIDSyncdDoesNotDeriveIsNotTheEvent: a message whose
+// Nats-Msg-Id begins with a lost event's id but goes on as no key's
+// derived id does is not taken for the event: the audit publishes the
+// event again.
+func TestAuditor_AnIDSyncdDoesNotDeriveIsNotTheEvent(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "forged", 2, 0)
+	w.flush(t)
+	lost := streamIDs(t, w, 1)
+	w.deleteMsgs(t, 1)
+	m := nats.NewMsg(testPrefix + ".repo.created.forged")
+	m.Header.Set(jetstream.MsgIDHeader, lost[0]+".not-a-key")
+	m.Data = []byte("{}")
+	if _, err := w.conn.JS.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	au := w.auditor(ahead(3 * time.Minute))
+	testutil.WaitFor(t, 20*time.Second, "an audit to publish the lost event again", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return w.repaired.Load() >= 1
+	})
+	assertRepaired(t, w, lost)
 }
