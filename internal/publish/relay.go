@@ -353,6 +353,14 @@ func (r *Relay) recreate(ctx context.Context, err error) {
 		r.log.Warn("the stream is gone; creating it again failed", "stream", r.stream.Stream, "err", err)
 		return
 	}
+	// A cluster member that has not loaded the stream yet (after its
+	// restart) may answer "not found" for a stream that is there: the
+	// creation then only updated it, and it holds its messages.
+	if s, err := r.js.Stream(ctx, r.stream.Stream); err == nil && s.CachedInfo().State.LastSeq > 0 {
+		r.log.Info("the stream looked gone, but is there", "stream", r.stream.Stream,
+			"last_seq", s.CachedInfo().State.LastSeq)
+		return
+	}
 	r.log.Warn(
 		"the stream was gone (lost by NATS, or deleted); created it again: the next audit publishes the event log again",
 		"stream", r.stream.Stream,
