@@ -39,20 +39,13 @@ func TestFollower_AConsumerDeletedIsMadeAgain(t *testing.T) {
 // left it (which would pass over everything the new stream holds below
 // that), and applies what the leader publishes there.
 func TestFollower_AStreamCreatedAgainIsFollowedFromItsStart(t *testing.T) {
-	ctx := context.Background()
 	js, leader := newStreamLeader(t)
 	f, follower := caughtUpFollower(t, js, leader)
 	leader.change(5) // the old stream's sequences reach past what the new one will hold
 	leader.publish()
 	runFollowing(t, f)
 	testutil.Eventually(t, 10*time.Second, func() error { return sameRows(t, leader.st, follower) })
-	if err := js.DeleteStream(ctx, "EV"); err != nil {
-		t.Fatal(err)
-	}
-	pcfg := publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute}
-	if err := publish.EnsureStream(ctx, js, pcfg); err != nil {
-		t.Fatal(err)
-	}
+	testutil.RecreateStream(t, js, publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow: time.Minute})
 	leader.change(2)
 	leader.publish()
 	testutil.Eventually(t, 10*time.Second, func() error { return sameRows(t, leader.st, follower) })

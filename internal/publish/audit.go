@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/syncd-dev/syncd/internal/signing"
 	"github.com/syncd-dev/syncd/internal/store"
 )
 
@@ -414,30 +414,30 @@ const (
 )
 
 // sweepReason says why this audit must go through the whole log again,
-// one of the Sweep reasons and in words, or "" if it need not. Each event is checked once, a duplicate window
-// after its publication; what the stream loses after that (a damaged
-// file, the stream lost whole: Jepsen found both in NATS 2.12.1) only a
-// sweep finds. The stream's state says when it lost something the last
+// one of the Sweep reasons and in words, or "" if it need not. Each event
+// is checked once, a duplicate window after its publication; what the
+// stream loses after that (a damaged file, the stream lost whole: Jepsen
+// found both in NATS 2.12.1) only a sweep finds. The stream's state says when it lost something the last
 // audit saw there; the sweeps every SweepEvery find the rest (a lost
 // head looks like the limits' work to the stream's state).
 func (au *audit) sweepReason(now time.Time) (string, string) {
-	seen, st := au.seen, au.info.State
+	seen, st := au.seen, streamState(au.info)
 	if !au.sweepable() {
 		return "", ""
 	}
 	first := seen.Created.IsZero() // no audit recorded the stream yet
 	switch {
-	case !first && !au.info.Created.Equal(seen.Created):
+	case !first && !st.Created.Equal(seen.Created):
 		return SweepRecreated, fmt.Sprintf("the stream was created again (at %s; the last audit saw one created at %s)",
-			au.info.Created.UTC().Format(time.RFC3339Nano), seen.Created.UTC().Format(time.RFC3339Nano))
+			st.Created.UTC().Format(time.RFC3339Nano), seen.Created.UTC().Format(time.RFC3339Nano))
 	case !first && st.LastSeq < seen.LastSeq:
 		return SweepTailLost, fmt.Sprintf("the stream's last sequence went back from %d to %d: it lost its tail",
 			seen.LastSeq, st.LastSeq)
-	case !first && uint64(max(st.NumDeleted, 0)) > seen.Deleted:
+	case !first && st.Deleted > seen.Deleted:
 		return SweepMessagesGone, fmt.Sprintf(
 			"%d messages between the stream's first and last are gone, %d when the last audit ended: "+
 				"lost, or deleted by another than the audit",
-			st.NumDeleted,
+			st.Deleted,
 			seen.Deleted,
 		)
 	case seen.Again:
@@ -454,12 +454,8 @@ func (au *audit) sweep(ctx context.Context, now time.Time, reason, why string) e
 	// The stream as it is now goes with the position's move, so that a
 	// sweep cut short (a crash, a lost lease) resumes from its position
 	// rather than begins again.
-	au.seen = store.AuditStream{
-		Created: au.info.Created,
-		LastSeq: au.info.State.LastSeq,
-		Deleted: uint64(max(au.info.State.NumDeleted, 0)),
-		Swept:   now,
-	}
+	au.seen = streamState(au.info)
+	au.seen.Swept = now
 	if err := au.a.st.SetAuditStream(ctx, au.seen, true); err != nil {
 		return err
 	}
@@ -483,18 +479,23 @@ func (au *audit) end(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("audit: stream %s info: %w", au.a.cfg.Stream, err)
 	}
-	start, now := au.info, info
-	deletedThen, deletedNow := uint64(max(start.State.NumDeleted, 0)), uint64(max(now.State.NumDeleted, 0))
-	if !now.Created.Equal(start.Created) || now.State.LastSeq < start.State.LastSeq ||
-		deletedNow > deletedThen+au.deleted {
-		now = start
-		deletedNow = deletedThen
+	state, start := streamState(info), streamState(au.info)
+	if !state.Created.Equal(start.Created) || state.LastSeq < start.LastSeq || state.Deleted > start.Deleted+au.deleted {
+		state = start
 	}
-	au.seen.Created = now.Created
-	au.seen.LastSeq = now.State.LastSeq
-	au.seen.Deleted = deletedNow
-	au.seen.Again = au.again
+	state.Swept, state.Again = au.seen.Swept, au.again
+	au.seen = state
 	return au.a.st.SetAuditStream(ctx, au.seen, false)
+}
+
+// streamState is what sweepReason compares of the stream info (Swept and
+// Again left zero).
+func streamState(info *jetstream.StreamInfo) store.AuditStream {
+	return store.AuditStream{
+		Created: info.Created,
+		LastSeq: info.State.LastSeq,
+		Deleted: uint64(max(info.State.NumDeleted, 0)),
+	}
 }
 
 func later(a, b time.Time) time.Time {
@@ -764,26 +765,19 @@ func (au *audit) behindCopies(ctx context.Context, last store.AuditEvent, lastCo
 }
 
 // eventID is the id of the event a message's Nats-Msg-Id names: by the
-// ids this audit derives (byMsgID), or else by the id before its first
-// dot, for an event published under another signing key than today's,
-// or unsigned (the key changed, or signing was turned on). Without that
-// a sweep after a key's change took every event for missing and
-// published it again, a second copy. (Whether a message is the leader's
-// own is the followers' check: docs/cluster.md, "Signed messages".)
-func (au *audit) eventID(byMsgID map[string]string, msgID string) (string, bool) {
+// ids this audit derives (byMsgID), or else as any key derives them
+// (signing.EventID), for an event published under another signing key
+// than today's, or unsigned (the key changed, or signing was turned on).
+// Without that a sweep after a key's change took every event for missing
+// and published it again, a second copy. (Whether a message is the
+// leader's own is the followers' check: docs/cluster.md, "Signed
+// messages".)
+func eventID(byMsgID map[string]string, msgID string) (string, bool) {
 	if id, ok := byMsgID[msgID]; ok {
 		return id, true
 	}
-	id, mac, signed := strings.Cut(msgID, ".")
-	if signed && len(mac) != msgIDMACLen {
-		return "", false // not an id syncd derives
-	}
-	return id, id != ""
+	return signing.EventID(msgID)
 }
-
-// msgIDMACLen is the length of what follows the event id in a signed
-// Nats-Msg-Id (signing.Signer.MsgID).
-const msgIDMACLen = 22
 
 // yield gives way to what the audit's Yield names, if anything.
 func (a *Auditor) yield(ctx context.Context) error {
@@ -902,7 +896,7 @@ func (au *audit) scan(
 				)
 			}
 			next++
-			if id, ok := au.eventID(byMsgID, m.Headers().Get(jetstream.MsgIDHeader)); ok && want[id] {
+			if id, ok := eventID(byMsgID, m.Headers().Get(jetstream.MsgIDHeader)); ok && want[id] {
 				found[id] = streamPos{md.Sequence.Stream}
 			}
 			// Once all it looks for is found, the rest need not be read:

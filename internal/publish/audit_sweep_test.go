@@ -160,12 +160,7 @@ func TestAuditor_SweepsAStreamCreatedAgain(t *testing.T) {
 	au := w.auditor(ahead(3 * time.Minute))
 	auditAll(t, w, au)
 
-	if err := w.conn.JS.DeleteStream(ctx, testStream); err != nil {
-		t.Fatal(err)
-	}
-	if err := publish.EnsureStream(ctx, w.conn.JS, w.cfg); err != nil {
-		t.Fatal(err)
-	}
+	testutil.RecreateStream(t, w.conn.JS, w.cfg)
 	w.p.moveAll(ctx, 1) // on the new stream: the moves, ahead of their tags' creations
 	w.p.addRepos(ctx, "after", 1, 1)
 	w.flush(t)
@@ -226,13 +221,8 @@ func TestAuditor_SweepsEverySweepEvery(t *testing.T) {
 // recreateStream deletes the world's stream and creates it again, as
 // NATS losing it and syncd's start would.
 func recreateStream(t *testing.T, w *auditWorld) {
-	ctx := context.Background()
-	if err := w.conn.JS.DeleteStream(ctx, testStream); err != nil {
-		t.Error(err)
-	}
-	if err := publish.EnsureStream(ctx, w.conn.JS, w.cfg); err != nil {
-		t.Error(err)
-	}
+	t.Helper()
+	testutil.RecreateStream(t, w.conn.JS, w.cfg)
 }
 
 // TestAuditor_ALossDuringAnAuditIsSweptAfter: the stream lost whole while

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,9 +240,12 @@ func (k *KV) remake(ctx context.Context, kind string, failed error) (bool, error
 			"KV bucket %s is gone, and nats.manage_stream = false forbids syncd to create it: create it again: %w",
 			name, failed)
 	}
-	i := slices.IndexFunc(k.bucketList(), func(b bucket) bool { return b.kind == kind })
-	if err := k.open(ctx, k.pub, k.bucketList()[i]); err != nil {
-		return false, err
+	for _, b := range k.bucketList() {
+		if b.kind == kind {
+			if err := k.open(ctx, k.pub, b); err != nil {
+				return false, err
+			}
+		}
 	}
 	k.log.Warn("KV bucket was gone (lost by NATS, or deleted); made it again: reconciling writes it every key",
 		"bucket", name)

@@ -496,6 +496,12 @@ func listenOptions(opts *server.Options, listen string) error {
 
 // EnsureStream creates the stream or updates it to cfg.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) error {
+	_, err := ensureStream(ctx, js, cfg)
+	return err
+}
+
+// ensureStream is EnsureStream, returning the stream.
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
 	sc := jetstream.StreamConfig{
 		Name:        cfg.Stream,
 		Description: "syncd change events",
@@ -505,10 +511,11 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) error
 		Duplicates:  cfg.DuplicateWindow,
 		Replicas:    max(cfg.Replicas, 1),
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
-		return fmt.Errorf("create or update stream %s: %w", cfg.Stream, err)
+	s, err := js.CreateOrUpdateStream(ctx, sc)
+	if err != nil {
+		return nil, fmt.Errorf("create or update stream %s: %w", cfg.Stream, err)
 	}
-	return nil
+	return s, nil
 }
 
 // ErrStreamNotFound is returned (wrapped) by Connect and CheckStream when

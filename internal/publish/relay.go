@@ -343,22 +343,21 @@ func (r *Relay) recreate(ctx context.Context, err error) {
 		return // there, or not answering: the connection's trouble, not the stream's
 	}
 	if r.stream.CheckStreamOnly {
-		r.log.Error(
-			"the stream is gone, and nats.manage_stream = false forbids syncd to create it: nothing is published until it is created again",
-			"stream", r.stream.Stream, "subjects", r.stream.SubjectPrefix+".>",
-		)
+		if err := CheckStream(ctx, r.js, r.stream); err != nil {
+			r.log.Error("the stream is gone: nothing is published until it is created again", "err", err)
+		}
 		return
 	}
-	if err := EnsureStream(ctx, r.js, r.stream); err != nil {
+	s, err := ensureStream(ctx, r.js, r.stream)
+	if err != nil {
 		r.log.Warn("the stream is gone; creating it again failed", "stream", r.stream.Stream, "err", err)
 		return
 	}
 	// A cluster member that has not loaded the stream yet (after its
 	// restart) may answer "not found" for a stream that is there: the
 	// creation then only updated it, and it holds its messages.
-	if s, err := r.js.Stream(ctx, r.stream.Stream); err == nil && s.CachedInfo().State.LastSeq > 0 {
-		r.log.Info("the stream looked gone, but is there", "stream", r.stream.Stream,
-			"last_seq", s.CachedInfo().State.LastSeq)
+	if last := s.CachedInfo().State.LastSeq; last > 0 {
+		r.log.Info("the stream looked gone, but is there", "stream", r.stream.Stream, "last_seq", last)
 		return
 	}
 	r.log.Warn(

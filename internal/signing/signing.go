@@ -141,7 +141,22 @@ func (s *Signer) PublicKey() string { return s.pub }
 func (s *Signer) MsgID(id string) string {
 	mac := hmac.New(sha256.New, s.idKey)
 	mac.Write([]byte(id))
-	return id + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil)[:16])
+	return id + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil)[:msgIDMACBytes])
+}
+
+// msgIDMACBytes is how much of the HMAC a MsgID carries.
+const msgIDMACBytes = 16
+
+// EventID is the id a Nats-Msg-Id that syncd publishes under names: the
+// id itself (unsigned), or the id of a MsgID under any key; false for an
+// id of neither form. It does not tell whether the key was the leader's
+// (the message's signature does: Verifier).
+func EventID(msgID string) (string, bool) {
+	id, mac, signed := strings.Cut(msgID, ".")
+	if signed && len(mac) != base64.RawURLEncoding.EncodedLen(msgIDMACBytes) {
+		return "", false
+	}
+	return id, id != ""
 }
 
 // Seal makes m, built with its id as Nats-Msg-Id, ready to publish: its

@@ -219,3 +219,27 @@ func flipSignatureBit(t *testing.T, h string) string {
 	sig[len(sig)-1] ^= 1
 	return key + "." + base64.RawURLEncoding.EncodeToString(sig)
 }
+
+// TestEventID: the event id of a Nats-Msg-Id syncd publishes under, signed
+// by any key or unsigned; an id of another form names none.
+func TestEventID(t *testing.T) {
+	seed, _ := newSeed(t)
+	s, err := signing.ParseSigner(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "5c220caf73295f579263b38c4b46f66b"
+	for _, c := range []struct {
+		msgID, want string
+		ok          bool
+	}{
+		{s.MsgID(id), id, true},
+		{id, id, true},
+		{id + ".short", "", false},
+		{"", "", false},
+	} {
+		if got, ok := signing.EventID(c.msgID); got != c.want || ok != c.ok {
+			t.Errorf("EventID(%q) = %q, %v; want %q, %v", c.msgID, got, ok, c.want, c.ok)
+		}
+	}
+}
