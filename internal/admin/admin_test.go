@@ -132,6 +132,9 @@ func TestStatusReport_TheSnapshotRestoredFrom(t *testing.T) {
 			[]string{"sequence 41; its file's check is still to run (made 2026-11-26T14:00:00Z)"}, []string{"DAMAGED"}},
 		{store.Status{SnapshotSeq: "41", AdoptedDamage: "quick_check: page 7 is never used"},
 			[]string{"its file is DAMAGED (quick_check: page 7 is never used): stop syncd, remove the mirror"}, nil},
+		// The stream was created again since (store.SetStreamIncarnation).
+		{store.Status{SnapshotSeq: "0"}, []string{"restored from ", "a snapshot of the stream before it was created again\n"},
+			[]string{"sequence 0"}},
 	} {
 		rep := admin.NewStatusReport("m.db", c.status)
 		var b strings.Builder
@@ -149,7 +152,7 @@ func TestStatusReport_TheSnapshotRestoredFrom(t *testing.T) {
 			}
 		}
 		if js, err := json.Marshal(rep); err != nil || (c.status.SnapshotSeq != "") != strings.Contains(string(js),
-			`"snapshot":{"stream_seq":"41"`) {
+			`"snapshot":{"stream_seq":"`+c.status.SnapshotSeq+`"`) {
 			t.Errorf("%+v: JSON %s (%v)", c.status, js, err)
 		}
 	}

@@ -122,7 +122,12 @@ func (rep StatusReport) WriteTable(out io.Writer) error {
 		fmt.Fprintf(w, "follower lag\t%s messages\n", rep.FollowLag)
 	}
 	if sn := rep.Snapshot; sn != nil {
-		fmt.Fprintf(w, "restored from\tthe snapshot of stream sequence %s", sn.StreamSeq)
+		if sn.StreamSeq == "0" {
+			// store.SetStreamIncarnation: the stream was created again.
+			fmt.Fprint(w, "restored from\ta snapshot of the stream before it was created again")
+		} else {
+			fmt.Fprintf(w, "restored from\tthe snapshot of stream sequence %s", sn.StreamSeq)
+		}
 		switch {
 		case sn.Damage != "":
 			fmt.Fprintf(w, "; its file is DAMAGED (%s): stop syncd, remove the mirror, start it again", sn.Damage)

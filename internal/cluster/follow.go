@@ -259,27 +259,25 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		return f.cons, nil
 	}
 	var after uint64
-	fromStart := false
 	if f.lost && !f.repair && f.next > 0 {
 		// The consumer was lost under a running follower: it is made
-		// again where the mirror stands, nothing restored; or, if its
-		// stream was lost with it and created again (counting from 1),
-		// from the new stream's start.
+		// again where the mirror stands, nothing restored.
 		after = f.next - 1
-		if s, err := f.js.Stream(ctx, f.cfg.Stream); err == nil {
-			info := s.CachedInfo()
-			if (!f.streamCreated.IsZero() && !info.Created.Equal(f.streamCreated)) || info.State.LastSeq < after {
-				f.log.Warn("the stream was created again (or lost its tail) under the follower: "+
-					"following it from its first message",
-					"stream", f.cfg.Stream, "created", info.Created, "last_seq", info.State.LastSeq, "was_at", after)
-				after, f.next, fromStart = 0, 0, true
-			}
-		}
 	} else {
 		var err error
 		if after, err = f.prepare(ctx); err != nil {
 			return nil, err
 		}
+	}
+	// The mirror's position counts the stream it was taken in: if the
+	// stream was lost and created again since (counting from 1), the
+	// consumer starts at the new stream's first message.
+	fromStart, err := f.otherStream(ctx, after)
+	if err != nil {
+		return nil, err
+	}
+	if fromStart {
+		after, f.next = 0, 0
 	}
 	cc := jetstream.ConsumerConfig{
 		Durable:       f.cfg.Consumer,
@@ -348,6 +346,40 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		f.next = cons.CachedInfo().AckFloor.Stream + 1
 	}
 	return cons, nil
+}
+
+// Incarnated is a mirror that records which stream its positions count
+// (store.SetStreamIncarnation).
+type Incarnated interface {
+	SetStreamIncarnation(ctx context.Context, created time.Time, last uint64) (moved bool, err error)
+}
+
+// otherStream reports whether the stream is not the one the mirror's
+// position after (and f.next) counts: created again since (another
+// creation time than the mirror recorded, or than the consumer was made
+// on), or with its last sequence below the position (its tail lost). The
+// mirror then records the stream, its positions 0.
+func (f *Follower) otherStream(ctx context.Context, after uint64) (bool, error) {
+	s, err := f.js.Stream(ctx, f.cfg.Stream)
+	if err != nil {
+		return false, nil // the consumer's creation reports it
+	}
+	info := s.CachedInfo()
+	pos := max(after, max(f.next, 1)-1)
+	other := (!f.streamCreated.IsZero() && !info.Created.Equal(f.streamCreated)) || info.State.LastSeq < pos
+	if m, ok := f.mirror.(Incarnated); ok {
+		moved, err := m.SetStreamIncarnation(ctx, info.Created, info.State.LastSeq)
+		if err != nil {
+			return false, err
+		}
+		other = other || moved
+	}
+	if other {
+		f.log.Warn("the stream is not the one the mirror's position counts (created again, or its tail lost): "+
+			"following it from its first message",
+			"stream", f.cfg.Stream, "created", info.Created, "last_seq", info.State.LastSeq, "was_at", pos)
+	}
+	return other, nil
 }
 
 // replaceConsumer deletes the durable consumer that refused cc (refused),
@@ -476,7 +508,7 @@ func (f *Follower) startFrom(ctx context.Context, info SnapshotInfo, adopted boo
 	// a failed deletion left a restored mirror that said it was not (and,
 	// not empty any more, was never restored again to say so).
 	f.restored.Store(&info)
-	f.next = info.Seq + 1
+	f.next = info.After + 1
 	if f.repair {
 		// The mirror is the leader's as of the snapshot: the next
 		// checkpoint after it proves the repair, or marks the mirror
@@ -493,6 +525,8 @@ func (f *Follower) startFrom(ctx context.Context, info SnapshotInfo, adopted boo
 		info.Name,
 		"stream_seq",
 		info.Seq,
+		"follows_after",
+		info.After,
 		"bytes",
 		info.Bytes,
 		"raw_bytes",
@@ -583,7 +617,7 @@ func (f *Follower) Complete(ctx context.Context) error {
 	if !ok || f.cfg.SnapshotBucket == "" || f.complete.Load() {
 		return nil
 	}
-	if seq, err := m.SnapshotSeq(ctx); err != nil || seq > 0 {
+	if restored, err := wasRestored(ctx, m); err != nil || restored {
 		f.complete.Store(err == nil)
 		return err
 	}
@@ -595,6 +629,19 @@ func (f *Follower) Complete(ctx context.Context) error {
 	)
 	f.repair = true
 	return f.restart(ctx)
+}
+
+// wasRestored reports whether m was restored from a snapshot: its
+// snapshot sequence, or the store's record of it (Restored), which a
+// snapshot of a stream since created again leaves at sequence 0.
+func wasRestored(ctx context.Context, m Restorable) (bool, error) {
+	if r, ok := m.(interface {
+		Restored(ctx context.Context) (bool, error)
+	}); ok {
+		return r.Restored(ctx)
+	}
+	seq, err := m.SnapshotSeq(ctx)
+	return seq > 0, err
 }
 
 // restart drops what was fetched ahead and makes the consumer again, which

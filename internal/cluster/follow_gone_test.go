@@ -49,6 +49,15 @@ func TestFollower_AStreamCreatedAgainIsFollowedFromItsStart(t *testing.T) {
 	leader.change(2)
 	leader.publish()
 	testutil.Eventually(t, 10*time.Second, func() error { return sameRows(t, leader.st, follower) })
+	// Its position counts the new stream: the checkpoints there are
+	// compared, not passed over as before the position.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		pos, _, err := follower.StreamPosition(context.Background())
+		if last := streamInfo(t, js).State.LastSeq; err != nil || pos != last {
+			return fmt.Errorf("the follower's position %d (%v), want the new stream's last, %d", pos, err, last)
+		}
+		return nil
+	})
 }
 
 // sameRows fails unless the follower's resources are the leader's.

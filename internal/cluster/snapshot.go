@@ -49,8 +49,13 @@ import (
 const (
 	snapshotSeqKey     = "stream_seq"
 	snapshotCreatedKey = "created"
-	snapshotRawKey     = "raw_bytes"
-	snapshotPrefix     = "mirror-"
+	// snapshotStreamKey is the creation time of the stream whose
+	// sequence stream_seq is (store.FormatStreamCreated): a stream
+	// created again counts from 1, and a snapshot of the one before
+	// covers no place in it.
+	snapshotStreamKey = "stream_created"
+	snapshotRawKey    = "raw_bytes"
+	snapshotPrefix    = "mirror-"
 	// snapshotChunk is the object's chunk size: larger than the library's
 	// 128 KiB default, for fewer messages, and under NATS's default 1 MiB
 	// maximum payload.
@@ -99,8 +104,15 @@ type SnapshotConfig struct {
 // SnapshotInfo describes the newest snapshot.
 type SnapshotInfo struct {
 	Name string
-	// Seq is the stream sequence the snapshot covers.
-	Seq     uint64
+	// Seq is the stream sequence the snapshot covers, of the stream
+	// created at StreamCreated (zero: not recorded, a snapshot of an
+	// older syncd).
+	Seq           uint64
+	StreamCreated time.Time
+	// After is where a follower that restored it follows the stream
+	// from: Seq, or 0 when the snapshot is of a stream since created
+	// again (the current one is read from its first message).
+	After   uint64
 	Created time.Time
 	// Stored is when the server stored the object: its own clock, which
 	// a client cannot set, unlike Created.
@@ -256,7 +268,7 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("stream %s info: %w", s.cfg.Stream, err)
 	}
-	seq := si.State.LastSeq
+	seq, streamCreated := si.State.LastSeq, si.Created
 	dir, err := os.MkdirTemp(s.cfg.Dir, s.tempPrefix())
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("temporary directory for the snapshot: %w", err)
@@ -285,6 +297,7 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 	name := snapshotPrefix + created.Format("20060102T150405.000Z")
 	md := map[string]string{
 		snapshotSeqKey:     strconv.FormatUint(seq, 10),
+		snapshotStreamKey:  store.FormatStreamCreated(streamCreated),
 		snapshotCreatedKey: created.Format(time.RFC3339Nano),
 		snapshotRawKey:     strconv.FormatInt(fi.Size(), 10),
 	}
@@ -319,12 +332,13 @@ func (s *Snapshotter) Write(ctx context.Context, obj jetstream.ObjectStore) (Sna
 		return SnapshotInfo{}, s.unrecorded(ctx, obj, name, err)
 	}
 	info := SnapshotInfo{
-		Name:     name,
-		Seq:      seq,
-		Created:  created,
-		Bytes:    int64(oi.Size),
-		RawBytes: fi.Size(),
-		Took:     time.Since(start),
+		Name:          name,
+		Seq:           seq,
+		StreamCreated: streamCreated,
+		Created:       created,
+		Bytes:         int64(oi.Size),
+		RawBytes:      fi.Size(),
+		Took:          time.Since(start),
 	}
 	s.setLast(info)
 	return info, nil
@@ -474,14 +488,14 @@ func (s *Snapshotter) plausible(ctx context.Context, obj jetstream.ObjectStore) 
 	if err != nil || len(all) == 0 {
 		return nil, err
 	}
-	last, err := streamLastSeq(ctx, s.js, s.cfg.Stream)
+	cur, err := currentStream(ctx, s.js, s.cfg.Stream)
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
 	out := all[:0:0]
 	for _, info := range all {
-		if err := plausible(info, now, last); err != nil {
+		if err := plausible(info, now, cur); err != nil {
 			s.log.Warn(
 				"a snapshot in the bucket is not one this leader can have written; ignoring it",
 				"bucket",
@@ -504,10 +518,11 @@ const maxSnapshotSkew = time.Minute
 
 // plausible checks what a snapshot's metadata claims, which any client of
 // the account can write: created no later than now (within
-// maxSnapshotSkew), and a stream sequence the stream has reached (last:
-// its last sequence). A snapshot claiming 2099 would otherwise make the
-// leader wait until then for its next one, and one claiming a sequence
-// beyond the stream would make a follower skip every event up to it.
+// maxSnapshotSkew), and a stream sequence the stream has reached, when
+// the snapshot is of this stream (cur; see after). A snapshot claiming
+// 2099 would otherwise make the leader wait until then for its next one,
+// and one claiming a sequence beyond the stream would make a follower skip
+// every event up to it.
 //
 // created is compared with this host's clock, not the server's time of
 // storing the object: the leader's own snapshots always pass on the
@@ -515,7 +530,7 @@ const maxSnapshotSkew = time.Minute
 // failed on each check, the leader wrote one at every poll and pruned
 // none). A follower whose clock is behind the leader's by more than
 // maxSnapshotSkew passes over the newest snapshots for older ones.
-func plausible(info SnapshotInfo, now time.Time, last uint64) error {
+func plausible(info SnapshotInfo, now time.Time, cur streamNow) error {
 	switch {
 	case info.Created.After(now.Add(maxSnapshotSkew)):
 		return fmt.Errorf(
@@ -523,28 +538,55 @@ func plausible(info SnapshotInfo, now time.Time, last uint64) error {
 			info.Name,
 			info.Created.Format(time.RFC3339),
 		)
-	case info.Seq > last:
+	case info.after(cur) > cur.last:
 		return fmt.Errorf(
 			"snapshot %s claims to cover stream sequence %d, beyond the stream's last, %d",
 			info.Name,
 			info.Seq,
-			last,
+			cur.last,
 		)
 	}
 	return nil
 }
 
-// streamLastSeq is the last sequence of stream.
-func streamLastSeq(ctx context.Context, js jetstream.JetStream, stream string) (uint64, error) {
+// streamNow is the stream as a snapshot is checked against it: its last
+// sequence, and when it was created.
+type streamNow struct {
+	last    uint64
+	created time.Time
+}
+
+// currentStream looks stream up.
+func currentStream(ctx context.Context, js jetstream.JetStream, stream string) (streamNow, error) {
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
-		return 0, fmt.Errorf("look up stream %s: %w", stream, err)
+		return streamNow{}, fmt.Errorf("look up stream %s: %w", stream, err)
 	}
 	si, err := st.Info(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("stream %s info: %w", stream, err)
+		return streamNow{}, fmt.Errorf("stream %s info: %w", stream, err)
 	}
-	return si.State.LastSeq, nil
+	return streamNow{last: si.State.LastSeq, created: si.Created}, nil
+}
+
+// after is where a follower that restores info follows cur from: the
+// sequence the snapshot covers, or 0 when the snapshot is of another
+// stream of the same name, which cur counts nothing of (NATS lost the
+// stream whole, or an operator deleted it, and it was created again).
+// A snapshot whose stream is not recorded (written by an older syncd) is
+// taken for cur's unless it was created before cur was: by the writer's
+// clock against the server's, so that a skew between them errs towards
+// reading cur from its start, which only costs time.
+func (info SnapshotInfo) after(cur streamNow) uint64 {
+	switch {
+	case cur.created.IsZero():
+		return info.Seq
+	case !info.StreamCreated.IsZero() && !info.StreamCreated.Equal(cur.created):
+		return 0
+	case info.StreamCreated.IsZero() && info.Created.Before(cur.created):
+		return 0
+	}
+	return info.Seq
 }
 
 // listSnapshots lists the bucket's snapshots, newest first by the
@@ -581,6 +623,9 @@ func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotIn
 			objectSignature: o.Metadata[snapshotObjectSigKey],
 		}
 		info.Seq, _ = strconv.ParseUint(o.Metadata[snapshotSeqKey], 10, 64)
+		if t, err := time.Parse(time.RFC3339Nano, o.Metadata[snapshotStreamKey]); err == nil {
+			info.StreamCreated = t
+		}
 		info.RawBytes, _ = strconv.ParseInt(o.Metadata[snapshotRawKey], 10, 64)
 		if t, err := time.Parse(time.RFC3339Nano, o.Metadata[snapshotCreatedKey]); err == nil {
 			info.Created = t
@@ -619,7 +664,7 @@ func listObjects(ctx context.Context, obj jetstream.ObjectStore) ([]*jetstream.O
 // snapshot.
 type Restorable interface {
 	Empty(ctx context.Context) (bool, error)
-	Restore(ctx context.Context, path string, seq uint64, from store.Provenance) error
+	Restore(ctx context.Context, path string, at store.SnapshotAt, from store.Provenance) error
 	SnapshotSeq(ctx context.Context) (uint64, error)
 }
 
@@ -663,11 +708,11 @@ type fileAdopter struct {
 func (fileAdopter) Empty(context.Context) (bool, error)         { return true, nil }
 func (fileAdopter) SnapshotSeq(context.Context) (uint64, error) { return 0, nil }
 
-func (a fileAdopter) Restore(ctx context.Context, snap string, seq uint64, from store.Provenance) error {
+func (a fileAdopter) Restore(ctx context.Context, snap string, at store.SnapshotAt, from store.Provenance) error {
 	if from != store.Verified {
 		return errors.New("only a snapshot verified as the leader's is adopted as the mirror's file")
 	}
-	err := store.AdoptFile(ctx, snap, a.path, seq, a.opts)
+	err := store.AdoptFile(ctx, snap, a.path, at, a.opts)
 	if err != nil && !errors.Is(err, store.ErrBadSnapshot) {
 		// Not the snapshot's failure (a full disk, a rename across
 		// devices): an older one would fail the same way.
@@ -750,7 +795,7 @@ func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, fo
 	if err != nil || len(all) == 0 {
 		return SnapshotInfo{}, false, 0, err
 	}
-	last, err := streamLastSeq(ctx, r.js, r.stream)
+	cur, err := currentStream(ctx, r.js, r.stream)
 	if err != nil {
 		return SnapshotInfo{}, false, 0, err
 	}
@@ -768,13 +813,14 @@ func (r restorer) restore(ctx context.Context, m Restorable) (_ SnapshotInfo, fo
 			}
 		}
 		start := time.Now()
-		err := plausible(info, start, last)
+		err := plausible(info, start, cur)
 		if err == nil && records != nil {
 			err = records.check(ctx, info)
 		}
+		info.After = info.after(cur)
 		if err != nil {
 			err = fmt.Errorf("%w: %w", errSnapshotRefused, err)
-		} else if info.Download, err = r.restoreOne(ctx, obj, info, m); err == nil {
+		} else if info.Download, err = r.restoreOne(ctx, obj, info, cur, m); err == nil {
 			info.Took = time.Since(start)
 			return info, true, refused, nil
 		}
@@ -882,6 +928,7 @@ func (r restorer) restoreOne(
 	ctx context.Context,
 	obj jetstream.ObjectStore,
 	info SnapshotInfo,
+	cur streamNow,
 	m Restorable,
 ) (took time.Duration, err error) {
 	tmp, err := os.MkdirTemp(r.dir, r.tempPrefix())
@@ -924,7 +971,9 @@ func (r restorer) restoreOne(
 		}
 		from = store.Verified
 	}
-	if err := m.Restore(ctx, path, info.Seq, from); err != nil {
+	// The mirror's position is its place in the current stream.
+	at := store.SnapshotAt{Seq: info.After, StreamCreated: cur.created}
+	if err := m.Restore(ctx, path, at, from); err != nil {
 		if errors.Is(err, store.ErrRestoreUnfinished) || errors.Is(err, store.ErrMirrorExists) ||
 			errors.Is(err, errAdoptFile) {
 			return took, fmt.Errorf("restore snapshot %s: %w", info.Name, err)

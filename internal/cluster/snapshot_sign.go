@@ -8,7 +8,8 @@ import (
 
 // A snapshot's manifest is signed like the stream's messages: the leader
 // signs the object's name, the SHA-256 of the database file it holds
-// (before compression), and its stream_seq and created metadata, and
+// (before compression), and its stream_seq, stream_created and created
+// metadata, and
 // stores the digest and the signature as metadata beside them, in the one
 // Put. A follower with verify keys restores only a snapshot whose manifest
 // verifies and whose downloaded file has the signed digest: a planted
@@ -33,7 +34,7 @@ const (
 // manifest is what a snapshot's signatures cover, as stored: digest is
 // the file's, object the compressed object's, raw the file's size.
 type manifest struct {
-	name, digest, object, seq, created, raw string
+	name, digest, object, seq, stream, created, raw string
 }
 
 func manifestOf(oi *jetstream.ObjectInfo) manifest {
@@ -42,6 +43,7 @@ func manifestOf(oi *jetstream.ObjectInfo) manifest {
 		digest:  oi.Metadata[snapshotSHAKey],
 		object:  oi.Metadata[snapshotObjectKey],
 		seq:     oi.Metadata[snapshotSeqKey],
+		stream:  oi.Metadata[snapshotStreamKey],
 		created: oi.Metadata[snapshotCreatedKey],
 		raw:     oi.Metadata[snapshotRawKey],
 	}
@@ -49,13 +51,24 @@ func manifestOf(oi *jetstream.ObjectInfo) manifest {
 
 // payload is the byte string signed for key: the manifest of the file.
 func (m manifest) payload(key string) []byte {
-	return signing.Payload(key, "snapshot "+m.name, m.digest, []byte(m.seq+" "+m.created))
+	return signing.Payload(key, "snapshot "+m.name, m.digest, []byte(m.place()+" "+m.created))
 }
 
 // objectPayload is the byte string signed for key: the manifest of the
 // compressed object, with the size of the file it decompresses to.
 func (m manifest) objectPayload(key string) []byte {
-	return signing.Payload(key, "snapshot object "+m.name, m.object, []byte(m.seq+" "+m.created+" "+m.raw))
+	return signing.Payload(key, "snapshot object "+m.name, m.object, []byte(m.place()+" "+m.created+" "+m.raw))
+}
+
+// place is the stream sequence as signed, with the stream's creation time
+// when the snapshot records it: a snapshot of an older syncd, which has
+// none, verifies as it did, and one whose stream_created was removed does
+// not.
+func (m manifest) place() string {
+	if m.stream == "" {
+		return m.seq
+	}
+	return m.seq + "@" + m.stream
 }
 
 // signManifest adds the digests of the snapshot object name about to be

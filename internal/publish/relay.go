@@ -103,12 +103,70 @@ type Relay struct {
 	signer *signing.Signer
 	// busy tells the passes under way (Idle).
 	busy passGate
+	// streamCreated is the creation time of the stream the mirror's
+	// position was last recorded for, and streamSeq the highest sequence
+	// recorded since (see noteStream); only the passes' goroutine touches
+	// them.
+	streamCreated time.Time
+	streamSeq     uint64
 }
 
 // StreamPosition is a mirror that records the stream sequence it reflects
 // up to (see store.SetStreamSeq).
 type StreamPosition interface {
 	SetStreamSeq(ctx context.Context, seq uint64) error
+}
+
+// StreamIncarnation is a mirror that records which stream its position
+// counts (see store.SetStreamIncarnation): a stream created again counts
+// from 1.
+type StreamIncarnation interface {
+	SetStreamIncarnation(ctx context.Context, created time.Time, last uint64) (moved bool, err error)
+}
+
+// noteStream records, before the mirror's position moves to seq, which
+// stream seq counts: at the first position the relay records, and when a
+// message stored anew (not a duplicate, which names its first copy's
+// sequence) got a sequence at or below one recorded before, firstNew (0:
+// none stored anew), it looks the stream up. A stream gives each new
+// message a sequence above all before it; one at or below is another
+// stream's (created again under the relay, by another or by recreate) or
+// a stream that lost its tail. Otherwise the position would stay where
+// the old stream's was, and a snapshot or a standby taking it would pass
+// over the new stream's messages below it.
+func (r *Relay) noteStream(ctx context.Context, seq, firstNew uint64) error {
+	m, ok := r.outbox.(StreamIncarnation)
+	if !ok || r.stream.Stream == "" {
+		return nil
+	}
+	if !r.streamCreated.IsZero() && (firstNew == 0 || firstNew > r.streamSeq) {
+		r.streamSeq = max(r.streamSeq, seq)
+		return nil
+	}
+	s, err := r.js.Stream(ctx, r.stream.Stream)
+	if err != nil {
+		r.log.Debug("look up the stream to record which one the position counts; at the next pass", "err", err)
+		return nil
+	}
+	return r.recordStream(ctx, m, s.CachedInfo(), seq)
+}
+
+// recordStream records that the mirror's position counts the stream
+// info, at seq.
+func (r *Relay) recordStream(ctx context.Context, m StreamIncarnation, info *jetstream.StreamInfo, seq uint64) error {
+	moved, err := m.SetStreamIncarnation(ctx, info.Created, info.State.LastSeq)
+	if err != nil {
+		return err
+	}
+	if moved {
+		r.log.Info("the stream is not the one the mirror's position counted (created again): recorded its position anew",
+			"stream", r.stream.Stream, "created", info.Created, "stream_seq", seq)
+	}
+	if moved || !info.Created.Equal(r.streamCreated) {
+		r.streamSeq = 0
+	}
+	r.streamCreated, r.streamSeq = info.Created, max(r.streamSeq, seq)
+	return nil
 }
 
 // CheckpointSource is what the relay reads a checkpoint from.
@@ -360,6 +418,11 @@ func (r *Relay) recreate(ctx context.Context, err error) {
 		r.log.Info("the stream looked gone, but is there", "stream", r.stream.Stream, "last_seq", last)
 		return
 	}
+	if m, ok := r.outbox.(StreamIncarnation); ok {
+		if err := r.recordStream(ctx, m, s.CachedInfo(), 0); err != nil {
+			r.log.Warn("record the stream created again", "err", err)
+		}
+	}
 	r.log.Warn(
 		"the stream was gone (lost by NATS, or deleted); created it again: the next audit publishes the event log again",
 		"stream", r.stream.Stream,
@@ -496,8 +559,10 @@ func (r *Relay) clearKVFailure() {
 // touches it, except marks, which markLoop consumes.
 type relayPass struct {
 	r *Relay
-	// streamSeq is the highest stream sequence JetStream acknowledged.
-	streamSeq uint64
+	// streamSeq is the highest stream sequence JetStream acknowledged,
+	// and firstNew the lowest of a message it stored anew (not a
+	// duplicate; 0: none).
+	streamSeq, firstNew uint64
 	// inflight holds the publishes awaiting acknowledgement in publish
 	// order, which is the order JetStream acknowledges them in, so waiting
 	// on the oldest first costs nothing.
@@ -742,6 +807,9 @@ func (p *relayPass) publish(e store.Event) {
 func (p *relayPass) acknowledged(e store.Event, ack *jetstream.PubAck) {
 	if ack != nil {
 		p.streamSeq = max(p.streamSeq, ack.Sequence)
+		if !ack.Duplicate && (p.firstNew == 0 || ack.Sequence < p.firstNew) {
+			p.firstNew = ack.Sequence
+		}
 		if p.r.log.Enabled(context.Background(), slog.LevelDebug) {
 			// Where the stream says it holds the event: a duplicate's
 			// sequence is its first copy's.
@@ -897,7 +965,9 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 	if pos, ok := p.r.outbox.(StreamPosition); ok && p.streamSeq > 0 && markErr == nil {
 		// The mirror reflects the stream up to here: a checkpoint before
 		// it, met again as a standby, tells nothing about this mirror.
-		if err := pos.SetStreamSeq(ctx, p.streamSeq); err != nil {
+		if err := p.r.noteStream(ctx, p.streamSeq, p.firstNew); err != nil {
+			markErr = err
+		} else if err := pos.SetStreamSeq(ctx, p.streamSeq); err != nil {
 			markErr = err
 		}
 	}
@@ -1000,6 +1070,9 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	}
 	r.cpSent, r.cpSentTime = same, time.Now()
 	if pos, ok := r.outbox.(StreamPosition); ok {
+		if err := r.noteStream(ctx, ack.Sequence, ack.Sequence); err != nil {
+			return ack.Sequence, "", err
+		}
 		if err := pos.SetStreamSeq(ctx, ack.Sequence); err != nil {
 			return ack.Sequence, "", err
 		}

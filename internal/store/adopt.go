@@ -52,8 +52,8 @@ func adoptable(ctx context.Context, conn *sql.Conn, snap *Store) (bool, error) {
 // is overwritten (secure_delete), and the file header's free fields
 // (user_version, application_id, the suggested cache size) are set to
 // the mirror's.
-func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path string, seq uint64) error {
-	if err := s.prepareFile(ctx, conn, snap, path, seq, false); err != nil {
+func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path string, at SnapshotAt) error {
+	if err := s.prepareFile(ctx, conn, snap, path, at, false); err != nil {
 		return err
 	}
 	// The digest is computed from the snapshot's rows while its pages are
@@ -123,7 +123,7 @@ func (s *Store) adopt(ctx context.Context, conn *sql.Conn, snap *Store, path str
 // free fields the mirror's, out of WAL mode. keepDigest keeps the
 // snapshot's replica digest and its triggers (AdoptFile); otherwise they
 // go, for adopt to compute the digest from the rows.
-func (s *Store) prepareFile(ctx context.Context, conn *sql.Conn, snap *Store, path string, seq uint64,
+func (s *Store) prepareFile(ctx context.Context, conn *sql.Conn, snap *Store, path string, at SnapshotAt,
 	keepDigest bool) error {
 	var header [3]int64
 	for i, pragma := range adoptedHeader {
@@ -158,7 +158,7 @@ func (s *Store) prepareFile(ctx context.Context, conn *sql.Conn, snap *Store, pa
 		var tx *sql.Tx
 		tx, err = conn.BeginTx(ctx, nil)
 		err = runTx(tx, err, func(tx *sql.Tx) error {
-			if err := s.keepOwnTables(ctx, tx, seq); err != nil || !keepDigest {
+			if err := s.keepOwnTables(ctx, tx, at); err != nil || !keepDigest {
 				return err
 			}
 			// Its kept digest and its pages are checked once it is the
@@ -320,7 +320,7 @@ func (s *Store) prepareAdopted(ctx context.Context, tx *sql.Tx, keepDigest bool)
 // attached as snap, the snapshot's copies of the tables a restore leaves
 // alone with the mirror's, and its meta with the mirror's, but for the
 // snapshot's baseline if the mirror has none and the sequence it covers.
-func (s *Store) keepOwnTables(ctx context.Context, tx *sql.Tx, seq uint64) error {
+func (s *Store) keepOwnTables(ctx context.Context, tx *sql.Tx, at SnapshotAt) error {
 	baseline, _, err := s.restoredBaseline(ctx, tx)
 	if err != nil {
 		return err
@@ -336,5 +336,5 @@ func (s *Store) keepOwnTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 			return err
 		}
 	}
-	return recordRestore(ctx, tx, "snap", seq, baseline)
+	return recordRestore(ctx, tx, "snap", at, baseline)
 }

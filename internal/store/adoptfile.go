@@ -23,7 +23,7 @@ var ErrMirrorExists = errors.New("the mirror exists")
 // file, prepared in place as adopt prepares it, then renamed to path.
 // Restore into an open empty mirror copies the file's pages through the
 // mirror's write-ahead log, which writes them twice (docs/performance.md).
-// seq is the stream sequence the snapshot covers. opts are those the
+// at is the place in the stream the snapshot covers. opts are those the
 // mirror will be opened with.
 //
 // The snapshot's replica digest and its triggers are kept as the
@@ -36,7 +36,7 @@ var ErrMirrorExists = errors.New("the mirror exists")
 // A crash before the rename leaves no mirror at path, and the follower
 // starts over; after it, a whole one: the file is synced before the
 // rename, its directory after.
-func AdoptFile(ctx context.Context, snap, path string, seq uint64, opts Options) error {
+func AdoptFile(ctx context.Context, snap, path string, at SnapshotAt, opts Options) error {
 	for _, p := range []string{path, path + "-wal", path + "-shm", path + "-journal"} {
 		if _, err := os.Lstat(p); err == nil {
 			return fmt.Errorf("adopt snapshot: %s: %w", p, ErrMirrorExists)
@@ -65,7 +65,7 @@ func AdoptFile(ctx context.Context, snap, path string, seq uint64, opts Options)
 	}
 	defer sn.Close()
 	if err := fresh.sortingConn(ctx, func(conn *sql.Conn) error {
-		return fresh.prepareFile(ctx, conn, sn, snap, seq, true)
+		return fresh.prepareFile(ctx, conn, sn, snap, at, true)
 	}); err != nil {
 		return fmt.Errorf("adopt snapshot: %w", err)
 	}

@@ -57,7 +57,7 @@ func TestAdoptFile_ANewMirrorIsTheSnapshot(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "mirror.db")
 	adopted := store.FileAdoptions()
-	if err := store.AdoptFile(ctx, snap, path, 7, store.Options{Now: clk.Now}); err != nil {
+	if err := store.AdoptFile(ctx, snap, path, store.SnapshotAt{Seq: 7}, store.Options{Now: clk.Now}); err != nil {
 		t.Fatal(err)
 	}
 	if store.FileAdoptions() != adopted+1 {
@@ -144,7 +144,7 @@ func TestAdoptFile_RefusesAMirrorThatExists(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, existing), []byte("the mirror's own"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		err := store.AdoptFile(ctx, snap, path, 7, store.Options{Now: clk.Now})
+		err := store.AdoptFile(ctx, snap, path, store.SnapshotAt{Seq: 7}, store.Options{Now: clk.Now})
 		if !errors.Is(err, store.ErrMirrorExists) || !strings.Contains(err.Error(), existing) {
 			t.Errorf("%s exists: %v, want ErrMirrorExists naming it", existing, err)
 		}
@@ -168,13 +168,14 @@ func TestAdoptFile_AFailureLeavesNoMirror(t *testing.T) {
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
 	path := filepath.Join(t.TempDir(), "mirror.db")
-	if err := store.AdoptFile(canceled, snap, path, 7, store.Options{Now: clk.Now}); !errors.Is(err, context.Canceled) {
+	err := store.AdoptFile(canceled, snap, path, store.SnapshotAt{Seq: 7}, store.Options{Now: clk.Now})
+	if !errors.Is(err, context.Canceled) {
 		t.Errorf("canceled: %v, want context.Canceled", err)
 	}
 	// The rename fails (the mirror's directory is not there): the snapshot
 	// was prepared, and nothing but it is left beside it.
 	gone := filepath.Join(t.TempDir(), "gone", "mirror.db")
-	if err := store.AdoptFile(ctx, snap, gone, 7, store.Options{Now: clk.Now}); err == nil ||
+	if err := store.AdoptFile(ctx, snap, gone, store.SnapshotAt{Seq: 7}, store.Options{Now: clk.Now}); err == nil ||
 		errors.Is(err, store.ErrBadSnapshot) {
 		t.Errorf("a rename into no directory: %v, want its error", err)
 	}
@@ -189,7 +190,8 @@ func TestAdoptFile_AFailureLeavesNoMirror(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.Close()
-	if err := store.AdoptFile(ctx, snap, path, 7, store.Options{Now: clk.Now}); !errors.Is(err, store.ErrBadSnapshot) {
+	err = store.AdoptFile(ctx, snap, path, store.SnapshotAt{Seq: 7}, store.Options{Now: clk.Now})
+	if !errors.Is(err, store.ErrBadSnapshot) {
 		t.Errorf("a snapshot with a view of its own: %v, want ErrBadSnapshot", err)
 	}
 	for _, p := range []string{path, path + "-wal", path + "-shm", gone} {
@@ -217,7 +219,7 @@ func TestAdoptFile_CheckFindsADigestThatIsNotTheRows(t *testing.T) {
 	}
 	db.Close()
 	path := filepath.Join(t.TempDir(), "mirror.db")
-	if err := store.AdoptFile(ctx, snap, path, 7, store.Options{Now: clk.Now}); err != nil {
+	if err := store.AdoptFile(ctx, snap, path, store.SnapshotAt{Seq: 7}, store.Options{Now: clk.Now}); err != nil {
 		t.Fatal(err)
 	}
 	st := mustOpen(t, path, store.Options{Now: clk.Now})
@@ -247,7 +249,7 @@ func TestAdoptFile_CheckFindsADamagedFile(t *testing.T) {
 			clk := newClock()
 			snap, _, _ := adoptedLeader(t, clk)
 			path := filepath.Join(t.TempDir(), "mirror.db")
-			if err := store.AdoptFile(ctx, snap, path, 7, store.Options{Now: clk.Now}); err != nil {
+			if err := store.AdoptFile(ctx, snap, path, store.SnapshotAt{Seq: 7}, store.Options{Now: clk.Now}); err != nil {
 				t.Fatal(err)
 			}
 			spoilRootPage(t, path, object)

@@ -71,7 +71,7 @@ func TestReplicaDigest_Maintained(t *testing.T) {
 		t.Fatal(err)
 	}
 	follower, fpath := openTemp(t, clk, true, store.Options{})
-	if err := follower.Restore(ctx, path, 7, store.Verified); err != nil {
+	if err := follower.Restore(ctx, path, store.SnapshotAt{Seq: 7}, store.Verified); err != nil {
 		t.Fatal(err)
 	}
 	if diff := check(follower, "restored").Diff(full); diff != "" {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // A snapshot is a copy of a mirror that a new follower starts from instead
@@ -71,6 +72,14 @@ func (s *Store) Backup(ctx context.Context, path string) error {
 	return nil
 }
 
+// SnapshotAt is the place in the event stream a snapshot covers: its
+// sequence Seq, of the stream created at StreamCreated (zero: not known,
+// a snapshot from before syncd recorded it; see SetStreamIncarnation).
+type SnapshotAt struct {
+	Seq           uint64
+	StreamCreated time.Time
+}
+
 // Empty reports whether the mirror holds no resource and no event: a
 // mirror a follower may fill from a snapshot.
 func (s *Store) Empty(ctx context.Context) (bool, error) { return isEmpty(ctx, s.w) }
@@ -91,7 +100,7 @@ func (s *Store) SnapshotSeq(ctx context.Context) (uint64, error) {
 
 // Restore replaces the mirror's contents with the snapshot at path (a
 // database Backup wrote, migrated here to this binary's schema first) and
-// records seq, the stream sequence it covers, in one transaction.
+// records at, the place in the stream it covers, in one transaction.
 //
 // The snapshot's events count as published: those its leader had not
 // published yet when it copied its mirror reach the stream after the
@@ -113,7 +122,7 @@ func (s *Store) SnapshotSeq(ctx context.Context) (uint64, error) {
 // byte a trusted leader's Backup: then an empty mirror adopts it (adopt)
 // rather than copying its tables. Restore changes the file at path: it
 // migrates it, and adopting prepares it in place.
-func (s *Store) Restore(ctx context.Context, path string, seq uint64, from Provenance) error {
+func (s *Store) Restore(ctx context.Context, path string, at SnapshotAt, from Provenance) error {
 	if err := CheckSnapshot(ctx, path); err != nil {
 		return err
 	}
@@ -133,7 +142,7 @@ func (s *Store) Restore(ctx context.Context, path string, seq uint64, from Prove
 				return err
 			}
 			if ok {
-				return s.adopt(ctx, conn, snap, path, seq)
+				return s.adopt(ctx, conn, snap, path, at)
 			}
 		}
 		if err := snap.Close(); err != nil {
@@ -146,7 +155,7 @@ func (s *Store) Restore(ctx context.Context, path string, seq uint64, from Prove
 		}
 		defer conn.ExecContext(context.WithoutCancel(ctx), `DETACH DATABASE snap`)
 		tx, err := conn.BeginTx(ctx, nil)
-		return runTx(tx, err, func(tx *sql.Tx) error { return s.restoreTables(ctx, tx, seq) })
+		return runTx(tx, err, func(tx *sql.Tx) error { return s.restoreTables(ctx, tx, at) })
 	})
 	if err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
@@ -201,7 +210,7 @@ func isEmpty(ctx context.Context, q queryer) (bool, error) {
 // again from a sort after: kept up row by row, the indexes by time and
 // digest alone (inserted in no order) made a restore of a million history
 // rows several times slower than the copy.
-func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error {
+func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, at SnapshotAt) error {
 	// The digest is computed from the copied rows once, not a row at a
 	// time: a snapshot's own sums are not taken on trust.
 	if err := dropDigestTriggers(ctx, tx); err != nil {
@@ -275,7 +284,7 @@ func (s *Store) restoreTables(ctx context.Context, tx *sql.Tx, seq uint64) error
 	if err != nil {
 		return err
 	}
-	if err := recordRestore(ctx, tx, "main", seq, baseline); err != nil {
+	if err := recordRestore(ctx, tx, "main", at, baseline); err != nil {
 		return err
 	}
 	if snapBaseline != "" {
@@ -305,11 +314,20 @@ func (s *Store) restoredBaseline(ctx context.Context, tx *sql.Tx) (keep, snapsho
 // recordRestore records in the meta of schema (main or snap) the stream
 // sequence a restored snapshot covers and the baseline the mirror keeps
 // (none when empty).
-func recordRestore(ctx context.Context, tx *sql.Tx, schema string, seq uint64, baseline string) error {
+func recordRestore(ctx context.Context, tx *sql.Tx, schema string, at SnapshotAt, baseline string) error {
+	created := ""
+	if !at.StreamCreated.IsZero() {
+		created = FormatStreamCreated(at.StreamCreated)
+	} else if _, err := tx.ExecContext(ctx, `DELETE FROM `+schema+`.meta WHERE key = ?`, StreamCreatedKey); err != nil {
+		// Not known: the stream the follower meets is taken for the
+		// snapshot's (SetStreamIncarnation).
+		return fmt.Errorf("record %s: %w", StreamCreatedKey, err)
+	}
 	for k, v := range map[string]string{
-		SnapshotSeqKey:  strconv.FormatUint(seq, 10),
-		StreamSeqKey:    strconv.FormatUint(seq, 10),
-		"baseline_time": baseline,
+		SnapshotSeqKey:   strconv.FormatUint(at.Seq, 10),
+		StreamSeqKey:     strconv.FormatUint(at.Seq, 10),
+		StreamCreatedKey: created,
+		"baseline_time":  baseline,
 	} {
 		if v == "" {
 			continue

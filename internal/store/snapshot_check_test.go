@@ -62,7 +62,8 @@ func TestCheckSnapshot(t *testing.T) {
 				t.Fatalf("CheckSnapshot: %v, want ErrBadSnapshot", err)
 			}
 			follower, _ := openTemp(t, newClock(), false, store.Options{})
-			if err := follower.Restore(ctx, path, 7, store.Verified); !errors.Is(err, store.ErrBadSnapshot) {
+			err = follower.Restore(ctx, path, store.SnapshotAt{Seq: 7}, store.Verified)
+			if !errors.Is(err, store.ErrBadSnapshot) {
 				t.Fatalf("Restore: %v, want ErrBadSnapshot", err)
 			}
 			if seq, err := follower.SnapshotSeq(ctx); err != nil || seq != 0 {
@@ -130,7 +131,7 @@ func TestCheckSnapshot_DuringTheFirstSync(t *testing.T) {
 			t.Fatal(err)
 		}
 		follower, _ := openTemp(t, newClock(), false, store.Options{})
-		if err := follower.Restore(ctx, p, 3, from); err != nil {
+		if err := follower.Restore(ctx, p, store.SnapshotAt{Seq: 3}, from); err != nil {
 			t.Fatal(err)
 		}
 		if n := queryInt(

@@ -87,7 +87,7 @@ func testBackupRestore(t *testing.T, from store.Provenance, own bool) {
 		mustApplyRepos(t, follower, store.Repo{UID: "g1/r7", Name: "its-own", CreateTime: clk.Now()})
 	}
 	adopted := store.Adoptions()
-	if err := follower.Restore(ctx, path, 42, from); err != nil {
+	if err := follower.Restore(ctx, path, store.SnapshotAt{Seq: 42}, from); err != nil {
 		t.Fatal(err)
 	}
 	if wantAdopted := from == store.Verified && !own; (store.Adoptions() > adopted) != wantAdopted {
@@ -259,7 +259,7 @@ func TestSnapshot_BetweenAPushedMoveAndTheListing(t *testing.T) {
 	mustApplyTags(t, leader, repo, t1)
 
 	follower, _ := openTemp(t, clk, true, store.Options{})
-	if err := follower.Restore(ctx, path, uint64(len(evs)), store.Unverified); err != nil {
+	if err := follower.Restore(ctx, path, store.SnapshotAt{Seq: uint64(len(evs))}, store.Unverified); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := follower.ApplyStreamEvents(ctx, stream); err != nil {
@@ -319,7 +319,7 @@ func TestSnapshot_RestoreOverUnpublishedEvents(t *testing.T) {
 				shared = append(shared, id)
 			}
 		}
-		if err := ex.Restore(ctx, path, 9, store.Unverified); err != nil {
+		if err := ex.Restore(ctx, path, store.SnapshotAt{Seq: 9}, store.Unverified); err != nil {
 			t.Fatalf("restore over unpublished events (dropped first: %v): %v", drop, err)
 		}
 		if drop && len(shared) != 0 {
@@ -363,14 +363,14 @@ func TestSnapshot_LeaderRestoringItsOwnKeepsItsUnpublishedEvents(t *testing.T) {
 	path := backupTo(t, leader)
 	unpublished := `SELECT group_concat(id, ',') FROM (SELECT e.id FROM event_log e JOIN outbox o ON o.seq = e.seq ORDER BY e.seq)`
 	want := queryString(t, leader.Reader(), unpublished)
-	if err := leader.Restore(ctx, path, 5, store.Unverified); err != nil {
+	if err := leader.Restore(ctx, path, store.SnapshotAt{Seq: 5}, store.Unverified); err != nil {
 		t.Fatal(err)
 	}
 	if got := queryString(t, leader.Reader(), unpublished); got != want || got == "" {
 		t.Errorf("the leader's unpublished events after restoring its own snapshot: %q, want %q", got, want)
 	}
 	fresh, _ := openTemp(t, clk, true, store.Options{})
-	if err := fresh.Restore(ctx, path, 5, store.Verified); err != nil {
+	if err := fresh.Restore(ctx, path, store.SnapshotAt{Seq: 5}, store.Verified); err != nil {
 		t.Fatal(err)
 	}
 	if got := queryString(t, fresh.Reader(), unpublished); got != "" {
@@ -432,7 +432,8 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	steps := 0
 	store.SetAdoptSteps(t, 1, func(bool) { steps++; cancel() })
-	if err := follower.Restore(cctx, copyOf(), 7, store.Verified); !errors.Is(err, context.Canceled) {
+	err = follower.Restore(cctx, copyOf(), store.SnapshotAt{Seq: 7}, store.Verified)
+	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled restore: %v, want context.Canceled", err)
 	}
 	if steps != 1 {
@@ -456,7 +457,7 @@ func TestSnapshot_AdoptKeepsTheMirrorsOwn(t *testing.T) {
 		}
 	})
 	adopted := store.Adoptions()
-	if err := follower.Restore(cctx, copyOf(), 7, store.Verified); err != nil {
+	if err := follower.Restore(cctx, copyOf(), store.SnapshotAt{Seq: 7}, store.Verified); err != nil {
 		t.Fatalf("a restore canceled once its copy committed: %v, want it finished", err)
 	}
 	if !committed || store.Adoptions() != adopted+1 {
@@ -514,7 +515,7 @@ func TestSnapshot_AdoptRefusedWhenTheDigestFails(t *testing.T) {
 	store.SetAdoptDigestFault(t, unreadable)
 	store.SetAdoptSteps(t, 2, nil)
 	restored := make(chan error, 1)
-	go func() { restored <- follower.Restore(ctx, path, 7, store.Verified) }()
+	go func() { restored <- follower.Restore(ctx, path, store.SnapshotAt{Seq: 7}, store.Verified) }()
 	select {
 	case err := <-restored:
 		if !errors.Is(err, unreadable) {
@@ -559,7 +560,7 @@ func TestSnapshot_AdoptOnlyTheSamePageSize(t *testing.T) {
 	db.Close()
 	follower, _ := openTemp(t, clk, true, store.Options{})
 	adopted := store.Adoptions()
-	if err := follower.Restore(ctx, path, 3, store.Verified); err != nil {
+	if err := follower.Restore(ctx, path, store.SnapshotAt{Seq: 3}, store.Verified); err != nil {
 		t.Fatal(err)
 	}
 	if store.Adoptions() != adopted {

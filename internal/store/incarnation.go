@@ -1,0 +1,93 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// A stream's sequences count from 1 again when it is created again (NATS
+// lost it whole, or an operator deleted it): a position of the stream that
+// was (meta stream_seq, snapshot_stream_seq) names nothing in the new one,
+// and taken for a position of it, a consumer made there passes over
+// everything the new stream holds below it. So the mirror records which
+// stream its positions count: the stream's creation time, which the
+// server sets and a new stream of the same name does not share.
+
+// StreamCreatedKey is the meta key of the creation time (RFC 3339, UTC)
+// of the stream whose sequences the mirror's positions (StreamSeqKey,
+// SnapshotSeqKey) count; absent in a mirror from before syncd recorded it,
+// whose positions are taken to be the stream's it meets first.
+const StreamCreatedKey = "stream_created"
+
+// SetStreamIncarnation records that the stream the mirror reflects is the
+// one created at created, whose last sequence is last. When the mirror's
+// positions count another (a different creation time recorded), or pass
+// last (the stream lost its tail, or is another one the mirror did not
+// record: a mirror of an older syncd), they name nothing in this one: it
+// sets them to 0, in the same transaction, and returns moved. A mirror
+// restored from a snapshot keeps saying so (Restored), with the snapshot
+// sequence 0.
+func (s *Store) SetStreamIncarnation(ctx context.Context, created time.Time, last uint64) (moved bool, err error) {
+	if created.IsZero() {
+		return false, nil
+	}
+	want := FormatStreamCreated(created)
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		var was string
+		var beyond int
+		err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT value FROM meta WHERE key = ?1), ''),
+			(SELECT count(*) FROM meta WHERE key IN (?2, ?3) AND CAST(value AS INTEGER) > ?4)`,
+			StreamCreatedKey, StreamSeqKey, SnapshotSeqKey, int64(min(last, 1<<63-1))).Scan(&was, &beyond)
+		if err != nil {
+			return err
+		}
+		moved = (was != "" && was != want) || beyond > 0
+		if was != want {
+			if err := putMeta(ctx, tx, StreamCreatedKey, want); err != nil {
+				return err
+			}
+		}
+		if !moved {
+			return nil
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE meta SET value = '0' WHERE key IN (?, ?)`, StreamSeqKey, SnapshotSeqKey)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("record the stream created at %s: %w", want, err)
+	}
+	return moved, nil
+}
+
+// StreamIncarnation returns the creation time of the stream whose
+// sequences the mirror's positions count; zero when not recorded.
+func (s *Store) StreamIncarnation(ctx context.Context) (time.Time, error) {
+	v, err := s.meta(ctx, s.r, StreamCreatedKey)
+	if err != nil || v == "" {
+		return time.Time{}, err
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("meta %s: %w", StreamCreatedKey, err)
+	}
+	return t, nil
+}
+
+// FormatStreamCreated is a stream's creation time as the mirror and the
+// snapshots' metadata record it: to the nanosecond, as the server gives
+// it, so that two streams created within a second are told apart.
+func FormatStreamCreated(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// Restored reports whether the mirror was restored from a snapshot (or
+// made from one's file): it then holds the history the stream does not
+// carry, whatever stream its snapshot sequence counted.
+func (s *Store) Restored(ctx context.Context) (bool, error) {
+	var n int
+	err := s.r.QueryRowContext(ctx, `SELECT count(*) FROM meta WHERE key = ?`, SnapshotSeqKey).Scan(&n)
+	if err != nil {
+		return false, fmt.Errorf("read meta %s: %w", SnapshotSeqKey, err)
+	}
+	return n > 0, nil
+}

@@ -1,0 +1,108 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/syncd-dev/syncd/internal/store"
+)
+
+// TestSetStreamIncarnation: the mirror's positions count the stream it
+// recorded; a stream of another creation time, or one whose last sequence
+// is below a position, makes them 0. A restore records the stream its
+// snapshot's sequence counts, and a restored mirror says so whatever
+// stream comes after.
+func TestSetStreamIncarnation(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st, _ := openTemp(t, clk, false, store.Options{})
+	first := time.Date(2026, 3, 1, 10, 0, 0, 123456789, time.UTC)
+	second := first.Add(time.Hour)
+
+	position := func() uint64 {
+		t.Helper()
+		pos, _, err := st.StreamPosition(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pos
+	}
+	set := func(created time.Time, last uint64, wantMoved bool) {
+		t.Helper()
+		moved, err := st.SetStreamIncarnation(ctx, created, last)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if moved != wantMoved {
+			t.Fatalf("SetStreamIncarnation(%s, %d) moved = %v, want %v", created, last, moved, wantMoved)
+		}
+		if got, err := st.StreamIncarnation(ctx); err != nil || !got.Equal(created) {
+			t.Fatalf("StreamIncarnation = %s, %v; want %s", got, err, created)
+		}
+	}
+
+	if got, err := st.StreamIncarnation(ctx); err != nil || !got.IsZero() {
+		t.Fatalf("a new mirror's StreamIncarnation = %s, %v; want none", got, err)
+	}
+	if err := st.SetStreamSeq(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+	// A mirror that recorded none takes the stream it meets for its own.
+	set(first, 10, false)
+	if got := position(); got != 8 {
+		t.Fatalf("position %d after the first record, want 8", got)
+	}
+	set(first, 10, false)
+	// A last sequence below the position: the tail it counted is gone.
+	set(first, 5, true)
+	if got := position(); got != 0 {
+		t.Fatalf("position %d after the stream lost its tail, want 0", got)
+	}
+	if err := st.SetStreamSeq(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	// Another stream of the same name, past the position: still another.
+	set(second, 100, true)
+	if got := position(); got != 0 {
+		t.Fatalf("position %d in a stream created again, want 0", got)
+	}
+	if restored, err := st.Restored(ctx); err != nil || restored {
+		t.Fatalf("Restored = %v, %v before any restore", restored, err)
+	}
+
+	// A restore records the stream its sequence counts.
+	leader, _ := openTemp(t, clk, false, store.Options{InitialEvents: "snapshot"})
+	mustApplyRepos(t, leader, nginx())
+	third := second.Add(time.Hour)
+	if err := st.Restore(ctx, backupTo(t, leader), store.SnapshotAt{Seq: 7, StreamCreated: third},
+		store.Unverified); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.StreamIncarnation(ctx); err != nil || !got.Equal(third) {
+		t.Fatalf("StreamIncarnation after the restore = %s, %v; want %s", got, err, third)
+	}
+	if got := position(); got != 7 {
+		t.Fatalf("position %d after the restore, want 7", got)
+	}
+	set(third.Add(time.Hour), 50, true)
+	if seq, err := st.SnapshotSeq(ctx); err != nil || seq != 0 {
+		t.Fatalf("SnapshotSeq = %d, %v in a stream created again, want 0", seq, err)
+	}
+	if restored, err := st.Restored(ctx); err != nil || !restored {
+		t.Fatalf("Restored = %v, %v after the stream moved on, want true", restored, err)
+	}
+
+	// A snapshot that does not record its stream leaves the mirror's
+	// unrecorded: the next stream met is taken for its.
+	if err := st.Restore(ctx, backupTo(t, leader), store.SnapshotAt{Seq: 3}, store.Unverified); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.StreamIncarnation(ctx); err != nil || !got.IsZero() {
+		t.Fatalf("StreamIncarnation after an unrecorded snapshot = %s, %v; want none", got, err)
+	}
+	set(first, 3, false)
+	if got := position(); got != 3 {
+		t.Fatalf("position %d, want the snapshot's 3", got)
+	}
+}
