@@ -176,9 +176,10 @@ func TestFollower_ARestoredMirrorRestartsOnAStreamCreatedAgain(t *testing.T) {
 
 // TestFollower_AMirrorStartedOnAStreamCreatedAgainComparesItsCheckpoints:
 // a follower stopped while the stream is lost and created again records
-// its position in the new stream, and compares the checkpoints there.
-// Before, its position stayed the old stream's, past the new one's
-// checkpoints, which it passed over as telling nothing.
+// its position in the new stream, and compares the checkpoints there
+// (the leader's first after its audit published the log there again).
+// Before, its position stayed the old stream's: a checkpoint of the new
+// stream below it was passed over as telling nothing.
 func TestFollower_AMirrorStartedOnAStreamCreatedAgainComparesItsCheckpoints(t *testing.T) {
 	ctx := context.Background()
 	js := mustJetStream(t)
@@ -199,9 +200,20 @@ func TestFollower_AMirrorStartedOnAStreamCreatedAgainComparesItsCheckpoints(t *t
 	if err := relay.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, why, err := relay.PublishCheckpoint(ctx); err != nil || why != "" {
-		t.Fatalf("checkpoint: %q, %v", why, err)
-	}
+	// The leader's audit publishes the log into the new stream again;
+	// until then the leader publishes no checkpoint.
+	au := publish.NewAuditor(js, leader.st, relay.Message, publish.AuditConfig{Stream: "EV", SubjectPrefix: "ev",
+		Every: time.Hour, Now: func() time.Time { return time.Now().Add(3 * time.Minute) }})
+	testutil.WaitFor(t, 10*time.Second, "the leader's checkpoint after the refill", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, why, err := relay.PublishCheckpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return why == ""
+	})
 	f2 := cluster.NewFollower(js, follower, gapFollowerConfig)
 	if err := f2.CatchUp(ctx); err != nil {
 		t.Fatal(err)

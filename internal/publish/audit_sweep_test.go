@@ -471,3 +471,57 @@ func TestAuditor_AnIDSyncdDoesNotDeriveIsNotTheEvent(t *testing.T) {
 	})
 	assertRepaired(t, w, lost)
 }
+
+// TestAuditor_CheckpointsWaitForTheRefill: a leader whose relay meets the
+// stream created again publishes no checkpoint until its audit has
+// published the event log into the new stream again: one published
+// meanwhile would cover events the stream does not carry, and a follower
+// reading the new stream from its start would find its mirror diverged at
+// it. Once the audit has swept the log, checkpoints are published again.
+func TestAuditor_CheckpointsWaitForTheRefill(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	if err := w.st.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	relay := publish.NewRelay(w.conn.JS, w.st, w.cfg, publish.WithCheckpoints(w.st, time.Hour, "a"))
+	w.p.addRepos(ctx, "before", 3, 2)
+	if err := relay.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	au := w.auditor(ahead(3 * time.Minute))
+	auditAll(t, w, au)
+	if _, why, err := relay.PublishCheckpoint(ctx); err != nil || why != "" {
+		t.Fatalf("a checkpoint before the loss: %q, %v", why, err)
+	}
+
+	testutil.RecreateStream(t, w.conn.JS, w.cfg)
+	// Quiet: the checkpoint would be the new stream's first message.
+	if seq, why, err := relay.PublishCheckpoint(ctx); err != nil || !strings.Contains(why, "created again") {
+		t.Fatalf("a quiet leader's checkpoint before the refill: seq %d, why %q, %v; want none", seq, why, err)
+	}
+	w.p.addRepos(ctx, "after", 1, 1)
+	if err := relay.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if seq, why, err := relay.PublishCheckpoint(ctx); err != nil || !strings.Contains(why, "created again") {
+		t.Fatalf("a checkpoint before the refill: seq %d, why %q, %v; want none, the stream created again", seq, why, err)
+	}
+	auditUntilWhole(t, w, au) // the new stream holds the events alone: no checkpoint
+	// The audit that found the stream whole has ended the refill, or the
+	// next one does (it holds its repairs for one more look).
+	testutil.WaitFor(t, 10*time.Second, "a checkpoint after the refill", func() bool {
+		_, why, err := relay.PublishCheckpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if why == "" {
+			return true
+		}
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return false
+	})
+}

@@ -1029,6 +1029,15 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	if r.cp == nil {
 		return 0, "the relay writes no checkpoints", nil
 	}
+	// A quiet leader learns of a stream created again here, before its
+	// checkpoint would be the first message of the new stream.
+	if m, ok := r.outbox.(StreamIncarnation); ok && r.stream.Stream != "" {
+		if s, err := r.js.Stream(ctx, r.stream.Stream); err == nil {
+			if err := r.recordStream(ctx, m, s.CachedInfo(), 0); err != nil {
+				return 0, "", err
+			}
+		}
+	}
 	st, err := r.cp.CheckpointState(ctx)
 	if err != nil || !st.Ready {
 		return 0, st.Why, err

@@ -75,7 +75,10 @@ func (s *Store) AuditStream(ctx context.Context) (AuditStream, error) {
 
 // SetAuditStream records rec; with sweep, it also moves the audit's
 // position back to the log's start, in the same transaction, so that the
-// audits from then on check the whole log again.
+// audits from then on check the whole log again. Without, it ends the
+// refill of a stream created again (RefillUntilKey) when the audit,
+// which saw that stream (rec), has checked every event up to it and
+// holds none to look at again.
 func (s *Store) SetAuditStream(ctx context.Context, rec AuditStream, sweep bool) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
@@ -89,6 +92,18 @@ func (s *Store) SetAuditStream(ctx context.Context, rec AuditStream, sweep bool)
 			if err := putMeta(ctx, tx, AuditSeqKey, "0"); err != nil {
 				return fmt.Errorf("move the audit's position to the log's start: %w", err)
 			}
+			return nil
+		}
+		if rec.Again || rec.Created.IsZero() {
+			return nil
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM meta WHERE key = ?1
+			AND CAST(value AS INTEGER) <= COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = ?2), 0)
+			AND COALESCE((SELECT value FROM meta WHERE key = ?3), '') = ''
+			AND (SELECT value FROM meta WHERE key = ?4) = ?5`,
+			RefillUntilKey, AuditSeqKey, AuditHeldKey, StreamCreatedKey, FormatStreamCreated(rec.Created))
+		if err != nil {
+			return fmt.Errorf("end the stream's refill: %w", err)
 		}
 		return nil
 	})

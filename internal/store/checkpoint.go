@@ -17,8 +17,9 @@ type CheckpointState struct {
 	EventSeq int64
 	// Ready is false while a checkpoint would cover less than the mirror
 	// holds (events wait in the outbox) or more than the stream can carry
-	// (the baseline, whose history followers get from a snapshot). Why
-	// says which.
+	// (the baseline, whose history followers get from a snapshot) or
+	// carries (a stream created again, until the audit has published the
+	// log into it again: RefillUntilKey). Why says which.
 	Ready bool
 	Why   string
 }
@@ -32,9 +33,11 @@ func (s *Store) CheckpointState(ctx context.Context) (CheckpointState, error) {
 	}
 	defer tx.Rollback()
 	var unpublished int
-	var baseline string
+	var baseline, refill string
 	err = tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM outbox), (SELECT COALESCE(MAX(seq), 0) FROM event_log),
-		COALESCE((SELECT value FROM meta WHERE key = 'baseline_time'), '')`).Scan(&unpublished, &st.EventSeq, &baseline)
+		COALESCE((SELECT value FROM meta WHERE key = 'baseline_time'), ''),
+		COALESCE((SELECT value FROM meta WHERE key = ?), '')`, RefillUntilKey).
+		Scan(&unpublished, &st.EventSeq, &baseline, &refill)
 	if err != nil {
 		return st, fmt.Errorf("read checkpoint state: %w", err)
 	}
@@ -46,6 +49,9 @@ func (s *Store) CheckpointState(ctx context.Context) (CheckpointState, error) {
 		st.Why = "the baseline has not finished"
 	case unpublished > 0:
 		st.Why = fmt.Sprintf("%d events wait to be published", unpublished)
+	case refill != "":
+		st.Why = "the stream was created again, and the audit has not published the event log up to seq " + refill +
+			" into it again yet"
 	default:
 		st.Ready = true
 	}

@@ -52,7 +52,15 @@ func (s *Store) SetStreamIncarnation(ctx context.Context, created time.Time, las
 		if !moved {
 			return nil
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE meta SET value = '0' WHERE key IN (?, ?)`, StreamSeqKey, SnapshotSeqKey)
+		if _, err := tx.ExecContext(ctx, `UPDATE meta SET value = '0' WHERE key IN (?, ?)`,
+			StreamSeqKey, SnapshotSeqKey); err != nil {
+			return err
+		}
+		// The stream holds none of the log until the leader's audit has
+		// published it there again (see RefillUntilKey).
+		_, err = tx.ExecContext(ctx, `INSERT INTO meta (key, value)
+			SELECT ?, CAST(COALESCE(MAX(seq), 0) AS TEXT) FROM event_log WHERE true
+			ON CONFLICT(key) DO UPDATE SET value = excluded.value`, RefillUntilKey)
 		return err
 	})
 	if err != nil {
@@ -74,6 +82,17 @@ func (s *Store) StreamIncarnation(ctx context.Context) (time.Time, error) {
 	}
 	return t, nil
 }
+
+// RefillUntilKey is the meta key of the last event_log seq the mirror
+// held when it met a stream created again (SetStreamIncarnation): the new
+// stream holds none of the log up to it until the leader's audit has
+// published it there again (publish.Auditor sweeps), and a checkpoint
+// meanwhile would cover more than the stream carries; a follower reading
+// the new stream from its start would find its mirror diverged at it. So
+// no checkpoint is published while the key is set (CheckpointState), and
+// the audit's end clears it once its position has passed it on this
+// stream with nothing held (SetAuditStream).
+const RefillUntilKey = "refill_until"
 
 // FormatStreamCreated is a stream's creation time as the mirror and the
 // snapshots' metadata record it: to the nanosecond, as the server gives
