@@ -133,7 +133,8 @@ func TestStatusReport_TheSnapshotRestoredFrom(t *testing.T) {
 		{store.Status{SnapshotSeq: "41", AdoptedDamage: "quick_check: page 7 is never used"},
 			[]string{"its file is DAMAGED (quick_check: page 7 is never used): stop syncd, remove the mirror"}, nil},
 		// The stream was created again since (store.SetStreamIncarnation).
-		{store.Status{SnapshotSeq: "0"}, []string{"restored from ", "a snapshot of the stream before it was created again\n"},
+		{store.Status{SnapshotSeq: "0"},
+			[]string{"restored from ", "a snapshot of the stream before it was created again (or lost its tail)\n"},
 			[]string{"sequence 0"}},
 	} {
 		rep := admin.NewStatusReport("m.db", c.status)

@@ -124,7 +124,7 @@ func (rep StatusReport) WriteTable(out io.Writer) error {
 	if sn := rep.Snapshot; sn != nil {
 		if sn.StreamSeq == "0" {
 			// store.SetStreamIncarnation: the stream was created again.
-			fmt.Fprint(w, "restored from\ta snapshot of the stream before it was created again")
+			fmt.Fprint(w, "restored from\ta snapshot of the stream before it was created again (or lost its tail)")
 		} else {
 			fmt.Fprintf(w, "restored from\tthe snapshot of stream sequence %s", sn.StreamSeq)
 		}

@@ -361,8 +361,14 @@ type Incarnated interface {
 // mirror then records the stream, its positions 0.
 func (f *Follower) otherStream(ctx context.Context, after uint64) (bool, error) {
 	s, err := f.js.Stream(ctx, f.cfg.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, nil // the consumer's creation says so
+	}
 	if err != nil {
-		return false, nil // the consumer's creation reports it
+		// Not known which stream it is (a stream just lost electing its
+		// leader answers nothing): a consumer made at the position might
+		// pass over the new stream's messages, so none is made yet.
+		return false, fmt.Errorf("look up stream %s before making the consumer: %w", f.cfg.Stream, err)
 	}
 	info := s.CachedInfo()
 	pos := max(after, max(f.next, 1)-1)

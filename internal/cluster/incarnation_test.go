@@ -2,7 +2,10 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"maps"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,14 +30,7 @@ var evConfig = publish.Config{Stream: "EV", SubjectPrefix: "ev", DuplicateWindow
 // (twelve messages) on the new one; it returns the snapshot.
 func snapshotThenRecreate(t *testing.T, js jetstream.JetStream, leader *leaderMirror) cluster.SnapshotInfo {
 	t.Helper()
-	snaps := cluster.NewSnapshotter(js, leader.st,
-		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
-	leader.change(3)
-	leader.publish()
-	info, err := snaps.Write(context.Background(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := writeSnapshot(t, js, leader)
 	if info.Seq == 0 || info.StreamCreated.IsZero() {
 		t.Fatalf("snapshot %+v: want its stream sequence and the stream's creation time", info)
 	}
@@ -43,6 +39,21 @@ func snapshotThenRecreate(t *testing.T, js jetstream.JetStream, leader *leaderMi
 	leader.publish()
 	if last := streamInfo(t, js).State.LastSeq; last <= info.Seq {
 		t.Fatalf("the new stream's last sequence %d, want past the snapshot's %d", last, info.Seq)
+	}
+	return info
+}
+
+// writeSnapshot writes a snapshot of leader's mirror after three changes
+// into the bucket snaps.
+func writeSnapshot(t *testing.T, js jetstream.JetStream, leader *leaderMirror) cluster.SnapshotInfo {
+	t.Helper()
+	snaps := cluster.NewSnapshotter(js, leader.st,
+		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
+	leader.change(3)
+	leader.publish()
+	info, err := snaps.Write(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return info
 }
@@ -100,8 +111,16 @@ func TestSnapshot_OfAStreamCreatedAgainIsFollowedFromItsStart(t *testing.T) {
 
 // TestSnapshot_OfAnOlderSyncdBeforeTheStreamIsFollowedFromItsStart: a
 // snapshot that does not say which stream its sequence counts (an older
-// syncd's) but was created before the stream was is of an earlier one.
+// syncd's) but was created before the stream was is of an earlier one;
+// so is one created by a clock ahead of the server's, within a minute
+// after the stream by that clock.
 func TestSnapshot_OfAnOlderSyncdBeforeTheStreamIsFollowedFromItsStart(t *testing.T) {
+	for _, ahead := range []time.Duration{0, 2 * time.Second} {
+		t.Run(fmt.Sprintf("its clock %s ahead", ahead), func(t *testing.T) { testOlderSyncdSnapshot(t, ahead) })
+	}
+}
+
+func testOlderSyncdSnapshot(t *testing.T, ahead time.Duration) {
 	ctx := context.Background()
 	js, leader := newStreamLeader(t)
 	info := snapshotThenRecreate(t, js, leader)
@@ -115,6 +134,9 @@ func TestSnapshot_OfAnOlderSyncdBeforeTheStreamIsFollowedFromItsStart(t *testing
 	}
 	md := maps.Clone(oi.Metadata)
 	delete(md, "stream_created")
+	if ahead > 0 {
+		md["created"] = streamInfo(t, js).Created.Add(ahead).Format(time.RFC3339Nano)
+	}
 	if err := obj.UpdateMeta(ctx, info.Name, jetstream.ObjectMeta{Name: info.Name, Description: oi.Description,
 		Metadata: md, Opts: oi.Opts}); err != nil {
 		t.Fatal(err)
@@ -137,14 +159,7 @@ func TestSnapshot_OfAnOlderSyncdBeforeTheStreamIsFollowedFromItsStart(t *testing
 func TestFollower_ARestoredMirrorRestartsOnAStreamCreatedAgain(t *testing.T) {
 	ctx := context.Background()
 	js, leader := newStreamLeader(t)
-	snaps := cluster.NewSnapshotter(js, leader.st,
-		cluster.SnapshotConfig{Bucket: "snaps", Stream: "EV", Every: time.Hour, Keep: 2, Dir: t.TempDir()})
-	leader.change(3)
-	leader.publish()
-	info, err := snaps.Write(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := writeSnapshot(t, js, leader)
 	f, follower := restoringFollower(t, js)
 	if got := f.Restored(); got.Name != info.Name || got.After != info.Seq {
 		t.Fatalf("restored %s, following after %d; want %s, after %d", got.Name, got.After, info.Name, info.Seq)
@@ -171,6 +186,49 @@ func TestFollower_ARestoredMirrorRestartsOnAStreamCreatedAgain(t *testing.T) {
 	}
 	if err := f2.Complete(ctx); err != nil || f2.RepairDue() {
 		t.Errorf("Complete: %v, repair due %v; want neither", err, f2.RepairDue())
+	}
+}
+
+// unanswered is a JetStream whose stream lookups time out while fail is
+// above 0, as a stream just lost electing its leader answers nothing: a
+// real server cannot be made to do that on demand.
+type unanswered struct {
+	jetstream.JetStream
+	fail atomic.Int32
+}
+
+func (u *unanswered) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	if u.fail.Add(-1) >= 0 {
+		return nil, fmt.Errorf("stream %s: %w", name, context.DeadlineExceeded)
+	}
+	return u.JetStream.Stream(ctx, name)
+}
+
+// TestFollower_MakesNoConsumerWhileTheStreamIsNotKnown: a follower that
+// cannot look the stream up does not make its consumer at its position,
+// which may be another stream's: it fails, and follows the stream from
+// its start once it knows it is another. Before, it made the consumer
+// after the restored snapshot's sequence of the old stream.
+func TestFollower_MakesNoConsumerWhileTheStreamIsNotKnown(t *testing.T) {
+	ctx := context.Background()
+	js, leader := newStreamLeader(t)
+	writeSnapshot(t, js, leader)
+	_, follower := restoringFollower(t, js)
+	testutil.RecreateStream(t, js, evConfig)
+	leader.change(6)
+	leader.publish()
+	u := &unanswered{JetStream: js}
+	u.fail.Store(2) // the gap check's lookup, then the one before the consumer
+	f := cluster.NewFollower(u, follower, cluster.FollowerConfig{Stream: "EV", SubjectPrefix: "ev", Consumer: "f1",
+		MaxWait: 200 * time.Millisecond, SnapshotBucket: "snaps", SnapshotDir: t.TempDir()})
+	if err := f.CatchUp(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("catch-up while the stream does not answer: %v, want its timeout", err)
+	}
+	if err := f.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sameRows(t, leader.st, follower); err != nil {
+		t.Error(err)
 	}
 }
 

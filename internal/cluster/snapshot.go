@@ -130,6 +130,7 @@ type SnapshotInfo struct {
 	// objectVerified says the compressed object's manifest verified.
 	manifest                   manifest
 	signature, objectSignature string
+	streamSignature            string
 	objectVerified             bool
 }
 
@@ -573,17 +574,18 @@ func currentStream(ctx context.Context, js jetstream.JetStream, stream string) (
 // sequence the snapshot covers, or 0 when the snapshot is of another
 // stream of the same name, which cur counts nothing of (NATS lost the
 // stream whole, or an operator deleted it, and it was created again).
-// A snapshot whose stream is not recorded (written by an older syncd) is
-// taken for cur's unless it was created before cur was: by the writer's
-// clock against the server's, so that a skew between them errs towards
-// reading cur from its start, which only costs time.
+// A snapshot whose stream is not recorded (written by an older syncd, or
+// its metadata stripped) is taken for cur's unless it was created before
+// cur was, or within maxSnapshotSkew after: its time is the writer's
+// clock, cur's the server's, and the margin makes a skew between them err
+// towards reading cur from its start, which only costs time.
 func (info SnapshotInfo) after(cur streamNow) uint64 {
 	switch {
 	case cur.created.IsZero():
 		return info.Seq
 	case !info.StreamCreated.IsZero() && !info.StreamCreated.Equal(cur.created):
 		return 0
-	case info.StreamCreated.IsZero() && info.Created.Before(cur.created):
+	case info.StreamCreated.IsZero() && info.Created.Before(cur.created.Add(maxSnapshotSkew)):
 		return 0
 	}
 	return info.Seq
@@ -621,6 +623,7 @@ func listSnapshots(ctx context.Context, obj jetstream.ObjectStore) ([]SnapshotIn
 			manifest:        manifestOf(o),
 			signature:       o.Metadata[snapshotSigKey],
 			objectSignature: o.Metadata[snapshotObjectSigKey],
+			streamSignature: o.Metadata[snapshotStreamSigKey],
 		}
 		info.Seq, _ = strconv.ParseUint(o.Metadata[snapshotSeqKey], 10, 64)
 		if t, err := time.Parse(time.RFC3339Nano, o.Metadata[snapshotStreamKey]); err == nil {

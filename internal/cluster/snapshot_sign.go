@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"fmt"
+
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/syncd-dev/syncd/internal/signing"
@@ -8,8 +10,7 @@ import (
 
 // A snapshot's manifest is signed like the stream's messages: the leader
 // signs the object's name, the SHA-256 of the database file it holds
-// (before compression), and its stream_seq, stream_created and created
-// metadata, and
+// (before compression), and its stream_seq and created metadata, and
 // stores the digest and the signature as metadata beside them, in the one
 // Put. A follower with verify keys restores only a snapshot whose manifest
 // verifies and whose downloaded file has the signed digest: a planted
@@ -22,6 +23,14 @@ import (
 // verifies it need not hash the file it decompresses (hashed, a third of
 // the time a restore of the benchmark's mirror took beyond its download).
 // A snapshot of an older leader has only the first, and is checked by it.
+//
+// A third signature, stream_signature, covers the stream the sequence
+// counts (stream_created, with the name, the file's digest, stream_seq and
+// created): kept apart, the first two stay what an older follower
+// verifies, so that a leader upgraded first still has its snapshots
+// restored by the followers not upgraded yet. A follower that verifies
+// refuses a snapshot whose stream_created has no valid signature; one
+// without stream_created is taken for an older syncd's (SnapshotInfo.after).
 
 // Object metadata keys of a snapshot's digests and signatures.
 const (
@@ -29,6 +38,7 @@ const (
 	snapshotSigKey       = "signature"
 	snapshotObjectKey    = "object_digest"
 	snapshotObjectSigKey = "object_signature"
+	snapshotStreamSigKey = "stream_signature"
 )
 
 // manifest is what a snapshot's signatures cover, as stored: digest is
@@ -51,24 +61,19 @@ func manifestOf(oi *jetstream.ObjectInfo) manifest {
 
 // payload is the byte string signed for key: the manifest of the file.
 func (m manifest) payload(key string) []byte {
-	return signing.Payload(key, "snapshot "+m.name, m.digest, []byte(m.place()+" "+m.created))
+	return signing.Payload(key, "snapshot "+m.name, m.digest, []byte(m.seq+" "+m.created))
 }
 
 // objectPayload is the byte string signed for key: the manifest of the
 // compressed object, with the size of the file it decompresses to.
 func (m manifest) objectPayload(key string) []byte {
-	return signing.Payload(key, "snapshot object "+m.name, m.object, []byte(m.place()+" "+m.created+" "+m.raw))
+	return signing.Payload(key, "snapshot object "+m.name, m.object, []byte(m.seq+" "+m.created+" "+m.raw))
 }
 
-// place is the stream sequence as signed, with the stream's creation time
-// when the snapshot records it: a snapshot of an older syncd, which has
-// none, verifies as it did, and one whose stream_created was removed does
-// not.
-func (m manifest) place() string {
-	if m.stream == "" {
-		return m.seq
-	}
-	return m.seq + "@" + m.stream
+// streamPayload is the byte string signed for key: the stream the
+// snapshot's sequence counts.
+func (m manifest) streamPayload(key string) []byte {
+	return signing.Payload(key, "snapshot stream "+m.name, m.digest, []byte(m.seq+"@"+m.stream+" "+m.created))
 }
 
 // signManifest adds the digests of the snapshot object name about to be
@@ -79,14 +84,26 @@ func signManifest(name string, md map[string]string, raw, object string, s *sign
 	m := manifestOf(&jetstream.ObjectInfo{ObjectMeta: jetstream.ObjectMeta{Name: name, Metadata: md}})
 	md[snapshotSigKey] = s.SignBytes(m.payload(s.PublicKey()))
 	md[snapshotObjectSigKey] = s.SignBytes(m.objectPayload(s.PublicKey()))
+	if m.stream != "" {
+		md[snapshotStreamSigKey] = s.SignBytes(m.streamPayload(s.PublicKey()))
+	}
 }
 
 // verifySnapshot checks the signatures of a listed snapshot: object says
 // that of the compressed object's manifest verified (restoreOne checks
 // the object's digest then), otherwise that of the file's did.
-func verifySnapshot(v *signing.Verifier, info SnapshotInfo) (object bool, _ error) {
+// It refuses a stream_created without its own signature verified, once a
+// manifest did.
+func verifySnapshot(v *signing.Verifier, info SnapshotInfo) (object bool, err error) {
 	if info.objectSignature != "" && v.VerifyBytes(info.objectSignature, info.manifest.objectPayload) == nil {
-		return true, nil
+		object = true
+	} else if err := v.VerifyBytes(info.signature, info.manifest.payload); err != nil {
+		return false, err
 	}
-	return false, v.VerifyBytes(info.signature, info.manifest.payload)
+	if info.manifest.stream != "" {
+		if err := v.VerifyBytes(info.streamSignature, info.manifest.streamPayload); err != nil {
+			return false, fmt.Errorf("stream_created: %w", err)
+		}
+	}
+	return object, nil
 }

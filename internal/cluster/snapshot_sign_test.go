@@ -10,12 +10,15 @@ import (
 	"github.com/syncd-dev/syncd/internal/signing"
 )
 
-// TestSignManifest_CoversTheStream: a snapshot's signatures cover the
-// stream its sequence counts (stream_created): changed or removed, they
-// no longer verify, so that a snapshot of a stream since lost cannot be
-// passed off as one of the current stream (its sequence taken for a place
-// in it). A snapshot of an older syncd, which records no stream, verifies
-// as it did.
+// TestSignManifest_CoversTheStream: a snapshot's stream (stream_created)
+// is signed: changed, or its signature removed, the snapshot does not
+// verify, so that a snapshot of a stream since lost cannot be passed off
+// as one of the current stream (its sequence taken for a place in it).
+// Removed with its signature, the snapshot verifies as an older syncd's,
+// which the restore takes for the current stream's only if it is newer
+// than the stream (SnapshotInfo.after). The first two signatures are
+// what they were, so that a follower of the version before verifies a new
+// leader's snapshots; and an older syncd's snapshot verifies as it did.
 func TestSignManifest_CoversTheStream(t *testing.T) {
 	kp, err := nkeys.CreateUser()
 	if err != nil {
@@ -36,11 +39,13 @@ func TestSignManifest_CoversTheStream(t *testing.T) {
 		signManifest(name, md, "rawdigest", "SHA-256=objectdigest", key)
 		return md
 	}
-	verify := func(md map[string]string) error {
+	info := func(md map[string]string) SnapshotInfo {
 		oi := &jetstream.ObjectInfo{ObjectMeta: jetstream.ObjectMeta{Name: name, Metadata: md}}
-		info := SnapshotInfo{Name: name, manifest: manifestOf(oi), signature: md[snapshotSigKey],
-			objectSignature: md[snapshotObjectSigKey]}
-		_, err := verifySnapshot(v, info)
+		return SnapshotInfo{Name: name, manifest: manifestOf(oi), signature: md[snapshotSigKey],
+			objectSignature: md[snapshotObjectSigKey], streamSignature: md[snapshotStreamSigKey]}
+	}
+	verify := func(md map[string]string) error {
+		_, err := verifySnapshot(v, info(md))
 		return err
 	}
 	base := map[string]string{snapshotSeqKey: "42", snapshotCreatedKey: "2026-03-01T10:00:00Z", snapshotRawKey: "4096"}
@@ -51,17 +56,33 @@ func TestSignManifest_CoversTheStream(t *testing.T) {
 	if err := verify(md); err != nil {
 		t.Fatalf("a signed snapshot with its stream: %v", err)
 	}
-	for _, change := range []func(map[string]string){
-		func(m map[string]string) { delete(m, snapshotStreamKey) },
-		func(m map[string]string) { m[snapshotStreamKey] = "2026-02-02T09:00:00Z" },
+	for what, change := range map[string]func(map[string]string){
+		"another stream":               func(m map[string]string) { m[snapshotStreamKey] = "2026-02-02T09:00:00Z" },
+		"its signature removed":        func(m map[string]string) { delete(m, snapshotStreamSigKey) },
+		"another snapshot's signature": func(m map[string]string) { m[snapshotStreamSigKey] = m[snapshotSigKey] },
 	} {
 		forged := maps.Clone(md)
 		change(forged)
-		// Both signatures must fail: the object's, and the file's it falls
-		// back to.
 		if err := verify(forged); err == nil {
-			t.Errorf("stream_created %q: verified, want refused", forged[snapshotStreamKey])
+			t.Errorf("stream_created with %s: verified, want refused", what)
 		}
+	}
+	stripped := maps.Clone(md)
+	delete(stripped, snapshotStreamKey)
+	delete(stripped, snapshotStreamSigKey)
+	if err := verify(stripped); err != nil {
+		t.Errorf("stream_created removed with its signature: %v; want it verified as an older syncd's", err)
+	}
+	// A follower of the version before knows no stream_created: the file's
+	// and the object's manifests verify without it.
+	old := info(md)
+	old.manifest.stream = ""
+	if object, err := verifySnapshot(v, old); err != nil || !object {
+		t.Errorf("a new snapshot as the version before verifies it: object %v, %v; want the object's manifest", object, err)
+	}
+	old.objectSignature = ""
+	if _, err := verifySnapshot(v, old); err != nil {
+		t.Errorf("a new snapshot's file manifest as the version before verifies it: %v", err)
 	}
 	if err := verify(signed(base)); err != nil {
 		t.Errorf("a snapshot that records no stream (an older syncd's): %v", err)

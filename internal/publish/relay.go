@@ -145,10 +145,20 @@ func (r *Relay) noteStream(ctx context.Context, seq, firstNew uint64) error {
 	}
 	s, err := r.js.Stream(ctx, r.stream.Stream)
 	if err != nil {
+		// Looked up again at the next position or checkpoint: the position
+		// recorded meanwhile is set to 0 then if the stream is another.
 		r.log.Debug("look up the stream to record which one the position counts; at the next pass", "err", err)
+		r.streamCreated = time.Time{}
 		return nil
 	}
-	return r.recordStream(ctx, m, s.CachedInfo(), seq)
+	info := *s.CachedInfo()
+	if firstNew > 0 && firstNew <= r.streamSeq {
+		// Its sequences from firstNew on are new messages': a position
+		// past firstNew-1 was of messages the stream lost (its tail), if
+		// it is the same stream.
+		info.State.LastSeq = min(info.State.LastSeq, firstNew-1)
+	}
+	return r.recordStream(ctx, m, &info, seq)
 }
 
 // recordStream records that the mirror's position counts the stream
@@ -1032,10 +1042,12 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	// A quiet leader learns of a stream created again here, before its
 	// checkpoint would be the first message of the new stream.
 	if m, ok := r.outbox.(StreamIncarnation); ok && r.stream.Stream != "" {
-		if s, err := r.js.Stream(ctx, r.stream.Stream); err == nil {
-			if err := r.recordStream(ctx, m, s.CachedInfo(), 0); err != nil {
-				return 0, "", err
-			}
+		s, err := r.js.Stream(ctx, r.stream.Stream)
+		if err != nil {
+			return 0, "", fmt.Errorf("publish checkpoint: look up stream %s: %w", r.stream.Stream, err)
+		}
+		if err := r.recordStream(ctx, m, s.CachedInfo(), 0); err != nil {
+			return 0, "", err
 		}
 	}
 	st, err := r.cp.CheckpointState(ctx)
