@@ -440,6 +440,9 @@ func (au *audit) sweepReason(now time.Time) (string, string) {
 			st.Deleted,
 			seen.Deleted,
 		)
+	case seen.Refill:
+		return SweepTailLost, "the mirror met the stream with messages it had counted gone (a lost tail, or the stream " +
+			"created again)"
 	case seen.Again:
 		return SweepScheduled, "the last audit had more events to look at again than it keeps"
 	case au.a.cfg.SweepEvery > 0 && (seen.Swept.IsZero() || !now.Before(seen.Swept.Add(au.a.cfg.SweepEvery))):

@@ -201,14 +201,7 @@ func TestAuditor_SweepsEverySweepEvery(t *testing.T) {
 	every := func(c *publish.AuditConfig) { c.SweepEvery = 10 * time.Minute }
 	auditAll(t, w, w.auditor(ahead(3*time.Minute), every))
 
-	s, err := w.conn.JS.Stream(ctx, testStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lost := streamIDs(t, w, seqsTo(len(storedEvents(t, w.st))-3)...)
-	if err := s.Purge(ctx, jetstream.WithPurgeKeep(3)); err != nil {
-		t.Fatal(err)
-	}
+	_, lost := loseHead(t, w)
 	rep, err := w.auditor(ahead(8*time.Minute), every).Audit(ctx)
 	if err != nil || rep.Checked != 0 || rep.Repaired != 0 {
 		t.Fatalf("audit before the sweep is due = %+v, %v; want nothing checked", rep, err)
@@ -216,6 +209,21 @@ func TestAuditor_SweepsEverySweepEvery(t *testing.T) {
 	auditUntilWhole(t, w, w.auditor(ahead(14*time.Minute), every))
 	assertRepaired(t, w, lost)
 	assertSweptBecause(t, w, "the last sweep began")
+}
+
+// loseHead purges all but the stream's last three messages, as a damaged
+// first block loses them, and returns the stream and their event ids.
+func loseHead(t *testing.T, w *auditWorld) (jetstream.Stream, []string) {
+	t.Helper()
+	s, err := w.conn.JS.Stream(context.Background(), testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := streamIDs(t, w, seqsTo(len(storedEvents(t, w.st))-3)...)
+	if err := s.Purge(context.Background(), jetstream.WithPurgeKeep(3)); err != nil {
+		t.Fatal(err)
+	}
+	return s, lost
 }
 
 // recreateStream deletes the world's stream and creates it again, as
@@ -524,4 +532,35 @@ func TestAuditor_CheckpointsWaitForTheRefill(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// TestAuditor_SweepsWhenTheMirrorMetALostTail: the mirror that met the
+// stream with messages it had counted gone (the relay's new messages at
+// or below its position: a lost tail, recorded by
+// store.SetStreamIncarnation) has the next audit sweep, whatever the
+// stream's state shows by then; here a lost head the state cannot tell
+// from the limits' work comes back with it.
+func TestAuditor_SweepsWhenTheMirrorMetALostTail(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	w.p.addRepos(ctx, "tail", 3, 1)
+	w.flush(t)
+	never := func(c *publish.AuditConfig) { c.SweepEvery = -1 }
+	auditAll(t, w, w.auditor(ahead(3*time.Minute), never))
+
+	s, lost := loseHead(t, w)
+	if rep, err := w.auditor(ahead(4*time.Minute), never).Audit(ctx); err != nil || rep.Repaired != 0 {
+		t.Fatalf("audit before the mirror met the loss = %+v, %v; want nothing repaired", rep, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := w.st.SetStreamIncarnation(ctx, info.Created, 1); err != nil || !moved {
+		t.Fatalf("the mirror meeting a lost tail: moved %v, %v", moved, err)
+	}
+	auditUntilWhole(t, w, w.auditor(ahead(5*time.Minute), never))
+	assertRepaired(t, w, lost)
+	assertSweptBecause(t, w, "messages it had counted gone")
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -1019,7 +1020,7 @@ func (r *Relay) checkpoint(ctx context.Context) {
 		r.log.Warn("publish a checkpoint; the next one is due in "+r.cpEvery.String(), "err", err)
 	case why != "":
 		r.log.Debug("no checkpoint now", "why", why)
-		if r.cp != nil && why != noChange {
+		if r.cp != nil && why != noChange && !strings.HasPrefix(why, store.WhyRefill) {
 			// Events wait (data that changes all the time leaves the
 			// outbox empty only now and then): try again soon rather
 			// than at the next one due.
@@ -1039,6 +1040,10 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 	if r.cp == nil {
 		return 0, "the relay writes no checkpoints", nil
 	}
+	st, err := r.cp.CheckpointState(ctx)
+	if err != nil || !st.Ready {
+		return 0, st.Why, err
+	}
 	// A quiet leader learns of a stream created again here, before its
 	// checkpoint would be the first message of the new stream.
 	if m, ok := r.outbox.(StreamIncarnation); ok && r.stream.Stream != "" {
@@ -1046,13 +1051,15 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 		if err != nil {
 			return 0, "", fmt.Errorf("publish checkpoint: look up stream %s: %w", r.stream.Stream, err)
 		}
+		created := r.streamCreated
 		if err := r.recordStream(ctx, m, s.CachedInfo(), 0); err != nil {
 			return 0, "", err
 		}
-	}
-	st, err := r.cp.CheckpointState(ctx)
-	if err != nil || !st.Ready {
-		return 0, st.Why, err
+		if !created.Equal(r.streamCreated) {
+			if st, err = r.cp.CheckpointState(ctx); err != nil || !st.Ready {
+				return 0, st.Why, err
+			}
+		}
 	}
 	same := fmt.Sprint(st.EventSeq, st.Digest)
 	if same == r.cpSent && time.Since(r.cpSentTime) < r.cpEvery {

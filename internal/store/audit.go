@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -51,6 +52,11 @@ type AuditStream struct {
 	// Again: the last audit had more events to look at again than it
 	// keeps, and held none; the next sweeps.
 	Again bool `json:"again,omitempty"`
+	// Refill: the mirror met the stream created again, or with messages
+	// it had counted gone (SetStreamIncarnation); the next audit sweeps,
+	// whatever it finds of the stream's state by then (a lost tail the
+	// relay has published past).
+	Refill bool `json:"refill,omitempty"`
 }
 
 // maxAuditStreamBytes bounds meta audit_stream as read back.
@@ -97,16 +103,43 @@ func (s *Store) SetAuditStream(ctx context.Context, rec AuditStream, sweep bool)
 		if rec.Again || rec.Created.IsZero() {
 			return nil
 		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM meta WHERE key = ?1
-			AND CAST(value AS INTEGER) <= COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = ?2), 0)
-			AND COALESCE((SELECT value FROM meta WHERE key = ?3), '') = ''
-			AND (SELECT value FROM meta WHERE key = ?4) = ?5`,
-			RefillUntilKey, AuditSeqKey, AuditHeldKey, StreamCreatedKey, FormatStreamCreated(rec.Created))
-		if err != nil {
-			return fmt.Errorf("end the stream's refill: %w", err)
-		}
-		return nil
+		return s.endRefill(ctx, tx, rec.Created)
 	})
+}
+
+// endRefill clears RefillUntilKey, in tx, when the audit that saw the
+// stream created at created has checked every event up to it, and holds
+// none to look at again or has held some for RefillWait.
+func (s *Store) endRefill(ctx context.Context, tx *sql.Tx, created time.Time) error {
+	var until, position int64
+	var held, since, stream string
+	err := tx.QueryRowContext(ctx, `SELECT CAST(value AS INTEGER),
+		COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = ?2), 0),
+		COALESCE((SELECT value FROM meta WHERE key = ?3), ''),
+		COALESCE((SELECT value FROM meta WHERE key = ?4), ''),
+		COALESCE((SELECT value FROM meta WHERE key = ?5), '')
+		FROM meta WHERE key = ?1`, RefillUntilKey, AuditSeqKey, AuditHeldKey, RefillSinceKey, StreamCreatedKey).
+		Scan(&until, &position, &held, &since, &stream)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the stream's refill: %w", err)
+	}
+	if position < until || stream != FormatStreamCreated(created) {
+		return nil
+	}
+	if held != "" {
+		if t, err := ParseTime(since); err == nil && s.now().Sub(t) < RefillWait {
+			return nil
+		}
+		s.log.Warn("the audit has passed the refill of the stream with events still held, their repair put off "+
+			"(their resources change within the duplicate window): checkpoints resume", "refill_until", until)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM meta WHERE key IN (?, ?)`, RefillUntilKey, RefillSinceKey); err != nil {
+		return fmt.Errorf("end the stream's refill: %w", err)
+	}
+	return nil
 }
 
 // putMeta sets the meta key to value.

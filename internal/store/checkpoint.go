@@ -50,8 +50,7 @@ func (s *Store) CheckpointState(ctx context.Context) (CheckpointState, error) {
 	case unpublished > 0:
 		st.Why = fmt.Sprintf("%d events wait to be published", unpublished)
 	case refill != "":
-		st.Why = "the stream was created again, and the audit has not published the event log up to seq " + refill +
-			" into it again yet"
+		st.Why = WhyRefill + " (the stream was created again, or lost its tail; up to event " + refill + ")"
 	default:
 		st.Ready = true
 	}

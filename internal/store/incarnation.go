@@ -57,10 +57,19 @@ func (s *Store) SetStreamIncarnation(ctx context.Context, created time.Time, las
 			return err
 		}
 		// The stream holds none of the log until the leader's audit has
-		// published it there again (see RefillUntilKey).
-		_, err = tx.ExecContext(ctx, `INSERT INTO meta (key, value)
+		// published it there again (see RefillUntilKey): the next audit
+		// checks the whole log (a sweep), whatever it finds of the stream's
+		// state by then (a lost tail the relay has published past).
+		if _, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value)
 			SELECT ?, CAST(COALESCE(MAX(seq), 0) AS TEXT) FROM event_log WHERE true
-			ON CONFLICT(key) DO UPDATE SET value = excluded.value`, RefillUntilKey)
+			ON CONFLICT(key) DO UPDATE SET value = excluded.value`, RefillUntilKey); err != nil {
+			return err
+		}
+		if err := putMeta(ctx, tx, RefillSinceKey, FormatTime(s.now())); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?1, '{"refill":true}')
+			ON CONFLICT(key) DO UPDATE SET value = json_set(value, '$.refill', json('true'))`, AuditStreamKey)
 		return err
 	})
 	if err != nil {
@@ -84,15 +93,29 @@ func (s *Store) StreamIncarnation(ctx context.Context) (time.Time, error) {
 }
 
 // RefillUntilKey is the meta key of the last event_log seq the mirror
-// held when it met a stream created again (SetStreamIncarnation): the new
-// stream holds none of the log up to it until the leader's audit has
-// published it there again (publish.Auditor sweeps), and a checkpoint
-// meanwhile would cover more than the stream carries; a follower reading
-// the new stream from its start would find its mirror diverged at it. So
-// no checkpoint is published while the key is set (CheckpointState), and
-// the audit's end clears it once its position has passed it on this
-// stream with nothing held (SetAuditStream).
+// held when it met a stream created again, or one that lost its tail
+// (SetStreamIncarnation): the stream lacks the log up to it until the
+// leader's audit has published it there again (its next audit sweeps),
+// and a checkpoint meanwhile would cover more than the stream carries; a
+// follower reading the new stream from its start would find its mirror
+// diverged at it. So no checkpoint is published while the key is set
+// (CheckpointState, WhyRefill), and the audit's end clears it once its
+// position has passed it on this stream (SetAuditStream) with nothing
+// held, or with events still held RefillWait after RefillSinceKey: a
+// resource that changes more often than the duplicate window has its
+// lost events' repair put off for as long (audit.go), and must not keep
+// every checkpoint off.
 const RefillUntilKey = "refill_until"
+
+// RefillSinceKey is the meta key of when RefillUntilKey was set.
+const RefillSinceKey = "refill_since"
+
+// RefillWait is how long events still held keep the checkpoints off once
+// the audit has passed RefillUntilKey.
+const RefillWait = 15 * time.Minute
+
+// WhyRefill begins CheckpointState's Why while RefillUntilKey is set.
+const WhyRefill = "the stream lacks the event log until the audit has published it there again"
 
 // FormatStreamCreated is a stream's creation time as the mirror and the
 // snapshots' metadata record it: to the nanosecond, as the server gives

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,4 +106,80 @@ func TestSetStreamIncarnation(t *testing.T) {
 	if got := position(); got != 3 {
 		t.Fatalf("position %d, want the snapshot's 3", got)
 	}
+}
+
+// TestRefill: a mirror that meets another stream keeps its checkpoints
+// off (CheckpointState) until an audit of that stream has checked every
+// event it held then, and asks the next audit to sweep. Events the audit
+// still holds keep them off for RefillWait at most: a resource that
+// changes within the duplicate window has its repair put off for as long,
+// and must not keep every checkpoint off.
+func TestRefill(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st, _ := openTemp(t, clk, false, store.Options{})
+	mustApplyRepos(t, st, nginx())
+	evs, err := st.Unpublished(ctx, 0, 100)
+	if err != nil || len(evs) == 0 {
+		t.Fatalf("events: %d, %v", len(evs), err)
+	}
+	var seqs []int64
+	for _, e := range evs {
+		seqs = append(seqs, e.Seq)
+	}
+	if err := st.MarkPublished(ctx, seqs); err != nil {
+		t.Fatal(err)
+	}
+	last := seqs[len(seqs)-1]
+	ready := func(want bool) {
+		t.Helper()
+		cs, err := st.CheckpointState(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cs.Ready != want || (!want && !strings.HasPrefix(cs.Why, store.WhyRefill)) {
+			t.Fatalf("checkpoint ready %v (%q), want %v", cs.Ready, cs.Why, want)
+		}
+	}
+	first := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	second := first.Add(time.Hour)
+	if _, err := st.SetStreamIncarnation(ctx, first, 10); err != nil {
+		t.Fatal(err)
+	}
+	ready(true)
+	if moved, err := st.SetStreamIncarnation(ctx, second, 10); err != nil || !moved {
+		t.Fatalf("moved %v, %v", moved, err)
+	}
+	ready(false)
+	if rec, err := st.AuditStream(ctx); err != nil || !rec.Refill {
+		t.Fatalf("audit_stream %+v, %v: want the next audit asked to sweep", rec, err)
+	}
+
+	end := func(position int64, held []store.HeldEvent, created time.Time) {
+		t.Helper()
+		if err := st.SetAuditPosition(ctx, position, 1, held); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.SetAuditStream(ctx, store.AuditStream{Created: created, LastSeq: 1}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	end(last-1, nil, second) // not through the log yet
+	ready(false)
+	end(last, nil, first) // an audit of the stream before
+	ready(false)
+	held := []store.HeldEvent{{Seq: last, Subject: "repo.g1/r1"}}
+	end(last, held, second) // through, a repair put off
+	ready(false)
+	clk.Advance(store.RefillWait)
+	end(last, held, second)
+	ready(true)
+
+	// Nothing held: the audit that is through ends it at once.
+	if moved, err := st.SetStreamIncarnation(ctx, first, 10); err != nil || !moved {
+		t.Fatalf("moved %v, %v", moved, err)
+	}
+	ready(false)
+	end(last, nil, first)
+	ready(true)
 }
