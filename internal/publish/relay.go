@@ -159,15 +159,18 @@ func (r *Relay) noteStream(ctx context.Context, seq, firstNew uint64) error {
 		// it is the same stream.
 		info.State.LastSeq = min(info.State.LastSeq, firstNew-1)
 	}
-	return r.recordStream(ctx, m, &info, seq)
+	_, err = r.recordStream(ctx, m, &info, seq)
+	return err
 }
 
 // recordStream records that the mirror's position counts the stream
-// info, at seq.
-func (r *Relay) recordStream(ctx context.Context, m StreamIncarnation, info *jetstream.StreamInfo, seq uint64) error {
-	moved, err := m.SetStreamIncarnation(ctx, info.Created, info.State.LastSeq)
+// info, at seq; moved: the mirror's positions counted another (or passed
+// the stream's last sequence), and are 0 now.
+func (r *Relay) recordStream(ctx context.Context, m StreamIncarnation, info *jetstream.StreamInfo, seq uint64) (
+	moved bool, err error) {
+	moved, err = m.SetStreamIncarnation(ctx, info.Created, info.State.LastSeq)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if moved {
 		r.log.Info("the stream is not the one the mirror's position counted (created again): recorded its position anew",
@@ -177,7 +180,7 @@ func (r *Relay) recordStream(ctx context.Context, m StreamIncarnation, info *jet
 		r.streamSeq = 0
 	}
 	r.streamCreated, r.streamSeq = info.Created, max(r.streamSeq, seq)
-	return nil
+	return moved, nil
 }
 
 // CheckpointSource is what the relay reads a checkpoint from.
@@ -430,7 +433,7 @@ func (r *Relay) recreate(ctx context.Context, err error) {
 		return
 	}
 	if m, ok := r.outbox.(StreamIncarnation); ok {
-		if err := r.recordStream(ctx, m, s.CachedInfo(), 0); err != nil {
+		if _, err := r.recordStream(ctx, m, s.CachedInfo(), 0); err != nil {
 			r.log.Warn("record the stream created again", "err", err)
 		}
 	}
@@ -1051,11 +1054,11 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 		if err != nil {
 			return 0, "", fmt.Errorf("publish checkpoint: look up stream %s: %w", r.stream.Stream, err)
 		}
-		created := r.streamCreated
-		if err := r.recordStream(ctx, m, s.CachedInfo(), 0); err != nil {
+		moved, err := r.recordStream(ctx, m, s.CachedInfo(), 0)
+		if err != nil {
 			return 0, "", err
 		}
-		if !created.Equal(r.streamCreated) {
+		if moved {
 			if st, err = r.cp.CheckpointState(ctx); err != nil || !st.Ready {
 				return 0, st.Why, err
 			}
