@@ -24,10 +24,10 @@ test:
 	$(GO) vet $(PKGS)
 	$(GO) test $(RACE) -count=1 -timeout 9m $(PKGS)
 
-## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die, signing, under the permissions of deploy/nats-permissions.conf; then the leader paused, the leader black-holed, the stream leader's node partitioned, and 200 ms of latency (about three minutes; docs/cluster.md)
+## cluster-test: two syncd replicas and a follower against a three-node JetStream cluster while NATS nodes and the leader die, signing, under the permissions of deploy/nats-permissions.conf; then the leader paused, the leader black-holed, the stream leader's node partitioned, 200 ms of latency, and the stream lost whole (about three minutes; docs/cluster.md)
 cluster-test:
 	SYNCD_TEST_CLUSTER=1 $(GO) test $(RACE) -count=1 -timeout 12m \
-		-run '^TestCluster_(ThreeNodes|LeaderPaused|LeaderBlackHoled|StreamLeaderNodePartitioned|SlowNetworkNoTakeover)$$' -v ./cmd/syncd/
+		-run '^TestCluster_(ThreeNodes|LeaderPaused|LeaderBlackHoled|StreamLeaderNodePartitioned|SlowNetworkNoTakeover|StreamLostWhole)$$' -v ./cmd/syncd/
 
 ## bench: syncd against the limits of the machine and the API, at full size; one table, and bench/results.json (docs/performance.md)
 bench:
