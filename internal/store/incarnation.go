@@ -68,8 +68,11 @@ func (s *Store) SetStreamIncarnation(ctx context.Context, created time.Time, las
 		if err := putMeta(ctx, tx, RefillSinceKey, FormatTime(s.now())); err != nil {
 			return err
 		}
+		// (A value that is not JSON, which AuditStream refuses, is
+		// replaced rather than failing every consumer's creation.)
 		_, err = tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?1, '{"refill":true}')
-			ON CONFLICT(key) DO UPDATE SET value = json_set(value, '$.refill', json('true'))`, AuditStreamKey)
+			ON CONFLICT(key) DO UPDATE SET value = CASE WHEN json_valid(value) AND json_type(value) = 'object'
+				THEN json_set(value, '$.refill', json('true')) ELSE excluded.value END`, AuditStreamKey)
 		return err
 	})
 	if err != nil {

@@ -183,3 +183,28 @@ func TestRefill(t *testing.T) {
 	end(last, nil, first)
 	ready(true)
 }
+
+// TestSetStreamIncarnation_ADamagedAuditRecord: meta audit_stream that is
+// not a JSON object does not fail the record of a stream created again
+// (a follower makes its consumer after it): it is replaced, asking the
+// next audit to sweep.
+func TestSetStreamIncarnation_ADamagedAuditRecord(t *testing.T) {
+	ctx := context.Background()
+	st, _ := openTemp(t, newClock(), false, store.Options{})
+	first := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	if _, err := st.SetStreamIncarnation(ctx, first, 10); err != nil {
+		t.Fatal(err)
+	}
+	for _, damaged := range []string{"not json", "[1,2]"} {
+		if err := st.SetMeta(ctx, store.AuditStreamKey, damaged); err != nil {
+			t.Fatal(err)
+		}
+		first = first.Add(time.Hour)
+		if moved, err := st.SetStreamIncarnation(ctx, first, 10); err != nil || !moved {
+			t.Fatalf("audit_stream %q: moved %v, %v; want moved", damaged, moved, err)
+		}
+		if rec, err := st.AuditStream(ctx); err != nil || !rec.Refill {
+			t.Fatalf("audit_stream after %q: %+v, %v; want the next audit asked to sweep", damaged, rec, err)
+		}
+	}
+}
