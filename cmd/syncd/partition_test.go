@@ -248,7 +248,8 @@ func (pw *partitionWorld) finish(leader, standby *node) string {
 	// start while the faults happened.
 	consumerView := "the same"
 	var diff string
-	for deadline := time.Now().Add(30 * time.Second); pw.noOrderedView == "" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	deadline := time.Now().Add(30 * time.Second)
+	for ; pw.noOrderedView == "" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		if diff = pw.w.movesDiff(pw.rcv, truth); diff == "" {
 			break
 		}
