@@ -14,6 +14,7 @@ import (
 
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/signing"
+	"github.com/syncd-dev/syncd/internal/store"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
@@ -563,4 +564,61 @@ func TestAuditor_SweepsWhenTheMirrorMetALostTail(t *testing.T) {
 	auditUntilWhole(t, w, w.auditor(ahead(5*time.Minute), never))
 	assertRepaired(t, w, lost)
 	assertSweptBecause(t, w, "messages it had counted gone")
+}
+
+// TestRelay_ACheckpointHeldForTheRefillFollowsItsEnd: a checkpoint asked
+// for while the refill holds the checkpoints off is published soon after
+// the audit ends the refill, not at the next one due (an hour here).
+// make cluster-test's stream-lost scenario waited in vain for the
+// checkpoint after its last change: it was asked for during the refill,
+// and the relay tried again only a checkpoint interval later.
+func TestRelay_ACheckpointHeldForTheRefillFollowsItsEnd(t *testing.T) {
+	t.Parallel() // a server of its own; it mostly waits
+	ctx := context.Background()
+	w := newAuditWorld(t, time.Second)
+	if err := w.st.EndBaseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	relay := publish.NewRelay(w.conn.JS, w.st, w.cfg, publish.WithCheckpoints(w.st, time.Hour, "a"))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(w.log.String())
+		}
+	})
+	w.p.addRepos(ctx, "before", 2, 1)
+	au := w.auditor(ahead(3 * time.Minute))
+	if err := relay.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	auditAll(t, w, au)
+	testutil.RecreateStream(t, w.conn.JS, w.cfg)
+	w.p.addRepos(ctx, "after", 1, 1)
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	// The relay publishes the new events, meets the new stream, and
+	// holds the checkpoint it is asked for.
+	testutil.WaitFor(t, 10*time.Second, "the relay to meet the stream created again", func() bool {
+		v, err := w.st.Meta(ctx, store.RefillUntilKey)
+		return err == nil && v != ""
+	})
+	relay.RequestCheckpoint()
+	auditUntilWhole(t, w, au)
+	testutil.WaitFor(t, 10*time.Second, "the audit to end the refill", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		v, err := w.st.Meta(ctx, store.RefillUntilKey)
+		return err == nil && v == ""
+	})
+	s, err := w.conn.JS.Stream(ctx, testStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the checkpoint held for the refill", func() bool {
+		_, err := s.GetLastMsgForSubject(ctx, publish.CheckpointSubject(w.cfg.SubjectPrefix))
+		return err == nil
+	})
 }

@@ -370,7 +370,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			if until, ok := r.checkpointIn(); ok {
 				if until <= 0 {
 					r.checkpoint(ctx)
-					until = r.cpEvery
+					// The next one due, or its retry (checkpoint): waited
+					// a whole interval, a retry came only with the next
+					// commit.
+					until = max(time.Until(r.cpLast.Add(r.cpEvery)), 0)
 				}
 				wait = min(wait, until)
 			}
@@ -993,10 +996,14 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 }
 
 // noChange is why no checkpoint is written when the last one still holds;
-// checkpointRetry is when one that could not be written is tried again.
+// checkpointRetry is when one that could not be written is tried again,
+// and refillRetry one held off while the audit refills the stream (which
+// takes a duplicate window at least: CheckpointState reads the state
+// again each time).
 const (
 	noChange        = "nothing changed since the last checkpoint"
 	checkpointRetry = 250 * time.Millisecond
+	refillRetry     = time.Second
 )
 
 // checkpointIn is how long until the next checkpoint is due; false when
@@ -1023,7 +1030,14 @@ func (r *Relay) checkpoint(ctx context.Context) {
 		r.log.Warn("publish a checkpoint; the next one is due in "+r.cpEvery.String(), "err", err)
 	case why != "":
 		r.log.Debug("no checkpoint now", "why", why)
-		if r.cp != nil && why != noChange && !strings.HasPrefix(why, store.WhyRefill) {
+		switch {
+		case r.cp == nil || why == noChange:
+		case strings.HasPrefix(why, store.WhyRefill):
+			// Soon after the audit ends the refill, not at the next one
+			// due: the followers have compared nothing since the stream
+			// was lost.
+			r.cpLast = time.Now().Add(refillRetry - r.cpEvery)
+		default:
 			// Events wait (data that changes all the time leaves the
 			// outbox empty only now and then): try again soon rather
 			// than at the next one due.

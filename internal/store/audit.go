@@ -53,10 +53,12 @@ type AuditStream struct {
 	// keeps, and held none; the next sweeps.
 	Again bool `json:"again,omitempty"`
 	// Refill: the mirror met the stream created again, or with messages
-	// it had counted gone (SetStreamIncarnation); the next audit sweeps,
-	// whatever it finds of the stream's state by then (a lost tail the
-	// relay has published past).
-	Refill bool `json:"refill,omitempty"`
+	// it had counted gone (SetStreamIncarnation), since the last sweep
+	// began; the next audit sweeps, whatever it finds of the stream's
+	// state by then (a lost tail the relay has published past). It is
+	// meta RefillSweepKey, not part of the record, so that an audit
+	// running meanwhile does not write it away at its end.
+	Refill bool `json:"-"`
 }
 
 // maxAuditStreamBytes bounds meta audit_stream as read back.
@@ -66,8 +68,13 @@ const maxAuditStreamBytes = 4 << 10
 // AuditStream before any.
 func (s *Store) AuditStream(ctx context.Context) (AuditStream, error) {
 	var rec AuditStream
+	sweep, err := s.meta(ctx, s.r, RefillSweepKey)
+	if err != nil {
+		return rec, err
+	}
 	v, err := s.meta(ctx, s.r, AuditStreamKey)
 	if err != nil || v == "" {
+		rec.Refill = sweep != ""
 		return rec, err
 	}
 	if len(v) > maxAuditStreamBytes {
@@ -76,6 +83,7 @@ func (s *Store) AuditStream(ctx context.Context) (AuditStream, error) {
 	if err := json.Unmarshal([]byte(v), &rec); err != nil {
 		return AuditStream{}, fmt.Errorf("meta %s: %w", AuditStreamKey, err)
 	}
+	rec.Refill = sweep != ""
 	return rec, nil
 }
 
@@ -97,6 +105,9 @@ func (s *Store) SetAuditStream(ctx context.Context, rec AuditStream, sweep bool)
 		if sweep {
 			if err := putMeta(ctx, tx, AuditSeqKey, "0"); err != nil {
 				return fmt.Errorf("move the audit's position to the log's start: %w", err)
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM meta WHERE key = ?`, RefillSweepKey); err != nil {
+				return fmt.Errorf("record the sweep asked for: %w", err)
 			}
 			return nil
 		}

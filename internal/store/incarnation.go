@@ -65,15 +65,11 @@ func (s *Store) SetStreamIncarnation(ctx context.Context, created time.Time, las
 			ON CONFLICT(key) DO UPDATE SET value = excluded.value`, RefillUntilKey); err != nil {
 			return err
 		}
-		if err := putMeta(ctx, tx, RefillSinceKey, FormatTime(s.now())); err != nil {
+		now := FormatTime(s.now())
+		if err := putMeta(ctx, tx, RefillSinceKey, now); err != nil {
 			return err
 		}
-		// (A value that is not JSON, which AuditStream refuses, is
-		// replaced rather than failing every consumer's creation.)
-		_, err = tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?1, '{"refill":true}')
-			ON CONFLICT(key) DO UPDATE SET value = CASE WHEN json_valid(value) AND json_type(value) = 'object'
-				THEN json_set(value, '$.refill', json('true')) ELSE excluded.value END`, AuditStreamKey)
-		return err
+		return putMeta(ctx, tx, RefillSweepKey, now)
 	})
 	if err != nil {
 		return false, fmt.Errorf("record the stream created at %s: %w", want, err)
@@ -112,6 +108,10 @@ const RefillUntilKey = "refill_until"
 
 // RefillSinceKey is the meta key of when RefillUntilKey was set.
 const RefillSinceKey = "refill_since"
+
+// RefillSweepKey is the meta key of when the mirror last met another
+// stream or a lost tail, until the next sweep begins (AuditStream.Refill).
+const RefillSweepKey = "refill_sweep"
 
 // RefillWait is how long events still held keep the checkpoints off once
 // the audit has passed RefillUntilKey.
