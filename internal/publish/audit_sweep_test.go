@@ -490,11 +490,7 @@ func TestAuditor_AnIDSyncdDoesNotDeriveIsNotTheEvent(t *testing.T) {
 func TestAuditor_CheckpointsWaitForTheRefill(t *testing.T) {
 	t.Parallel() // a server of its own; it mostly waits
 	ctx := context.Background()
-	w := newAuditWorld(t, time.Second)
-	if err := w.st.EndBaseline(ctx); err != nil {
-		t.Fatal(err)
-	}
-	relay := publish.NewRelay(w.conn.JS, w.st, w.cfg, publish.WithCheckpoints(w.st, time.Hour, "a"))
+	w, relay := checkpointingWorld(t)
 	w.p.addRepos(ctx, "before", 3, 2)
 	if err := relay.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -566,6 +562,22 @@ func TestAuditor_SweepsWhenTheMirrorMetALostTail(t *testing.T) {
 	assertSweptBecause(t, w, "messages it had counted gone")
 }
 
+// checkpointingWorld is an audit world past its baseline, with a relay
+// that writes checkpoints (an hour apart, unless asked for).
+func checkpointingWorld(t *testing.T) (*auditWorld, *publish.Relay) {
+	t.Helper()
+	w := newAuditWorld(t, time.Second)
+	if err := w.st.EndBaseline(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(w.log.String())
+		}
+	})
+	return w, publish.NewRelay(w.conn.JS, w.st, w.cfg, publish.WithCheckpoints(w.st, time.Hour, "a"))
+}
+
 // TestRelay_ACheckpointHeldForTheRefillFollowsItsEnd: a checkpoint asked
 // for while the refill holds the checkpoints off is published soon after
 // the audit ends the refill, not at the next one due (an hour here).
@@ -575,16 +587,7 @@ func TestAuditor_SweepsWhenTheMirrorMetALostTail(t *testing.T) {
 func TestRelay_ACheckpointHeldForTheRefillFollowsItsEnd(t *testing.T) {
 	t.Parallel() // a server of its own; it mostly waits
 	ctx := context.Background()
-	w := newAuditWorld(t, time.Second)
-	if err := w.st.EndBaseline(ctx); err != nil {
-		t.Fatal(err)
-	}
-	relay := publish.NewRelay(w.conn.JS, w.st, w.cfg, publish.WithCheckpoints(w.st, time.Hour, "a"))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(w.log.String())
-		}
-	})
+	w, relay := checkpointingWorld(t)
 	w.p.addRepos(ctx, "before", 2, 1)
 	au := w.auditor(ahead(3 * time.Minute))
 	if err := relay.Flush(ctx); err != nil {
