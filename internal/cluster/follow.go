@@ -322,9 +322,6 @@ func (f *Follower) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	f.cons, f.lost = cons, false
 	f.lag.Store(cons.CachedInfo().NumPending)
-	if s, err := f.js.Stream(ctx, f.cfg.Stream); err == nil {
-		f.streamCreated = s.CachedInfo().Created
-	}
 	if f.next == 0 && !fromStart {
 		// Where the mirror stands, so that messages lost on their way
 		// before the first that arrives are read from the stream (see
@@ -380,6 +377,7 @@ func (f *Follower) otherStream(ctx context.Context, after uint64) (bool, error) 
 		}
 		other = other || moved
 	}
+	f.streamCreated = info.Created // the stream the consumer is made on
 	if other {
 		f.log.Warn("the stream is not the one the mirror's position counts (created again, or its tail lost): "+
 			"following it from its first message",

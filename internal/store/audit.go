@@ -99,11 +99,11 @@ func (s *Store) SetAuditStream(ctx context.Context, rec AuditStream, sweep bool)
 		return err
 	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		if err := putMeta(ctx, tx, AuditStreamKey, string(b)); err != nil {
+		if err := setMeta(ctx, tx, "main", AuditStreamKey, string(b)); err != nil {
 			return fmt.Errorf("record the audit's view of the stream: %w", err)
 		}
 		if sweep {
-			if err := putMeta(ctx, tx, AuditSeqKey, "0"); err != nil {
+			if err := setMeta(ctx, tx, "main", AuditSeqKey, "0"); err != nil {
 				return fmt.Errorf("move the audit's position to the log's start: %w", err)
 			}
 			if _, err := tx.ExecContext(ctx, `DELETE FROM meta WHERE key = ?`, RefillSweepKey); err != nil {
@@ -151,17 +151,6 @@ func (s *Store) endRefill(ctx context.Context, tx *sql.Tx, created time.Time) er
 		return fmt.Errorf("end the stream's refill: %w", err)
 	}
 	return nil
-}
-
-// putMeta sets the meta key to value.
-func putMeta(ctx context.Context, tx *sql.Tx, key, value string) error {
-	_, err := tx.ExecContext(
-		ctx,
-		`INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
-		key,
-		value,
-	)
-	return err
 }
 
 // AuditEvent is an event of the log and when JetStream acknowledged it.
@@ -339,7 +328,7 @@ func (s *Store) SetAuditPosition(ctx context.Context, seq int64, streamSeq uint6
 			AuditStreamSeqKey: strconv.FormatUint(streamSeq, 10),
 			AuditHeldKey:      list,
 		} {
-			if err := putMeta(ctx, tx, k, v); err != nil {
+			if err := setMeta(ctx, tx, "main", k, v); err != nil {
 				return fmt.Errorf("record the audit's position: %w", err)
 			}
 		}

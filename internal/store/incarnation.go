@@ -34,18 +34,20 @@ func (s *Store) SetStreamIncarnation(ctx context.Context, created time.Time, las
 		return false, nil
 	}
 	want := FormatStreamCreated(created)
+	// Read first: the leader's relay asks before every checkpoint, and the
+	// stream is nearly always the one recorded; a write transaction each
+	// time would hold the writer for nothing.
+	if was, beyond, err := streamRecorded(ctx, s.r, last); err == nil && was == want && beyond == 0 {
+		return false, nil
+	}
 	err = s.tx(ctx, func(tx *sql.Tx) error {
-		var was string
-		var beyond int
-		err := tx.QueryRowContext(ctx, `SELECT COALESCE((SELECT value FROM meta WHERE key = ?1), ''),
-			(SELECT count(*) FROM meta WHERE key IN (?2, ?3) AND CAST(value AS INTEGER) > ?4)`,
-			StreamCreatedKey, StreamSeqKey, SnapshotSeqKey, int64(min(last, 1<<63-1))).Scan(&was, &beyond)
+		was, beyond, err := streamRecorded(ctx, tx, last)
 		if err != nil {
 			return err
 		}
 		moved = (was != "" && was != want) || beyond > 0
 		if was != want {
-			if err := putMeta(ctx, tx, StreamCreatedKey, want); err != nil {
+			if err := setMeta(ctx, tx, "main", StreamCreatedKey, want); err != nil {
 				return err
 			}
 		}
@@ -66,15 +68,24 @@ func (s *Store) SetStreamIncarnation(ctx context.Context, created time.Time, las
 			return err
 		}
 		now := FormatTime(s.now())
-		if err := putMeta(ctx, tx, RefillSinceKey, now); err != nil {
+		if err := setMeta(ctx, tx, "main", RefillSinceKey, now); err != nil {
 			return err
 		}
-		return putMeta(ctx, tx, RefillSweepKey, now)
+		return setMeta(ctx, tx, "main", RefillSweepKey, now)
 	})
 	if err != nil {
 		return false, fmt.Errorf("record the stream created at %s: %w", want, err)
 	}
 	return moved, nil
+}
+
+// streamRecorded returns, through q, the stream the mirror's positions
+// count (StreamCreatedKey) and how many of them pass last.
+func streamRecorded(ctx context.Context, q queryer, last uint64) (was string, beyond int, err error) {
+	err = q.QueryRowContext(ctx, `SELECT COALESCE((SELECT value FROM meta WHERE key = ?1), ''),
+		(SELECT count(*) FROM meta WHERE key IN (?2, ?3) AND CAST(value AS INTEGER) > ?4)`,
+		StreamCreatedKey, StreamSeqKey, SnapshotSeqKey, int64(min(last, 1<<63-1))).Scan(&was, &beyond)
+	return was, beyond, err
 }
 
 // StreamIncarnation returns the creation time of the stream whose
