@@ -1,0 +1,12 @@
+-- Schema version 11: where a follower's events are on the stream.
+--
+-- stream_seq is the stream sequence of the message a replica last applied
+-- the event from (NULL: an event it recorded itself, or one applied before
+-- this version or before the stream was created again). The audit repairs
+-- a lost message by publishing it again and its resource's later events
+-- behind it, under the ids the replica already holds: a replica that read
+-- past the loss applies the lost event late, over the later ones, and then
+-- applies those again because the stream now carries them after it
+-- (store.ApplyStream). Only a held event at a sequence above the one its
+-- resource's state came from is applied again; a redelivery is not.
+ALTER TABLE event_log ADD COLUMN stream_seq INTEGER;
