@@ -203,7 +203,7 @@ func Open(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options
 		SubjectPrefix: cfg.NATS.SubjectPrefix, Every: cfg.Verify.AuditEvery.Duration,
 		SweepEvery: cfg.Verify.SweepEvery.Duration, Logger: log.With("part", "audit"),
 		OnRepaired: func(store.Event) { a.Metrics.StreamRepaired() }, OnSweep: a.Metrics.StreamSwept,
-		Fence: a.Fence, MsgID: a.Relay.MsgID,
+		Fence: a.Fence, MsgID: a.Relay.MsgID, RepairMessage: a.Relay.RepairMessage,
 		Yield: func(ctx context.Context) error { return a.Relay.Idle(ctx, auditGivesWay) }})
 	a.Crawler = newCrawler(cfg, a.Client, a.Store, a.Jobs, a.observeRun, log)
 	a.Receiver = newReceiver(cfg, a.Crawler, a.Store, log)

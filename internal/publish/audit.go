@@ -96,6 +96,13 @@ type AuditConfig struct {
 	// MsgID is the Nats-Msg-Id an event id is published under (see
 	// signing.Signer.MsgID); nil: the event id itself.
 	MsgID func(eventID string) string
+	// RepairMessage, when set, encodes the copies a repair publishes
+	// behind its first, each naming the stream sequence of the copy
+	// before it (Relay.RepairMessage, RepairAttribute), so that a replica
+	// holding them applies them again in the stream's order; nil: they
+	// are encoded as the first, and a replica that read past the loss
+	// keeps the late event's state until a snapshot repairs it.
+	RepairMessage func(e store.Event, after uint64) *nats.Msg
 }
 
 // AuditReport is what an audit did.
@@ -693,6 +700,9 @@ func (au *audit) repairResource(
 			}
 		}
 		m := a.message(e.Event)
+		if lastCopy != 0 && a.cfg.RepairMessage != nil {
+			m = a.cfg.RepairMessage(e.Event, lastCopy)
+		}
 		ack, err := a.republish(ctx, m)
 		if err != nil {
 			a.cfg.Fence.Check(err, m)

@@ -56,6 +56,7 @@ func (w *auditWorld) auditor(now func() time.Time, opts ...func(*publish.AuditCo
 		Logger:        w.log.logger(),
 		OnRepaired:    func(store.Event) { w.repaired.Add(1) },
 		MsgID:         w.relay.MsgID,
+		RepairMessage: w.relay.RepairMessage,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -146,7 +147,9 @@ func TestAuditor_RepublishesWhatTheStreamLost(t *testing.T) {
 	if n := w.repaired.Load(); n != int64(len(lost)) {
 		t.Errorf("repaired %d events, want the %d lost", n, len(lost))
 	}
-	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(stored)), stored)
+	repaired := consumeAll(t, w.conn.JS, len(stored))
+	assertExactlyOnceInOrder(t, repaired, stored)
+	assertRepairChains(t, repaired, seqOf, lost)
 	for _, e := range lost {
 		if !strings.Contains(w.log.String(), "event missing from the stream published again") ||
 			!strings.Contains(w.log.String(), e.ID) {
@@ -348,5 +351,43 @@ func TestAuditor_GivesWay(t *testing.T) {
 	// four with events, each looking for them on the stream.
 	if n := asked.Load(); n < 5+4 {
 		t.Errorf("Yield asked %d times, want at least once before each of the 9 reads", n)
+	}
+}
+
+// assertRepairChains checks the RepairAttribute of the stream's messages
+// after a repair: the copy of a lost event names no copy before it, each
+// later event of its resource moved behind it names the copy just before
+// it, and a message the repair left where it was (seqOf holds its first
+// sequence) names none.
+func assertRepairChains(t *testing.T, msgs []received, seqOf map[string]uint64, lost []storedEvent) {
+	t.Helper()
+	isLost := map[string]bool{}
+	for _, e := range lost {
+		isLost[e.ID] = true
+	}
+	prev := map[string]uint64{} // per resource, the last copy's sequence
+	chained := 0
+	for _, m := range msgs {
+		e, err := publish.Decode(m.Data)
+		if err != nil {
+			t.Fatalf("stream message %d: %v", m.StreamSeq, err)
+		}
+		var want uint64
+		switch {
+		case isLost[e.ID]:
+			prev[e.Subject] = m.StreamSeq // a chain begins
+		case m.StreamSeq == seqOf[e.ID]:
+			delete(prev, e.Subject) // left where it was
+		default:
+			want, prev[e.Subject] = prev[e.Subject], m.StreamSeq
+			chained++
+		}
+		if e.RepairAfter != want {
+			t.Errorf("stream message %d (%s of %s): %s = %d, want %d", m.StreamSeq, e.Type, e.Subject,
+				publish.RepairAttribute, e.RepairAfter, want)
+		}
+	}
+	if chained == 0 {
+		t.Errorf("no message was moved behind a repaired one")
 	}
 }

@@ -31,6 +31,8 @@ const TypePrefix = "dev.syncd."
 const ContentType = "application/cloudevents+json"
 
 // CloudEvent is an event in CloudEvents 1.0 structured JSON mode.
+// RepairAfter is the extension attribute RepairAttribute: set only on a
+// copy the audit publishes behind a repaired event.
 type CloudEvent struct {
 	SpecVersion     string          `json:"specversion"`
 	ID              string          `json:"id"`
@@ -38,6 +40,7 @@ type CloudEvent struct {
 	Type            string          `json:"type"`
 	Subject         string          `json:"subject,omitempty"`
 	Time            string          `json:"time,omitempty"`
+	RepairAfter     uint64          `json:"syncdrepairafter,omitempty"`
 	DataContentType string          `json:"datacontenttype"`
 	Data            json.RawMessage `json:"data"`
 }
@@ -63,13 +66,26 @@ func (f Format) Subject(e store.Event) string {
 
 // Message encodes e as its JetStream message: the CloudEvent, its content
 // type, and its id as the Nats-Msg-Id that JetStream deduplicates by.
-func (f Format) Message(e store.Event) *nats.Msg {
+func (f Format) Message(e store.Event) *nats.Msg { return f.RepairMessage(e, 0) }
+
+// RepairAttribute is the CloudEvents extension attribute that marks a copy
+// the audit published behind a repaired event of its resource (the lost
+// event itself carries none): its value is the stream sequence of the copy
+// published just before it. A replica that holds the event applies it
+// again only where the copy before it set the resource's state
+// (store.ApplyStream): the stream's order then, and nothing an old
+// message copied onto the stream later can claim.
+const RepairAttribute = "syncdrepairafter"
+
+// RepairMessage is Message with RepairAttribute set to after, when after
+// is not 0.
+func (f Format) RepairMessage(e store.Event, after uint64) *nats.Msg {
 	// The header keys are in canonical form already, which spares
 	// Header.Set's canonicalization.
 	return &nats.Msg{
 		Subject: f.Subject(e),
 		Header:  nats.Header{"Content-Type": []string{ContentType}, jetstream.MsgIDHeader: []string{e.ID}},
-		Data:    encodeEvent(f.Source, e),
+		Data:    encodeEvent(f.Source, e, after),
 	}
 }
 
@@ -79,7 +95,7 @@ func (f Format) Message(e store.Event) *nats.Msg {
 // wrote it with json.Marshal (compact and valid). Marshalling a RawMessage
 // would scan and copy it again for every event, and encoding is most of the
 // relay's own cost per event. FuzzEncodeEvent checks the equivalence.
-func encodeEvent(source string, e store.Event) []byte {
+func encodeEvent(source string, e store.Event, repairAfter uint64) []byte {
 	data := []byte(e.Data)
 	if len(data) == 0 {
 		data = []byte("null")
@@ -106,6 +122,10 @@ func encodeEvent(source string, e store.Event) []byte {
 		b = append(b, `,"time":"`...)
 		b = e.Time.UTC().AppendFormat(b, store.TimeFormat)
 		b = append(b, '"')
+	}
+	if repairAfter != 0 {
+		b = append(b, `,"`+RepairAttribute+`":`...)
+		b = strconv.AppendUint(b, repairAfter, 10)
 	}
 	b = append(b, `,"datacontenttype":"application/json","data":`...)
 	b = append(b, data...)
@@ -154,7 +174,8 @@ func Decode(b []byte) (store.StreamEvent, error) {
 			return store.StreamEvent{}, fmt.Errorf("decode CloudEvent %q: time: %w", ce.ID, err)
 		}
 	}
-	return store.StreamEvent{ID: ce.ID, Type: typ, Subject: ce.Subject, Time: at, Data: ce.Data}, nil
+	return store.StreamEvent{ID: ce.ID, Type: typ, Subject: ce.Subject, Time: at, Data: ce.Data,
+		RepairAfter: ce.RepairAfter}, nil
 }
 
 // EscapeToken makes s usable as one token of a NATS subject, reversibly:

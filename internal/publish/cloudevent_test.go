@@ -151,10 +151,12 @@ func FuzzEncodeEvent(f *testing.F) {
 		"nginx",
 		int64(1772366400000),
 		`{"before":null,"after":{"name":"x"}}`,
+		uint64(0),
 	)
-	f.Add("", "", "", "", "", int64(0), "")
-	f.Add("<id>&\"\\", "src\u2028\x00\x7f", "repo.updated", "ü\xff", "a.b", int64(-1), `"\u003c"`)
-	f.Fuzz(func(t *testing.T, id, source, typ, subject, scope string, ms int64, data string) {
+	f.Add("", "", "", "", "", int64(0), "", uint64(0))
+	f.Add("<id>&\"\\", "src\u2028\x00\x7f", "repo.updated", "ü\xff", "a.b", int64(-1), `"\u003c"`, uint64(1<<63))
+	f.Add("id", "src", "tag.moved", "uid/1", "nginx", int64(1), `{}`, uint64(42))
+	f.Fuzz(func(t *testing.T, id, source, typ, subject, scope string, ms int64, data string, after uint64) {
 		// The store writes data with json.Marshal, as here.
 		var v any = data
 		if json.Valid([]byte(data)) {
@@ -170,10 +172,10 @@ func FuzzEncodeEvent(f *testing.F) {
 		}
 		e := store.Event{ID: id, Type: typ, Subject: subject, Scope: scope, Time: tm, Data: raw}
 		relay := publish.NewRelay(nil, nil, publish.Config{SubjectPrefix: "syncd", Source: source})
-		got := relay.Message(e).Data
+		got := relay.RepairMessage(e, after).Data
 		want, err := json.Marshal(publish.CloudEvent{
 			SpecVersion: "1.0", ID: id, Source: source, Type: publish.TypePrefix + typ, Subject: subject,
-			Time: store.FormatTime(tm), DataContentType: "application/json", Data: raw,
+			Time: store.FormatTime(tm), RepairAfter: after, DataContentType: "application/json", Data: raw,
 		})
 		if err != nil {
 			t.Fatalf("reference encoding: %v", err)

@@ -36,6 +36,7 @@ const (
 	bulkAdvisoryEvents
 	bulkHistory
 	bulkEvents
+	bulkFollowedEvents
 	numBulk
 )
 
@@ -88,6 +89,9 @@ func (b bulk) statement() (head, tail string, width int) {
 	case bulkEvents:
 		return `INSERT INTO event_log (id, type, resource, action, scope, subject, time, data, created_time)`,
 			`ON CONFLICT(id) DO NOTHING`, eventColumns
+	case bulkFollowedEvents:
+		return `INSERT INTO event_log (id, type, resource, action, scope, subject, time, data, created_time, stream_seq)`,
+			`ON CONFLICT(id) DO NOTHING`, eventColumns + 1
 	}
 	panic(fmt.Sprintf("unknown bulk statement %d", b))
 }

@@ -7,7 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
+	"maps"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -33,6 +33,10 @@ type StreamEvent struct {
 	Data    json.RawMessage // {"before": …, "after": …}
 	// Seq is the message's stream sequence; 0: not known.
 	Seq uint64
+	// RepairAfter, on a copy the leader's audit published behind a
+	// repaired event of its resource, is the stream sequence of the copy
+	// before it; 0 on any other message (see streamOrder).
+	RepairAfter uint64
 	// Stored is when the stream stored the message; zero: not known. The
 	// mirror marks the event published then, not when it applied it: the
 	// stream audit of a replica that leads later reads the stream from an
@@ -220,7 +224,7 @@ func eventFault(ctx context.Context, err error) bool {
 
 // applyStreamTx is ApplyStreamEvents' work in tx.
 func (s *Store) applyStreamTx(ctx context.Context, tx *sql.Tx, evs []StreamEvent) (int, error) {
-	fresh, known, err := newStreamEvents(ctx, tx, evs)
+	fresh, held, known, err := newStreamEvents(ctx, tx, evs)
 	if err != nil {
 		return 0, err
 	}
@@ -233,25 +237,39 @@ func (s *Store) applyStreamTx(ctx context.Context, tx *sql.Tx, evs []StreamEvent
 	if err := markPublished(ctx, tx, known, FormatTime(s.now())); err != nil {
 		return 0, err
 	}
-	if len(fresh) == 0 {
-		return 0, nil
-	}
 	now := FormatTime(s.now())
-	published := storedTime(fresh, now)
 	b := newFollowBatch(s, tx, now)
-	rows := make([]any, 0, eventColumns*len(fresh))
-	for _, e := range fresh {
+	order := newStreamOrder(tx)
+	rows := make([]any, 0, (eventColumns+1)*len(fresh))
+	applied := make(map[string]bool, len(fresh))
+	for i, e := range evs {
+		if held[e.ID] || applied[e.ID] {
+			again, err := order.again(ctx, e)
+			if err == nil && again {
+				err = b.applyAgain(ctx, e)
+			}
+			if err != nil {
+				return 0, &eventError{index: i, err: fmt.Errorf("apply %s event %s of %s again: %w", e.Type, e.ID, e.Subject, err)}
+			}
+			continue
+		}
+		applied[e.ID] = true
 		scope, err := b.apply(ctx, e)
 		if err != nil {
-			return 0, &eventError{index: slices.IndexFunc(evs, func(x StreamEvent) bool { return x.ID == e.ID }),
-				err: fmt.Errorf("apply %s event %s of %s: %w", e.Type, e.ID, e.Subject, err)}
+			return 0, &eventError{index: i, err: fmt.Errorf("apply %s event %s of %s: %w", e.Type, e.ID, e.Subject, err)}
 		}
+		order.applied(e)
 		resource, action, _ := strings.Cut(e.Type, ".")
-		rows = append(rows, e.ID, e.Type, resource, action, scope, e.Subject, FormatTime(e.Time), string(e.Data), now)
+		rows = append(rows, e.ID, e.Type, resource, action, scope, e.Subject, FormatTime(e.Time), string(e.Data), now,
+			streamSeqValue(e.Seq))
 	}
 	if err := b.flush(ctx); err != nil {
-		return 0, fmt.Errorf("apply events %s..%s: %w", fresh[0].ID, fresh[len(fresh)-1].ID, err)
+		return 0, fmt.Errorf("apply events: %w", err)
 	}
+	if len(fresh) == 0 {
+		return 0, order.record(ctx)
+	}
+	published := storedTime(fresh, now)
 	if err := addHistoryDigest(ctx, tx, b.history); err != nil {
 		return 0, err
 	}
@@ -261,7 +279,7 @@ func (s *Store) applyStreamTx(ctx context.Context, tx *sql.Tx, evs []StreamEvent
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM event_log`).Scan(&last); err != nil {
 		return 0, fmt.Errorf("read the last event's seq: %w", err)
 	}
-	if _, err := b.insert(ctx, bulkEvents, rows); err != nil {
+	if _, err := b.insert(ctx, bulkFollowedEvents, rows); err != nil {
 		return 0, fmt.Errorf("record events %s..%s: %w", fresh[0].ID, fresh[len(fresh)-1].ID, err)
 	}
 	seqs := make([]int64, 0, len(fresh))
@@ -273,6 +291,9 @@ func (s *Store) applyStreamTx(ctx context.Context, tx *sql.Tx, evs []StreamEvent
 	})
 	if err != nil {
 		return 0, fmt.Errorf("read the recorded events' seqs: %w", err)
+	}
+	if err := order.record(ctx); err != nil {
+		return 0, err
 	}
 	// The stream holds these events already: they are published, when
 	// the stream stored them.
@@ -322,9 +343,11 @@ func recordStreamSeq(ctx context.Context, tx *sql.Tx, evs []StreamEvent) error {
 }
 
 // newStreamEvents returns the events of evs the mirror does not hold, each
-// once, in order, and the seqs of those it holds in its outbox: the ids are
-// looked up together, not one by one.
-func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]StreamEvent, []int64, error) {
+// once, in order, the ids of those it holds, and the seqs of those it holds
+// in its outbox: the ids are looked up together, not one by one.
+func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) (
+	[]StreamEvent, map[string]bool, []int64, error,
+) {
 	ids := make([]string, len(evs))
 	for i, e := range evs {
 		ids[i] = e.ID
@@ -348,8 +371,9 @@ func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]Stre
 		},
 	)
 	if err != nil {
-		return nil, nil, fmt.Errorf("look up events: %w", err)
+		return nil, nil, nil, fmt.Errorf("look up events: %w", err)
 	}
+	held := maps.Clone(seen)
 	fresh := make([]StreamEvent, 0, len(evs))
 	for _, e := range evs {
 		if !seen[e.ID] {
@@ -357,7 +381,7 @@ func newStreamEvents(ctx context.Context, tx *sql.Tx, evs []StreamEvent) ([]Stre
 			fresh = append(fresh, e)
 		}
 	}
-	return fresh, unpublished, nil
+	return fresh, held, unpublished, nil
 }
 
 // apply applies one event's state and returns the event's scope (the

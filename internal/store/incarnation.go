@@ -58,6 +58,10 @@ func (s *Store) SetStreamIncarnation(ctx context.Context, created time.Time, las
 			StreamSeqKey, SnapshotSeqKey); err != nil {
 			return err
 		}
+		// Nor do the events' own sequences (streamOrder).
+		if _, err := tx.ExecContext(ctx, `UPDATE event_log SET stream_seq = NULL WHERE stream_seq IS NOT NULL`); err != nil {
+			return err
+		}
 		// The stream holds none of the log until the leader's audit has
 		// published it there again (see RefillUntilKey): the next audit
 		// checks the whole log (a sweep), whatever it finds of the stream's

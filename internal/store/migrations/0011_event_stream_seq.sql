@@ -1,0 +1,11 @@
+-- Schema version 11: where a replica's events are on the stream.
+--
+-- stream_seq is the stream sequence of the message a replica applied the
+-- event from, or last took its place again from (NULL: an event it
+-- recorded itself while it led, one applied before this version, and all
+-- of them once the stream was created again or lost its tail). The
+-- highest of a resource's is the message its state came from: a copy the
+-- leader's audit published behind a repaired event names the copy before
+-- it, and a replica that holds the event applies it again only behind
+-- that message (store.ApplyStream, streamOrder).
+ALTER TABLE event_log ADD COLUMN stream_seq INTEGER;
