@@ -46,6 +46,7 @@ import (
 type AuditStore interface {
 	AuditEvents(ctx context.Context, after int64, limit int) ([]store.AuditEvent, error)
 	ResourceEvents(ctx context.Context, subject string, from int64) ([]store.AuditEvent, error)
+	PreviousOwnEvent(ctx context.Context, subject string, before int64) (store.Event, bool, error)
 	AuditPosition(ctx context.Context) (int64, error)
 	AuditHeld(ctx context.Context) ([]store.HeldEvent, error)
 	SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64, held []store.HeldEvent) error
@@ -563,6 +564,9 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]store.
 	// from a duplicate window before it: a message stored then and
 	// acknowledged again as a duplicate of itself is marked that late.
 	tails := make([][]store.AuditEvent, len(first))
+	// Each resource's own event before them: the stream's message of it
+	// is where the chain of the copies begins (RepairAttribute).
+	before := make([]string, len(first))
 	want := map[string]bool{}
 	from := first[0].Published
 	for i, f := range first {
@@ -574,6 +578,13 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]store.
 		for _, e := range evs {
 			want[e.ID] = true
 		}
+		prev, ok, err := au.a.st.PreviousOwnEvent(ctx, f.Subject, f.Seq)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			before[i], want[prev.ID] = prev.ID, true
+		}
 		if f.Published.Before(from) {
 			from = f.Published
 		}
@@ -583,8 +594,8 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]store.
 		return nil, err
 	}
 	var held []store.HeldEvent
-	for _, tail := range tails {
-		hold, err := au.repairResource(ctx, tail, found)
+	for i, tail := range tails {
+		hold, err := au.repairResource(ctx, tail, found, found[before[i]].seq)
 		if err != nil {
 			return nil, err
 		}
@@ -638,13 +649,15 @@ func (au *audit) recheck(ctx context.Context, held []store.HeldEvent) ([]store.H
 
 // repairResource repairs one resource from its events tail (in seq order,
 // from the first the first read missed), found being where the stream has
-// them. It reports whether a later audit must look at the resource again
-// from tail's first event (its repair waits, or its copies are to be found
-// on the stream).
+// them, and chainFrom the stream sequence of the message of the resource's
+// own event before them (0: none found). It reports whether a later audit
+// must look at the resource again from tail's first event (its repair
+// waits, or its copies are to be found on the stream).
 func (au *audit) repairResource(
 	ctx context.Context,
 	tail []store.AuditEvent,
 	found map[string]streamPos,
+	chainFrom uint64,
 ) (bool, error) {
 	a := au.a
 	start := -1
@@ -656,6 +669,19 @@ func (au *audit) repairResource(
 	}
 	if start < 0 {
 		return false, nil // on the stream after all, before the first read's start
+	}
+	// The copies of the resource's events each name the copy before them
+	// (RepairAttribute), from the message the stream holds of its own
+	// last event before the first missing one (chainFrom, or one of the
+	// tail found after all): a repair an earlier audit began and could not
+	// finish (a failed publish, a duplicate, copies the stream lost before
+	// their fsync) goes on where it stopped, rather than begin a chain a
+	// replica holding the rest cannot join.
+	chainAt := chainFrom
+	for _, e := range tail[:start] {
+		if pos := found[e.ID]; pos.ok() && chained(e.Resource) {
+			chainAt = pos.seq
+		}
 	}
 	tail = tail[start:]
 	for _, e := range tail {
@@ -700,8 +726,8 @@ func (au *audit) repairResource(
 			}
 		}
 		m := a.message(e.Event)
-		if lastCopy != 0 && a.cfg.RepairMessage != nil {
-			m = a.cfg.RepairMessage(e.Event, lastCopy)
+		if chainAt != 0 && chained(e.Resource) && a.cfg.RepairMessage != nil {
+			m = a.cfg.RepairMessage(e.Event, chainAt)
 		}
 		ack, err := a.republish(ctx, m)
 		if err != nil {
@@ -715,6 +741,9 @@ func (au *audit) repairResource(
 			return true, nil
 		}
 		lastCopy = ack.Sequence
+		if chained(e.Resource) {
+			chainAt = ack.Sequence
+		}
 		if pos.ok() {
 			au.rep.Reordered++
 			continue
@@ -738,6 +767,16 @@ func (au *audit) repairResource(
 	// Held: the next audit finds the copies on the stream, or publishes
 	// again what it lost of them.
 	return true, au.behindCopies(ctx, tail[len(tail)-1], lastCopy)
+}
+
+// chained reports whether the copies of a resource's events of kind
+// resource join its chain of copies (RepairAttribute): the events a
+// consumer of the resource's own subjects receives (<prefix>.repo.>,
+// .tag.>, .advisory.>), not the replication records that share their
+// CloudEvents subject (history.recorded, crawl.*), which such a consumer
+// never sees.
+func chained(resource string) bool {
+	return resource == "repo" || resource == "tag" || resource == "advisory"
 }
 
 // behindCopies deletes the events of last's resource recorded after last

@@ -37,24 +37,8 @@ func streamSeqs(t *testing.T, w *auditWorld, n int) map[string]uint64 {
 // the stream had not lost) were gone for good.
 func TestAuditor_ACopyLostBeforeItWasDurableIsRepaired(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	w := newAuditWorld(t, time.Second)
-	w.p.addRepos(ctx, "again", 1, 1) // the repo, then its tag's creation
-	w.flush(t)
-	w.p.moveAll(ctx, 1) // the tag's move
-	w.flush(t)
-	stored := storedEvents(t, w.st)
-	seqOf := streamSeqs(t, w, len(stored))
-	creation := stored[1]
-	w.deleteMsgs(t, seqOf[creation.ID])
-
-	au := w.auditor(time.Now)
-	testutil.WaitFor(t, 20*time.Second, "an audit to publish the lost creation again", func() bool {
-		if _, err := au.Audit(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return w.repaired.Load() >= 1
-	})
+	au, stored := repairedCreation(t, w, "again", 1)
 	// The tail the repair wrote (the creation and the move behind it) is
 	// lost before it was synced.
 	var tail []uint64
@@ -68,20 +52,7 @@ func TestAuditor_ACopyLostBeforeItWasDurableIsRepaired(t *testing.T) {
 	}
 	w.deleteMsgs(t, tail...)
 
-	testutil.WaitFor(t, 20*time.Second, "an audit to publish the lost copies again", func() bool {
-		if _, err := au.Audit(ctx); err != nil {
-			t.Fatal(err)
-		}
-		s, err := w.conn.JS.Stream(ctx, testStream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		info, err := s.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.State.Msgs == uint64(len(stored))
-	})
+	auditUntilTheStreamHolds(t, w, au, len(stored), "an audit to publish the lost copies again")
 	assertExactlyOnceInOrder(t, consumeAll(t, w.conn.JS, len(stored)), stored)
 }
 
@@ -244,4 +215,93 @@ func TestAuditor_ARecheckedRepairIsNotTakenForLostAgain(t *testing.T) {
 		t.Errorf("second audit = %+v: the recheck repaired the tag, and the main loop took the move it had just "+
 			"moved for lost and published it once more (dropped as a duplicate)", rep)
 	}
+}
+
+// TestAuditor_AnUnfinishedRepairGoesOnWithItsChain: a repair's last copy
+// is lost (as when its publish failed after the original was deleted, or
+// the stream lost it before its next fsync). The next audit publishes it
+// again naming the copy before it (RepairAttribute), which the stream
+// still holds, so that a replica holding the event applies it again behind
+// that copy. Before, it began a new chain that named nothing, and a
+// replica that had applied the copies before it skipped it as held and
+// kept the state of the one before (store
+// TestApplyStream_AnUnfinishedRepairIsFollowed).
+func TestAuditor_AnUnfinishedRepairGoesOnWithItsChain(t *testing.T) {
+	t.Parallel()
+	w := newAuditWorld(t, time.Second)
+	au, stored := repairedCreation(t, w, "chain", 2)
+	copies := map[string]received{}
+	for _, m := range consumeAll(t, w.conn.JS, len(stored)) {
+		if m.StreamSeq > uint64(len(stored)) {
+			copies[first(m.Header, jetstream.MsgIDHeader)] = m
+		}
+	}
+	secondMove, firstMove := stored[len(stored)-1], stored[len(stored)-2]
+	lastCopy, ok := copies[secondMove.ID]
+	if !ok {
+		t.Fatalf("the repair wrote no copy of the log's last event")
+	}
+	for _, m := range []received{copies[firstMove.ID], lastCopy} {
+		if e, err := publish.Decode(m.Data); err != nil || e.Type != "tag.moved" {
+			t.Fatalf("the copy at %d is %s (%v), want one of the tag's moves", m.StreamSeq, e.Type, err)
+		}
+	}
+	w.deleteMsgs(t, lastCopy.StreamSeq)
+
+	auditUntilTheStreamHolds(t, w, au, len(stored), "an audit to publish the lost copy again")
+	got := consumeAll(t, w.conn.JS, len(stored))
+	assertExactlyOnceInOrder(t, got, stored)
+	m := got[len(got)-1]
+	e, err := publish.Decode(m.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := copies[firstMove.ID].StreamSeq; e.ID != secondMove.ID || e.RepairAfter != want {
+		t.Errorf("the stream's last message is %s at %d naming %d; want the second move naming the first move's copy at %d",
+			e.ID, m.StreamSeq, e.RepairAfter, want)
+	}
+}
+
+// auditUntilTheStreamHolds audits until the stream holds n messages.
+func auditUntilTheStreamHolds(t *testing.T, w *auditWorld, au *publish.Auditor, n int, what string) {
+	t.Helper()
+	ctx := context.Background()
+	testutil.WaitFor(t, 20*time.Second, what, func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s, err := w.conn.JS.Stream(ctx, testStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs == uint64(n)
+	})
+}
+
+// repairedCreation records a repo with a tag that then moves moves times,
+// publishes them, loses the tag's creation from the stream, and audits
+// until the auditor it returns has published it again, with the moves
+// behind it; it returns the log's events too.
+func repairedCreation(t *testing.T, w *auditWorld, name string, moves int) (*publish.Auditor, []storedEvent) {
+	t.Helper()
+	ctx := context.Background()
+	w.p.addRepos(ctx, name, 1, 1) // the repo, then its tag's creation
+	w.flush(t)
+	w.p.moveAll(ctx, moves)
+	w.flush(t)
+	stored := storedEvents(t, w.st)
+	seqOf := streamSeqs(t, w, len(stored))
+	w.deleteMsgs(t, seqOf[stored[1].ID])
+	au := w.auditor(time.Now)
+	testutil.WaitFor(t, 20*time.Second, "an audit to publish the lost creation again", func() bool {
+		if _, err := au.Audit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return w.repaired.Load() >= 1
+	})
+	return au, stored
 }

@@ -31,8 +31,9 @@ const TypePrefix = "dev.syncd."
 const ContentType = "application/cloudevents+json"
 
 // CloudEvent is an event in CloudEvents 1.0 structured JSON mode.
-// RepairAfter is the extension attribute RepairAttribute: set only on a
-// copy the audit publishes behind a repaired event.
+// RepairAfter is the extension attribute RepairAttribute, a stream
+// sequence in decimal (a String: a CloudEvents Integer is 32 bits), set
+// only on a copy the audit publishes behind a repaired event.
 type CloudEvent struct {
 	SpecVersion     string          `json:"specversion"`
 	ID              string          `json:"id"`
@@ -40,7 +41,7 @@ type CloudEvent struct {
 	Type            string          `json:"type"`
 	Subject         string          `json:"subject,omitempty"`
 	Time            string          `json:"time,omitempty"`
-	RepairAfter     uint64          `json:"syncdrepairafter,omitempty"`
+	RepairAfter     string          `json:"syncdrepairafter,omitempty"`
 	DataContentType string          `json:"datacontenttype"`
 	Data            json.RawMessage `json:"data"`
 }
@@ -69,9 +70,11 @@ func (f Format) Subject(e store.Event) string {
 func (f Format) Message(e store.Event) *nats.Msg { return f.RepairMessage(e, 0) }
 
 // RepairAttribute is the CloudEvents extension attribute that marks a copy
-// the audit published behind a repaired event of its resource (the lost
-// event itself carries none): its value is the stream sequence of the copy
-// published just before it. A replica that holds the event applies it
+// the audit published behind a repaired event of its resource: its value
+// is the stream sequence (a decimal String) of the copy of the resource's
+// events published just before it, or, for the first copy, of the
+// resource's last message before it that the stream holds, when an
+// earlier audit's repair of it left copies there. A replica that holds the event applies it
 // again only where the copy before it set the resource's state
 // (store.ApplyStream): the stream's order then, and nothing an old
 // message copied onto the stream later can claim.
@@ -124,8 +127,9 @@ func encodeEvent(source string, e store.Event, repairAfter uint64) []byte {
 		b = append(b, '"')
 	}
 	if repairAfter != 0 {
-		b = append(b, `,"`+RepairAttribute+`":`...)
+		b = append(b, `,"`+RepairAttribute+`":"`...)
 		b = strconv.AppendUint(b, repairAfter, 10)
+		b = append(b, '"')
 	}
 	b = append(b, `,"datacontenttype":"application/json","data":`...)
 	b = append(b, data...)
@@ -174,8 +178,12 @@ func Decode(b []byte) (store.StreamEvent, error) {
 			return store.StreamEvent{}, fmt.Errorf("decode CloudEvent %q: time: %w", ce.ID, err)
 		}
 	}
+	// An attribute that is no sequence marks no copy: the event is applied
+	// as any other message is, which is what a replica that does not know
+	// the attribute does.
+	after, _ := strconv.ParseUint(ce.RepairAfter, 10, 64)
 	return store.StreamEvent{ID: ce.ID, Type: typ, Subject: ce.Subject, Time: at, Data: ce.Data,
-		RepairAfter: ce.RepairAfter}, nil
+		RepairAfter: after}, nil
 }
 
 // EscapeToken makes s usable as one token of a NATS subject, reversibly:

@@ -3,6 +3,7 @@ package publish_test
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -125,6 +126,23 @@ func TestDecode_RoundTrip(t *testing.T) {
 
 // TestDecode_NotASyncdEvent: a message without syncd's type prefix, id,
 // subject or data, or not JSON at all, is refused rather than applied.
+// TestDecode_RepairAttribute: a copy's attribute is read as the sequence
+// it names; one that is no sequence (not a decimal string) marks no copy,
+// and the event is applied as any other message, not set aside.
+func TestDecode_RepairAttribute(t *testing.T) {
+	for _, c := range []struct {
+		attr string
+		want uint64
+	}{{`"42"`, 42}, {`"18446744073709551615"`, 1<<64 - 1}, {`"-1"`, 0}, {`"x"`, 0}, {`""`, 0}} {
+		body := `{"specversion":"1.0","id":"e1","source":"s","type":"dev.syncd.repo.updated","subject":"r1",` +
+			`"` + publish.RepairAttribute + `":` + c.attr + `,"datacontenttype":"application/json","data":{}}`
+		e, err := publish.Decode([]byte(body))
+		if err != nil || e.RepairAfter != c.want {
+			t.Errorf("%s = %s: decoded %d (%v), want %d", publish.RepairAttribute, c.attr, e.RepairAfter, err, c.want)
+		}
+	}
+}
+
 func TestDecode_NotASyncdEvent(t *testing.T) {
 	for name, data := range map[string]string{
 		"NotJSON":     `{`,
@@ -173,9 +191,16 @@ func FuzzEncodeEvent(f *testing.F) {
 		e := store.Event{ID: id, Type: typ, Subject: subject, Scope: scope, Time: tm, Data: raw}
 		relay := publish.NewRelay(nil, nil, publish.Config{SubjectPrefix: "syncd", Source: source})
 		got := relay.RepairMessage(e, after).Data
+		var repairAfter string
+		if after != 0 {
+			repairAfter = strconv.FormatUint(after, 10)
+		}
+		if d, err := publish.Decode(got); err == nil && d.RepairAfter != after {
+			t.Fatalf("decoded %s = %d, want %d", publish.RepairAttribute, d.RepairAfter, after)
+		}
 		want, err := json.Marshal(publish.CloudEvent{
 			SpecVersion: "1.0", ID: id, Source: source, Type: publish.TypePrefix + typ, Subject: subject,
-			Time: store.FormatTime(tm), RepairAfter: after, DataContentType: "application/json", Data: raw,
+			Time: store.FormatTime(tm), RepairAfter: repairAfter, DataContentType: "application/json", Data: raw,
 		})
 		if err != nil {
 			t.Fatalf("reference encoding: %v", err)

@@ -37,10 +37,18 @@ func newStreamOrder(tx *sql.Tx) *streamOrder {
 	return &streamOrder{tx: tx, last: map[string]uint64{}, moved: map[string]uint64{}}
 }
 
+// chained reports whether e's message is one of its resource's chain of
+// messages: a repo's, tag's or advisory's own, not a replication record
+// (history.recorded, crawl.*) that shares its subject (publish.chained).
+func chained(e StreamEvent) bool {
+	resource, _, _ := strings.Cut(e.Type, ".")
+	return resource == "repo" || resource == "tag" || resource == "advisory"
+}
+
 // applied notes that the resource of e, an event new to the mirror, has
 // its state from e's message.
 func (o *streamOrder) applied(e StreamEvent) {
-	if e.Seq > 0 {
+	if e.Seq > 0 && chained(e) {
 		o.last[e.Subject] = e.Seq
 	}
 }
@@ -48,16 +56,17 @@ func (o *streamOrder) applied(e StreamEvent) {
 // again reports whether held event e, delivered again, is to be applied
 // again: a repair's copy behind the message its resource's state came
 // from. Such a copy takes that place whether or not it carries a state
-// to apply again (a lifecycle step or a history record adds to what the
-// mirror holds, in place).
+// to apply again (a lifecycle step or a maturity adds to what the mirror
+// holds, in place).
 func (o *streamOrder) again(ctx context.Context, e StreamEvent) (bool, error) {
-	if e.Seq == 0 || e.RepairAfter == 0 || e.RepairAfter >= e.Seq {
+	if e.Seq == 0 || e.RepairAfter == 0 || e.RepairAfter >= e.Seq || !chained(e) {
 		return false, nil
 	}
 	last, ok := o.last[e.Subject]
 	if !ok {
 		var seq sql.NullInt64
-		err := o.tx.QueryRowContext(ctx, `SELECT MAX(stream_seq) FROM event_log WHERE subject = ?`, e.Subject).Scan(&seq)
+		err := o.tx.QueryRowContext(ctx, `SELECT MAX(stream_seq) FROM event_log
+			WHERE subject = ? AND resource IN ('repo', 'tag', 'advisory')`, e.Subject).Scan(&seq)
 		if err != nil {
 			return false, fmt.Errorf("read the stream order of %s: %w", e.Subject, err)
 		}

@@ -165,3 +165,23 @@ func TestApplyStream_ARepairOfWhatTheFollowerReadChangesNothing(t *testing.T) {
 		t.Errorf("the follower's stream sequences after the refill = %s, want none taken (no copy was applied again)", got)
 	}
 }
+
+// TestApplyStream_AnUnfinishedRepairIsFollowed: a repair stops after its
+// second copy (its third publish failed after the original was deleted),
+// and the next audit publishes the last copy naming the one before it
+// (publish TestAuditor_AnUnfinishedRepairGoesOnWithItsChain). The follower
+// applies it again behind that copy and ends equal to the leader; a copy
+// naming nothing (as the audit published it before) is skipped as held,
+// and leaves the state of the copy before.
+func TestApplyStream_AnUnfinishedRepairIsFollowed(t *testing.T) {
+	w := newRepairWorld(t, "v1", "v2", "v3")
+	w.apply(w.at(0, 1, 0), w.at(2, 3, 0), w.at(3, 4, 0)) // v1's message (seq 2) lost
+	w.apply(w.at(1, 5, 0), w.at(2, 6, 5))                // the repair stops after deleting seq 4
+	w.apply(w.at(3, 7, 0))
+	q := `SELECT description FROM repos`
+	if got := queryString(t, w.follower.Reader(), q); got != "v2" {
+		t.Errorf("after a copy naming nothing the follower's repo is %s, want v2 (skipped as held)", got)
+	}
+	w.apply(w.at(3, 8, 6))
+	w.equal("after the copy naming the one before it")
+}
