@@ -97,12 +97,13 @@ type AuditConfig struct {
 	// MsgID is the Nats-Msg-Id an event id is published under (see
 	// signing.Signer.MsgID); nil: the event id itself.
 	MsgID func(eventID string) string
-	// RepairMessage, when set, encodes the copies a repair publishes
-	// behind its first, each naming the stream sequence of the copy
-	// before it (Relay.RepairMessage, RepairAttribute), so that a replica
-	// holding them applies them again in the stream's order; nil: they
-	// are encoded as the first, and a replica that read past the loss
-	// keeps the late event's state until a snapshot repairs it.
+	// RepairMessage, when set, encodes the copies a repair publishes of a
+	// resource's own events, each naming the stream sequence of the
+	// resource's own message just before it (Relay.RepairMessage,
+	// RepairAttribute), so that a replica holding them applies them again
+	// in the stream's order; nil: they are encoded as any message, and a
+	// replica that read past the loss keeps the late event's state until a
+	// snapshot repairs it.
 	RepairMessage func(e store.Event, after uint64) *nats.Msg
 }
 
@@ -680,7 +681,7 @@ func (au *audit) repairResource(
 	chainAt := chainFrom
 	for _, e := range tail[:start] {
 		if pos := found[e.ID]; pos.ok() && chained(e.Resource) {
-			chainAt = pos.seq
+			chainAt = max(chainAt, pos.seq)
 		}
 	}
 	tail = tail[start:]

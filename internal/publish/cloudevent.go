@@ -70,11 +70,13 @@ func (f Format) Subject(e store.Event) string {
 func (f Format) Message(e store.Event) *nats.Msg { return f.RepairMessage(e, 0) }
 
 // RepairAttribute is the CloudEvents extension attribute that marks a copy
-// the audit published behind a repaired event of its resource: its value
-// is the stream sequence (a decimal String) of the copy of the resource's
-// events published just before it, or, for the first copy, of the
-// resource's last message before it that the stream holds, when an
-// earlier audit's repair of it left copies there. A replica that holds the event applies it
+// the audit published again of a resource's own event (a repo's, tag's or
+// advisory's; not a history or crawl record): its value is the stream
+// sequence (a decimal String) of the resource's own message just before it
+// on the stream: the copy before it, or, for a repair's first copy, the
+// message of the event before the first missing one (an original, or a
+// copy an earlier, unfinished repair published), when the audit's read of
+// the stream found it; absent otherwise. A replica that holds the event applies it
 // again only where the copy before it set the resource's state
 // (store.ApplyStream): the stream's order then, and nothing an old
 // message copied onto the stream later can claim.

@@ -12,8 +12,9 @@ import (
 // repair changed that order under it. The leader's audit repairs a
 // message the stream lost after acknowledging it by publishing the event
 // again and, behind it, its resource's later events (deleted where they
-// were and published anew under the same ids), each copy after the first
-// naming the stream sequence of the copy before it (RepairAfter). A
+// were and published anew under the same ids), each copy of the resource's
+// own events naming the stream sequence of its own message just before it
+// (RepairAfter). A
 // replica that had read past the loss holds the later events, applies the
 // lost one late over them, and would skip them as held; instead, a held
 // event is applied again when it is such a copy and the copy it names is
@@ -64,13 +65,10 @@ func (o *streamOrder) again(ctx context.Context, e StreamEvent) (bool, error) {
 	}
 	last, ok := o.last[e.Subject]
 	if !ok {
-		var seq sql.NullInt64
-		err := o.tx.QueryRowContext(ctx, `SELECT MAX(stream_seq) FROM event_log
-			WHERE subject = ? AND resource IN ('repo', 'tag', 'advisory')`, e.Subject).Scan(&seq)
-		if err != nil {
-			return false, fmt.Errorf("read the stream order of %s: %w", e.Subject, err)
+		var err error
+		if last, err = o.stateFrom(ctx, e.Subject); err != nil {
+			return false, err
 		}
-		last = uint64(max(seq.Int64, 0))
 		o.last[e.Subject] = last
 	}
 	if last != e.RepairAfter {
@@ -78,6 +76,33 @@ func (o *streamOrder) again(ctx context.Context, e StreamEvent) (bool, error) {
 	}
 	o.last[e.Subject], o.moved[e.ID] = e.Seq, e.Seq
 	return restatable(e), nil
+}
+
+// stateFrom returns the stream sequence of the message the state of the
+// resource subject came from: the highest stream_seq of its own events,
+// unless an own event the mirror recorded after that one has none (it
+// recorded the event itself while it led, or a restore brought the
+// leader's): then the state came from no message it knows, and 0.
+func (o *streamOrder) stateFrom(ctx context.Context, subject string) (uint64, error) {
+	const own = `subject = ?1 AND resource IN ('repo', 'tag', 'advisory')`
+	var seq, streamSeq int64
+	err := o.tx.QueryRowContext(ctx, `SELECT seq, stream_seq FROM event_log WHERE `+own+` AND stream_seq IS NOT NULL
+		ORDER BY stream_seq DESC LIMIT 1`, subject).Scan(&seq, &streamSeq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	var later bool
+	if err == nil {
+		err = o.tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM event_log WHERE `+own+` AND stream_seq IS NULL
+			AND seq > ?2)`, subject, seq).Scan(&later)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the stream order of %s: %w", subject, err)
+	}
+	if later {
+		return 0, nil
+	}
+	return uint64(max(streamSeq, 0)), nil
 }
 
 // record writes the new stream sequences of the held events that took

@@ -185,3 +185,19 @@ func TestApplyStream_AnUnfinishedRepairIsFollowed(t *testing.T) {
 	w.apply(w.at(3, 8, 6))
 	w.equal("after the copy naming the one before it")
 }
+
+// TestApplyStream_AStateRecordedHereIsNoMessagesState: the replica applied
+// the repo's creation from the stream, and then recorded its updates
+// without a stream sequence (it led, or a restore brought the leader's
+// rows). A repair's first copy of the first update names the creation's
+// message: the replica's state came from its own later events, not from
+// that message, so it does not apply the copy again (that would roll it
+// back to v1 until the rest of the chain came, and for good if it never
+// did).
+func TestApplyStream_AStateRecordedHereIsNoMessagesState(t *testing.T) {
+	w := newRepairWorld(t, "v1", "v2", "v3")
+	w.apply(w.at(0, 1, 0))
+	w.apply(w.at(1, 0, 0), w.at(2, 0, 0), w.at(3, 0, 0))
+	w.apply(w.at(1, 10, 1))
+	w.equal("after a copy naming the creation's message")
+}
