@@ -46,7 +46,7 @@ import (
 type AuditStore interface {
 	AuditEvents(ctx context.Context, after int64, limit int) ([]store.AuditEvent, error)
 	ResourceEvents(ctx context.Context, subject string, from int64) ([]store.AuditEvent, error)
-	PreviousOwnEvent(ctx context.Context, subject string, before int64) (store.Event, bool, error)
+	PreviousOwnEvent(ctx context.Context, subject string, before int64) (string, error)
 	AuditPosition(ctx context.Context) (int64, error)
 	AuditHeld(ctx context.Context) ([]store.HeldEvent, error)
 	SetAuditPosition(ctx context.Context, seq int64, streamSeq uint64, held []store.HeldEvent) error
@@ -579,12 +579,12 @@ func (au *audit) repair(ctx context.Context, first []store.AuditEvent) ([]store.
 		for _, e := range evs {
 			want[e.ID] = true
 		}
-		prev, ok, err := au.a.st.PreviousOwnEvent(ctx, f.Subject, f.Seq)
+		prev, err := au.a.st.PreviousOwnEvent(ctx, f.Subject, f.Seq)
 		if err != nil {
 			return nil, err
 		}
-		if ok {
-			before[i], want[prev.ID] = prev.ID, true
+		if prev != "" {
+			before[i], want[prev] = prev, true
 		}
 		if f.Published.Before(from) {
 			from = f.Published

@@ -222,25 +222,19 @@ func (s *Store) ResourceEvents(ctx context.Context, subject string, from int64) 
 	return evs, nil
 }
 
-// PreviousOwnEvent returns the last event before seq before about the
-// resource subject that is the resource's own (a repo's, tag's or
-// advisory's event, not a replication record that shares its subject),
-// and false when there is none.
-func (s *Store) PreviousOwnEvent(ctx context.Context, subject string, before int64) (Event, bool, error) {
-	var e Event
-	found := false
-	err := queryRows(ctx, s.r, `SELECT `+outboxColumns+` FROM event_log l
-		WHERE l.subject = ? AND l.seq < ? AND l.resource IN ('repo', 'tag', 'advisory') ORDER BY l.seq DESC LIMIT 1`,
-		[]any{subject, before}, func(rows *sql.Rows) error {
-			var err error
-			e, err = scanEvent(rows)
-			found = err == nil
-			return err
-		})
-	if err != nil {
-		return Event{}, false, fmt.Errorf("read the event of %s before seq %d: %w", subject, before, err)
+// PreviousOwnEvent returns the id of the last event before seq before
+// about the resource subject that is the resource's own (a repo's, tag's
+// or advisory's event, not a replication record that shares its
+// subject), and "" when there is none.
+func (s *Store) PreviousOwnEvent(ctx context.Context, subject string, before int64) (string, error) {
+	var id string
+	err := s.r.QueryRowContext(ctx, `SELECT id FROM event_log
+		WHERE subject = ? AND seq < ? AND resource IN ('repo', 'tag', 'advisory') ORDER BY seq DESC LIMIT 1`,
+		subject, before).Scan(&id)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("read the event of %s before seq %d: %w", subject, before, err)
 	}
-	return e, found, nil
+	return id, nil
 }
 
 // publicationTimes sets the Published time of evs, which are in seq order,
