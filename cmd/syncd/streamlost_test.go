@@ -83,10 +83,11 @@ func TestCluster_StreamLostWhole(t *testing.T) {
 	}
 	// A replica that read past an event the old stream lost applies it
 	// late, when the refill publishes it again, over its resource's later
-	// events, which it holds and skips when they come again behind it: it
-	// finds its mirror diverged at the first checkpoint after the refill,
-	// and repairs it from a snapshot (docs/cluster.md). Counted, not
-	// asserted: the oracle above holds either way.
+	// events; the refill's copies name the message before them, and it
+	// applies the later ones again behind it (docs/reliability.md). Before
+	// that, it found its mirror diverged at the first checkpoint after the
+	// refill (3 of 4 replica runs) and repaired it from a snapshot.
+	// Counted, not asserted: the oracle above holds either way.
 	diverged := func(n *node) int { return strings.Count(n.out.String(), "the mirror diverged from the leader's") }
 	t.Logf("stream lost whole figures: the old stream's last seq %d; created again after %s; the new one's last %d; "+
 		"divergences found: standby %d, follower %d; %s",

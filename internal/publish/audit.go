@@ -680,7 +680,7 @@ func (au *audit) repairResource(
 	// replica holding the rest cannot join.
 	chainAt := chainFrom
 	for _, e := range tail[:start] {
-		if pos := found[e.ID]; pos.ok() && chained(e.Resource) {
+		if pos := found[e.ID]; pos.ok() && store.OwnResource(e.Resource) {
 			chainAt = max(chainAt, pos.seq)
 		}
 	}
@@ -727,7 +727,7 @@ func (au *audit) repairResource(
 			}
 		}
 		m := a.message(e.Event)
-		if chainAt != 0 && chained(e.Resource) && a.cfg.RepairMessage != nil {
+		if chainAt != 0 && store.OwnResource(e.Resource) && a.cfg.RepairMessage != nil {
 			m = a.cfg.RepairMessage(e.Event, chainAt)
 		}
 		ack, err := a.republish(ctx, m)
@@ -742,7 +742,7 @@ func (au *audit) repairResource(
 			return true, nil
 		}
 		lastCopy = ack.Sequence
-		if chained(e.Resource) {
+		if store.OwnResource(e.Resource) {
 			chainAt = ack.Sequence
 		}
 		if pos.ok() {
@@ -768,16 +768,6 @@ func (au *audit) repairResource(
 	// Held: the next audit finds the copies on the stream, or publishes
 	// again what it lost of them.
 	return true, au.behindCopies(ctx, tail[len(tail)-1], lastCopy)
-}
-
-// chained reports whether the copies of a resource's events of kind
-// resource join its chain of copies (RepairAttribute): the events a
-// consumer of the resource's own subjects receives (<prefix>.repo.>,
-// .tag.>, .advisory.>), not the replication records that share their
-// CloudEvents subject (history.recorded, crawl.*), which such a consumer
-// never sees.
-func chained(resource string) bool {
-	return resource == "repo" || resource == "tag" || resource == "advisory"
 }
 
 // behindCopies deletes the events of last's resource recorded after last

@@ -33,7 +33,7 @@ const ContentType = "application/cloudevents+json"
 // CloudEvent is an event in CloudEvents 1.0 structured JSON mode.
 // RepairAfter is the extension attribute RepairAttribute, a stream
 // sequence in decimal (a String: a CloudEvents Integer is 32 bits), set
-// only on a copy the audit publishes behind a repaired event.
+// only on a copy the audit publishes again of a resource's own event.
 type CloudEvent struct {
 	SpecVersion     string          `json:"specversion"`
 	ID              string          `json:"id"`
@@ -70,16 +70,16 @@ func (f Format) Subject(e store.Event) string {
 func (f Format) Message(e store.Event) *nats.Msg { return f.RepairMessage(e, 0) }
 
 // RepairAttribute is the CloudEvents extension attribute that marks a copy
-// the audit published again of a resource's own event (a repo's, tag's or
-// advisory's; not a history or crawl record): its value is the stream
-// sequence (a decimal String) of the resource's own message just before it
-// on the stream: the copy before it, or, for a repair's first copy, the
-// message of the event before the first missing one (an original, or a
-// copy an earlier, unfinished repair published), when the audit's read of
-// the stream found it; absent otherwise. A replica that holds the event applies it
-// again only where the copy before it set the resource's state
-// (store.ApplyStream): the stream's order then, and nothing an old
-// message copied onto the stream later can claim.
+// the audit published again of a resource's own event (store.OwnResource):
+// its value is the stream sequence (a decimal String) of the resource's own
+// message just before it on the stream: the copy before it, or, for a
+// repair's first copy, the message of the event before the first missing
+// one (an original, or a copy an earlier, unfinished repair published),
+// when the audit's read of the stream found it; absent otherwise. A
+// replica that holds the event applies it again only when the message it
+// names is the one its resource's state came from (store.ApplyStream): the
+// stream's order then, and nothing an old message copied onto the stream
+// later can claim.
 const RepairAttribute = "syncdrepairafter"
 
 // RepairMessage is Message with RepairAttribute set to after, when after

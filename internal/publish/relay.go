@@ -309,8 +309,8 @@ var (
 // under a Nats-Msg-Id derived from its id, when the relay has a signer.
 func (r *Relay) Message(e store.Event) *nats.Msg { return r.seal(r.format.Message(e)) }
 
-// RepairMessage is Message for a copy the audit publishes behind a repaired
-// event, after the copy at stream sequence after (Format.RepairMessage).
+// RepairMessage is Message for a copy the audit publishes again, naming the
+// resource's own message at stream sequence after (Format.RepairMessage).
 func (r *Relay) RepairMessage(e store.Event, after uint64) *nats.Msg {
 	return r.seal(r.format.RepairMessage(e, after))
 }

@@ -229,7 +229,7 @@ func (s *Store) ResourceEvents(ctx context.Context, subject string, from int64) 
 func (s *Store) PreviousOwnEvent(ctx context.Context, subject string, before int64) (string, error) {
 	var id string
 	err := s.r.QueryRowContext(ctx, `SELECT id FROM event_log
-		WHERE subject = ? AND seq < ? AND resource IN ('repo', 'tag', 'advisory') ORDER BY seq DESC LIMIT 1`,
+		WHERE subject = ? AND seq < ? AND `+ownResourcesSQL+` ORDER BY seq DESC LIMIT 1`,
 		subject, before).Scan(&id)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return "", fmt.Errorf("read the event of %s before seq %d: %w", subject, before, err)

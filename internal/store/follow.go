@@ -33,9 +33,9 @@ type StreamEvent struct {
 	Data    json.RawMessage // {"before": …, "after": …}
 	// Seq is the message's stream sequence; 0: not known.
 	Seq uint64
-	// RepairAfter, on a copy the leader's audit published behind a
-	// repaired event of its resource, is the stream sequence of the copy
-	// before it; 0 on any other message (see streamOrder).
+	// RepairAfter, on a copy the leader's audit published again of a
+	// resource's own event, is the stream sequence of the resource's own
+	// message just before it; 0 on any other message (see streamOrder).
 	RepairAfter uint64
 	// Stored is when the stream stored the message; zero: not known. The
 	// mirror marks the event published then, not when it applied it: the

@@ -38,12 +38,22 @@ func newStreamOrder(tx *sql.Tx) *streamOrder {
 	return &streamOrder{tx: tx, last: map[string]uint64{}, moved: map[string]uint64{}}
 }
 
-// chained reports whether e's message is one of its resource's chain of
-// messages: a repo's, tag's or advisory's own, not a replication record
-// (history.recorded, crawl.*) that shares its subject (publish.chained).
+// OwnResource reports whether events of kind resource are a resource's
+// own (a repo's, tag's or advisory's, published on its own subjects), not
+// replication records that share its CloudEvents subject
+// (history.recorded, crawl.*): only its own messages make the chain of a
+// repair's copies (publish.RepairAttribute).
+func OwnResource(resource string) bool {
+	return resource == "repo" || resource == "tag" || resource == "advisory"
+}
+
+// ownResourcesSQL is OwnResource as an SQL condition on event_log.resource.
+const ownResourcesSQL = `resource IN ('repo', 'tag', 'advisory')`
+
+// chained reports whether e's message is one of its resource's own.
 func chained(e StreamEvent) bool {
 	resource, _, _ := strings.Cut(e.Type, ".")
-	return resource == "repo" || resource == "tag" || resource == "advisory"
+	return OwnResource(resource)
 }
 
 // applied notes that the resource of e, an event new to the mirror, has
@@ -84,7 +94,7 @@ func (o *streamOrder) again(ctx context.Context, e StreamEvent) (bool, error) {
 // recorded the event itself while it led, or a restore brought the
 // leader's): then the state came from no message it knows, and 0.
 func (o *streamOrder) stateFrom(ctx context.Context, subject string) (uint64, error) {
-	const own = `subject = ?1 AND resource IN ('repo', 'tag', 'advisory')`
+	const own = `subject = ?1 AND ` + ownResourcesSQL
 	var seq, streamSeq int64
 	err := o.tx.QueryRowContext(ctx, `SELECT seq, stream_seq FROM event_log WHERE `+own+` AND stream_seq IS NOT NULL
 		ORDER BY stream_seq DESC LIMIT 1`, subject).Scan(&seq, &streamSeq)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -341,19 +340,12 @@ func recordRestore(ctx context.Context, tx *sql.Tx, schema string, at SnapshotAt
 }
 
 // copyRows inserts the rows of table in schema from into table in schema
-// to, by the columns both have (from may be of an older schema version).
+// to, by the columns main's table has (both are this binary's schema).
 func copyRows(ctx context.Context, tx *sql.Tx, table, from, to string) error {
-	cols, err := columns(ctx, tx, table, to)
+	cols, err := columns(ctx, tx, table)
 	if err != nil {
 		return err
 	}
-	// A snapshot of an older schema version lacks the columns added since,
-	// which keep their defaults.
-	have, err := columns(ctx, tx, table, from)
-	if err != nil {
-		return err
-	}
-	cols = slices.DeleteFunc(cols, func(c string) bool { return !slices.Contains(have, c) })
 	list := strings.Join(cols, ", ")
 	q := `INSERT INTO ` + to + `.` + table + ` (` + list + `) SELECT ` + list + ` FROM ` + from + `.` + table
 	if _, err := tx.ExecContext(ctx, q); err != nil {
@@ -397,8 +389,8 @@ func dropIndexes(ctx context.Context, tx *sql.Tx, tables []string) ([]struct{ na
 }
 
 // columns lists the columns of table in the main database.
-func columns(ctx context.Context, tx *sql.Tx, table, schema string) ([]string, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT name FROM pragma_table_info(?, ?)`, table, schema)
+func columns(ctx context.Context, tx *sql.Tx, table string) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT name FROM pragma_table_info(?, 'main')`, table)
 	if err != nil {
 		return nil, fmt.Errorf("columns of %s: %w", table, err)
 	}
