@@ -2,16 +2,11 @@ package daemon_test
 
 import (
 	"context"
-	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/syncd-dev/syncd/internal/cluster"
 	"github.com/syncd-dev/syncd/internal/platformsim"
-	"github.com/syncd-dev/syncd/internal/publish"
-	"github.com/syncd-dev/syncd/internal/store"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
@@ -33,26 +28,9 @@ func TestAudit_AFollowerThatReadPastALossEndsEqual(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fst, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fst.Close() })
-	follow := func() (*cluster.Follower, func()) {
-		f := cluster.NewFollower(app.NATS.JS, fst, cluster.FollowerConfig{Stream: cfg.NATS.Stream,
-			SubjectPrefix: cfg.NATS.SubjectPrefix, Consumer: "past-the-loss", MaxWait: 200 * time.Millisecond,
-			Logger: slog.New(slog.NewTextHandler(logs, nil)).With("role", "follower")})
-		fctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- f.Run(fctx) }()
-		return f, func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("follower: %v", err)
-			}
-		}
-	}
-	_, stop := follow()
+	fst := followerStore(t)
+	follow := func() func() { return runFollower(t, app.NATS.JS, fst, cfg, "past-the-loss", logs) }
+	stop := follow()
 	testutil.Eventually(t, 20*time.Second, func() error { return testutil.SameMirror(fst.Reader(), app.Store.Reader()) })
 	stop()
 
@@ -69,28 +47,17 @@ func TestAudit_AFollowerThatReadPastALossEndsEqual(t *testing.T) {
 	// The first message of each tag that changed more than once is lost.
 	seen := map[string]uint64{}
 	var deleted []uint64
-	for seq := first + 1; seq <= last; seq++ {
-		m, err := s.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatalf("stream message %d: %v", seq, err)
-		}
-		if strings.HasSuffix(m.Subject, "."+publish.CheckpointToken) {
+	for _, m := range streamEvents(t, s, first+1, last) {
+		if !strings.HasPrefix(m.event.Type, "tag.") {
 			continue
 		}
-		e, err := publish.Decode(m.Data)
-		if err != nil {
-			t.Fatalf("stream message %d: %v", seq, err)
-		}
-		if !strings.HasPrefix(e.Type, "tag.") {
-			continue
-		}
-		if at, ok := seen[e.Subject]; !ok {
-			seen[e.Subject] = seq
+		if at, ok := seen[m.event.Subject]; !ok {
+			seen[m.event.Subject] = m.seq
 		} else if at != 0 {
 			if err := s.DeleteMsg(ctx, at); err != nil {
 				t.Fatalf("delete stream message %d: %v", at, err)
 			}
-			deleted, seen[e.Subject] = append(deleted, at), 0
+			deleted, seen[m.event.Subject] = append(deleted, at), 0
 		}
 	}
 	if len(deleted) == 0 {
@@ -98,7 +65,7 @@ func TestAudit_AFollowerThatReadPastALossEndsEqual(t *testing.T) {
 	}
 
 	// The follower reads past the gaps, then the audit repairs them.
-	_, stop = follow()
+	stop = follow()
 	defer stop()
 	testutil.WaitFor(t, 20*time.Second, "the follower to read past the gaps", func() bool {
 		pos, _, err := fst.StreamPosition(ctx)

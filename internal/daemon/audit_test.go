@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io"
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,28 +153,79 @@ func TestAudit_RepairsTheStreamBehindTheLeader(t *testing.T) {
 // mirror and waits until it equals the leader's.
 func followerEqualsLeader(t *testing.T, app *daemon.App, cfg config.Config) {
 	t.Helper()
-	ctx := context.Background()
-	fst, err := store.Open(ctx, filepath.Join(t.TempDir(), "follower.db"), store.Options{})
+	fst := followerStore(t)
+	stop := runFollower(t, app.NATS.JS, fst, cfg, "audit-follower", nil)
+	defer stop()
+	testutil.Eventually(t, 20*time.Second, func() error { return testutil.SameMirror(fst.Reader(), app.Store.Reader()) })
+}
+
+// followerStore opens an empty mirror for a follower, closed when the
+// test ends.
+func followerStore(t *testing.T) *store.Store {
+	t.Helper()
+	fst, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "follower.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fst.Close() })
-	f := cluster.NewFollower(
-		app.NATS.JS,
-		fst,
-		cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
-			Consumer: "audit-follower", MaxWait: 200 * time.Millisecond},
-	)
-	fctx, stopFollower := context.WithCancel(ctx)
-	followed := make(chan error, 1)
-	go func() { followed <- f.Run(fctx) }()
-	defer func() {
-		stopFollower()
-		if err := <-followed; err != nil {
+	return fst
+}
+
+// runFollower runs a follower of cfg's stream on js into fst, with the
+// durable consumer named consumer, logging into logs (nil: nowhere), until
+// stop is called, which fails the test if the follower failed.
+func runFollower(
+	t *testing.T,
+	js jetstream.JetStream,
+	fst *store.Store,
+	cfg config.Config,
+	consumer string,
+	logs io.Writer,
+) (stop func()) {
+	t.Helper()
+	fcfg := cluster.FollowerConfig{Stream: cfg.NATS.Stream, SubjectPrefix: cfg.NATS.SubjectPrefix,
+		Consumer: consumer, MaxWait: 200 * time.Millisecond}
+	if logs != nil {
+		fcfg.Logger = slog.New(slog.NewTextHandler(logs, nil)).With("role", "follower")
+	}
+	f := cluster.NewFollower(js, fst, fcfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
 			t.Errorf("follower: %v", err)
 		}
-	}()
-	testutil.Eventually(t, 20*time.Second, func() error { return testutil.SameMirror(fst.Reader(), app.Store.Reader()) })
+	}
+}
+
+// streamEvent is an event as a stream message carries it.
+type streamEvent struct {
+	seq   uint64
+	event store.StreamEvent
+}
+
+// streamEvents returns the events of s's messages from seq first to
+// last: checkpoints passed over.
+func streamEvents(t *testing.T, s jetstream.Stream, first, last uint64) []streamEvent {
+	t.Helper()
+	var out []streamEvent
+	for seq := first; seq <= last; seq++ {
+		m, err := s.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatalf("stream message %d: %v", seq, err)
+		}
+		if strings.HasSuffix(m.Subject, "."+publish.CheckpointToken) {
+			continue
+		}
+		e, err := publish.Decode(m.Data)
+		if err != nil {
+			t.Fatalf("stream message %d: %v", seq, err)
+		}
+		out = append(out, streamEvent{seq, e})
+	}
+	return out
 }
 
 // startAuditedLeader starts a leader (auditConfig) on a simulator seeded
@@ -185,38 +238,64 @@ func startAuditedLeader(
 	rates platformsim.Rates,
 ) (*daemon.App, *platformsim.Sim, config.Config, *testutil.Buffer) {
 	t.Helper()
+	app, sim, cfg, logs, _ := startAuditedLeaderOn(t, testutil.NATS(t), seed, rates)
+	return app, sim, cfg, logs
+}
+
+// startAuditedLeaderOn is startAuditedLeader on the NATS server ns; stop
+// stops the leader before the test ends.
+func startAuditedLeaderOn(
+	t *testing.T,
+	ns *testutil.NATSServer,
+	seed int64,
+	rates platformsim.Rates,
+) (app *daemon.App, sim *platformsim.Sim, cfg config.Config, logs *testutil.Buffer, stop func()) {
+	t.Helper()
 	ctx := context.Background()
-	ns := testutil.NATS(t)
 	sim, simURL := testutil.Sim(t, platformsim.Options{Seed: seed, Tokens: []string{auditToken}},
 		platformsim.Scale{Repos: 3, TagsPerRepo: 4, HistoryPerTag: 3, Advisories: 3, PublicImages: -1})
 	sim.SetRates(rates)
-	cfg := auditConfig(t, simURL, ns.URL())
-	logs := &testutil.Buffer{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	app, err := daemon.Open(ctx, cfg, log, daemon.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { app.Close() })
-	role, err := app.Leadership(ctx, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- role.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("leader: %v", err)
-		}
-	})
+	cfg = auditConfig(t, simURL, ns.URL())
+	logs = &testutil.Buffer{}
+	app, stop = runLeader(t, cfg, logs)
 	testutil.WaitFor(t, 30*time.Second, "the first sync to end and be published", func() bool {
 		ready, _ := app.Store.HistoryReady(ctx)
 		n, _, _ := app.Store.UnpublishedCount(ctx)
 		return ready && n == 0
 	})
-	return app, sim, cfg, logs
+	return app, sim, cfg, logs, stop
+}
+
+// runLeader opens a leader with cfg, logging into logs at debug, and
+// runs it until stop is called or the test ends.
+func runLeader(t *testing.T, cfg config.Config, logs *testutil.Buffer) (app *daemon.App, stop func()) {
+	t.Helper()
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	app, err := daemon.Open(ctx, cfg, log, daemon.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	role, err := app.Leadership(ctx, 5*time.Second)
+	if err != nil {
+		app.Close()
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- role.Run(runCtx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("leader: %v", err)
+			}
+			app.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return app, stop
 }
 
 // caughtUp waits until the leader mirrors the simulator and published
