@@ -488,18 +488,18 @@ func (f *Fence) Check(err error, sent ...*nats.Msg) bool {
 		f.mu.Unlock()
 		return true
 	}
-	if named && newest == 0 && f.remark != nil {
-		// The stream holds no message at all on the marker's subject: no
-		// newer term's marker, which would be there, but this term's gone
-		// (aged out with max_age, or purged). The write failed and its
+	if named && f.remark != nil && (newest == 0 || f.markerGone(newest, sent)) {
+		// The stream holds no message at all on the marker's subject, or
+		// only older ones than this term's marker: no newer term's marker,
+		// which would be there, but this term's gone (aged out with
+		// max_age, purged, or lost with the stream's tail when the server
+		// restarted without its last writes). The write failed and its
 		// writer tries again; meanwhile the term is marked again, if the
-		// lease is still this replica's.
+		// lease is still this replica's (remark confirms it: after a lost
+		// tail, a newer term's marker can be the older one named here).
 		f.mu.Unlock()
-		if f.remarking.CompareAndSwap(false, true) {
-			f.log.Warn("this term's marker is no longer on the stream (a write conditional on it failed); "+
-				"marking the term again", "node", f.cfg.Node, "err", err)
-			go f.markAgain()
-		}
+		f.markAgainOnce("this term's marker is no longer on the stream (a write conditional on it failed); "+
+			"marking the term again", "err", err)
 		return true
 	}
 	firstRefusal, seqs := !f.tripped && f.seqs != nil, f.seqs
@@ -519,6 +519,70 @@ func (f *Fence) Check(err error, sent ...*nats.Msg) bool {
 		go f.explain(seqs)
 	}
 	return true
+}
+
+// markerGone reports whether newest, the sequence a refusal names as the
+// newest on the checked subject, is below this term's marker there: the
+// marker is gone from the stream, which now counts an older message as the
+// subject's newest. The subject is the refused message's when it is
+// known, else newest must be below every marker of the term. Under f.mu.
+func (f *Fence) markerGone(newest uint64, sent []*nats.Msg) bool {
+	if len(sent) > 0 && sent[0] != nil {
+		if subj := sent[0].Header.Get("Nats-Expected-Last-Subject-Sequence-Subject"); subj != "" {
+			seq, ok := f.seqs[subj]
+			return ok && newest < seq
+		}
+	}
+	if len(f.seqs) == 0 {
+		return false
+	}
+	for _, seq := range f.seqs {
+		if newest >= seq {
+			return false
+		}
+	}
+	return true
+}
+
+// Doubt ends the term's writes at once when what they are conditional on
+// can no longer be trusted (why): a stream that gave a sequence again that
+// it gave before (it lost its last writes) may hold another term's marker
+// at this term's marker's sequence, so that the server would take this
+// term's writes after a newer term began. The term is marked again once
+// the lease is confirmed (SetRemark), or, without a remark, ended as if a
+// newer term began.
+func (f *Fence) Doubt(why string) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	if f.seqs == nil {
+		f.mu.Unlock()
+		return // outside a term, or marked again already
+	}
+	if f.remark != nil {
+		f.seqs = nil // no write goes out until the remark confirms the lease
+		f.mu.Unlock()
+		f.markAgainOnce("this term's markers are in doubt; marking the term again", "why", why)
+		return
+	}
+	seqs := f.seqs
+	f.tripped, f.seqs = true, nil
+	f.mu.Unlock()
+	f.log.Warn("this term's markers are in doubt; stepping down", "node", f.cfg.Node, "why", why)
+	if f.cfg.OnFenced != nil {
+		f.cfg.OnFenced()
+	}
+	go f.explain(seqs)
+}
+
+// markAgainOnce starts marking the term again (markAgain) unless that is
+// under way already, and logs why at WARN.
+func (f *Fence) markAgainOnce(why string, args ...any) {
+	if f.remarking.CompareAndSwap(false, true) {
+		f.log.Warn(why, append([]any{"node", f.cfg.Node}, args...)...)
+		go f.markAgain()
+	}
 }
 
 // ownMarker reports whether newest, the sequence a refusal names as the

@@ -424,36 +424,16 @@ func TestFence_MissingMarkerIsMarkedAgain(t *testing.T) {
 			// A write sent before the markers were laid again can be refused
 			// for the missing marker after them: a second remark, which
 			// confirms the lease like the first.
-			testutil.Eventually(t, 10*time.Second, func() error {
-				if remarks.Load() >= 1 && (a.fence.InTerm() || a.stepDown.Load() > 0) {
-					return nil
-				}
-				return fmt.Errorf("the remark has not ended: %d remarks, in term %v, %d step-downs; log:\n%s",
-					remarks.Load(), a.fence.InTerm(), a.stepDown.Load(), a.log.String())
-			})
+			remarked(t, a, &remarks)
 			if lease != "held" {
 				if got := a.stepDown.Load(); got != 1 || a.fence.InTerm() {
 					t.Fatalf("marking again failed: stepped down %d times, in term %v; want once, false", got,
 						a.fence.InTerm())
 				}
-				last := lastSeq(t, stream)
-				if err := r.Flush(ctx); !errors.Is(err, publish.ErrFenced) {
-					t.Errorf("a flush after the failed remark: %v, want ErrFenced", err)
-				}
-				if now := lastSeq(t, stream); now != last {
-					t.Errorf("the stream grew from seq %d to %d after the failed remark", last, now)
-				}
+				nothingLands(t, r, stream, "the failed remark")
 				return
 			}
-			if err := r.Flush(ctx); err != nil {
-				t.Fatalf("flush after the term was marked again: %v", err)
-			}
-			if n, _, _ := st.UnpublishedCount(ctx); n != 0 {
-				t.Errorf("%d events unpublished after the term was marked again", n)
-			}
-			if got := a.stepDown.Load(); got != 0 {
-				t.Errorf("stepped down %d times, want none", got)
-			}
+			markedAgain(t, r, st, a)
 			if got := strings.Count(a.log.String(), "marker is no longer on the stream"); got != int(remarks.Load()) {
 				t.Errorf("warned %d times of the missing marker, want once a remark (%d); log:\n%s", got,
 					remarks.Load(), a.log.String())
@@ -466,6 +446,48 @@ func TestFence_MissingMarkerIsMarkedAgain(t *testing.T) {
 			}
 			assertFenced(t, a)
 		})
+	}
+}
+
+// remarked waits until a's remark (counted in remarks) has ended: in
+// term again, or stepped down.
+func remarked(t *testing.T, a *fencedNode, remarks *atomic.Int32) {
+	t.Helper()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if remarks.Load() >= 1 && (a.fence.InTerm() || a.stepDown.Load() > 0) {
+			return nil
+		}
+		return fmt.Errorf("the remark has not ended: %d remarks, in term %v, %d step-downs; log:\n%s",
+			remarks.Load(), a.fence.InTerm(), a.stepDown.Load(), a.log.String())
+	})
+}
+
+// nothingLands checks that r's flush is refused before it is sent
+// (ErrFenced) and that the stream does not grow, after what.
+func nothingLands(t *testing.T, r *publish.Relay, stream jetstream.Stream, after string) {
+	t.Helper()
+	last := lastSeq(t, stream)
+	if err := r.Flush(context.Background()); !errors.Is(err, publish.ErrFenced) {
+		t.Errorf("a flush after %s: %v, want ErrFenced", after, err)
+	}
+	if now := lastSeq(t, stream); now != last {
+		t.Errorf("the stream grew from seq %d to %d after %s", last, now, after)
+	}
+}
+
+// markedAgain checks that a, whose term was marked again, publishes
+// everything st holds through r, and never stepped down.
+func markedAgain(t *testing.T, r *publish.Relay, st *store.Store, a *fencedNode) {
+	t.Helper()
+	ctx := context.Background()
+	if err := r.Flush(ctx); err != nil {
+		t.Fatalf("flush after the term was marked again: %v", err)
+	}
+	if n, _, _ := st.UnpublishedCount(ctx); n != 0 {
+		t.Errorf("%d events unpublished after the term was marked again", n)
+	}
+	if got := a.stepDown.Load(); got != 0 {
+		t.Errorf("stepped down %d times, want none; log:\n%s", got, a.log.String())
 	}
 }
 

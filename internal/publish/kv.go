@@ -132,6 +132,14 @@ type KV struct {
 	// beforeApply, when set, runs before the writes of marked events; an
 	// error stops them (a test's crash point).
 	beforeApply func([]store.Event) error
+	// acked is the highest stream sequence a write of each bucket (by
+	// kind) was acknowledged at: a bucket whose stream gives one of them
+	// again lost its last writes (see gaveAgain).
+	ackedMu sync.Mutex
+	acked   map[string]uint64
+	// lostWrites is set with dirty when a bucket gave a sequence again:
+	// the relay reconciles at once, not at its next pass.
+	lostWrites atomic.Bool
 }
 
 // ReconcileStats counts what a reconciliation changed.
@@ -247,6 +255,7 @@ func (k *KV) remake(ctx context.Context, kind string, failed error) (bool, error
 			}
 		}
 	}
+	k.forgetAcked(kind)
 	k.log.Warn("KV bucket was gone (lost by NATS, or deleted); made it again: reconciling writes it every key",
 		"bucket", name)
 	return true, nil
@@ -712,10 +721,56 @@ func (p *kvPipe) pop(ack *jetstream.PubAck, err error) {
 		p.fail(f.op, err, f.fut.Msg())
 		return
 	}
+	if ack != nil && p.k.gaveAgain(f.op.kind, ack) {
+		// The writes it lost left their keys as they were before: the
+		// buckets lag the published events, and the reconciliation before
+		// the next pass writes them again.
+		p.k.dirty.Store(true)
+		p.k.lostWrites.Store(true)
+		p.k.fence.Doubt(fmt.Sprintf("KV bucket %s stored a write at sequence %d, which it had acknowledged before",
+			p.k.buckets[f.op.kind].Bucket(), ack.Sequence))
+	}
 	if ack != nil && p.k.log.Enabled(context.Background(), slog.LevelDebug) {
 		p.k.log.Debug("KV write acknowledged", "kind", f.op.kind, "key", f.op.key, "stream_seq", ack.Sequence,
 			"delete", f.op.value == nil, "value", string(f.op.value))
 	}
+}
+
+// gaveAgain records that a write of the bucket of kind was acknowledged
+// at ack's sequence, and reports whether the bucket's stream had
+// acknowledged a write at that sequence or a later one before: a stream
+// gives every new message a sequence above all before it, unless it lost
+// its last messages (a server that restarted without the writes it had
+// not synced to disk) and gives their sequences again. A duplicate names
+// its first copy's sequence and counts for nothing. It logs the loss once
+// at WARN.
+func (k *KV) gaveAgain(kind string, ack *jetstream.PubAck) bool {
+	if ack.Duplicate {
+		return false
+	}
+	k.ackedMu.Lock()
+	defer k.ackedMu.Unlock()
+	before := k.acked[kind]
+	if k.acked == nil {
+		k.acked = map[string]uint64{}
+	}
+	k.acked[kind] = max(before, ack.Sequence)
+	if ack.Sequence > before {
+		return false
+	}
+	k.acked[kind] = ack.Sequence // count from here: the loss is reported once
+	k.log.Warn("a KV bucket's stream lost its last writes (it acknowledged a write at a sequence it had "+
+		"acknowledged before): reconciling the buckets", "bucket", k.buckets[kind].Bucket(),
+		"stream_seq", ack.Sequence, "acknowledged_before", before)
+	return true
+}
+
+// forgetAcked forgets the sequences the bucket of kind acknowledged: it
+// was made again, and counts from 1.
+func (k *KV) forgetAcked(kind string) {
+	k.ackedMu.Lock()
+	delete(k.acked, kind)
+	k.ackedMu.Unlock()
 }
 
 func (p *kvPipe) fail(o kvOp, err error, sent ...*nats.Msg) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/syncd-dev/syncd/internal/publish"
+	"github.com/syncd-dev/syncd/internal/store"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
@@ -18,21 +19,9 @@ import (
 // failure once it is back.
 func TestKV_ABucketLostWholeIsMadeAgain(t *testing.T) {
 	ctx := context.Background()
-	srv := startServer(t, nil)
-	logs := &logBuffer{}
-	cfg := srv.config(logs.logger())
-	c := mustConnect(t, cfg)
-	st := mustOpenStore(t)
-	p := newProducer(t, st)
 	publish.SetKVRetry(t, 100*time.Millisecond, 200*time.Millisecond)
-	kcfg := kvTestConfig()
-	kcfg.Logger = logs.logger()
-	k, err := publish.OpenKV(ctx, c.JS, kcfg, st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := publish.NewRelay(c.JS, st, cfg, publish.WithKV(k))
-	startRelay(t, r)
+	w := startKVRelay(t)
+	c, r, p, kcfg, logs := w.c, w.relay, w.p, w.kcfg, w.logs
 	p.addRepos(ctx, "before", 2, 3)
 	tagsIn := func(want int) func() error {
 		return func() error {
@@ -59,6 +48,34 @@ func TestKV_ABucketLostWholeIsMadeAgain(t *testing.T) {
 	if !strings.Contains(logs.String(), "was gone (lost by NATS, or deleted); made it again") {
 		t.Errorf("the log does not say the bucket was made again:\n%s", logs.String())
 	}
+}
+
+// kvRelayWorld is a relay keeping the test's buckets, running on a
+// server of its own until the test ends.
+type kvRelayWorld struct {
+	srv   testServer
+	c     *publish.Conn
+	st    *store.Store
+	p     *producer
+	relay *publish.Relay
+	kcfg  publish.KVConfig
+	logs  *logBuffer
+}
+
+func startKVRelay(t *testing.T) *kvRelayWorld {
+	t.Helper()
+	w := &kvRelayWorld{srv: startServer(t, nil), logs: &logBuffer{}, kcfg: kvTestConfig()}
+	cfg := w.srv.config(w.logs.logger())
+	w.c, w.st = mustConnect(t, cfg), mustOpenStore(t)
+	w.p = newProducer(t, w.st)
+	w.kcfg.Logger = w.logs.logger()
+	k, err := publish.OpenKV(context.Background(), w.c.JS, w.kcfg, w.st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.relay = publish.NewRelay(w.c.JS, w.st, cfg, publish.WithKV(k))
+	startRelay(t, w.relay)
+	return w
 }
 
 // TestKV_ABucketItMayNotManageStaysGone: with manage_stream = false

@@ -144,6 +144,13 @@ func (r *Relay) noteStream(ctx context.Context, seq, firstNew uint64) error {
 		r.streamSeq = max(r.streamSeq, seq)
 		return nil
 	}
+	if !r.streamCreated.IsZero() {
+		// The stream gives sequences again that it gave before: whatever
+		// its writes were conditional on (this term's markers) may be gone
+		// or stand for another term's now.
+		r.fence.Doubt(fmt.Sprintf("the stream stored a message at sequence %d, at or below %d, which it had "+
+			"acknowledged before (it lost its last writes, or was created again)", firstNew, r.streamSeq))
+	}
 	s, err := r.js.Stream(ctx, r.stream.Stream)
 	if err != nil {
 		// Looked up again at the next position or checkpoint: the position
@@ -977,7 +984,10 @@ func (p *relayPass) finish(ctx context.Context, runErr error) (int, error) {
 		if p.dupes > 0 {
 			p.r.kv.dirty.Store(true)
 		}
-		p.r.kvDropped = dropped > 0 || p.dupes > 0
+		// A bucket that lost its last writes holds older states than the
+		// events published, and would until the next commit: reconcile now.
+		lost := p.r.kv.lostWrites.Swap(false)
+		p.r.kvDropped = dropped > 0 || p.dupes > 0 || lost
 		if dropped > 0 {
 			p.r.log.Warn("KV writes fell behind the relay; dropped them, the buckets will be reconciled", "events", dropped)
 		}
