@@ -201,7 +201,18 @@ func (pw *partitionWorld) finish(leader, standby *node) string {
 	)
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		expected = eventIDs(t, leader.dbPath)
-		onStream = streamReceived(pw.ctx, t, pw.js)
+		var err error
+		onStream, err = streamReceived(pw.ctx, t, pw.js)
+		if err != nil {
+			// The cluster answered that JetStream is not available (a
+			// stream leader elected after the heal): read again, as when
+			// the two disagree.
+			if time.Now().After(deadline) {
+				t.Fatal(err)
+			}
+			t.Logf("reading the stream: %v; reading it again", err)
+			continue
+		}
 		total, delivered = onStream.counts()
 		missing, extra = missing[:0], extra[:0]
 		for id := range expected {
@@ -329,7 +340,10 @@ func fencedWritesText(admin string) string {
 // streamReceived reads the SYNCD stream message by message, as received
 // would have it: deliveries per event id, and each tag's moves in stream
 // order (the first copy of each event).
-func streamReceived(ctx context.Context, t *testing.T, js jetstream.JetStream) *received {
+// A read the cluster answers with JetStream unavailable (503, as while a
+// stream elects its leader) is returned as an error: the caller reads
+// again.
+func streamReceived(ctx context.Context, t *testing.T, js jetstream.JetStream) (*received, error) {
 	t.Helper()
 	rcv := &received{
 		ids:      map[string]int{},
@@ -338,11 +352,15 @@ func streamReceived(ctx context.Context, t *testing.T, js jetstream.JetStream) *
 		byType:   map[string]int{},
 	}
 	s, err := js.Stream(ctx, "SYNCD")
-	if err != nil {
+	if unavailable(err) {
+		return nil, err
+	} else if err != nil {
 		t.Fatal(err)
 	}
 	info, err := s.Info(ctx)
-	if err != nil {
+	if unavailable(err) {
+		return nil, err
+	} else if err != nil {
 		t.Fatal(err)
 	}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
@@ -350,7 +368,9 @@ func streamReceived(ctx context.Context, t *testing.T, js jetstream.JetStream) *
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
-		if err != nil {
+		if unavailable(err) {
+			return nil, fmt.Errorf("stream message %d: %w", seq, err)
+		} else if err != nil {
 			t.Fatalf("stream message %d: %v", seq, err)
 		}
 		var ev cloudEvent
@@ -370,7 +390,15 @@ func streamReceived(ctx context.Context, t *testing.T, js jetstream.JetStream) *
 			}
 		}
 	}
-	return rcv
+	return rcv, nil
+}
+
+// unavailable reports whether err is JetStream's answer that it cannot
+// serve the request now (503: "JetStream system temporarily unavailable",
+// a stream without a leader).
+func unavailable(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.Code == 503
 }
 
 // kvRecorder watches the state buckets from outside the faults, as a

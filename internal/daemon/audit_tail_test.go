@@ -82,24 +82,37 @@ func lostTail(t *testing.T, restart bool) {
 	testutil.WaitFor(t, 20*time.Second, "an audit to check every event", func() bool {
 		audit(t, app)
 		rep := app.Auditor.Last()
-		return rep.Position == logged && rep.Repaired == 0
+		return rep.Position >= logged && rep.Repaired == 0
 	})
 
 	// The server crashes and comes back without the stream's last 8
 	// messages.
+	// (The leader may publish a checkpoint meanwhile: the stream is read
+	// again just before the crash.)
 	const n = 8
-	var lostEvents []string
-	for _, m := range streamEvents(t, s, last-n+1, last) {
-		lostEvents = append(lostEvents, m.event.ID)
-	}
 	if restart {
 		stopLeader()
 	}
+	before := streamLast(t, s)
+	ids := map[uint64]string{}
+	for _, m := range streamEvents(t, s, before-n+1, before) {
+		ids[m.seq] = m.event.ID
+	}
 	ns.Stop()
-	ns.LoseTail(cfg.NATS.Stream, n)
+	lost := ns.LoseTail(cfg.NATS.Stream, n)
 	ns.Start()
-	if got := streamLastAfterRestart(t, s); got != last-n {
-		t.Fatalf("the stream's last sequence after the loss = %d, want %d", got, last-n)
+	if got := streamLastAfterRestart(t, s); got != lost[0]-1 {
+		t.Fatalf("the stream's last sequence after the loss = %d, want %d", got, lost[0]-1)
+	}
+	var lostEvents []string
+	for _, seq := range lost {
+		if id, ok := ids[seq]; ok {
+			lostEvents = append(lostEvents, id)
+		} else if seq <= before {
+			continue // a checkpoint
+		} else {
+			t.Logf("stream message %d, published as the server stopped, was lost unread", seq)
+		}
 	}
 	if restart {
 		app, _ = runLeader(t, cfg, logs)

@@ -133,8 +133,11 @@ type Fence struct {
 	// marking serializes Mark and the remark.
 	remark    func(ctx context.Context, lay func(context.Context) error) error
 	remarking atomic.Bool
-	marking   sync.Mutex
-	refused   atomic.Int64
+	// again: a Doubt came while the remark laid the markers; it lays them
+	// once more. Under mu.
+	again   bool
+	marking sync.Mutex
+	refused atomic.Int64
 	// single is lane 0's: held by a single write from its stamp to its
 	// answer.
 	single sync.Mutex
@@ -556,14 +559,21 @@ func (f *Fence) Doubt(why string) {
 		return
 	}
 	f.mu.Lock()
+	if f.remarking.Load() {
+		f.again = true // the remark under way lays the markers once more
+		f.mu.Unlock()
+		return
+	}
 	if f.seqs == nil {
 		f.mu.Unlock()
-		return // outside a term, or marked again already
+		return // outside a term, or a Mark under way lays new markers
 	}
 	if f.remark != nil {
 		f.seqs = nil // no write goes out until the remark confirms the lease
+		f.remarking.Store(true)
 		f.mu.Unlock()
-		f.markAgainOnce("this term's markers are in doubt; marking the term again", "why", why)
+		f.log.Warn("this term's markers are in doubt; marking the term again", "node", f.cfg.Node, "why", why)
+		go f.markAgain()
 		return
 	}
 	seqs := f.seqs
@@ -619,31 +629,44 @@ func (f *Fence) SetRemark(remark func(ctx context.Context, lay func(context.Cont
 // markAgain lays the term's markers again through the remark function,
 // and ends the term when it fails.
 func (f *Fence) markAgain() {
-	defer f.remarking.Store(false)
 	f.marking.Lock()
 	defer f.marking.Unlock()
 	f.mu.Lock()
 	remark := f.remark
 	f.mu.Unlock()
-	f.End() // nothing is sent until the lease is confirmed after the markers
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var seqs map[string]uint64
-	err := remark(ctx, func(ctx context.Context) error {
-		var err error
-		seqs, err = f.lay(ctx)
-		return err
-	})
-	if err == nil {
-		f.install(seqs)
+	for {
+		f.End() // nothing is sent until the lease is confirmed after the markers
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		var seqs map[string]uint64
+		err := remark(ctx, func(ctx context.Context) error {
+			var err error
+			seqs, err = f.lay(ctx)
+			return err
+		})
+		cancel()
+		f.mu.Lock()
+		if err != nil {
+			f.tripped, f.seqs, f.again = true, nil, false
+			f.remarking.Store(false)
+			f.mu.Unlock()
+			f.log.Warn("marking the term again failed; stepping down", "node", f.cfg.Node, "err", err)
+			if f.cfg.OnFenced != nil {
+				f.cfg.OnFenced()
+			}
+			return
+		}
+		if f.again {
+			// Doubted while the markers were laid: lay them once more.
+			f.again = false
+			f.mu.Unlock()
+			continue
+		}
+		// Installed, and the remark ended, under one lock: a Doubt sees
+		// either the remark under way or the term open.
+		f.seqs, f.tripped = seqs, false
+		f.remarking.Store(false)
+		f.mu.Unlock()
 		return
-	}
-	f.mu.Lock()
-	f.tripped, f.seqs = true, nil
-	f.mu.Unlock()
-	f.log.Warn("marking the term again failed; stepping down", "node", f.cfg.Node, "err", err)
-	if f.cfg.OnFenced != nil {
-		f.cfg.OnFenced()
 	}
 }
 

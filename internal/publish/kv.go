@@ -138,8 +138,10 @@ type KV struct {
 	ackedMu sync.Mutex
 	acked   map[string]uint64
 	// lostWrites is set with dirty when a bucket gave a sequence again:
-	// the relay reconciles at once, not at its next pass.
+	// the relay reconciles at once, not at its next pass; losses counts
+	// those findings.
 	lostWrites atomic.Bool
+	losses     atomic.Int64
 }
 
 // ReconcileStats counts what a reconciliation changed.
@@ -725,6 +727,7 @@ func (p *kvPipe) pop(ack *jetstream.PubAck, err error) {
 		// The writes it lost left their keys as they were before: the
 		// buckets lag the published events, and the reconciliation before
 		// the next pass writes them again.
+		p.k.losses.Add(1)
 		p.k.dirty.Store(true)
 		p.k.lostWrites.Store(true)
 		p.k.fence.Doubt(fmt.Sprintf("KV bucket %s stored a write at sequence %d, which it had acknowledged before",
@@ -964,12 +967,16 @@ func (k *KV) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	if err != nil {
 		return ReconcileStats{}, fmt.Errorf("reconcile KV buckets: %w", err)
 	}
+	losses := k.losses.Load()
 	st, err := k.reconcile(ctx)
 	if err != nil {
 		k.dirty.Store(true)
 		return st, err
 	}
-	k.dirty.Store(false)
+	// A bucket found to have lost writes while this reconciliation ran
+	// (its own writes acknowledged at sequences given again) may have lost
+	// them after the bucket was read: reconcile again.
+	k.dirty.Store(k.losses.Load() != losses)
 	k.epoch, k.lastSync = epoch, now
 	return st, nil
 }

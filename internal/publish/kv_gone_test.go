@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/store"
 	"github.com/syncd-dev/syncd/internal/testutil"
@@ -62,7 +64,12 @@ type kvRelayWorld struct {
 	logs  *logBuffer
 }
 
-func startKVRelay(t *testing.T) *kvRelayWorld {
+func startKVRelay(t *testing.T) *kvRelayWorld { return startKVRelayFenced(t, nil) }
+
+// startKVRelayFenced is startKVRelay with the relay's writes fenced by
+// the fence fence makes on its connection, when fence is not nil: the
+// term is marked before the relay starts.
+func startKVRelayFenced(t *testing.T, fence func(jetstream.JetStream, publish.Config) *publish.Fence) *kvRelayWorld {
 	t.Helper()
 	w := &kvRelayWorld{srv: startServer(t, nil), logs: &logBuffer{}, kcfg: kvTestConfig()}
 	cfg := w.srv.config(w.logs.logger())
@@ -73,7 +80,16 @@ func startKVRelay(t *testing.T) *kvRelayWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.relay = publish.NewRelay(w.c.JS, w.st, cfg, publish.WithKV(k))
+	opts := []publish.RelayOption{publish.WithKV(k)}
+	var f *publish.Fence
+	if fence != nil {
+		f = fence(w.c.JS, cfg)
+		opts = append(opts, publish.WithFence(f))
+	}
+	w.relay = publish.NewRelay(w.c.JS, w.st, cfg, opts...)
+	if f != nil {
+		mark(t, f)
+	}
 	startRelay(t, w.relay)
 	return w
 }

@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/syncd-dev/syncd/internal/publish"
 	"github.com/syncd-dev/syncd/internal/testutil"
 )
 
@@ -17,10 +21,34 @@ import (
 // write to the bucket is acknowledged at a sequence the bucket had
 // acknowledged before: the relay reconciles the buckets, and every key
 // holds its tag's state again, without waiting for the periodic
-// reconciliation (off here).
+// reconciliation (off here). A fenced relay also marks its term again
+// (the bucket's marker may be gone, or another term's at its sequence),
+// once the lease is confirmed, and goes on.
 func TestKV_ABucketThatLostItsTailIsReconciled(t *testing.T) {
+	for _, fenced := range []bool{false, true} {
+		name := "unfenced"
+		if fenced {
+			name = "fenced"
+		}
+		t.Run(name, func(t *testing.T) { kvLostTail(t, fenced) })
+	}
+}
+
+func kvLostTail(t *testing.T, fenced bool) {
 	ctx := context.Background()
-	w := startKVRelay(t)
+	var remarks atomic.Int32
+	var fence func(jetstream.JetStream, publish.Config) *publish.Fence
+	if fenced {
+		fence = func(js jetstream.JetStream, cfg publish.Config) *publish.Fence {
+			f := newFencedNode(js, cfg, "a").fence
+			f.SetRemark(func(ctx context.Context, lay func(context.Context) error) error {
+				remarks.Add(1)
+				return lay(ctx)
+			})
+			return f
+		}
+	}
+	w := startKVRelayFenced(t, fence)
 	srv, c, p, kcfg, logs := w.srv, w.c, w.p, w.kcfg, w.logs
 	p.addRepos(ctx, "before", 2, 3)
 	p.moveAll(ctx, 1)
@@ -31,6 +59,9 @@ func TestKV_ABucketThatLostItsTailIsReconciled(t *testing.T) {
 		}
 		out := map[string]string{}
 		for key, v := range tagValues(t, tags) {
+			if publish.IsTermKey(key) {
+				continue // the fence's marker
+			}
 			out[key] = v.Digest
 		}
 		return out, nil
@@ -94,5 +125,8 @@ func TestKV_ABucketThatLostItsTailIsReconciled(t *testing.T) {
 	})
 	if !strings.Contains(logs.String(), "a KV bucket's stream lost its last writes") {
 		t.Errorf("the log does not say the bucket lost its last writes:\n%s", logs.String())
+	}
+	if got := remarks.Load(); fenced && got == 0 {
+		t.Error("the fenced relay did not mark its term again")
 	}
 }

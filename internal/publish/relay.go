@@ -144,7 +144,8 @@ func (r *Relay) noteStream(ctx context.Context, seq, firstNew uint64) error {
 		r.streamSeq = max(r.streamSeq, seq)
 		return nil
 	}
-	if !r.streamCreated.IsZero() {
+	reused := !r.streamCreated.IsZero()
+	if reused {
 		// The stream gives sequences again that it gave before: whatever
 		// its writes were conditional on (this term's markers) may be gone
 		// or stand for another term's now.
@@ -166,15 +167,18 @@ func (r *Relay) noteStream(ctx context.Context, seq, firstNew uint64) error {
 		// it is the same stream.
 		info.State.LastSeq = min(info.State.LastSeq, firstNew-1)
 	}
-	_, err = r.recordStream(ctx, m, &info, seq)
+	_, err = r.recordStream(ctx, m, &info, seq, reused)
+	if reused && err == nil {
+		r.streamSeq = seq // counted from here: the sequences above were given again
+	}
 	return err
 }
 
 // recordStream records that the mirror's position counts the stream
 // info, at seq; moved: the mirror's positions counted another (or passed
 // the stream's last sequence), and are 0 now.
-func (r *Relay) recordStream(ctx context.Context, m StreamIncarnation, info *jetstream.StreamInfo, seq uint64) (
-	moved bool, err error) {
+func (r *Relay) recordStream(ctx context.Context, m StreamIncarnation, info *jetstream.StreamInfo, seq uint64,
+	doubted bool) (moved bool, err error) {
 	moved, err = m.SetStreamIncarnation(ctx, info.Created, info.State.LastSeq)
 	if err != nil {
 		return false, err
@@ -182,6 +186,12 @@ func (r *Relay) recordStream(ctx context.Context, m StreamIncarnation, info *jet
 	if moved {
 		r.log.Info("the stream is not the one the mirror's position counted (created again): recorded its position anew",
 			"stream", r.stream.Stream, "created", info.Created, "stream_seq", seq)
+		if !doubted {
+			// Created again, or it lost its tail: this term's markers may
+			// be gone, or another term's may stand at their sequences.
+			r.fence.Doubt(fmt.Sprintf("the stream %s is behind the mirror's position: it lost its last writes, "+
+				"or was created again", r.stream.Stream))
+		}
 	}
 	if moved || !info.Created.Equal(r.streamCreated) {
 		r.streamSeq = 0
@@ -449,7 +459,7 @@ func (r *Relay) recreate(ctx context.Context, err error) {
 		return
 	}
 	if m, ok := r.outbox.(StreamIncarnation); ok {
-		if _, err := r.recordStream(ctx, m, s.CachedInfo(), 0); err != nil {
+		if _, err := r.recordStream(ctx, m, s.CachedInfo(), 0, false); err != nil {
 			r.log.Warn("record the stream created again", "err", err)
 		}
 	}
@@ -1084,7 +1094,7 @@ func (r *Relay) PublishCheckpoint(ctx context.Context) (uint64, string, error) {
 		if err != nil {
 			return 0, "", fmt.Errorf("publish checkpoint: look up stream %s: %w", r.stream.Stream, err)
 		}
-		moved, err := r.recordStream(ctx, m, s.CachedInfo(), 0)
+		moved, err := r.recordStream(ctx, m, s.CachedInfo(), 0, false)
 		if err != nil {
 			return 0, "", err
 		}
