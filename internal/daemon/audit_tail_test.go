@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/syncd-dev/syncd/internal/config"
 	"github.com/syncd-dev/syncd/internal/daemon"
 	"github.com/syncd-dev/syncd/internal/platformsim"
 	"github.com/syncd-dev/syncd/internal/testutil"
@@ -31,19 +32,29 @@ func TestAudit_AServerThatLostItsUnsyncedTail(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		restart bool // the leader's process too, with the server
+		fenced  bool // a cluster's leader, its writes fenced by its lease term, KV buckets kept
 	}{
-		{"the leader stays up", false},
-		{"the leader restarts with the server", true},
+		{"the leader stays up", false, false},
+		{"the leader restarts with the server", true, false},
+		{"a fenced leader stays up", false, true},
 	} {
-		t.Run(c.name, func(t *testing.T) { lostTail(t, c.restart) })
+		t.Run(c.name, func(t *testing.T) { lostTail(t, c.restart, c.fenced) })
 	}
 }
 
-func lostTail(t *testing.T, restart bool) {
+func lostTail(t *testing.T, restart, fenced bool) {
 	ctx := context.Background()
 	ns := testutil.NATS(t)
+	var mutate []func(*config.Config)
+	if fenced {
+		mutate = append(mutate, func(cfg *config.Config) {
+			cfg.Cluster.Enabled, cfg.Cluster.NodeID = true, "leader-1"
+			cfg.Cluster.LeaseTTL = config.Duration{Duration: 2 * time.Second}
+			cfg.KV.Enabled = true
+		})
+	}
 	app, sim, cfg, logs, stopLeader := startAuditedLeaderOn(t, ns, 33,
-		platformsim.Rates{MoveTag: 80, Deprecate: 5, CreateTag: 5, CreateAdvisory: 4, UpdateAdvisory: 3})
+		platformsim.Rates{MoveTag: 80, Deprecate: 5, CreateTag: 5, CreateAdvisory: 4, UpdateAdvisory: 3}, mutate...)
 	// The follower and the test have a connection of their own: the
 	// leader's closes when it restarts.
 	js := testutil.JetStream(t, ns.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
@@ -121,6 +132,17 @@ func lostTail(t *testing.T, restart bool) {
 	// The data changes again: the relay's next messages take the lost
 	// sequences, and the audits bring the lost events back.
 	changes(app, n+5)
+	defer func() {
+		if t.Failed() {
+			var keep []string
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if !strings.Contains(l, "level=DEBUG") && !strings.Contains(l, "part=crawler") {
+					keep = append(keep, l)
+				}
+			}
+			t.Logf("the leader's log, crawls left out:\n%s", strings.Join(keep[max(0, len(keep)-150):], "\n"))
+		}
+	}()
 	testutil.Eventually(t, 30*time.Second, func() error {
 		audit(t, app)
 		return streamHoldsTheLog(t, s, app.Store.Reader())
@@ -131,6 +153,20 @@ func lostTail(t *testing.T, restart bool) {
 	for _, id := range lostEvents {
 		if !strings.Contains(logs.String(), "event missing from the stream published again\" part=audit id="+id) {
 			t.Errorf("the log does not name lost event %s as published again", id)
+		}
+	}
+	if fenced {
+		// The lost writes put the term's markers in doubt; the lease was
+		// the leader's (again, when the server's restart cost it the
+		// lease), so it marked the term again and led on: no write taken
+		// for a newer term's, no remark that failed.
+		if !strings.Contains(logs.String(), "this term's markers are in doubt; marking the term again") {
+			t.Error("the fenced leader did not doubt its term's markers")
+		}
+		for _, wrong := range []string{"another replica's lease term began", "marking the term again failed"} {
+			if strings.Contains(logs.String(), wrong) {
+				t.Errorf("the fenced leader logged %q:\n%s", wrong, grepLines(logs.String(), wrong))
+			}
 		}
 	}
 	testutil.Eventually(t, 30*time.Second, func() error { return testutil.SameMirror(fst.Reader(), app.Store.Reader()) })
