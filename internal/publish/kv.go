@@ -725,8 +725,8 @@ func (p *kvPipe) pop(ack *jetstream.PubAck, err error) {
 	}
 	if ack != nil && p.k.gaveAgain(f.op.kind, ack) {
 		// The writes it lost left their keys as they were before: the
-		// buckets lag the published events, and the reconciliation before
-		// the next pass writes them again.
+		// buckets lag the published events, and the relay reconciles them
+		// as soon as this pass ends.
 		p.k.losses.Add(1)
 		p.k.dirty.Store(true)
 		p.k.lostWrites.Store(true)
@@ -757,11 +757,12 @@ func (k *KV) gaveAgain(kind string, ack *jetstream.PubAck) bool {
 	if k.acked == nil {
 		k.acked = map[string]uint64{}
 	}
-	k.acked[kind] = max(before, ack.Sequence)
+	// Above before: the highest yet. At or below it: the loss, counted
+	// from here on, so that it is reported once.
+	k.acked[kind] = ack.Sequence
 	if ack.Sequence > before {
 		return false
 	}
-	k.acked[kind] = ack.Sequence // count from here: the loss is reported once
 	k.log.Warn("a KV bucket's stream lost its last writes (it acknowledged a write at a sequence it had "+
 		"acknowledged before): reconciling the buckets", "bucket", k.buckets[kind].Bucket(),
 		"stream_seq", ack.Sequence, "acknowledged_before", before)
